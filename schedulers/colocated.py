@@ -1,0 +1,41 @@
+"""Colocated serving, the vLLM-like baseline: N identical instances, each runs
+both prefill and decode of the requests it is given.
+
+Routing is round-robin, or least-loaded: the instance with the fewest
+outstanding requests (waiting plus running), ties to the lowest id, which is
+what a load-balancing proxy in front of vLLM replicas does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from twin.request import Request
+from twin.scheduler import ClusterView, Plan, Reject, Route, register
+
+ROUTINGS = ("least_loaded", "round_robin")
+
+
+@register("colocated")
+@dataclass
+class Colocated:
+    """vLLM-like baseline: every instance prefills and decodes; round-robin or least-loaded."""
+
+    routing: str = "least_loaded"
+    _next: int = field(default=0, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"routing: {self.routing!r}; expected one of {', '.join(ROUTINGS)}")
+
+    def setup(self, cluster: ClusterView) -> Plan:
+        return Plan({i.id: "mixed" for i in cluster.instances})
+
+    def route(self, req: Request, view: ClusterView) -> Route | Reject:
+        instances = view.instances
+        if self.routing == "round_robin":
+            inst = instances[self._next % len(instances)]
+            self._next += 1
+            return Route(inst.id, inst.id)
+        best = min(instances, key=lambda i: (i.queue_requests + i.running_requests, i.id))
+        return Route(best.id, best.id)

@@ -1,0 +1,209 @@
+"""The ``twin`` command line.
+
+Every error a user can cause is printed on one line, ``twin: error: ...``,
+with exit status 2 and no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+from collections.abc import Sequence
+from typing import IO, Any
+
+import twin
+from twin.errors import TwinError
+
+EXIT_USAGE = 2
+
+
+def _fmt(x: float | None, scale: float = 1.0, digits: int = 3) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x * scale:.{digits}f}"
+
+
+def format_summary(result: dict[str, Any]) -> str:
+    """The readable table ``twin run`` prints."""
+    h, s = result["header"], result["summary"]
+    spec = h["spec"]
+    cl = spec["cluster"]
+    model = spec["model"] if isinstance(spec["model"], str) else spec["model"].get("name", "custom")
+    sched = spec["scheduler"]["name"]
+    lines = [
+        f"pd-twin {h['version']} | {spec['name']} | {model} on {cl['instances']} x "
+        f"(TP{cl['tp']} PP{cl['pp']}) {spec['gpu']} | scheduler {sched} | perf {h['perf_model']}",
+        f"requests {s['requests']:,}  completed {s['completed']:,}  rejected {s['rejected']:,}"
+        f"  simulated {s['simulated_s']:.1f} s  preemptions {s['preemptions']:,}",
+        "",
+        f"{'':14}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
+    ]
+    for key, label, scale in (
+        ("ttft_s", "TTFT (s)", 1.0),
+        ("tpot_s", "TPOT (ms)", 1e3),
+        ("max_itl_s", "max ITL (ms)", 1e3),
+        ("e2e_s", "E2E (s)", 1.0),
+        ("queue_s", "queue (s)", 1.0),
+    ):
+        d = s[key]
+        lines.append(
+            f"{label:14}"
+            + "".join(f"{_fmt(d[q], scale):>10}" for q in ("mean", "p50", "p90", "p99"))
+        )
+    slo = spec["slo"]
+    att = s["slo_attainment"]
+    lines += [
+        "",
+        f"SLO attainment {_fmt(att, 100, 1)}%  (TTFT <= {slo['ttft'] or 'inf'}, "
+        f"TPOT <= {slo['tpot'] or 'inf'}; target {slo['target'] * 100:.0f}%)",
+        f"throughput {_fmt(s['throughput_rps'], 1, 2)} req/s, "
+        f"{_fmt(s['output_tokens_per_s'], 1, 0)} output tokens/s",
+    ]
+    if s["rejected_by_reason"]:
+        reasons = ", ".join(f"{k}: {v}" for k, v in s["rejected_by_reason"].items())
+        lines.append(f"rejected: {reasons}")
+    return "\n".join(lines)
+
+
+def _open_out(path: str) -> IO[str]:
+    try:
+        return open(path, "w", encoding="utf-8", newline="")
+    except OSError as e:
+        raise TwinError(f"{path}: cannot write: {e.strerror}") from None
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from twin.metrics import REQUEST_COLUMNS
+    from twin.sim import Simulation
+    from twin.spec import load_spec
+
+    spec = load_spec(args.spec, args.set or [])
+    csv_file = _open_out(args.requests_csv) if args.requests_csv else None
+    try:
+        on_row = None
+        if csv_file is not None:
+            writer = csv.DictWriter(csv_file, fieldnames=REQUEST_COLUMNS, lineterminator="\n")
+            writer.writeheader()
+            on_row = writer.writerow
+        result = Simulation(spec, on_row=on_row).run().to_dict()
+    finally:
+        if csv_file is not None:
+            csv_file.close()
+    if args.json:
+        with _open_out(args.json) as f:
+            json.dump(result, f, indent=2)
+            f.write("\n")
+    if not args.quiet:
+        print(format_summary(result))
+    return 0
+
+
+def cmd_kv(args: argparse.Namespace) -> int:
+    from twin.models import dtype_bytes, get_model, kv_report
+
+    model = get_model(args.model, where="twin kv: MODEL")
+    nbytes = dtype_bytes(args.dtype) if args.dtype else None
+    if args.tokens < 0:
+        raise TwinError(f"twin kv: --tokens: {args.tokens} must be >= 0")
+    if args.block_size <= 0:
+        raise TwinError(f"twin kv: --block-size: {args.block_size} must be > 0")
+    print(kv_report(model, args.tokens, args.block_size, nbytes))
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from twin.validate import find_data_dir, format_validation, validate_perf
+
+    rows = validate_perf(find_data_dir(args.data))
+    print(format_validation(rows))
+    return 0
+
+
+def cmd_schedulers(args: argparse.Namespace) -> int:
+    from twin.scheduler import describe, get_scheduler, scheduler_names
+
+    names = scheduler_names()
+    width = max((len(n) for n in names), default=0)
+    for name in names:
+        print(f"{name:{width}}  {describe(get_scheduler(name))}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from twin.bench import run_bench
+
+    sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
+    print(run_bench(sizes, args.trace, args.data))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="twin", description="pd-twin: a digital twin of an LLM serving cluster"
+    )
+    p.add_argument("--version", action="version", version=f"pd-twin {twin.__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    r = sub.add_parser("run", help="run one experiment and print its summary")
+    r.add_argument(
+        "spec",
+        nargs="?",
+        default="quickstart",
+        help="spec path or bundled name (default: quickstart)",
+    )
+    r.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY.PATH=VALUE",
+        help="override a spec value (repeatable)",
+    )
+    r.add_argument("--json", metavar="PATH", help="write header + summary as JSON")
+    r.add_argument("--requests-csv", metavar="PATH", help="write one row per request")
+    r.add_argument("-q", "--quiet", action="store_true", help="print nothing")
+    r.set_defaults(func=cmd_run)
+
+    k = sub.add_parser("kv", help="KV-cache bytes per token and for N tokens")
+    k.add_argument("model")
+    k.add_argument("--tokens", type=int, default=1000)
+    k.add_argument("--block-size", type=int, default=16)
+    k.add_argument("--dtype", help="fp16, bf16, fp8, int8, fp32 (default: the model's)")
+    k.set_defaults(func=cmd_kv)
+
+    v = sub.add_parser("validate", help="check the performance model against measured profiles")
+    v.add_argument("what", choices=["perf"])
+    v.add_argument(
+        "--data", help="the public data folder (default: $TWIN_DATA, ./shared/data, ../shared/data)"
+    )
+    v.set_defaults(func=cmd_validate)
+
+    s = sub.add_parser("schedulers", help="list the registered scheduling policies")
+    s.set_defaults(func=cmd_schedulers)
+
+    b = sub.add_parser(
+        "bench", help="measure simulation speed and memory on the Azure conversation trace"
+    )
+    b.add_argument("--sizes", default="1000,10000,100000", help="request counts, comma-separated")
+    b.add_argument("--trace", help="path of AzureLLMInferenceTrace_conv.csv")
+    b.add_argument("--data", help="the public data folder holding traces/azure_llm_2023/")
+    b.set_defaults(func=cmd_bench)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except TwinError as e:
+        msg = " ".join(str(e).split("\n"))
+        print(f"twin: error: {msg}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

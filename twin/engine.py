@@ -1,0 +1,411 @@
+"""One serving instance: a continuous-batching loop, one SimPy event per iteration.
+
+The policy is vLLM's (v0 scheduler): prefill first, FCFS; a waiting request is
+admitted only when the blocks for its whole prompt are free (less a small
+watermark); running sequences grow a block at a time; when a decode step finds
+no free block, the most recently admitted sequence is preempted and will be
+recomputed (its prompt plus the tokens it had produced are prefilled again).
+With ``chunked_prefill`` the iteration carries every running decode first and
+fills the rest of a token budget with prefill chunks (Sarathi-Serve style).
+
+Per-iteration work does not grow with the batch: decode sequences are kept as
+aggregates (count, sum of context lengths), and per-sequence events (a block
+needed, the last token) sit in heaps keyed by the decode step at which they
+happen. A decode step touches only the sequences that finish or need a block
+in that step. The same bookkeeping lets a later change jump over a stretch of
+decode steps in which nothing changes.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import simpy
+
+from twin.errors import SpecError
+from twin.kvcache import BlockManager, blocks_for
+from twin.perf import Batch, PerfModel
+from twin.request import Request
+
+
+class Arrival(simpy.events.Event):
+    """A timeout that fires before ordinary events scheduled for the same instant.
+
+    Same-time events: an arrival is seen before an iteration that ends at the
+    same instant (a plain ``env.timeout``), so the request can join the batch
+    formed at that instant. Ties among arrivals keep their scheduling order.
+    """
+
+    def __init__(self, env: simpy.Environment, delay: float) -> None:
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        env.schedule(self, simpy.core.URGENT, delay)
+
+
+WAITING, PREFILL, DECODE, DONE = "waiting", "prefill", "decode", "done"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Batching and memory policy of one instance.
+
+    ``max_batched_tokens`` caps the prefill tokens of one iteration (without
+    chunking a single longer prompt still runs, alone) or, with
+    ``chunked_prefill``, all tokens of one iteration (decodes count one each).
+    ``watermark`` is the share of blocks kept back from new admissions.
+    """
+
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_batched_tokens: int = 8192
+    chunked_prefill: bool = False
+    watermark: float = 0.01
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "max_num_seqs", "max_batched_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise SpecError(f"engine.{name}: {v!r} must be a positive integer")
+        if not 0.0 <= self.watermark < 1.0:
+            raise SpecError(f"engine.watermark: {self.watermark!r} must be in [0, 1)")
+
+
+class Sequence:
+    """The life of one request on one instance: its state and timestamps (s)."""
+
+    __slots__ = (
+        "req",
+        "state",
+        "prefill_len",
+        "prefilled",
+        "generated",
+        "blocks",
+        "t_arrival",
+        "t_scheduled",
+        "t_prefill_done",
+        "t_first_token",
+        "t_finish",
+        "t_last_token",
+        "max_gap",
+        "preemptions",
+        "d_join",
+        "g_join",
+        "epoch",
+        "instance",
+    )
+
+    def __init__(self, req: Request, now: float) -> None:
+        self.req = req
+        self.state = WAITING
+        self.prefill_len = req.prompt_tokens
+        self.prefilled = 0
+        self.generated = 0
+        self.blocks = 0
+        self.t_arrival = now
+        self.t_scheduled = -1.0
+        self.t_prefill_done = -1.0
+        self.t_first_token = -1.0
+        self.t_finish = -1.0
+        self.t_last_token = -1.0
+        self.max_gap = 0.0
+        self.preemptions = 0
+        self.d_join = 0
+        self.g_join = 0
+        self.epoch = 0
+        self.instance = -1
+
+    def length_at(self, step: int) -> int:
+        """Tokens in the sequence (its KV context) when decode step ``step`` runs."""
+        return self.prefill_len + 1 + (step - self.d_join)
+
+
+class Engine:
+    """A serving instance. ``submit`` hands it a request; ``on_finish`` is called
+    once per sequence when its last token is out."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        instance_id: int,
+        perf: PerfModel,
+        blocks: BlockManager,
+        config: EngineConfig,
+        on_finish: Callable[[Sequence], None],
+        log: list[tuple] | None = None,
+    ) -> None:
+        self.env = env
+        self.id = instance_id
+        self.perf = perf
+        self.kv = blocks
+        self.config = config
+        self.on_finish = on_finish
+        self.log = log
+        self.waiting: deque[Sequence] = deque()
+        self.waiting_tokens = 0
+        # Every admitted sequence, in admission order (the last is the first victim).
+        self.running: dict[int, Sequence] = {}
+        self.prefilling: list[Sequence] = []  # admitted, prompt not fully computed
+        self.decode_count = 0
+        self.decode_ctx_sum = 0  # sum of length_at(next step) over decoding sequences
+        self.steps = 0  # decode steps completed
+        self._finish_heap: list[tuple[int, int, int, Sequence]] = []
+        self._alloc_heap: list[tuple[int, int, int, Sequence]] = []
+        self._first_gap: list[Sequence] = []  # joined decode; gap measured at their first step
+        self._gap_steps: list[int] = []  # monotone stack: step numbers, increasing
+        self._gap_vals: list[float] = []  # ... their gaps, decreasing
+        self._last_decode_end = -1.0
+        self._wake: simpy.Event | None = None
+        self.iterations = 0
+        self.busy_s = 0.0
+        self.preemptions = 0
+        self.process = env.process(self.serve())
+
+    # -- what a router may look at -------------------------------------------------
+    @property
+    def queue_requests(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def running_requests(self) -> int:
+        return len(self.running)
+
+    # -- input -----------------------------------------------------------------------
+    def submit(self, seq: Sequence) -> None:
+        seq.instance = self.id
+        seq.t_arrival = self.env.now
+        self.waiting.append(seq)
+        self.waiting_tokens += seq.prefill_len
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    # -- the loop --------------------------------------------------------------------
+    def serve(self):  # noqa: ANN201 - a SimPy process
+        """Form a batch, run it for the time the perf model gives, apply it; repeat."""
+        env = self.env
+        while True:
+            batch, chunks, decoding = self._plan()
+            if batch.is_empty:
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+                continue
+            dt = self.perf.iteration_time(batch)
+            if not dt > 0.0:
+                raise SpecError(f"perf model {self.perf.name!r} gave iteration time {dt!r} <= 0")
+            if self.log is not None:
+                self.log.append(
+                    (
+                        round(env.now, 9),
+                        "iteration",
+                        self.id,
+                        tuple(s.req.id for s, _ in chunks),
+                        batch.decode_count,
+                    )
+                )
+            yield env.timeout(dt)
+            self.iterations += 1
+            self.busy_s += dt
+            self._complete(chunks, decoding)
+
+    # -- planning --------------------------------------------------------------------
+    def _plan(self) -> tuple[Batch, list[tuple[Sequence, int]], bool]:
+        cfg = self.config
+        if cfg.chunked_prefill:
+            decoding = self._prepare_decode()
+            budget = cfg.max_batched_tokens - self.decode_count
+            chunks = self._take_chunks(budget, chunked=True)
+        else:
+            chunks = self._take_chunks(cfg.max_batched_tokens, chunked=False)
+            decoding = False
+            if not chunks:
+                decoding = self._prepare_decode()
+        prefill = tuple((n, s.prefilled) for s, n in chunks)
+        if decoding:
+            return Batch(prefill, self.decode_count, self.decode_ctx_sum), chunks, True
+        return Batch(prefill), chunks, False
+
+    def _take_chunks(self, budget: int, *, chunked: bool) -> list[tuple[Sequence, int]]:
+        """Prefill work for this iteration: continue partial prompts, then admit FCFS."""
+        chunks: list[tuple[Sequence, int]] = []
+        for s in self.prefilling:
+            if budget <= 0:
+                return chunks
+            n = min(s.prefill_len - s.prefilled, budget)
+            chunks.append((s, n))
+            budget -= n
+        kv = self.kv
+        now = self.env.now
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            s = self.waiting[0]
+            need = s.prefill_len
+            if budget <= 0 or (not chunked and chunks and need > budget):
+                break
+            need_blocks = blocks_for(need, kv.block_size)
+            if not kv.can_admit(need_blocks):
+                break
+            self.waiting.popleft()
+            self.waiting_tokens -= need
+            kv.allocate(need_blocks)
+            s.blocks = need_blocks
+            s.state = PREFILL
+            if s.t_scheduled < 0:
+                s.t_scheduled = now
+            self.running[s.req.id] = s
+            self.prefilling.append(s)
+            n = min(need, budget) if chunked else need
+            chunks.append((s, n))
+            budget -= n
+        return chunks
+
+    def _prepare_decode(self) -> bool:
+        """Give every decoding sequence the block its next token needs, preempting
+        the most recently admitted sequences when memory runs out."""
+        if self.decode_count == 0:
+            return False
+        step = self.steps + 1
+        heap = self._alloc_heap
+        kv = self.kv
+        while heap and heap[0][0] <= step:
+            _, _, epoch, s = heapq.heappop(heap)
+            if epoch != s.epoch or s.state != DECODE:
+                continue
+            while kv.free == 0:
+                self._preempt(self._victim())
+                if s.state != DECODE:
+                    break
+            if s.state != DECODE:
+                continue
+            kv.allocate(1)
+            s.blocks += 1
+            bs = kv.block_size
+            heapq.heappush(heap, (step + bs, s.req.id, s.epoch, s))
+        return self.decode_count > 0
+
+    def _victim(self) -> Sequence:
+        for s in reversed(self.running.values()):
+            if s.state == DECODE:
+                return s
+        raise AssertionError("no decoding sequence to preempt")
+
+    def _preempt(self, s: Sequence) -> None:
+        """Free ``s``'s blocks and queue it at the front for recomputation."""
+        step = self.steps + 1
+        self._close_gaps(s)
+        s.generated = s.g_join + (step - s.d_join)
+        self.decode_count -= 1
+        self.decode_ctx_sum -= s.length_at(step)
+        del self.running[s.req.id]
+        self.kv.release(s.blocks)
+        s.blocks = 0
+        s.epoch += 1
+        s.state = WAITING
+        s.preemptions += 1
+        self.preemptions += 1
+        s.prefill_len = s.req.prompt_tokens + s.generated
+        s.prefilled = 0
+        self.waiting.appendleft(s)
+        self.waiting_tokens += s.prefill_len
+        if self.log is not None:
+            self.log.append((round(self.env.now, 9), "preempt", self.id, s.req.id))
+
+    # -- applying an iteration -------------------------------------------------------
+    def _complete(self, chunks: list[tuple[Sequence, int]], decoded: bool) -> None:
+        now = self.env.now
+        if decoded:
+            self._complete_decode_step(now)
+        for s, n in chunks:
+            s.prefilled += n
+            if s.prefilled < s.prefill_len:
+                continue
+            self.prefilling.remove(s)
+            s.t_prefill_done = now
+            s.generated += 1
+            if s.t_first_token < 0:
+                s.t_first_token = now
+            elif now - s.t_last_token > s.max_gap:
+                s.max_gap = now - s.t_last_token  # the stall of a recompute
+            s.t_last_token = now
+            if s.generated >= s.req.output_tokens:
+                self._finish(s, now)
+            else:
+                self._join_decode(s)
+
+    def _complete_decode_step(self, now: float) -> None:
+        self.steps += 1
+        step = self.steps
+        if self._last_decode_end >= 0.0:
+            self._push_gap(step, now - self._last_decode_end)
+        self._last_decode_end = now
+        for s in self._first_gap:
+            if s.state == DECODE and s.d_join == step:
+                gap = now - s.t_last_token
+                if gap > s.max_gap:
+                    s.max_gap = gap
+        self._first_gap.clear()
+        self.decode_ctx_sum += self.decode_count
+        heap = self._finish_heap
+        while heap and heap[0][0] <= step:
+            _, _, epoch, s = heapq.heappop(heap)
+            if epoch != s.epoch or s.state != DECODE:
+                continue
+            self._close_gaps(s)
+            self.decode_count -= 1
+            self.decode_ctx_sum -= s.length_at(step + 1)
+            s.generated = s.req.output_tokens
+            self._finish(s, now)
+
+    def _join_decode(self, s: Sequence) -> None:
+        step = self.steps + 1
+        s.state = DECODE
+        s.d_join = step
+        s.g_join = s.generated
+        self.decode_count += 1
+        self.decode_ctx_sum += s.length_at(step)
+        self._first_gap.append(s)
+        rid = s.req.id
+        heapq.heappush(
+            self._finish_heap, (step + s.req.output_tokens - s.generated - 1, rid, s.epoch, s)
+        )
+        need_at = step + max(0, s.blocks * self.kv.block_size + 1 - s.length_at(step))
+        heapq.heappush(self._alloc_heap, (need_at, rid, s.epoch, s))
+
+    def _finish(self, s: Sequence, now: float) -> None:
+        s.state = DONE
+        s.t_finish = now
+        s.t_last_token = now
+        del self.running[s.req.id]
+        self.kv.release(s.blocks)
+        s.blocks = 0
+        s.epoch += 1
+        if self.log is not None:
+            self.log.append((round(now, 9), "finish", self.id, s.req.id))
+        self.on_finish(s)
+
+    # -- inter-token gaps ------------------------------------------------------------
+    def _push_gap(self, step: int, gap: float) -> None:
+        steps, vals = self._gap_steps, self._gap_vals
+        while vals and vals[-1] <= gap:
+            vals.pop()
+            steps.pop()
+        steps.append(step)
+        vals.append(gap)
+        if len(steps) > 4096:
+            oldest = min(
+                (s.d_join for s in self.running.values() if s.state == DECODE), default=step
+            )
+            cut = bisect_left(steps, oldest + 1)
+            del steps[:cut]
+            del vals[:cut]
+
+    def _close_gaps(self, s: Sequence) -> None:
+        """Fold the largest gap between two of ``s``'s decode steps into ``s.max_gap``."""
+        i = bisect_left(self._gap_steps, s.d_join + 1)
+        if i < len(self._gap_vals) and self._gap_vals[i] > s.max_gap:
+            s.max_gap = self._gap_vals[i]
+        if self.steps >= s.d_join:
+            s.t_last_token = self._last_decode_end

@@ -1,0 +1,235 @@
+"""Per-request latencies folded into streaming summaries.
+
+TTFT, TPOT, E2E and tail inter-token latency per DESIGN.md. Requests are
+folded in as they end and then dropped, so memory does not grow with the
+trace: a :class:`Distribution` keeps exact values up to ``exact_limit`` and then
+folds them into logarithmic buckets of relative width 0.2% (quantiles then are
+within 0.1% of the exact ones; count, mean, min and max stay exact).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from twin.engine import Sequence
+from twin.request import Request
+
+QUANTILES = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99))
+
+
+class Distribution:
+    """Count, mean, min, max and quantiles of a stream of non-negative floats."""
+
+    __slots__ = ("count", "total", "min", "max", "_exact", "_buckets", "exact_limit")
+
+    _GAMMA = 1.002
+    _LOG_GAMMA = math.log(_GAMMA)
+
+    def __init__(self, exact_limit: int = 200_000) -> None:
+        self.count = 0
+        self.total = 0.0
+        self.min = math.inf
+        self.max = -math.inf
+        self._exact: list[float] | None = []
+        self._buckets: Counter[int] = Counter()
+        self.exact_limit = exact_limit
+
+    def add(self, x: float) -> None:
+        self.count += 1
+        self.total += x
+        if x < self.min:
+            self.min = x
+        if x > self.max:
+            self.max = x
+        if self._exact is not None:
+            self._exact.append(x)
+            if len(self._exact) > self.exact_limit:
+                for v in self._exact:
+                    self._buckets[self._bucket(v)] += 1
+                self._exact = None
+        else:
+            self._buckets[self._bucket(x)] += 1
+
+    def _bucket(self, x: float) -> int:
+        if x <= 1e-12:
+            return -(10**9)
+        return math.ceil(math.log(x) / self._LOG_GAMMA)
+
+    def quantile(self, q: float) -> float:
+        if self.count == 0:
+            return math.nan
+        if self._exact is not None:
+            return float(np.quantile(np.asarray(self._exact), q))
+        rank = q * (self.count - 1)
+        seen = 0
+        for b in sorted(self._buckets):
+            seen += self._buckets[b]
+            if seen > rank:
+                if b == -(10**9):
+                    return 0.0
+                value = 2.0 * self._GAMMA**b / (self._GAMMA + 1.0)
+                return min(max(value, self.min), self.max)
+        return self.max
+
+    def summary(self) -> dict[str, float | None]:
+        if self.count == 0:
+            return {"mean": None, "p50": None, "p90": None, "p99": None, "max": None}
+        out: dict[str, float | None] = {"mean": self.total / self.count}
+        for name, q in QUANTILES:
+            out[name] = self.quantile(q)
+        out["max"] = self.max
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class SLO:
+    """Latency objectives: a request meets its SLO when TTFT <= ``ttft_s`` and
+    TPOT <= ``tpot_s``; ``target`` is the attainment goodput is judged against."""
+
+    ttft_s: float = math.inf
+    tpot_s: float = math.inf
+    target: float = 0.9
+
+
+REQUEST_COLUMNS = (
+    "id",
+    "status",
+    "reason",
+    "instance",
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "scheduled_s",
+    "prefill_done_s",
+    "first_token_s",
+    "finish_s",
+    "queue_s",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "max_itl_s",
+    "preemptions",
+    "slo_met",
+)
+
+
+class Metrics:
+    """Folds ended requests into summaries; optionally streams one row each to
+    ``on_row`` (a dict keyed by :data:`REQUEST_COLUMNS`)."""
+
+    def __init__(self, slo: SLO, on_row: Callable[[dict[str, Any]], None] | None = None):
+        self.slo = slo
+        self.on_row = on_row
+        self.completed = 0
+        self.rejected = 0
+        self.reject_reasons: Counter[str] = Counter()
+        self.slo_met = 0
+        self.ttft_met = 0
+        self.tpot_met = 0
+        self.output_tokens = 0
+        self.preemptions = 0
+        self.last_end_s = 0.0
+        self.ttft = Distribution()
+        self.tpot = Distribution()
+        self.e2e = Distribution()
+        self.queue = Distribution()
+        self.itl_max = Distribution()
+
+    @property
+    def ended(self) -> int:
+        return self.completed + self.rejected
+
+    def complete(self, s: Sequence) -> None:
+        req = s.req
+        ttft = s.t_first_token - req.arrival_s
+        e2e = s.t_finish - req.arrival_s
+        queue = s.t_scheduled - req.arrival_s
+        tpot: float | None = None
+        if req.output_tokens > 1:
+            tpot = (s.t_finish - s.t_first_token) / (req.output_tokens - 1)
+            self.tpot.add(tpot)
+            self.itl_max.add(s.max_gap)
+        self.ttft.add(ttft)
+        self.e2e.add(e2e)
+        self.queue.add(queue)
+        ttft_ok = ttft <= self.slo.ttft_s
+        tpot_ok = tpot is None or tpot <= self.slo.tpot_s
+        self.completed += 1
+        self.ttft_met += ttft_ok
+        self.tpot_met += tpot_ok
+        self.slo_met += ttft_ok and tpot_ok
+        self.output_tokens += req.output_tokens
+        self.preemptions += s.preemptions
+        if s.t_finish > self.last_end_s:
+            self.last_end_s = s.t_finish
+        if self.on_row is not None:
+            self.on_row(
+                {
+                    "id": req.id,
+                    "status": "completed",
+                    "reason": "",
+                    "instance": s.instance,
+                    "arrival_s": req.arrival_s,
+                    "prompt_tokens": req.prompt_tokens,
+                    "output_tokens": req.output_tokens,
+                    "scheduled_s": s.t_scheduled,
+                    "prefill_done_s": s.t_prefill_done,
+                    "first_token_s": s.t_first_token,
+                    "finish_s": s.t_finish,
+                    "queue_s": queue,
+                    "ttft_s": ttft,
+                    "tpot_s": "" if tpot is None else tpot,
+                    "e2e_s": e2e,
+                    "max_itl_s": s.max_gap if req.output_tokens > 1 else "",
+                    "preemptions": s.preemptions,
+                    "slo_met": int(ttft_ok and tpot_ok),
+                }
+            )
+
+    def reject(self, req: Request, reason: str, now: float) -> None:
+        self.rejected += 1
+        self.reject_reasons[reason] += 1
+        if now > self.last_end_s:
+            self.last_end_s = now
+        if self.on_row is not None:
+            row: dict[str, Any] = dict.fromkeys(REQUEST_COLUMNS, "")
+            row.update(
+                id=req.id,
+                status="rejected",
+                reason=reason,
+                arrival_s=req.arrival_s,
+                prompt_tokens=req.prompt_tokens,
+                output_tokens=req.output_tokens,
+                preemptions=0,
+                slo_met=0,
+            )
+            self.on_row(row)
+
+    def summary(self) -> dict[str, Any]:
+        """The stable summary keys (DESIGN.md; other tools read them)."""
+        n = self.ended
+        span = self.last_end_s
+        return {
+            "requests": n,
+            "completed": self.completed,
+            "rejected": self.rejected,
+            "rejected_by_reason": dict(sorted(self.reject_reasons.items())),
+            "ttft_s": self.ttft.summary(),
+            "tpot_s": self.tpot.summary(),
+            "e2e_s": self.e2e.summary(),
+            "queue_s": self.queue.summary(),
+            "max_itl_s": self.itl_max.summary(),
+            "slo_attainment": self.slo_met / n if n else None,
+            "ttft_attainment": self.ttft_met / n if n else None,
+            "tpot_attainment": self.tpot_met / n if n else None,
+            "throughput_rps": self.completed / span if span > 0 else None,
+            "output_tokens_per_s": self.output_tokens / span if span > 0 else None,
+            "simulated_s": span,
+            "preemptions": self.preemptions,
+        }

@@ -1,0 +1,226 @@
+"""The policy API: what a scheduler sees, what it decides, and how it is found.
+
+A scheduler is a small object with hooks. It sees read-only views of the
+cluster (what a real router could know) and returns decision dataclasses; it
+never touches SimPy or engine internals, so it can be unit-tested against a
+hand-built :class:`ClusterView` with no simulation running.
+
+Policies register by name with :func:`register`; third-party packages add
+theirs through the ``twin.schedulers`` entry-point group, whose entries are
+imported on the first lookup (the built-in policies are listed there too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+
+from twin.errors import DuplicateRegistrationError, SpecError, UnknownSchedulerError
+from twin.request import Request
+
+Role = Literal["mixed", "prefill", "decode"]
+ROLES: tuple[str, ...] = ("mixed", "prefill", "decode")
+ENTRY_POINT_GROUP = "twin.schedulers"
+
+
+# -- decisions -----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Serve the request: prefill on instance ``prefill``; decode on ``decode``,
+    or, when ``decode`` is ``None``, on the same instance (colocated) or on the
+    one ``pick_decode`` names once the prefill is done (disaggregated)."""
+
+    prefill: int
+    decode: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    """Refuse the request at arrival; ``reason`` is reported per request."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The cluster layout a policy asks for at setup: a role per instance id."""
+
+    roles: Mapping[int, str] = field(default_factory=dict)
+
+
+# -- views ---------------------------------------------------------------------------
+@runtime_checkable
+class InstanceView(Protocol):
+    """What a router may know about one serving instance. Read-only.
+
+    Token and block counts are integers; times are seconds.
+    """
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def role(self) -> str: ...
+    @property
+    def node(self) -> int: ...
+    @property
+    def gpus(self) -> tuple[int, ...]: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def total_blocks(self) -> int: ...
+    @property
+    def free_blocks(self) -> int: ...
+    @property
+    def queue_requests(self) -> int: ...
+    @property
+    def queue_tokens(self) -> int: ...
+    @property
+    def running_requests(self) -> int: ...
+
+    def estimate_prefill_s(self, tokens: int) -> float:
+        """Time one prefill of ``tokens`` tokens would take alone on this instance."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceSnapshot:
+    """A hand-built :class:`InstanceView`, for tests of a policy and for tools.
+
+    ``prefill_s_per_token`` prices ``estimate_prefill_s`` linearly.
+    """
+
+    id: int
+    role: str = "mixed"
+    node: int = 0
+    gpus: tuple[int, ...] = (0,)
+    block_size: int = 16
+    total_blocks: int = 1000
+    free_blocks: int = 1000
+    queue_requests: int = 0
+    queue_tokens: int = 0
+    running_requests: int = 0
+    prefill_s_per_token: float = 1e-4
+
+    def estimate_prefill_s(self, tokens: int) -> float:
+        return tokens * self.prefill_s_per_token
+
+
+class ClusterView:
+    """The instances of a cluster, and the current time, as a policy sees them."""
+
+    __slots__ = ("instances", "_now")
+
+    def __init__(self, instances: Sequence[InstanceView], now: Callable[[], float] | float = 0.0):
+        self.instances: tuple[InstanceView, ...] = tuple(instances)
+        self._now = now
+
+    @property
+    def now(self) -> float:
+        return self._now() if callable(self._now) else self._now
+
+    def of_role(self, *roles: str) -> tuple[InstanceView, ...]:
+        return tuple(i for i in self.instances if i.role in roles)
+
+    def __getitem__(self, instance_id: int) -> InstanceView:
+        return self.instances[instance_id]
+
+    def __len__(self) -> int:
+        return len(self.instances)
+
+
+# -- the protocol --------------------------------------------------------------------
+@runtime_checkable
+class Scheduler(Protocol):
+    """Required hooks. Optional ones, looked up by name when present:
+
+    - ``pick_decode(req, view) -> int``: the decode instance, asked when the
+      prefill is done and ``route`` left ``decode`` open;
+    - ``tick(view) -> list``: periodic actions (every ``tick_s`` seconds).
+    """
+
+    def setup(self, cluster: ClusterView) -> Plan: ...
+
+    def route(self, req: Request, view: ClusterView) -> Route | Reject: ...
+
+
+# -- the registry --------------------------------------------------------------------
+_registry: dict[str, type] = {}
+_entry_points_loaded = False
+
+T = TypeVar("T", bound=type)
+
+
+def register(name: str) -> Callable[[T], T]:
+    """Class decorator: make the policy available as ``scheduler: {name: ...}``.
+
+    A second registration of the same name by another class is an error.
+    """
+
+    def deco(cls: T) -> T:
+        other = _registry.get(name)
+        if other is not None and other is not cls and _qualname(other) != _qualname(cls):
+            raise DuplicateRegistrationError(
+                f"scheduler {name!r} is already registered by {_qualname(other)}; "
+                f"{_qualname(cls)} cannot take the name"
+            )
+        _registry[name] = cls
+        return cls
+
+    return deco
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _load_entry_points() -> None:
+    global _entry_points_loaded
+    if _entry_points_loaded:
+        return
+    _entry_points_loaded = True
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        obj = ep.load()
+        if isinstance(obj, type) and ep.name not in _registry:
+            register(ep.name)(obj)
+
+
+def scheduler_names() -> list[str]:
+    """Every registered policy name, sorted."""
+    _load_entry_points()
+    return sorted(_registry)
+
+
+def get_scheduler(name: str) -> type:
+    """The policy class registered as ``name``; a miss suggests close names."""
+    _load_entry_points()
+    try:
+        return _registry[name]
+    except KeyError:
+        raise UnknownSchedulerError(name, _registry) from None
+
+
+def build_scheduler(name: str, params: Mapping[str, Any], where: str = "scheduler") -> Any:
+    """Instantiate policy ``name`` with ``params``, checking the names of the
+    parameters against the policy's dataclass fields."""
+    cls = get_scheduler(name)
+    if dataclasses.is_dataclass(cls):
+        known = [f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")]
+        for key in params:
+            if key not in known:
+                raise SpecError(
+                    f"{where}.{key}: unknown parameter of scheduler {name!r}; "
+                    f"expected one of {', '.join(known) or '(none)'}"
+                )
+    try:
+        return cls(**params)
+    except (TypeError, ValueError) as e:
+        raise SpecError(f"{where}: scheduler {name!r}: {e}") from None
+
+
+def describe(cls: type) -> str:
+    """First line of a policy's docstring."""
+    doc = (cls.__doc__ or "").strip()
+    return doc.splitlines()[0] if doc else ""
