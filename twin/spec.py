@@ -14,12 +14,12 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from twin.bundled import bundled_names, bundled_text
 from twin.engine import EngineConfig
 from twin.errors import SpecError, UnitError, UnknownNameError
 from twin.hardware import GPUSpec, get_gpu
@@ -92,11 +92,6 @@ def canonical_json(obj: Any) -> str:
 
 
 # -- finding and reading specs -------------------------------------------------------
-def bundled_experiments() -> list[str]:
-    root = resources.files("twin.data.experiments")
-    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
-
-
 def read_spec_text(spec: str) -> tuple[str, str, Path]:
     """``(text, display name, base dir)`` of a spec given as a path or a bundled name."""
     path = Path(spec)
@@ -104,11 +99,10 @@ def read_spec_text(spec: str) -> tuple[str, str, Path]:
         if not path.is_file():
             raise SpecError(f"{spec}: no such experiment spec file")
         return path.read_text(encoding="utf-8"), str(path), path.resolve().parent
-    names = bundled_experiments()
+    names = bundled_names("experiments")
     if spec not in names:
         raise UnknownNameError("experiment", spec, names)
-    text = (resources.files("twin.data.experiments") / f"{spec}.yaml").read_text("utf-8")
-    return text, f"{spec}.yaml", Path.cwd()
+    return bundled_text("experiments", spec), f"{spec}.yaml", Path.cwd()
 
 
 def parse_yaml(text: str, where: str) -> dict[str, Any]:

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from twin.metrics import Distribution
+
+
+@given(st.lists(st.floats(min_value=0.0, max_value=1e4, allow_nan=False), min_size=1, max_size=200))
+def test_exact_mode_matches_numpy(xs):
+    d = Distribution()
+    for x in xs:
+        d.add(x)
+    s = d.summary()
+    assert s["mean"] == pytest.approx(float(np.mean(xs)), rel=1e-9, abs=1e-9)
+    assert s["p90"] == pytest.approx(float(np.quantile(xs, 0.9)))
+    assert s["max"] == max(xs)
+
+
+def test_folded_mode_keeps_quantiles_within_a_fraction_of_a_percent():
+    rng = np.random.default_rng(1)
+    xs = rng.lognormal(0.0, 1.5, 50_000)
+    d = Distribution(exact_limit=1000)
+    for x in xs:
+        d.add(float(x))
+    assert d._exact is None  # memory no longer grows with the count
+    for q in (0.5, 0.9, 0.99):
+        assert d.quantile(q) == pytest.approx(float(np.quantile(xs, q)), rel=2e-3)
+    assert d.summary()["mean"] == pytest.approx(float(xs.mean()), rel=1e-12)
+
+
+def test_empty_distribution_reports_none():
+    assert Distribution().summary() == {
+        "mean": None,
+        "p50": None,
+        "p90": None,
+        "p99": None,
+        "max": None,
+    }

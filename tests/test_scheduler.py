@@ -1,0 +1,88 @@
+"""The policy API: registry behaviour and the colocated baseline on hand-built views."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
+from twin.errors import DuplicateRegistrationError, SpecError, UnknownSchedulerError
+from twin.request import Request
+from twin.scheduler import (
+    ClusterView,
+    InstanceSnapshot,
+    InstanceView,
+    Plan,
+    Route,
+    build_scheduler,
+    get_scheduler,
+    register,
+    scheduler_names,
+)
+
+
+def test_colocated_is_registered_and_listed():
+    assert "colocated" in scheduler_names()
+    assert get_scheduler("colocated") is schedulers.colocated.Colocated
+
+
+def test_a_typo_suggests_the_close_name():
+    with pytest.raises(
+        UnknownSchedulerError, match=r"unknown scheduler 'colocatd'\. Did you mean 'colocated'\?"
+    ):
+        get_scheduler("colocatd")
+
+
+def test_duplicate_registration_is_an_error():
+    @dataclass
+    class Other:
+        def setup(self, cluster):
+            return Plan()
+
+        def route(self, req, view):
+            return Route(0)
+
+    with pytest.raises(DuplicateRegistrationError, match="already registered"):
+        register("colocated")(Other)
+
+
+def test_unknown_parameter_lists_the_known_ones():
+    with pytest.raises(
+        SpecError, match=r"scheduler\.routng: unknown parameter .* expected one of routing"
+    ):
+        build_scheduler("colocated", {"routng": "x"})
+    with pytest.raises(SpecError, match="round_robin"):
+        build_scheduler("colocated", {"routing": "random"})
+
+
+def test_snapshot_is_an_instance_view():
+    assert isinstance(InstanceSnapshot(0), InstanceView)
+
+
+def view(*loads):
+    return ClusterView(
+        [
+            InstanceSnapshot(i, queue_requests=q, running_requests=r)
+            for i, (q, r) in enumerate(loads)
+        ]
+    )
+
+
+def test_least_loaded_picks_fewest_outstanding_then_lowest_id():
+    policy = build_scheduler("colocated", {"routing": "least_loaded"})
+    req = Request(0, 0.0, 10, 10)
+    assert policy.route(req, view((3, 4), (0, 5), (1, 1))) == Route(2, 2)
+    assert policy.route(req, view((1, 1), (2, 0), (0, 2))) == Route(0, 0)
+
+
+def test_round_robin_cycles():
+    policy = build_scheduler("colocated", {"routing": "round_robin"})
+    v = view((9, 9), (0, 0), (0, 0))
+    picks = [policy.route(Request(i, 0.0, 1, 1), v).prefill for i in range(5)]
+    assert picks == [0, 1, 2, 0, 1]
+
+
+def test_setup_makes_every_instance_mixed():
+    plan = build_scheduler("colocated", {}).setup(view((0, 0), (0, 0)))
+    assert dict(plan.roles) == {0: "mixed", 1: "mixed"}
