@@ -1,0 +1,126 @@
+"""The command line: what a user sees, including every kind of bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
+from twin.cli import main
+
+FAST = ["--set", "workload.max_requests=150"]
+
+
+def run_cli(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_default_run_prints_a_summary(capsys):
+    code, out, err = run_cli(capsys, "run", *FAST)
+    assert code == 0, err
+    assert "TTFT (s)" in out and "SLO attainment" in out and "quickstart" in out
+
+
+def test_json_is_byte_identical_across_runs(capsys, tmp_path):
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    csvs = [tmp_path / "a.csv", tmp_path / "b.csv"]
+    for p, c in zip(paths, csvs, strict=True):
+        assert (
+            run_cli(capsys, "run", *FAST, "--json", str(p), "--requests-csv", str(c), "-q")[0] == 0
+        )
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    assert csvs[0].read_bytes() == csvs[1].read_bytes()
+    doc = json.loads(paths[0].read_text())
+    assert doc["summary"]["requests"] == 150
+    assert doc["header"]["spec"]["workload"]["max_requests"] == 150
+    assert len(csvs[0].read_text().splitlines()) == 151
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["run", "--set", "cluster.tp=0"],
+            r"quickstart\.yaml: cluster\.tp: 0 must be a positive integer",
+        ),
+        (
+            ["run", "--set", "scheduler.name=colocatd"],
+            r"unknown scheduler 'colocatd'\. Did you mean 'colocated'",
+        ),
+        (["run", "--set", "model=lama-2-70b"], r"unknown model 'lama-2-70b'.*llama-2-70b"),
+        (["run", "--set", "gpu=h1000"], r"unknown gpu 'h1000'"),
+        (["run", "--set", "slo.ttft=1 parsec"], r"slo\.ttft: '1 parsec' is not a duration"),
+        (["run", "--set", "clustr.tp=2"], r"unknown key .*'clustr'.*cluster"),
+        (
+            ["run", "--set", "engine.oversized=maybe"],
+            r"engine\.oversized: 'maybe'; expected one of error, reject",
+        ),
+        (["run", "no-such-experiment"], r"unknown experiment 'no-such-experiment'.*quickstart"),
+        (["run", "missing.yaml"], r"missing\.yaml: no such experiment spec file"),
+        (["kv", "llama-2-70"], r"unknown model 'llama-2-70'"),
+    ],
+)
+def test_bad_input_is_one_line_with_exit_code_2(capsys, args, message):
+    code, out, err = run_cli(capsys, *args)
+    assert code == 2
+    assert err.startswith("twin: error: ") and err.count("\n") == 1
+    assert __import__("re").search(message, err), err
+
+
+def test_bad_yaml_names_the_file_and_line(capsys, tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("model: llama-2-70b\ncluster: [1, 2\n")
+    code, _, err = run_cli(capsys, "run", str(spec))
+    assert code == 2 and "bad.yaml: not valid YAML (line" in err
+
+
+def test_missing_model_is_named(capsys, tmp_path):
+    spec = tmp_path / "nomodel.yaml"
+    spec.write_text(
+        "workload: {lengths: azure-conv, arrival: {process: poisson, rate: 1}, max_requests: 5}\n"
+    )
+    code, _, err = run_cli(capsys, "run", str(spec))
+    assert code == 2 and "nomodel.yaml: model: missing" in err
+
+
+def test_a_bad_trace_names_file_line_and_value(capsys, tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:45.0000000,396,109\n"
+    )
+    spec = tmp_path / "s.yaml"
+    spec.write_text(f"model: llama-2-7b\nworkload: {{trace: {trace.name}}}\n")
+    code, _, err = run_cli(capsys, "run", str(spec))
+    assert code == 2
+    assert "t.csv" in err and "3" in err and "TIMESTAMP" in err, err
+
+
+def test_kv_prints_exact_bytes(capsys):
+    code, out, _ = run_cli(capsys, "kv", "llama-2-70b", "--tokens", "1000")
+    assert code == 0
+    assert "327,680" in out or "327680" in out
+    assert "1008" in out or "1,008" in out
+
+
+def test_schedulers_lists_colocated(capsys):
+    code, out, _ = run_cli(capsys, "schedulers")
+    assert code == 0 and out.startswith("colocated")
+
+
+def test_real_process_exits_2_without_traceback():
+    proc = subprocess.run(
+        [sys.executable, "-m", "twin.cli", "run", "--set", "cluster.instances=-1"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "cluster.instances: -1 must be a positive integer" in proc.stderr
