@@ -6,7 +6,7 @@ A length sampler draws ``(prompt_tokens, output_tokens)`` arrays of integers
 Bundled tables (``azure-conv``, ``azure-code``) are synthetic defaults that
 need no data files: compact quantile tables of the Azure LLM inference trace
 2023 (Splitwise, ISCA'24; CC-BY-4.0; see ``shared/data/traces/azure_llm_2023``)
-stored in ``twin/data/lengths_azure_*.csv``. Each file holds, for 105
+stored in ``twin/data/lengths_azure_*.csv``. Each file holds, for 110
 probabilities ``q`` (denser in both tails), the ``q``-quantile of
 ``ContextTokens`` (prompt) and ``GeneratedTokens`` (output), computed with
 ``numpy.quantile(..., method="linear")``, plus the Gaussian-copula correlation
@@ -158,9 +158,14 @@ class EmpiricalLengths:
 
 
 def quantile_grid() -> np.ndarray:
-    """The 105 probabilities of a length table: 0, .001, .005, .01 ... .99, .995, .999, 1."""
+    """The 110 probabilities of a length table: 0, .001, .005, .01 ... .99, .995 ... .9999, 1.
+
+    Dense in the upper tail, where linear interpolation between far-apart
+    quantiles would otherwise inflate the mean of heavy-tailed outputs.
+    """
     mid = np.round(np.arange(1, 100) / 100, 2)
-    return np.concatenate([[0.0, 0.001, 0.005], mid, [0.995, 0.999, 1.0]])
+    tail = [0.995, 0.996, 0.997, 0.998, 0.999, 0.9995, 0.9999, 1.0]
+    return np.concatenate([[0.0, 0.001, 0.005], mid, tail])
 
 
 @dataclass(frozen=True, eq=False)
@@ -199,7 +204,7 @@ class LengthTable:
         lines.append(f"# gaussian_copula_rho: {self.rho:.6f}")
         lines.append("q,prompt_tokens,output_tokens")
         lines += [
-            f"{q:.3f},{p:.6f},{o:.6f}"
+            f"{q:.4f},{p:.6f},{o:.6f}"
             for q, p, o in zip(self.q, self.prompt, self.output, strict=True)
         ]
         Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
