@@ -37,9 +37,10 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import yaml
@@ -78,6 +79,8 @@ __all__ = [
     "file_sha256",
     "iter_requests",
 ]
+
+T = TypeVar("T")
 
 _CHUNK = 4096  # draws per numpy call; fixed so that a seed gives one stream
 
@@ -242,7 +245,7 @@ class WorkloadSpec:
             if "format" in m:
                 kw["format"] = m["format"]
             if "arrival" in m:
-                kw["arrival"] = _arrival(m["arrival"], f"{where}.arrival")
+                kw["arrival"] = _scoped(_arrival, m["arrival"], f"{where}.arrival")
             if "lengths" in m:
                 kw["lengths"] = _lengths(m["lengths"], f"{where}.lengths", base_dir)
             if "rate_scale" in m:
@@ -287,6 +290,15 @@ class WorkloadSpec:
         return {str(p): file_sha256(p) for p in self.sources()}
 
 
+def _scoped(parse: Callable[[object, str], T], value: object, where: str) -> T:
+    """``parse(value, where)``, with ``where`` prefixed to any SpecError lacking it."""
+    try:
+        return parse(value, where)
+    except SpecError as e:
+        msg = str(e)
+        raise SpecError(msg if msg.startswith(where) else f"{where}: {msg}") from None
+
+
 def _no_unknown(m: Mapping[str, object], keys: tuple[str, ...], where: str) -> None:
     for k in m:
         if k not in keys:
@@ -306,10 +318,11 @@ def _arrival(value: object, where: str) -> ArrivalProcess:
     process = value.get("process")
     if process == "poisson":
         _no_unknown(value, ("process", "rate"), where)
-        return PoissonArrivals(_required(value, "rate", where))
+        return PoissonArrivals(_positive("rate", _required(value, "rate", where)))
     if process == "gamma":
         _no_unknown(value, ("process", "rate", "cv"), where)
-        return GammaArrivals(_required(value, "rate", where), _required(value, "cv", where))
+        rate = _positive("rate", _required(value, "rate", where))
+        return GammaArrivals(rate, _positive("cv", _required(value, "cv", where)))
     raise SpecError(f"{where}.process: {process!r} unknown; expected one of poisson, gamma")
 
 
@@ -337,8 +350,8 @@ def _lengths(value: object, where: str, base_dir: Path | None) -> Lengths:
         return EmpiricalFile(_path(value["empirical"], f"{where}.empirical", base_dir), str(fmt))
     _no_unknown(value, ("prompt", "output"), where)
     return IndependentLengths(
-        _marginal(_required(value, "prompt", where), f"{where}.prompt"),
-        _marginal(_required(value, "output", where), f"{where}.output"),
+        _scoped(_marginal, _required(value, "prompt", where), f"{where}.prompt"),
+        _scoped(_marginal, _required(value, "output", where), f"{where}.output"),
     )
 
 
@@ -355,33 +368,27 @@ def _marginal(value: object, where: str) -> Marginal:
     if not isinstance(value, Mapping):
         raise SpecError(f"{where}: {value!r} is not a mapping; expected {{dist: fixed, value: N}}")
     dist = value.get("dist")
-    try:
-        if dist == "fixed":
-            _no_unknown(value, ("dist", "value"), where)
-            return FixedLength(_required(value, "value", where))  # type: ignore[arg-type]
-        if dist == "lognormal":
-            _no_unknown(value, ("dist", "median", "mean", "sigma", "cv", "min", "max"), where)
-            if ("median" in value) == ("mean" in value):
-                raise SpecError("give exactly one of median and mean")
-            if ("sigma" in value) == ("cv" in value):
-                raise SpecError("give exactly one of sigma and cv")
-            if "sigma" in value:
-                sigma = value["sigma"]
-                if isinstance(sigma, bool) or not isinstance(sigma, int | float):
-                    raise SpecError(f"sigma(={sigma!r}) must be a number >= 0")
-            else:
-                sigma = LogNormalLength.sigma_from_cv(_positive("cv", value["cv"]))
-            lo = _int_tokens(value, "min", where, 1)
-            hi = _int_tokens(value, "max", where, None)
-            if "median" in value:
-                median = _positive("median", value["median"])
-                return LogNormalLength.from_median(median, float(sigma), lo or 1, hi)
-            mean = _positive("mean", value["mean"])
-            return LogNormalLength.from_mean(mean, float(sigma), lo or 1, hi)
-    except SpecError as e:
-        msg = str(e)
-        raise SpecError(msg if msg.startswith(where) else f"{where}: {msg}") from None
-    raise SpecError(f"{where}.dist: {dist!r} unknown; expected one of fixed, lognormal")
+    if dist == "fixed":
+        _no_unknown(value, ("dist", "value"), where)
+        return FixedLength(_required(value, "value", where))  # type: ignore[arg-type]
+    if dist != "lognormal":
+        raise SpecError(f"{where}.dist: {dist!r} unknown; expected one of fixed, lognormal")
+    _no_unknown(value, ("dist", "median", "mean", "sigma", "cv", "min", "max"), where)
+    if ("median" in value) == ("mean" in value):
+        raise SpecError("give exactly one of median and mean")
+    if ("sigma" in value) == ("cv" in value):
+        raise SpecError("give exactly one of sigma and cv")
+    if "sigma" in value:
+        sigma = value["sigma"]
+        if isinstance(sigma, bool) or not isinstance(sigma, int | float):
+            raise SpecError(f"sigma(={sigma!r}) must be a number >= 0")
+    else:
+        sigma = LogNormalLength.sigma_from_cv(_positive("cv", value["cv"]))
+    lo = _int_tokens(value, "min", where, 1) or 1
+    hi = _int_tokens(value, "max", where, None)
+    if "median" in value:
+        return LogNormalLength.from_median(_positive("median", value["median"]), sigma, lo, hi)
+    return LogNormalLength.from_mean(_positive("mean", value["mean"]), sigma, lo, hi)
 
 
 # --------------------------------------------------------------------------- the stream
