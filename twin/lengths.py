@@ -1,0 +1,296 @@
+"""Request length distributions: fixed, lognormal, empirical, bundled tables.
+
+A length sampler draws ``(prompt_tokens, output_tokens)`` arrays of integers
+>= 1 from a ``numpy.random.Generator`` passed in; none holds random state.
+
+Bundled tables (``azure-conv``, ``azure-code``) are synthetic defaults that
+need no data files: compact quantile tables of the Azure LLM inference trace
+2023 (Splitwise, ISCA'24; CC-BY-4.0; see ``shared/data/traces/azure_llm_2023``)
+stored in ``twin/data/lengths_azure_*.csv``. Each file holds, for 110
+probabilities ``q`` (denser in both tails), the ``q``-quantile of
+``ContextTokens`` (prompt) and ``GeneratedTokens`` (output), computed with
+``numpy.quantile(..., method="linear")``, plus the Gaussian-copula correlation
+of the two (the Pearson correlation of their normal scores). Sampling draws a
+correlated normal pair, maps it to uniforms and interpolates the inverse CDF
+linearly between the stored quantiles, then rounds. So marginals match the
+trace to within interpolation between table points, and the prompt/output
+dependence is kept to first order. To reproduce a table from the trace::
+
+    python -m twin.lengths shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv \\
+        azure-conv twin/data/lengths_azure_conv.csv
+
+which calls :func:`fit_lengths` and :meth:`LengthTable.write_csv`; a test
+checks the bundled tables against the trace whenever the data is present.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from scipy.special import ndtr, ndtri
+from scipy.stats import rankdata
+
+from twin.errors import SpecError, TraceError, UnknownNameError
+from twin.traces import file_sha256, read_trace
+
+_HARD_MAX_TOKENS = 1 << 40  # keeps a heavy lognormal tail finite before the int cast
+
+
+class LengthSampler(Protocol):
+    """Draws ``n`` (prompt, output) length pairs, both int64 arrays of values >= 1."""
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+# --------------------------------------------------------------------------- marginals
+
+
+@dataclass(frozen=True, slots=True)
+class FixedLength:
+    """Every request has ``value`` tokens."""
+
+    value: int
+
+    def __post_init__(self) -> None:
+        if isinstance(self.value, bool) or not isinstance(self.value, int) or self.value < 1:
+            raise SpecError(f"value(={self.value!r}) must be an integer >= 1")
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, self.value, dtype=np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class LogNormalLength:
+    """``round(exp(mu + sigma * Z))`` clipped to ``[min_tokens, max_tokens]``.
+
+    NOTE: clipping (not truncation) puts the clipped mass on the bounds, so the
+    mean moves slightly toward the inside of ``[min, max]`` compared with the
+    unclipped law; pick bounds from the data (e.g. its min and max).
+    """
+
+    mu: float
+    sigma: float
+    min_tokens: int = 1
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.mu):
+            raise SpecError(f"mu(={self.mu!r}) must be finite")
+        if not (math.isfinite(self.sigma) and self.sigma >= 0):
+            raise SpecError(f"sigma(={self.sigma!r}) must be >= 0")
+        if self.min_tokens < 1:
+            raise SpecError(f"min(={self.min_tokens!r}) must be >= 1")
+        if self.max_tokens is not None and self.max_tokens < self.min_tokens:
+            raise SpecError(f"max(={self.max_tokens!r}) must be >= min(={self.min_tokens!r})")
+
+    @staticmethod
+    def sigma_from_cv(cv: float) -> float:
+        """The sigma whose lognormal has coefficient of variation ``cv``."""
+        if not (math.isfinite(cv) and cv >= 0):
+            raise SpecError(f"cv(={cv!r}) must be >= 0")
+        return math.sqrt(math.log1p(cv * cv))
+
+    @classmethod
+    def from_median(
+        cls, median: float, sigma: float, min_tokens: int = 1, max_tokens: int | None = None
+    ) -> LogNormalLength:
+        if not (math.isfinite(median) and median > 0):
+            raise SpecError(f"median(={median!r}) must be > 0")
+        return cls(math.log(median), sigma, min_tokens, max_tokens)
+
+    @classmethod
+    def from_mean(
+        cls, mean: float, sigma: float, min_tokens: int = 1, max_tokens: int | None = None
+    ) -> LogNormalLength:
+        """Mean of the unclipped law is ``mean``: ``mu = ln(mean) - sigma^2 / 2``."""
+        if not (math.isfinite(mean) and mean > 0):
+            raise SpecError(f"mean(={mean!r}) must be > 0")
+        return cls(math.log(mean) - sigma * sigma / 2, sigma, min_tokens, max_tokens)
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        x = np.exp(self.mu + self.sigma * rng.standard_normal(n))
+        hi = _HARD_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+        return np.clip(np.rint(np.minimum(x, hi)), self.min_tokens, hi).astype(np.int64)
+
+
+Marginal = FixedLength | LogNormalLength
+
+
+@dataclass(frozen=True, slots=True)
+class IndependentLengths:
+    """Prompt and output drawn independently from their own marginals."""
+
+    prompt: Marginal
+    output: Marginal
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.prompt.draw(rng, n), self.output.draw(rng, n)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EmpiricalLengths:
+    """Rows drawn uniformly with replacement from measured (prompt, output) pairs."""
+
+    prompts: np.ndarray
+    outputs: np.ndarray
+
+    @classmethod
+    def from_file(cls, path: str | Path, format: str = "auto") -> EmpiricalLengths:
+        """Pairs from any trace :func:`twin.traces.read_trace` reads (times are ignored)."""
+        records = read_trace(path, format)
+        return cls(
+            np.array([r.prompt_tokens for r in records], dtype=np.int64),
+            np.array([r.output_tokens for r in records], dtype=np.int64),
+        )
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        idx = rng.integers(0, len(self.prompts), size=n)
+        return self.prompts[idx], self.outputs[idx]
+
+
+# --------------------------------------------------------------------------- quantile tables
+
+
+def quantile_grid() -> np.ndarray:
+    """The 110 probabilities of a length table: 0, .001, .005, .01 ... .99, .995 ... .9999, 1.
+
+    Dense in the upper tail, where linear interpolation between far-apart
+    quantiles would otherwise inflate the mean of heavy-tailed outputs.
+    """
+    mid = np.round(np.arange(1, 100) / 100, 2)
+    tail = [0.995, 0.996, 0.997, 0.998, 0.999, 0.9995, 0.9999, 1.0]
+    return np.concatenate([[0.0, 0.001, 0.005], mid, tail])
+
+
+@dataclass(frozen=True, eq=False)
+class LengthTable:
+    """Marginal quantiles of prompt and output lengths plus a Gaussian-copula correlation.
+
+    ``meta`` records where the table came from (source file, its sha256, rows).
+    """
+
+    q: np.ndarray
+    prompt: np.ndarray
+    output: np.ndarray
+    rho: float
+    meta: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (len(self.q) == len(self.prompt) == len(self.output) >= 2):
+            raise SpecError("a length table needs >= 2 rows of q, prompt, output")
+        if self.q[0] != 0.0 or self.q[-1] != 1.0 or np.any(np.diff(self.q) <= 0):
+            raise SpecError("length table q must increase strictly from 0 to 1")
+        for name, col in (("prompt", self.prompt), ("output", self.output)):
+            if np.any(np.diff(col) < 0) or col[0] < 1:
+                raise SpecError(f"length table {name} quantiles must be >= 1 and non-decreasing")
+        if not -1.0 <= self.rho <= 1.0:
+            raise SpecError(f"length table rho(={self.rho!r}) must be in [-1, 1]")
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        z = rng.standard_normal((2, n))
+        zo = self.rho * z[0] + math.sqrt(1.0 - self.rho * self.rho) * z[1]
+        p = np.rint(np.interp(ndtr(z[0]), self.q, self.prompt))
+        o = np.rint(np.interp(ndtr(zo), self.q, self.output))
+        return np.maximum(p, 1).astype(np.int64), np.maximum(o, 1).astype(np.int64)
+
+    def write_csv(self, path: str | Path) -> None:
+        lines = [f"# {k}: {v}" for k, v in self.meta.items()]
+        lines.append(f"# gaussian_copula_rho: {self.rho:.6f}")
+        lines.append("q,prompt_tokens,output_tokens")
+        lines += [
+            f"{q:.4f},{p:.6f},{o:.6f}"
+            for q, p, o in zip(self.q, self.prompt, self.output, strict=True)
+        ]
+        Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+    @classmethod
+    def read_csv(cls, path: str | Path) -> LengthTable:
+        path = Path(path)
+        meta: dict[str, str] = {}
+        rows: list[tuple[float, float, float]] = []
+        for n, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if text.startswith("#"):
+                key, _, value = text[1:].partition(":")
+                meta[key.strip()] = value.strip()
+            elif text.strip() and not text.startswith("q,"):
+                try:
+                    q, p, o = (float(x) for x in text.split(","))
+                except ValueError:
+                    raise TraceError(
+                        f"{path}: line {n}: {text!r}; expected q,prompt_tokens,output_tokens"
+                    ) from None
+                rows.append((q, p, o))
+        if "gaussian_copula_rho" not in meta:
+            raise TraceError(f"{path}: missing '# gaussian_copula_rho: <value>' line")
+        rho = float(meta.pop("gaussian_copula_rho"))
+        a = np.array(rows, dtype=float).reshape(-1, 3)
+        return cls(a[:, 0], a[:, 1], a[:, 2], rho, meta)
+
+
+def fit_lengths(path: str | Path, format: str = "auto", name: str = "") -> LengthTable:
+    """Fit a :class:`LengthTable` to a trace: quantiles on :func:`quantile_grid`, copula rho.
+
+    rho is the Pearson correlation of the normal scores ``ndtri((rank - 0.5) / n)``
+    of prompt and output (average ranks for ties).
+    """
+    path = Path(path)
+    records = read_trace(path, format)
+    p = np.array([r.prompt_tokens for r in records], dtype=float)
+    o = np.array([r.output_tokens for r in records], dtype=float)
+    q = quantile_grid()
+    n = len(p)
+    if n >= 2:
+        sp = ndtri((rankdata(p) - 0.5) / n)
+        so = ndtri((rankdata(o) - 0.5) / n)
+        rho = float(np.corrcoef(sp, so)[0, 1]) if sp.std() > 0 and so.std() > 0 else 0.0
+    else:
+        rho = 0.0
+    meta = {
+        "table": name or path.stem,
+        "source": path.name,
+        "source_sha256": file_sha256(path),
+        "rows": str(n),
+        "method": "numpy.quantile(method='linear') per column; Gaussian copula of normal scores",
+    }
+    return LengthTable(
+        q, np.quantile(p, q, method="linear"), np.quantile(o, q, method="linear"), rho, meta
+    )
+
+
+BUNDLED_TABLES = {
+    "azure-conv": "lengths_azure_conv.csv",
+    "azure-code": "lengths_azure_code.csv",
+}
+"""Bundled length tables by name -> file in ``twin/data``."""
+
+
+def bundled_table_path(name: str) -> Path:
+    """The package file of a bundled length table."""
+    if name not in BUNDLED_TABLES:
+        raise UnknownNameError("length table", name, BUNDLED_TABLES)
+    return Path(str(resources.files("twin.data").joinpath(BUNDLED_TABLES[name])))
+
+
+def bundled_table(name: str) -> LengthTable:
+    """A bundled length table (``azure-conv``, ``azure-code``) by name."""
+    return LengthTable.read_csv(bundled_table_path(name))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m twin.lengths TRACE NAME OUT.csv``: fit a table and write it."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3:
+        print("usage: python -m twin.lengths TRACE NAME OUT.csv", file=sys.stderr)
+        return 2
+    fit_lengths(args[0], name=args[1]).write_csv(args[2])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

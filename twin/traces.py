@@ -1,0 +1,384 @@
+"""Readers for public LLM request traces.
+
+Each reader takes a path and returns the file's requests as a list of
+:class:`TraceRecord` in file order, validated: arrival times are seconds
+(float) and non-decreasing, token counts are integers >= 1. The project never
+downloads; the caller passes a path (see ``shared/data/traces`` for the files
+and their provenance).
+
+Supported formats (``format=`` names):
+
+``azure``
+    Azure LLM inference trace 2023 (Splitwise, ISCA'24):
+    ``TIMESTAMP,ContextTokens,GeneratedTokens`` with wall-clock timestamps
+    ``2023-11-16 18:15:46.6805900``; arrival = timestamp - first timestamp,
+    computed in integer nanoseconds so the 7 fractional digits are exact.
+``mooncake``
+    Mooncake FAST'25 JSONL: ``timestamp`` (ms from trace start),
+    ``input_length``, ``output_length``, ``hash_ids`` (512-token blocks).
+``splitwise``
+    splitwise-sim CSV: ``request_id,request_type,application_id,
+    arrival_timestamp,batch_size,prompt_size,token_size``; seconds.
+``vidur``
+    Vidur processed trace: ``arrived_at`` (s), ``num_prefill_tokens``,
+    ``num_decode_tokens``.
+``lengths``
+    Length-only CSV (ShareGPT / arXiv samples of Sarathi-Serve and Vidur):
+    ``num_prefill_tokens,num_decode_tokens,...``; no times, so
+    ``arrival_s`` is ``None`` and a synthetic arrival process must supply them.
+
+Every error is a one-line :class:`~twin.errors.TraceError` naming the file,
+the line, the column and the value, and saying what was expected.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from twin.errors import TraceError, UnknownNameError
+
+MOONCAKE_BLOCK_TOKENS = 512
+"""Tokens per ``hash_ids`` entry in the Mooncake FAST'25 traces."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRecord:
+    """One request as a trace file gives it, before ids and scaling.
+
+    ``arrival_s`` is seconds from the trace start (``None`` in length-only
+    files). ``prefix_hashes`` and ``prefix_block_tokens`` are as in
+    :class:`twin.request.Request` (empty and 0 when the trace has none).
+    """
+
+    arrival_s: float | None
+    prompt_tokens: int
+    output_tokens: int
+    prefix_hashes: tuple[int, ...] = ()
+    prefix_block_tokens: int = 0
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes, read in chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- field parsing
+
+
+def _where(path: Path, line: int, column: str) -> str:
+    return f"{path}: line {line}: column {column}"
+
+
+def _parse_tokens(path: Path, line: int, column: str, raw: object) -> int:
+    """A token count: an integer >= 1 (``"12"``; ``"12.0"`` too, as pandas writes it)."""
+    value: object = raw
+    if isinstance(raw, str):
+        s = raw.strip()
+        try:
+            value = int(s)
+        except ValueError:
+            try:
+                value = float(s)
+            except ValueError:
+                value = raw
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TraceError(f"{_where(path, line, column)}: {raw!r} is not an integer token count")
+    if value < 1:
+        raise TraceError(f"{_where(path, line, column)}: {raw!r} tokens; expected an integer >= 1")
+    return value
+
+
+def _parse_seconds(path: Path, line: int, column: str, raw: object, per_s: int = 1) -> float:
+    """A non-negative finite time in units of ``1/per_s`` seconds, as seconds."""
+    value: object = raw
+    if isinstance(raw, str):
+        try:
+            value = float(raw.strip())
+        except ValueError:
+            value = raw
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TraceError(f"{_where(path, line, column)}: {raw!r} is not a number")
+    if value < 0:
+        raise TraceError(f"{_where(path, line, column)}: {raw!r} is negative; expected a time >= 0")
+    return float(value) / per_s
+
+
+def _azure_ns(path: Path, line: int, column: str, raw: str) -> int:
+    """Integer nanoseconds since the epoch (naive, read as UTC) of ``YYYY-MM-DD HH:MM:SS.f*``."""
+    s = raw.strip()
+    whole, dot, frac = s.partition(".")
+    expected = "expected a timestamp 'YYYY-MM-DD HH:MM:SS.fffffff'"
+    if dot and not (frac.isdigit() and len(frac) <= 9):
+        raise TraceError(f"{_where(path, line, column)}: {raw!r} is not a timestamp; {expected}")
+    try:
+        dt = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+    except ValueError:
+        raise TraceError(
+            f"{_where(path, line, column)}: {raw!r} is not a timestamp; {expected}"
+        ) from None
+    epoch_s = (dt - datetime(1970, 1, 1, tzinfo=UTC)) // _ONE_SECOND
+    return epoch_s * 1_000_000_000 + (int(frac.ljust(9, "0")) if frac else 0)
+
+
+_ONE_SECOND = datetime(1970, 1, 1, 0, 0, 1) - datetime(1970, 1, 1)
+
+
+class _Monotone:
+    """Checks that arrival times never decrease, naming the offending line."""
+
+    def __init__(self, path: Path, column: str) -> None:
+        self.path, self.column = path, column
+        self.last: float | None = None
+        self.last_line = 0
+
+    def check(self, line: int, t: float, raw: object) -> None:
+        if self.last is not None and t < self.last:
+            raise TraceError(
+                f"{_where(self.path, line, self.column)}: {raw!r} is earlier than line "
+                f"{self.last_line}; expected non-decreasing arrival times"
+            )
+        self.last, self.last_line = t, line
+
+
+# --------------------------------------------------------------------------- CSV plumbing
+
+
+def _csv_rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line number, {required column: raw}) for each data row; checks header and widths."""
+    try:
+        f = open(path, newline="", encoding="utf-8-sig")
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read trace: {e.strerror}") from None
+    with f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        expected = ", ".join(required)
+        if header is None or not any(h.strip() for h in header):
+            raise TraceError(f"{path}: empty file; expected a header line with columns {expected}")
+        names = [h.strip() for h in header]
+        missing = [c for c in required if c not in names]
+        if missing:
+            raise TraceError(
+                f"{path}: line 1: missing column(s) {', '.join(missing)}; expected columns "
+                f"{expected} (found {', '.join(names)})"
+            )
+        index = {c: names.index(c) for c in required}
+        rows = 0
+        start = reader.line_num + 1
+        for row in reader:
+            line, start = start, reader.line_num + 1
+            if not row or (len(row) == 1 and not row[0].strip()):
+                continue
+            if len(row) != len(names):
+                raise TraceError(
+                    f"{path}: line {line}: {len(row)} fields; expected {len(names)} "
+                    f"({', '.join(names)})"
+                )
+            rows += 1
+            yield line, {c: row[i] for c, i in index.items()}
+        if rows == 0:
+            raise TraceError(f"{path}: no requests after the header; expected at least one row")
+
+
+# --------------------------------------------------------------------------- readers
+
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+SPLITWISE_COLUMNS = (
+    "request_id",
+    "request_type",
+    "application_id",
+    "arrival_timestamp",
+    "batch_size",
+    "prompt_size",
+    "token_size",
+)
+VIDUR_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+LENGTHS_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
+MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
+
+
+def read_azure(path: str | Path) -> list[TraceRecord]:
+    """Azure LLM inference 2023 CSV; arrivals relative to the first row, exact to 1 ns."""
+    path = Path(path)
+    out: list[TraceRecord] = []
+    mono = _Monotone(path, "TIMESTAMP")
+    t0: int | None = None
+    for line, r in _csv_rows(path, AZURE_COLUMNS):
+        ns = _azure_ns(path, line, "TIMESTAMP", r["TIMESTAMP"])
+        if t0 is None:
+            t0 = ns
+        mono.check(line, ns, r["TIMESTAMP"])
+        out.append(
+            TraceRecord(
+                (ns - t0) / 1e9,
+                _parse_tokens(path, line, "ContextTokens", r["ContextTokens"]),
+                _parse_tokens(path, line, "GeneratedTokens", r["GeneratedTokens"]),
+            )
+        )
+    return out
+
+
+def _read_timed_csv(
+    path: Path, columns: Sequence[str], time_col: str, prompt_col: str, output_col: str
+) -> list[TraceRecord]:
+    out: list[TraceRecord] = []
+    mono = _Monotone(path, time_col)
+    for line, r in _csv_rows(path, columns):
+        t = _parse_seconds(path, line, time_col, r[time_col])
+        mono.check(line, t, r[time_col])
+        out.append(
+            TraceRecord(
+                t,
+                _parse_tokens(path, line, prompt_col, r[prompt_col]),
+                _parse_tokens(path, line, output_col, r[output_col]),
+            )
+        )
+    return out
+
+
+def read_splitwise(path: str | Path) -> list[TraceRecord]:
+    """splitwise-sim CSV; ``arrival_timestamp`` in seconds, kept as given."""
+    return _read_timed_csv(
+        Path(path), SPLITWISE_COLUMNS, "arrival_timestamp", "prompt_size", "token_size"
+    )
+
+
+def read_vidur(path: str | Path) -> list[TraceRecord]:
+    """Vidur processed trace; ``arrived_at`` in seconds since the first request."""
+    return _read_timed_csv(
+        Path(path), VIDUR_COLUMNS, "arrived_at", "num_prefill_tokens", "num_decode_tokens"
+    )
+
+
+def read_lengths(path: str | Path) -> list[TraceRecord]:
+    """Length-only CSV (ShareGPT, arXiv); every record has ``arrival_s=None``."""
+    path = Path(path)
+    return [
+        TraceRecord(
+            None,
+            _parse_tokens(path, line, "num_prefill_tokens", r["num_prefill_tokens"]),
+            _parse_tokens(path, line, "num_decode_tokens", r["num_decode_tokens"]),
+        )
+        for line, r in _csv_rows(path, LENGTHS_COLUMNS)
+    ]
+
+
+def read_mooncake(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[TraceRecord]:
+    """Mooncake JSONL; ``timestamp`` ms -> s; ``hash_ids`` -> ``prefix_hashes``."""
+    path = Path(path)
+    out: list[TraceRecord] = []
+    mono = _Monotone(path, "timestamp")
+    try:
+        f = open(path, encoding="utf-8")
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read trace: {e.strerror}") from None
+    with f:
+        for line, text in enumerate(f, start=1):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise TraceError(
+                    f"{path}: line {line}: not valid JSON ({e.msg}); expected one object per line "
+                    f"with keys {', '.join(MOONCAKE_KEYS)}"
+                ) from None
+            if not isinstance(obj, dict):
+                raise TraceError(
+                    f"{path}: line {line}: {type(obj).__name__} is not a JSON object; expected "
+                    f"keys {', '.join(MOONCAKE_KEYS)}"
+                )
+            missing = [k for k in MOONCAKE_KEYS if k not in obj]
+            if missing:
+                raise TraceError(
+                    f"{path}: line {line}: missing key(s) {', '.join(missing)}; expected keys "
+                    f"{', '.join(MOONCAKE_KEYS)}"
+                )
+            t = _parse_seconds(path, line, "timestamp", obj["timestamp"], per_s=1000)
+            mono.check(line, t, obj["timestamp"])
+            hashes = obj["hash_ids"]
+            if not isinstance(hashes, list) or not all(
+                isinstance(h, int) and not isinstance(h, bool) for h in hashes
+            ):
+                raise TraceError(
+                    f"{_where(path, line, 'hash_ids')}: {str(hashes)[:60]!r} is not a list of "
+                    "integers"
+                )
+            out.append(
+                TraceRecord(
+                    t,
+                    _parse_tokens(path, line, "input_length", obj["input_length"]),
+                    _parse_tokens(path, line, "output_length", obj["output_length"]),
+                    tuple(hashes),
+                    block_tokens,
+                )
+            )
+    if not out:
+        raise TraceError(
+            f"{path}: empty file; expected JSON lines with keys {', '.join(MOONCAKE_KEYS)}"
+        )
+    return out
+
+
+READERS: dict[str, Callable[[Path], list[TraceRecord]]] = {
+    "azure": read_azure,
+    "mooncake": read_mooncake,
+    "splitwise": read_splitwise,
+    "vidur": read_vidur,
+    "lengths": read_lengths,
+}
+"""Reader per format name; ``auto`` (see :func:`detect_format`) picks one of these."""
+
+TIMED_FORMATS = frozenset({"azure", "mooncake", "splitwise", "vidur"})
+
+
+def detect_format(path: str | Path) -> str:
+    """The format of a trace file, from its extension and first line."""
+    path = Path(path)
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            first = f.readline().strip()
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read trace: {e.strerror}") from None
+    if path.suffix in (".jsonl", ".json") or first.startswith("{"):
+        return "mooncake"
+    if not first:
+        raise TraceError(f"{path}: empty file; expected a trace with a header line")
+    cols = {c.strip() for c in first.split(",")}
+    if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= cols:
+        return "azure"
+    if {"arrival_timestamp", "prompt_size", "token_size"} <= cols:
+        return "splitwise"
+    if "arrived_at" in cols:
+        return "vidur"
+    if {"num_prefill_tokens", "num_decode_tokens"} <= cols:
+        return "lengths"
+    raise TraceError(
+        f"{path}: line 1: cannot tell the trace format from header {first[:120]!r}; expected "
+        "the columns of one of azure (TIMESTAMP,ContextTokens,GeneratedTokens), splitwise "
+        "(arrival_timestamp,prompt_size,token_size,...), vidur (arrived_at,num_prefill_tokens,"
+        "num_decode_tokens), lengths (num_prefill_tokens,num_decode_tokens), or a .jsonl "
+        "Mooncake trace; or give format: explicitly"
+    )
+
+
+def read_trace(path: str | Path, format: str = "auto") -> list[TraceRecord]:
+    """Read a trace in the named format (``auto`` detects it)."""
+    path = Path(path)
+    fmt = detect_format(path) if format == "auto" else format
+    if fmt not in READERS:
+        raise UnknownNameError("trace format", fmt, [*READERS, "auto"])
+    return READERS[fmt](path)

@@ -1,0 +1,503 @@
+"""Workloads: which requests arrive when, from a trace or a generator.
+
+A :class:`WorkloadSpec` (frozen; built from YAML by
+:meth:`WorkloadSpec.from_mapping`) names either a trace file or synthetic
+lengths, an optional arrival process, and bounds. :func:`iter_requests` turns
+it into a lazy stream of :class:`~twin.request.Request` with ids 0, 1, 2, ...
+in arrival order (ties in file order) and non-decreasing ``arrival_s``.
+
+Randomness: ``iter_requests`` spawns two child streams from the generator it
+is given, one for arrival gaps and one for lengths, so changing the arrival
+rate leaves the sequence of lengths unchanged (common random numbers across
+a rate sweep). Synthetic draws happen in fixed-size chunks, so a stream of
+any length is produced in constant memory.
+
+YAML (the mapping under ``workload:``)::
+
+    trace: path/to/trace.csv      # a trace file, or `lengths:` below (exactly one)
+    format: auto                  # auto | azure | mooncake | splitwise | vidur | lengths
+    arrival: {process: poisson, rate: 5.0}         # req/s
+    #        {process: gamma, rate: 5.0, cv: 2.0}  # cv of inter-arrival gaps
+    lengths: azure-conv           # bundled table: azure-conv | azure-code
+    #  {prompt: {dist: lognormal, median: 1020, sigma: 1.0, min: 2, max: 14050},
+    #   output: {dist: fixed, value: 128}}         # lognormal: median|mean, sigma|cv
+    #  {empirical: path.csv, format: auto}         # rows drawn with replacement
+    rate_scale: 1.0               # arrival times divided by it (2.0 = twice the rate)
+    duration: 600 s               # keep arrivals with arrival_s < duration (after scaling)
+    max_requests: 1000            # keep at most this many requests
+    repeat: false                 # loop a finite trace until duration/max_requests
+    prefix_block_tokens: 512      # tokens per hash id (Mooncake traces; default 512)
+
+``arrival`` is required for ``lengths:`` and for length-only traces; for a
+timed trace it replaces the trace's times (lengths keep the file order).
+Relative paths resolve against ``base_dir`` (the spec file's folder).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+import yaml
+
+from twin.errors import SpecError, TraceError
+from twin.lengths import (
+    BUNDLED_TABLES,
+    EmpiricalLengths,
+    FixedLength,
+    IndependentLengths,
+    LengthSampler,
+    LogNormalLength,
+    Marginal,
+    bundled_table,
+    bundled_table_path,
+)
+from twin.request import Request
+from twin.traces import (
+    MOONCAKE_BLOCK_TOKENS,
+    READERS,
+    TIMED_FORMATS,
+    TraceRecord,
+    detect_format,
+    file_sha256,
+    read_mooncake,
+    read_trace,
+)
+from twin.units import parse_duration
+
+__all__ = [
+    "EmpiricalFile",
+    "GammaArrivals",
+    "PoissonArrivals",
+    "WorkloadSpec",
+    "arrival_times",
+    "file_sha256",
+    "iter_requests",
+]
+
+T = TypeVar("T")
+
+_CHUNK = 4096  # draws per numpy call; fixed so that a seed gives one stream
+
+# --------------------------------------------------------------------------- arrivals
+
+
+def _positive(name: str, x: object) -> float:
+    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x) or x <= 0:
+        raise SpecError(f"{name}(={x!r}) must be a number > 0")
+    return float(x)
+
+
+@dataclass(frozen=True, slots=True)
+class PoissonArrivals:
+    """Exponential inter-arrival gaps with mean ``1 / rate_per_s``."""
+
+    rate_per_s: float
+
+    def __post_init__(self) -> None:
+        _positive("rate", self.rate_per_s)
+
+    def gaps(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.standard_exponential(n) / self.rate_per_s
+
+
+@dataclass(frozen=True, slots=True)
+class GammaArrivals:
+    """Gamma inter-arrival gaps with mean ``1 / rate_per_s`` and coefficient of variation ``cv``.
+
+    Shape ``k = 1 / cv^2``; ``cv = 1`` is Poisson, ``cv > 1`` burstier, ``cv < 1`` smoother.
+    """
+
+    rate_per_s: float
+    cv: float
+
+    def __post_init__(self) -> None:
+        _positive("rate", self.rate_per_s)
+        _positive("cv", self.cv)
+
+    def gaps(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        k = 1.0 / (self.cv * self.cv)
+        return rng.standard_gamma(k, n) / (k * self.rate_per_s)
+
+
+ArrivalProcess = PoissonArrivals | GammaArrivals
+
+
+def arrival_times(process: ArrivalProcess, rng: np.random.Generator) -> Iterator[float]:
+    """Endless arrival times in seconds, the first one gap after 0."""
+    t = 0.0
+    while True:
+        times = t + np.cumsum(process.gaps(rng, _CHUNK))
+        yield from times.tolist()
+        t = float(times[-1])
+
+
+# --------------------------------------------------------------------------- spec
+
+
+@dataclass(frozen=True, slots=True)
+class EmpiricalFile:
+    """Lengths drawn with replacement from the rows of a trace or length-only CSV."""
+
+    path: Path
+    format: str = "auto"
+
+
+Lengths = str | IndependentLengths | EmpiricalFile
+
+_KEYS = (
+    "trace",
+    "format",
+    "arrival",
+    "lengths",
+    "rate_scale",
+    "duration",
+    "max_requests",
+    "repeat",
+    "prefix_block_tokens",
+)
+_FORMATS = ("auto", *READERS)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadSpec:
+    """What arrives: a trace file or synthetic lengths, an arrival process, bounds.
+
+    Exactly one of ``trace`` and ``lengths``. ``lengths`` is a bundled table name
+    (``azure-conv``), an :class:`~twin.lengths.IndependentLengths` or an
+    :class:`EmpiricalFile`. ``duration_s`` and ``max_requests`` bound the
+    stream; a synthetic or repeated workload must have at least one of them.
+    """
+
+    trace: Path | None = None
+    format: str = "auto"
+    arrival: ArrivalProcess | None = None
+    lengths: Lengths | None = None
+    rate_scale: float = 1.0
+    duration_s: float | None = None
+    max_requests: int | None = None
+    repeat: bool = False
+    prefix_block_tokens: int = MOONCAKE_BLOCK_TOKENS
+
+    def __post_init__(self) -> None:
+        if (self.trace is None) == (self.lengths is None):
+            raise SpecError("give exactly one of trace and lengths")
+        if self.format not in _FORMATS:
+            raise SpecError(
+                f"format {self.format!r} unknown; expected one of {', '.join(_FORMATS)}"
+            )
+        if self.trace is None and self.format != "auto":
+            raise SpecError("format applies to trace only")
+        if isinstance(self.lengths, str) and self.lengths not in BUNDLED_TABLES:
+            raise SpecError(
+                f"lengths {self.lengths!r} unknown; expected one of {', '.join(BUNDLED_TABLES)} "
+                "or a mapping with prompt/output or empirical"
+            )
+        if self.lengths is not None and self.arrival is None:
+            raise SpecError("synthetic lengths need an arrival process (arrival: {process: ...})")
+        if self.trace is not None and self.format == "lengths" and self.arrival is None:
+            raise SpecError(
+                "a length-only trace needs an arrival process (arrival: {process: ...})"
+            )
+        _positive("rate_scale", self.rate_scale)
+        if self.duration_s is not None:
+            _positive("duration", self.duration_s)
+        if self.max_requests is not None and (
+            isinstance(self.max_requests, bool)
+            or not isinstance(self.max_requests, int)
+            or self.max_requests < 1
+        ):
+            raise SpecError(f"max_requests(={self.max_requests!r}) must be an integer >= 1")
+        if not isinstance(self.repeat, bool):
+            raise SpecError(f"repeat(={self.repeat!r}) must be true or false")
+        if (
+            isinstance(self.prefix_block_tokens, bool)
+            or not isinstance(self.prefix_block_tokens, int)
+            or self.prefix_block_tokens < 1
+        ):
+            raise SpecError(
+                f"prefix_block_tokens(={self.prefix_block_tokens!r}) must be an integer >= 1"
+            )
+        unbounded = self.lengths is not None or self.repeat
+        if unbounded and self.duration_s is None and self.max_requests is None:
+            what = "a synthetic workload" if self.lengths is not None else "repeat: true"
+            raise SpecError(f"{what} needs duration or max_requests to end the stream")
+
+    # ----------------------------------------------------------------- construction
+
+    @classmethod
+    def from_mapping(
+        cls, m: Mapping[str, object], where: str = "workload", base_dir: Path | None = None
+    ) -> WorkloadSpec:
+        """Build from the YAML mapping under ``workload:``; errors are prefixed by ``where``."""
+        if not isinstance(m, Mapping):
+            raise SpecError(f"{where}: {m!r} is not a mapping; expected keys {', '.join(_KEYS)}")
+        _no_unknown(m, _KEYS, where)
+        kw: dict[str, object] = {}
+        try:
+            if "trace" in m:
+                kw["trace"] = _path(m["trace"], f"{where}.trace", base_dir)
+            if "format" in m:
+                kw["format"] = m["format"]
+            if "arrival" in m:
+                kw["arrival"] = _scoped(_arrival, m["arrival"], f"{where}.arrival")
+            if "lengths" in m:
+                kw["lengths"] = _lengths(m["lengths"], f"{where}.lengths", base_dir)
+            if "rate_scale" in m:
+                kw["rate_scale"] = m["rate_scale"]
+            if m.get("duration") is not None:
+                try:
+                    kw["duration_s"] = parse_duration(m["duration"])
+                except SpecError as e:
+                    raise SpecError(f"{where}.duration: {e}") from None
+            if m.get("max_requests") is not None:
+                kw["max_requests"] = m["max_requests"]
+            if "repeat" in m:
+                kw["repeat"] = m["repeat"]
+            if "prefix_block_tokens" in m:
+                kw["prefix_block_tokens"] = m["prefix_block_tokens"]
+            return cls(**kw)  # type: ignore[arg-type]
+        except SpecError as e:
+            msg = str(e)
+            raise SpecError(msg if msg.startswith(where) else f"{where}: {msg}") from None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> WorkloadSpec:
+        """Read the ``workload:`` mapping of a YAML file; paths relative to its folder."""
+        path = Path(path)
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if not isinstance(doc, Mapping) or "workload" not in doc:
+            raise SpecError(f"{path}: expected a top-level 'workload:' mapping")
+        return cls.from_mapping(doc["workload"], f"{path}: workload", path.parent)
+
+    def sources(self) -> list[Path]:
+        """Files this workload reads (trace, empirical lengths, bundled table), for hashing."""
+        if self.trace is not None:
+            return [self.trace]
+        if isinstance(self.lengths, EmpiricalFile):
+            return [self.lengths.path]
+        if isinstance(self.lengths, str):
+            return [bundled_table_path(self.lengths)]
+        return []
+
+    def source_hashes(self) -> dict[str, str]:
+        """``{path: sha256}`` of :meth:`sources`."""
+        return {str(p): file_sha256(p) for p in self.sources()}
+
+
+def _scoped(parse: Callable[[object, str], T], value: object, where: str) -> T:
+    """``parse(value, where)``, with ``where`` prefixed to any SpecError lacking it."""
+    try:
+        return parse(value, where)
+    except SpecError as e:
+        msg = str(e)
+        raise SpecError(msg if msg.startswith(where) else f"{where}: {msg}") from None
+
+
+def _no_unknown(m: Mapping[str, object], keys: tuple[str, ...], where: str) -> None:
+    for k in m:
+        if k not in keys:
+            raise SpecError(f"{where}: unknown key {k!r}; expected one of {', '.join(keys)}")
+
+
+def _path(value: object, where: str, base_dir: Path | None) -> Path:
+    if not isinstance(value, str | Path) or not str(value).strip():
+        raise SpecError(f"{where}: {value!r} is not a file path")
+    p = Path(value).expanduser()
+    return p if p.is_absolute() or base_dir is None else base_dir / p
+
+
+def _arrival(value: object, where: str) -> ArrivalProcess:
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{where}: {value!r} is not a mapping; expected {{process: poisson, rate}}")
+    process = value.get("process")
+    if process == "poisson":
+        _no_unknown(value, ("process", "rate"), where)
+        return PoissonArrivals(_positive("rate", _required(value, "rate", where)))
+    if process == "gamma":
+        _no_unknown(value, ("process", "rate", "cv"), where)
+        rate = _positive("rate", _required(value, "rate", where))
+        return GammaArrivals(rate, _positive("cv", _required(value, "cv", where)))
+    raise SpecError(f"{where}.process: {process!r} unknown; expected one of poisson, gamma")
+
+
+def _required(m: Mapping[str, object], key: str, where: str) -> object:
+    if key not in m:
+        raise SpecError(f"{where}: missing key {key!r}")
+    return m[key]
+
+
+def _lengths(value: object, where: str, base_dir: Path | None) -> Lengths:
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, Mapping):
+        raise SpecError(
+            f"{where}: {value!r} is not a table name or mapping; expected one of "
+            f"{', '.join(BUNDLED_TABLES)}, {{prompt: ..., output: ...}} or {{empirical: path}}"
+        )
+    if "empirical" in value:
+        _no_unknown(value, ("empirical", "format"), where)
+        fmt = value.get("format", "auto")
+        if fmt not in _FORMATS:
+            raise SpecError(
+                f"{where}.format: {fmt!r} unknown; expected one of {', '.join(_FORMATS)}"
+            )
+        return EmpiricalFile(_path(value["empirical"], f"{where}.empirical", base_dir), str(fmt))
+    _no_unknown(value, ("prompt", "output"), where)
+    return IndependentLengths(
+        _scoped(_marginal, _required(value, "prompt", where), f"{where}.prompt"),
+        _scoped(_marginal, _required(value, "output", where), f"{where}.output"),
+    )
+
+
+def _int_tokens(m: Mapping[str, object], key: str, where: str, default: int | None) -> int | None:
+    v = m.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise SpecError(f"{where}.{key}: {v!r} is not an integer token count >= 1")
+    return v
+
+
+def _marginal(value: object, where: str) -> Marginal:
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{where}: {value!r} is not a mapping; expected {{dist: fixed, value: N}}")
+    dist = value.get("dist")
+    if dist == "fixed":
+        _no_unknown(value, ("dist", "value"), where)
+        return FixedLength(_required(value, "value", where))  # type: ignore[arg-type]
+    if dist != "lognormal":
+        raise SpecError(f"{where}.dist: {dist!r} unknown; expected one of fixed, lognormal")
+    _no_unknown(value, ("dist", "median", "mean", "sigma", "cv", "min", "max"), where)
+    if ("median" in value) == ("mean" in value):
+        raise SpecError("give exactly one of median and mean")
+    if ("sigma" in value) == ("cv" in value):
+        raise SpecError("give exactly one of sigma and cv")
+    if "sigma" in value:
+        sigma = value["sigma"]
+        if isinstance(sigma, bool) or not isinstance(sigma, int | float):
+            raise SpecError(f"sigma(={sigma!r}) must be a number >= 0")
+    else:
+        sigma = LogNormalLength.sigma_from_cv(_positive("cv", value["cv"]))
+    lo = _int_tokens(value, "min", where, 1) or 1
+    hi = _int_tokens(value, "max", where, None)
+    if "median" in value:
+        return LogNormalLength.from_median(_positive("median", value["median"]), sigma, lo, hi)
+    return LogNormalLength.from_mean(_positive("mean", value["mean"]), sigma, lo, hi)
+
+
+# --------------------------------------------------------------------------- the stream
+
+
+def _sampler(lengths: Lengths) -> LengthSampler:
+    if isinstance(lengths, str):
+        return bundled_table(lengths)
+    if isinstance(lengths, EmpiricalFile):
+        return EmpiricalLengths.from_file(lengths.path, lengths.format)
+    return lengths
+
+
+def _sampled(sampler: LengthSampler, rng: np.random.Generator) -> Iterator[TraceRecord]:
+    while True:
+        prompts, outputs = sampler.sample(rng, _CHUNK)
+        for p, o in zip(prompts.tolist(), outputs.tolist(), strict=True):
+            yield TraceRecord(None, p, o)
+
+
+def _load(spec: WorkloadSpec) -> tuple[list[TraceRecord], str]:
+    assert spec.trace is not None
+    fmt = detect_format(spec.trace) if spec.format == "auto" else spec.format
+    if fmt == "mooncake":
+        return read_mooncake(spec.trace, spec.prefix_block_tokens), fmt
+    return read_trace(spec.trace, fmt), fmt
+
+
+def _cycled(records: list[TraceRecord], repeat: bool) -> Iterator[TraceRecord]:
+    """The records once, or forever when ``repeat``.
+
+    NOTE: copy k shifts every prefix hash by k * (max hash + 1), so copies share
+    no prefix blocks and the repeated stream keeps the trace's own prefix-hit
+    ratio instead of turning every later copy into a full cache hit.
+    """
+    yield from records
+    if not repeat:
+        return
+    stride = 1 + max((h for r in records for h in r.prefix_hashes), default=-1)
+    for k in itertools.count(1):
+        off = k * stride
+        for r in records:
+            hashes = tuple(h + off for h in r.prefix_hashes) if off else r.prefix_hashes
+            yield TraceRecord(r.arrival_s, r.prompt_tokens, r.output_tokens, hashes,
+                              r.prefix_block_tokens)  # fmt: skip
+
+
+def _repeat_period(records: list[TraceRecord], path: Path) -> float:
+    """The shift between copies of a repeated trace: ``span * n / (n - 1)``.
+
+    ``span = t_last - t_first``; the period adds one mean inter-arrival gap, so
+    copies join at the trace's own mean rate.
+    """
+    first, last = records[0].arrival_s, records[-1].arrival_s
+    assert first is not None and last is not None
+    if len(records) < 2 or last <= first:
+        raise TraceError(f"{path}: cannot repeat a trace whose arrivals span 0 s")
+    return (last - first) * len(records) / (len(records) - 1)
+
+
+def _trace_times(records: list[TraceRecord], period: float | None) -> Iterator[float]:
+    """The trace's times, then (when ``period`` is given) copies shifted by k * period."""
+    times = [float(r.arrival_s) for r in records]  # type: ignore[arg-type]
+    yield from times
+    if period is None:
+        return
+    for k in itertools.count(1):
+        shift = k * period
+        for t in times:
+            yield t + shift
+
+
+def iter_requests(spec: WorkloadSpec, rng: np.random.Generator) -> Iterator[Request]:
+    """The requests of ``spec`` in arrival order, lazily, with ids 0, 1, 2, ...
+
+    A trace file is read whole on the first ``next()``; synthetic streams are
+    drawn in chunks. ``arrival_s`` is the source time divided by ``rate_scale``;
+    the stream stops at the first arrival ``>= duration_s``, after
+    ``max_requests`` requests, or when a non-repeated trace ends.
+    """
+    arrival_rng, length_rng = rng.spawn(2)
+    records: Iterator[TraceRecord]
+    times: Iterator[float]
+    if spec.trace is not None:
+        loaded, fmt = _load(spec)
+        if fmt not in TIMED_FORMATS and spec.arrival is None:
+            raise TraceError(
+                f"{spec.trace}: a {fmt} trace has no arrival times; give arrival: {{process: ...}}"
+            )
+        if spec.repeat and spec.duration_s is None and spec.max_requests is None:
+            raise SpecError("repeat: true needs duration or max_requests to end the stream")
+        records = _cycled(loaded, spec.repeat)
+        if spec.arrival is not None:
+            times = arrival_times(spec.arrival, arrival_rng)
+        else:
+            period = _repeat_period(loaded, spec.trace) if spec.repeat else None
+            times = _trace_times(loaded, period)
+    else:
+        assert spec.lengths is not None and spec.arrival is not None
+        records = _sampled(_sampler(spec.lengths), length_rng)
+        times = arrival_times(spec.arrival, arrival_rng)
+
+    limit = spec.max_requests
+    for i, (t, r) in enumerate(zip(times, records)):  # noqa: B905 (either may end first)
+        if limit is not None and i >= limit:
+            return
+        arrival_s = t / spec.rate_scale
+        if spec.duration_s is not None and arrival_s >= spec.duration_s:
+            return
+        yield Request(
+            i, arrival_s, r.prompt_tokens, r.output_tokens, r.prefix_hashes, r.prefix_block_tokens
+        )
