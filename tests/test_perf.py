@@ -1,0 +1,172 @@
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from twin.errors import ProfileError, SpecError
+from twin.hardware import get_gpu
+from twin.models import get_model
+from twin.perf import Batch, DistServeFit, ProfileTable, Roofline, build_perf_model
+
+L70 = get_model("llama-2-70b")
+A100 = get_gpu("a100-80gb")
+H100 = get_gpu("h100")
+
+
+def prefill(*lens: int) -> Batch:
+    return Batch(prefill=tuple((n, 0) for n in lens))
+
+
+def test_empty_batch_costs_nothing() -> None:
+    assert Roofline(L70, A100, 8).iteration_time(Batch()) == 0.0
+
+
+def test_decode_batch1_is_memory_bound() -> None:
+    r = Roofline(L70, H100, 1, mfu=0.5, mbu=0.8, overhead_s=0.0, layer_overhead_s=0.0,
+                 seq_overhead_s=0.0, hop_latency_s=0.0, tp_mfu_exponent=0.0)  # fmt: skip
+    t = r.iteration_time(Batch(decode_count=1, decode_context_sum=1000))
+    weights_s = L70.weight_bytes / (H100.hbm_bytes_s * 0.8)
+    assert t == pytest.approx(weights_s, rel=0.01)  # KV of 1,000 tokens is ~0.2% of weights
+
+
+def test_tp_reduces_time() -> None:
+    for b in (prefill(2048), Batch(decode_count=32, decode_context_sum=32 * 1000)):
+        times = [Roofline(L70, A100, tp).iteration_time(b) for tp in (1, 2, 4, 8)]
+        assert times == sorted(times, reverse=True)
+
+
+def test_pp_is_sequential_and_never_faster() -> None:
+    b = prefill(1024)
+    assert Roofline(L70, A100, 2, 2).iteration_time(b) > Roofline(L70, A100, 2).iteration_time(b)
+    with pytest.raises(SpecError, match="pp=3 does not divide"):
+        Roofline(L70, A100, 1, 3)
+
+
+@given(
+    n=st.integers(1, 8192),
+    extra=st.integers(1, 4096),
+    cached=st.integers(0, 8192),
+    dec=st.integers(0, 256),
+    ctx=st.integers(1, 4096),
+)
+def test_more_tokens_never_faster(n: int, extra: int, cached: int, dec: int, ctx: int) -> None:
+    r = Roofline(L70, A100, 4)
+    base = Batch(prefill=((n, cached),), decode_count=dec, decode_context_sum=dec * ctx)
+    more = Batch(prefill=((n + extra, cached),), decode_count=dec, decode_context_sum=dec * ctx)
+    longer = Batch(prefill=((n, cached),), decode_count=dec + 1,
+                   decode_context_sum=dec * ctx + ctx)  # fmt: skip
+    t = r.iteration_time(base)
+    assert r.iteration_time(more) > t
+    assert r.iteration_time(longer) > t
+    assert r.iteration_time(base) == t  # pure
+
+
+def test_roofline_rejects_bad_params() -> None:
+    with pytest.raises(SpecError, match="mfu=1.5 must be a number in"):
+        Roofline(L70, A100, mfu=1.5)
+    with pytest.raises(SpecError, match="tp=0 must be a positive integer"):
+        Roofline(L70, A100, 0)
+
+
+SPLITWISE = Path("profiles/splitwise_sim/perf_model.csv")
+DISTSERVE = Path("profiles/distserve/profiler-a100-80g.distserve.json")
+
+
+def test_profile_table_reproduces_splitwise_points(shared_data: Path) -> None:
+    path = shared_data / SPLITWISE
+    t = ProfileTable.from_splitwise(path, "llama2-70b", "h100-80gb", 8)
+    rows = [r for r in csv.DictReader(path.open()) if r["model"] == "llama2-70b"
+            and r["hardware"] == "h100-80gb" and r["tensor_parallel"] == "8"]  # fmt: skip
+    # (P=2048, B=1) runs 5 times; the table holds their median
+    runs = sorted(float(r["prompt_time"]) for r in rows if (r["prompt_size"], r["batch_size"])
+                  == ("2048", "1"))  # fmt: skip
+    assert t.iteration_time(prefill(2048)) == pytest.approx(runs[len(runs) // 2] / 1e3)
+    runs = sorted(float(r["token_time"]) for r in rows if (r["prompt_size"], r["batch_size"],
+                  r["token_size"]) == ("512", "16", "128"))  # fmt: skip
+    b = Batch(decode_count=16, decode_context_sum=16 * (512 + 64))
+    assert t.iteration_time(b) == pytest.approx(runs[len(runs) // 2] / 1e3)
+    assert len(t.sha256 or "") == 64
+
+
+def test_profile_table_unknown_combo_lists_available(shared_data: Path) -> None:
+    with pytest.raises(ProfileError, match="available: .*llama2-70b/h100-80gb/tp8"):
+        ProfileTable.from_splitwise(shared_data / SPLITWISE, "llama2-70b", "h100-80gb", 16)
+
+
+def write_native(tmp_path: Path) -> Path:
+    p = tmp_path / "prof.csv"
+    p.write_text(
+        "phase,batch_size,tokens,context,time_s\n"
+        "prefill,1,512,0,0.050\nprefill,1,1024,0,0.090\nprefill,4,512,0,0.160\n"
+        "decode,1,1,512,0.020\ndecode,1,1,2048,0.024\ndecode,8,1,512,0.022\n"
+        "decode,8,1,2048,0.030\n"
+    )
+    return p
+
+
+def test_native_table_points_and_interpolation(tmp_path: Path) -> None:
+    t = ProfileTable.from_native(write_native(tmp_path))
+    assert t.iteration_time(prefill(512)) == 0.050
+    assert t.iteration_time(prefill(768)) == pytest.approx(0.070)  # linear in tokens
+    assert t.iteration_time(prefill(2048)) == pytest.approx(0.180)  # last per-token rate
+    assert t.iteration_time(prefill(512, 512, 512, 512)) == 0.160
+    assert t.iteration_time(Batch(decode_count=8, decode_context_sum=8 * 2048)) == 0.030
+    mid = t.iteration_time(Batch(decode_count=8, decode_context_sum=8 * 1280))
+    assert mid == pytest.approx(0.026)
+    # mixed: prefill part plus decode's marginal cost over a batch of one
+    mixed = Batch(prefill=((512, 0),), decode_count=8, decode_context_sum=8 * 512)
+    assert t.iteration_time(mixed) == pytest.approx(0.050 + 0.022 - 0.020)
+
+
+def test_native_table_bad_header(tmp_path: Path) -> None:
+    p = tmp_path / "bad.csv"
+    p.write_text("phase,batch,tokens\n")
+    with pytest.raises(ProfileError, match="expected phase,batch_size,tokens,context,time_s"):
+        ProfileTable.from_native(p)
+
+
+def test_distserve_fit_formula(tmp_path: Path) -> None:
+    p = tmp_path / "fit.json"
+    p.write_text(json.dumps({"m": {"1": {"decoding_large_small_bs_threshold": 4,
+        "prefill": [10, 0.1, 1e-5], "decoding_smallbs": [20, 0.001, 0.5],
+        "decoding_largebs": [7, 0.002, 0.25]}}}))  # fmt: skip
+    f = DistServeFit.from_json(p, "m", 1)
+    assert f.iteration_time(prefill(100, 300)) == pytest.approx(
+        (10 + 0.1 * 400 + 1e-5 * (100**2 + 300**2)) / 1e3
+    )
+    assert f.iteration_time(Batch(decode_count=3, decode_context_sum=900)) == pytest.approx(
+        (20 + 0.9 + 1.5) / 1e3
+    )
+    assert f.iteration_time(Batch(decode_count=4, decode_context_sum=900)) == pytest.approx(
+        (7 + 1.8 + 1.0) / 1e3
+    )
+    with pytest.raises(ProfileError, match="available: m tp1"):
+        DistServeFit.from_json(p, "m", 2)
+
+
+def test_distserve_real_file(shared_data: Path) -> None:
+    f = DistServeFit.from_json(shared_data / DISTSERVE, "facebook/opt-13b", 1)
+    a, b, c = 18.10254647486372, 0.1019122572698738, 7.122264314252114e-06
+    assert f.iteration_time(prefill(1000)) == pytest.approx((a + b * 1000 + c * 1e6) / 1e3)
+
+
+def test_build_perf_model(tmp_path: Path) -> None:
+    r = build_perf_model({"kind": "roofline", "mfu": 0.4, "overhead": "3 ms"}, L70, A100, 4)
+    assert isinstance(r, Roofline) and r.mfu == 0.4 and r.overhead_s == pytest.approx(3e-3)
+    assert isinstance(build_perf_model(None, L70, A100, 4), Roofline)
+    write_native(tmp_path)
+    t = build_perf_model({"kind": "profile", "path": "prof.csv", "format": "native"}, L70, A100,
+                         4, base_dir=tmp_path)  # fmt: skip
+    assert isinstance(t, ProfileTable) and t.sha256 is not None
+    with pytest.raises(SpecError, match="spec.yaml: perf: unknown key 'mfuu' for kind roofline; "
+                       "expected one of kind, mfu, mbu"):  # fmt: skip
+        build_perf_model({"kind": "roofline", "mfuu": 0.4}, L70, A100, 4, where="spec.yaml: perf")
+    with pytest.raises(SpecError, match="kind: 'table'; expected one of roofline, profile"):
+        build_perf_model({"kind": "table"}, L70, A100, 4)
+    with pytest.raises(SpecError, match="overhead: '3 parsec' is not a duration"):
+        build_perf_model({"kind": "roofline", "overhead": "3 parsec"}, L70, A100, 4)

@@ -1,0 +1,165 @@
+"""GPU specifications and their catalog.
+
+A :class:`GPUSpec` holds what the performance models read: dense BF16
+FLOP/s, HBM bytes/s, memory bytes, board power, and the per-GPU, per-direction
+NVLink (or Infinity Fabric) and PCIe bandwidths. :func:`get_gpu` looks a name
+up (case-insensitive, with aliases) or builds a user GPU from an inline
+mapping whose quantities may carry units (``"989 TFLOPS"``, ``"3.35 TB/s"``,
+``"80 GiB"``, ``"700 W"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from twin._check import check_keys, entry, nonneg_float, positive_float
+from twin.errors import SpecError, UnitError, UnknownNameError
+from twin.units import parse_bandwidth, parse_bytes, parse_flops
+
+GiB = 2**30
+
+
+@dataclass(frozen=True, slots=True)
+class GPUSpec:
+    """One accelerator.
+
+    ``flops_bf16``: dense (no sparsity) BF16 tensor FLOP/s. ``hbm_bytes_s``:
+    device-memory bandwidth, bytes/s. ``memory_bytes``: device memory, bytes.
+    ``tdp_w``: board power limit, W. ``nvlink_bytes_s``: GPU-to-GPU bandwidth
+    per GPU per direction, bytes/s (0 when the GPU has none).
+    ``pcie_bytes_s``: host-link bandwidth per direction, bytes/s.
+    """
+
+    name: str
+    flops_bf16: float
+    hbm_bytes_s: float
+    memory_bytes: float
+    tdp_w: float
+    nvlink_bytes_s: float
+    pcie_bytes_s: float
+
+    def __post_init__(self) -> None:
+        where = f"gpu {self.name!r}"
+        for field in ("flops_bf16", "hbm_bytes_s", "memory_bytes", "tdp_w", "pcie_bytes_s"):
+            positive_float(getattr(self, field), f"{where}: {field}")
+        nonneg_float(self.nvlink_bytes_s, f"{where}: nvlink_bytes_s")
+
+
+# Dense BF16 peaks and bandwidths from each vendor datasheet (named per entry).
+# NVLink / Infinity Fabric is given per direction: half the quoted bidirectional
+# total. PCIe per direction: Gen4 x16 = 32 GB/s, Gen5 x16 = 64 GB/s.
+GPUS: Mapping[str, GPUSpec] = MappingProxyType(
+    {
+        # NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB): 312 TFLOPS BF16, 1,555 GB/s,
+        # 400 W, NVLink 600 GB/s bidirectional, PCIe Gen4
+        "a100-40gb": GPUSpec("a100-40gb", 312e12, 1555e9, 40 * GiB, 400.0, 300e9, 32e9),
+        # NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOPS BF16, 2,039 GB/s, 400 W
+        "a100-80gb": GPUSpec("a100-80gb", 312e12, 2039e9, 80 * GiB, 400.0, 300e9, 32e9),
+        # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOPS BF16 dense (1,979 with
+        # sparsity), 3.35 TB/s, 700 W, NVLink 900 GB/s bidirectional, PCIe Gen5
+        "h100-sxm": GPUSpec("h100-sxm", 989e12, 3.35e12, 80 * GiB, 700.0, 450e9, 64e9),
+        # Same silicon power-capped as in Splitwise (splitwise-sim dgx-h100-pcap.yaml:
+        # 7,140 W per 8-GPU server vs 10,200 W, i.e. 70%): 0.7 x 700 W = 490 W.
+        # NOTE: peak FLOP/s and bandwidth are kept; a cap lowers sustained clocks,
+        # which only a measured profile captures.
+        "h100-80gb-pcap": GPUSpec("h100-80gb-pcap", 989e12, 3.35e12, 80 * GiB, 490.0, 450e9, 64e9),
+        # NVIDIA H200 Tensor Core GPU datasheet (SXM): 989 TFLOPS BF16 dense, 4.8 TB/s,
+        # 141 GB, 700 W, NVLink 900 GB/s bidirectional
+        "h200": GPUSpec("h200", 989e12, 4.8e12, 141e9, 700.0, 450e9, 64e9),
+        # NVIDIA DGX B200 / HGX B200 datasheet: 2.25 PFLOPS BF16 dense per GPU, 8 TB/s,
+        # 180 GB, 1,000 W, NVLink 5 1.8 TB/s bidirectional
+        "b200": GPUSpec("b200", 2.25e15, 8e12, 180e9, 1000.0, 900e9, 64e9),
+        # NVIDIA L40S datasheet: 362.05 TFLOPS BF16 dense, 864 GB/s GDDR6, 48 GB, 350 W,
+        # no NVLink, PCIe Gen4 x16
+        "l40s": GPUSpec("l40s", 362.05e12, 864e9, 48 * GiB, 350.0, 0.0, 32e9),
+        # AMD Instinct MI300X datasheet: 1,307.4 TFLOPS BF16 dense, 5.3 TB/s, 192 GB HBM3,
+        # 750 W, Infinity Fabric 896 GB/s peer aggregate (bidirectional), PCIe Gen5
+        "mi300x": GPUSpec("mi300x", 1307.4e12, 5.3e12, 192 * GiB, 750.0, 448e9, 64e9),
+    }
+)
+
+_ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        "a100": "a100-80gb",
+        "a100-80g": "a100-80gb",
+        "a100-sxm-80gb": "a100-80gb",
+        "a100-40g": "a100-40gb",
+        "h100": "h100-sxm",
+        "h100-80gb": "h100-sxm",
+        "h100-sxm5": "h100-sxm",
+        "h100-pcap": "h100-80gb-pcap",
+        "h200-sxm": "h200",
+        "h200-141gb": "h200",
+        "l40s-48gb": "l40s",
+        "mi300": "mi300x",
+    }
+)
+
+_FIELDS = ("name", "flops_bf16", "hbm_bytes_s", "memory_bytes", "tdp_w")
+_OPTIONAL = ("nvlink_bytes_s", "pcie_bytes_s")
+
+
+def _quantity(parse, value: object, where: str) -> float:  # type: ignore[no-untyped-def]
+    try:
+        return float(parse(value))
+    except UnitError as e:
+        raise SpecError(f"{where}: {e}") from None
+
+
+def _watts(value: object, where: str) -> float:
+    if isinstance(value, str) and value.strip().endswith("W"):
+        value = value.strip()[:-1].strip()
+        try:
+            value = float(value)
+        except ValueError:
+            raise SpecError(f"{where}: {value!r} is not a power; expected e.g. '700 W'") from None
+    return positive_float(value, where)
+
+
+def get_gpu(name_or_mapping: str | Mapping[str, object], where: str = "") -> GPUSpec:
+    """A catalog GPU by name (case-insensitive; ``h100`` = ``h100-80gb`` = ``h100-sxm``),
+    or a user GPU from an inline mapping with ``name, flops_bf16, hbm_bytes_s,
+    memory_bytes, tdp_w`` and optional ``nvlink_bytes_s`` (default 0) and
+    ``pcie_bytes_s`` (default 32 GB/s). ``where`` prefixes error messages.
+
+    Raises :class:`UnknownNameError` for an unknown name and :class:`SpecError`
+    for a malformed mapping.
+    """
+    if isinstance(name_or_mapping, str):
+        key = name_or_mapping.strip().lower()
+        key = _ALIASES.get(key, key)
+        if key not in GPUS:
+            raise UnknownNameError("gpu", name_or_mapping, GPUS)
+        return GPUS[key]
+    if not isinstance(name_or_mapping, Mapping):
+        raise SpecError(f"{where or 'gpu'}: {name_or_mapping!r} is not a GPU name or mapping")
+    m = name_or_mapping
+    check_keys(m, where or "gpu", _FIELDS, _OPTIONAL)
+    if not isinstance(m["name"], str) or not m["name"]:
+        raise SpecError(f"{entry(where, 'name')}: {m['name']!r} must be a non-empty string")
+    flops = positive_float(_quantity(parse_flops, m["flops_bf16"], entry(where, "flops_bf16")),
+                           entry(where, "flops_bf16"))  # fmt: skip
+    hbm = positive_float(
+        _quantity(parse_bandwidth, m["hbm_bytes_s"], entry(where, "hbm_bytes_s")),
+        entry(where, "hbm_bytes_s"),
+    )
+    mem = positive_float(
+        _quantity(parse_bytes, m["memory_bytes"], entry(where, "memory_bytes")),
+        entry(where, "memory_bytes"),
+    )
+    nvl = nonneg_float(
+        _quantity(parse_bandwidth, m.get("nvlink_bytes_s", 0), entry(where, "nvlink_bytes_s")),
+        entry(where, "nvlink_bytes_s"),
+    )
+    pcie = positive_float(
+        _quantity(parse_bandwidth, m.get("pcie_bytes_s", 32e9), entry(where, "pcie_bytes_s")),
+        entry(where, "pcie_bytes_s"),
+    )
+    return GPUSpec(m["name"], flops, hbm, mem, _watts(m["tdp_w"], entry(where, "tdp_w")), nvl, pcie)
+
+
+def gpu_names() -> list[str]:
+    """Catalog names, sorted."""
+    return sorted(GPUS)

@@ -1,0 +1,249 @@
+"""Check the analytical :class:`~twin.perf.Roofline` against measured profiles.
+
+Sources (all under the shared data directory, ``profiles/``):
+
+- splitwise-sim ``perf_model.csv``, llama2-70b on a100-80gb and h100-80gb at
+  TP 2, 4, 8. ``prompt_time`` for prompt size P and batch B is one prefill
+  iteration of B prompts of P tokens (splitwise-sim prices a prompt batch by
+  ``P x B`` batch tokens); ``token_time`` is the mean decode iteration of B
+  sequences over the generation of T tokens, compared with one decode
+  iteration at context ``P + T // 2`` each. Repeated runs are reduced to their
+  median, as splitwise-sim does.
+- DistServe's fitted A100-80GB coefficients for OPT-13B (TP 1, 2, 4) and
+  OPT-66B (TP 2, 3, 4, 8), evaluated over the range they were fitted on:
+  prefill of B prompts of L tokens, L in 64..2048 and B in 1..64 with
+  ``L x B <= 16384``; decode of B in 1..128 sequences at context 128..2048.
+
+Error = |predicted - measured| / measured, per point; each source reports the
+median and the worst of the prompt (prefill) and the TPOT (decode) errors.
+Target: median <= 15% and worst <= 35% on every source.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from twin.errors import TwinError
+from twin.hardware import get_gpu
+from twin.models import get_model
+from twin.perf import Batch, DistServeFit, PerfModel, Roofline
+
+TARGET_MEDIAN = 0.15
+TARGET_WORST = 0.35
+
+SPLITWISE_CSV = Path("profiles/splitwise_sim/perf_model.csv")
+DISTSERVE_JSON = Path("profiles/distserve/profiler-a100-80g.distserve.json")
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One measured iteration: the batch, its measured seconds, and its phase."""
+
+    phase: str  # "prompt" or "tpot"
+    batch: Batch
+    measured_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """A set of measured points for one (model, GPU, TP)."""
+
+    name: str
+    model: str
+    gpu: str
+    tp: int
+    points: tuple[Point, ...]
+    excluded: int = 0  # points dropped as physically inconsistent (see splitwise_sources)
+
+
+@dataclass(frozen=True, slots=True)
+class ValidationRow:
+    """Errors of one source: relative errors as fractions (0.1 = 10%)."""
+
+    source: str
+    points: int
+    excluded: int
+    prompt_median: float
+    prompt_worst: float
+    tpot_median: float
+    tpot_worst: float
+
+    @property
+    def passed(self) -> bool:
+        return (
+            max(self.prompt_median, self.tpot_median) <= TARGET_MEDIAN
+            and max(self.prompt_worst, self.tpot_worst) <= TARGET_WORST
+        )
+
+
+def find_data_dir(explicit: str | None = None) -> Path:
+    """The shared data directory: ``explicit``, else ``$TWIN_DATA``, else
+    ``./shared/data`` or ``../shared/data`` relative to the working directory."""
+    if explicit:
+        p = Path(explicit)
+        if not p.is_dir():
+            raise TwinError(f"--data {explicit!r}: not a directory")
+        return p
+    env = os.environ.get("TWIN_DATA")
+    if env:
+        if not Path(env).is_dir():
+            raise TwinError(f"TWIN_DATA={env!r}: not a directory")
+        return Path(env)
+    for c in (Path.cwd() / "shared" / "data", Path.cwd().parent / "shared" / "data"):
+        if c.is_dir():
+            return c
+    raise TwinError(
+        "shared data not found in ./shared/data or ../shared/data; pass --data DIR or set TWIN_DATA"
+    )
+
+
+def splitwise_sources(path: Path) -> list[Source]:
+    """llama2-70b on a100-80gb and h100-80gb at TP 2, 4, 8 from ``perf_model.csv``.
+
+    A (prompt size, batch size) configuration is dropped, prompt and decode
+    points alike, when its median prompt time is under half that of a
+    configuration with fewer batch tokens at the same (GPU, TP): a prefill
+    of more tokens cannot be more than twice faster, so such a run did not do
+    the work (llama2-70b at TP 2 with 512 x 64 = 32,768 prompt tokens measures
+    794 ms on A100 against 6,633 ms for 512 x 32).
+    """
+    prompt: dict[tuple[str, int], dict[tuple[int, int], list[float]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    token: dict[tuple[str, int], dict[tuple[int, int, int], list[float]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    with path.open(newline="") as f:
+        for r in csv.DictReader(f):
+            if r["model"] != "llama2-70b" or r["hardware"] not in ("a100-80gb", "h100-80gb"):
+                continue
+            key = (r["hardware"], int(r["tensor_parallel"]))
+            p, b, t = int(r["prompt_size"]), int(r["batch_size"]), int(r["token_size"])
+            prompt[key][(p, b)].append(float(r["prompt_time"]) / 1e3)
+            token[key][(p, b, t)].append(float(r["token_time"]) / 1e3)
+    out = []
+    for (hw, tp), pts in sorted(prompt.items()):
+        med = {k: statistics.median(v) for k, v in pts.items()}
+        bad = {
+            k
+            for k, v in med.items()
+            if any(k2[0] * k2[1] < k[0] * k[1] and v < 0.5 * v2 for k2, v2 in med.items())
+        }
+        points = [
+            Point("prompt", Batch(prefill=((p, 0),) * b), s)
+            for (p, b), s in sorted(med.items())
+            if (p, b) not in bad
+        ]
+        excluded = len(bad)
+        for (p, b, t), v in sorted(token[(hw, tp)].items()):
+            if (p, b) in bad:
+                excluded += 1
+                continue
+            ctx = p + t // 2
+            points.append(
+                Point(
+                    "tpot", Batch(decode_count=b, decode_context_sum=b * ctx), statistics.median(v)
+                )
+            )
+        out.append(
+            Source(
+                f"splitwise llama2-70b {hw} tp{tp}", "llama2-70b", hw, tp, tuple(points), excluded
+            )
+        )
+    return out
+
+
+def distserve_sources(path: Path) -> list[Source]:
+    """DistServe's OPT-13B and OPT-66B fits evaluated over their measured range."""
+    out = []
+    for model, tps in (("facebook/opt-13b", (1, 2, 4)), ("facebook/opt-66b", (2, 3, 4, 8))):
+        for tp in tps:
+            fit = DistServeFit.from_json(path, model, tp)
+            points = []
+            for length in (64, 128, 256, 512, 1024, 2048):
+                for b in (1, 2, 4, 8, 16, 32, 64):
+                    if length * b <= 16384:
+                        batch = Batch(prefill=((length, 0),) * b)
+                        points.append(Point("prompt", batch, fit.iteration_time(batch)))
+            for b in (1, 2, 4, 8, 16, 32, 64, 128):
+                for ctx in (128, 256, 512, 1024, 2048):
+                    batch = Batch(decode_count=b, decode_context_sum=b * ctx)
+                    points.append(Point("tpot", batch, fit.iteration_time(batch)))
+            short = model.split("/")[1]
+            out.append(Source(f"distserve {short} a100-80gb tp{tp}", short, "a100-80gb", tp,
+                              tuple(points)))  # fmt: skip
+    return out
+
+
+def load_sources(data_dir: Path) -> list[Source]:
+    """Every validation source found under ``data_dir``; a TwinError if none is."""
+    out: list[Source] = []
+    if (data_dir / SPLITWISE_CSV).is_file():
+        out += splitwise_sources(data_dir / SPLITWISE_CSV)
+    if (data_dir / DISTSERVE_JSON).is_file():
+        out += distserve_sources(data_dir / DISTSERVE_JSON)
+    if not out:
+        raise TwinError(f"{data_dir}: neither {SPLITWISE_CSV} nor {DISTSERVE_JSON} found")
+    return out
+
+
+def _errors(model: PerfModel, points: Sequence[Point], phase: str) -> list[float]:
+    return [
+        abs(model.iteration_time(p.batch) - p.measured_s) / p.measured_s
+        for p in points
+        if p.phase == phase
+    ]
+
+
+def score(source: Source, model: PerfModel) -> ValidationRow:
+    """Median and worst relative errors of ``model`` on ``source``."""
+    pe = _errors(model, source.points, "prompt")
+    te = _errors(model, source.points, "tpot")
+    return ValidationRow(
+        source.name,
+        len(source.points),
+        source.excluded,
+        statistics.median(pe) if pe else 0.0,
+        max(pe, default=0.0),
+        statistics.median(te) if te else 0.0,
+        max(te, default=0.0),
+    )
+
+
+def default_roofline(source: Source, **params: float) -> Roofline:
+    """The Roofline a source is compared with (defaults unless ``params`` override)."""
+    return Roofline(get_model(source.model), get_gpu(source.gpu), source.tp, **params)
+
+
+def validate_perf(
+    data_dir: Path, make: Callable[[Source], PerfModel] = default_roofline
+) -> list[ValidationRow]:
+    """Score the Roofline with default efficiencies (or ``make(source)``) on every source."""
+    return [score(s, make(s)) for s in load_sources(data_dir)]
+
+
+def format_validation(rows: Sequence[ValidationRow]) -> str:
+    """A fixed-width table of ``rows`` with a PASS/FAIL per row and overall."""
+    head = (
+        f"{'source':<34} {'points':>6} {'excl':>4}  {'prompt med':>10} {'worst':>7}"
+        f"  {'TPOT med':>8} {'worst':>7}  result"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r.source:<34} {r.points:>6} {r.excluded:>4}  {r.prompt_median:>10.1%}"
+            f" {r.prompt_worst:>7.1%}  {r.tpot_median:>8.1%} {r.tpot_worst:>7.1%}"
+            f"  {'PASS' if r.passed else 'FAIL'}"
+        )
+    ok = all(r.passed for r in rows)
+    lines.append(
+        f"target: median <= {TARGET_MEDIAN:.0%}, worst <= {TARGET_WORST:.0%} per source: "
+        f"{'PASS' if ok else 'FAIL'} ({sum(r.passed for r in rows)}/{len(rows)} sources)"
+    )
+    return "\n".join(lines)
