@@ -170,3 +170,26 @@ def test_build_perf_model(tmp_path: Path) -> None:
         build_perf_model({"kind": "table"}, L70, A100, 4)
     with pytest.raises(SpecError, match="overhead: '3 parsec' is not a duration"):
         build_perf_model({"kind": "roofline", "overhead": "3 parsec"}, L70, A100, 4)
+
+
+def test_profile_and_fit_rows_are_found_under_catalog_spellings(shared_data):
+    from twin.hardware import get_gpu
+    from twin.models import get_model
+    from twin.perf import build_perf_model
+
+    sw = build_perf_model(
+        {"kind": "profile", "path": "profiles/splitwise_sim/perf_model.csv"},
+        get_model("llama-2-70b"),
+        get_gpu("h100-sxm"),
+        8,
+        base_dir=shared_data,
+    )
+    assert sw.sha256 == "dbbe505d1d64fc4bd1ec03c50edf944643586de4f68a81e94cbd55dd5bdfbf41"
+    ds = build_perf_model(
+        {"kind": "distserve", "path": "profiles/distserve/profiler-a100-80g.distserve.json"},
+        get_model("opt-13b"),
+        get_gpu("a100-80gb"),
+        1,
+        base_dir=shared_data,
+    )
+    assert ds.iteration_time(Batch(((512, 0),))) > 0

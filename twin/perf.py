@@ -15,14 +15,14 @@ import json
 import math
 import statistics
 from bisect import bisect_right
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from twin.errors import ProfileError, SpecError, UnitError
-from twin.hardware import GPUSpec
-from twin.models import ModelSpec
+from twin.errors import ProfileError, SpecError, TwinError, UnitError
+from twin.hardware import GPUSpec, get_gpu
+from twin.models import ModelSpec, get_model
 from twin.units import parse_duration
 
 
@@ -279,6 +279,18 @@ class _Grid:
         return y0 + (y1 - y0) * (k - ks[i - 1]) / (ks[i] - ks[i - 1])
 
 
+def _same_name(a: str, b: str, lookup: Callable[[str], object]) -> bool:
+    """Whether two spellings name the same catalog entry (``llama2-70b`` and
+    ``llama-2-70b``, ``h100-80gb`` and ``h100-sxm``); names outside the catalog
+    must match exactly."""
+    if a == b:
+        return True
+    try:
+        return lookup(a) == lookup(b)
+    except TwinError:
+        return False
+
+
 class ProfileTable:
     """Iteration times interpolated from a measured table.
 
@@ -378,7 +390,10 @@ class ProfileTable:
             for r in csv.DictReader(io.StringIO(data.decode())):
                 combo = (r["model"], r["hardware"], int(r["tensor_parallel"]))
                 combos.add(combo)
-                if combo != (model, hardware, tp):
+                same = _same_name(combo[0], model, get_model) and _same_name(
+                    combo[1], hardware, get_gpu
+                )
+                if combo[2] != tp or not same:
                     continue
                 p, b, t = int(r["prompt_size"]), int(r["batch_size"]), int(r["token_size"])
                 prefill.setdefault((b, p), []).append(float(r["prompt_time"]) / 1e3)
@@ -469,7 +484,10 @@ class DistServeFit:
             doc = json.loads(data)
         except ValueError as e:
             raise ProfileError(f"{where}: not JSON ({e})") from None
-        entry = doc.get(model, {}).get(str(tp)) if isinstance(doc, dict) else None
+        entry = None
+        if isinstance(doc, dict):
+            key = next((k for k in doc if _same_name(k, model, get_model)), model)
+            entry = doc.get(key, {}).get(str(tp)) if isinstance(doc.get(key), dict) else None
         if entry is None:
             known = ", ".join(
                 f"{m} tp{t}" for m in sorted(doc) if isinstance(doc[m], dict) for t in doc[m]
@@ -582,7 +600,10 @@ def build_perf_model(
     if kind == "distserve":
         name = spec.get("model", model.name)
         return DistServeFit.from_json(path, str(name), sel_tp, where=f"{w}: {path}")
-    fmt = spec.get("format", "native")
+    fmt = spec.get("format", "auto")
+    if fmt == "auto":
+        head = path.open("rb").readline()
+        fmt = "splitwise" if b"tensor_parallel" in head else "native"
     if fmt == "native":
         return ProfileTable.from_native(path, where=f"{w}: {path}")
     if fmt == "splitwise":

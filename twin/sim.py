@@ -195,7 +195,7 @@ class Simulation:
         sources = (
             {}
             if self._requests is not None
-            else {str(p): file_sha256(p) for p in spec.workload.sources()}
+            else {p.name: file_sha256(p) for p in spec.workload.sources()}
         )
         return {
             "tool": "pd-twin",
