@@ -41,7 +41,10 @@ def check_keys(
 
 
 def positive_int(value: object, where: str) -> int:
-    """An ``int`` (not a bool) greater than zero."""
+    """An ``int`` (not a bool) greater than zero; an integral float such as
+    ``8.0e9`` counts."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise SpecError(f"{where}: {value!r} must be a positive integer")
     return value

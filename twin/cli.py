@@ -26,16 +26,21 @@ def _fmt(x: float | None, scale: float = 1.0, digits: int = 3) -> str:
     return f"{x * scale:.{digits}f}"
 
 
+def _name(entry: Any) -> str:
+    return entry if isinstance(entry, str) else str(entry.get("name", "custom"))
+
+
 def format_summary(result: dict[str, Any]) -> str:
     """The readable table ``twin run`` prints."""
     h, s = result["header"], result["summary"]
     spec = h["spec"]
     cl = spec["cluster"]
-    model = spec["model"] if isinstance(spec["model"], str) else spec["model"].get("name", "custom")
+    model = _name(spec["model"])
+    gpu = _name(spec["gpu"])
     sched = spec["scheduler"]["name"]
     lines = [
         f"pd-twin {h['version']} | {spec['name']} | {model} on {cl['instances']} x "
-        f"(TP{cl['tp']} PP{cl['pp']}) {spec['gpu']} | scheduler {sched} | perf {h['perf_model']}",
+        f"(TP{cl['tp']} PP{cl['pp']}) {gpu} | scheduler {sched} | perf {h['perf_model']}",
         f"requests {s['requests']:,}  completed {s['completed']:,}  rejected {s['rejected']:,}"
         f"  simulated {s['simulated_s']:.1f} s  preemptions {s['preemptions']:,}",
         "",
@@ -94,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             csv_file.close()
     if args.json:
         with _open_out(args.json) as f:
-            json.dump(result, f, indent=2)
+            json.dump(result, f, indent=2, default=str)
             f.write("\n")
     if not args.quiet:
         print(format_summary(result))

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from twin import yamlio
 from twin.bundled import bundled_names, bundled_text
 from twin.engine import EngineConfig
 from twin.errors import SpecError, UnitError, UnknownNameError
@@ -107,7 +108,7 @@ def read_spec_text(spec: str) -> tuple[str, str, Path]:
 
 def parse_yaml(text: str, where: str) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(text)
+        data = yamlio.load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -127,7 +128,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], where: str =
         if not sep or not key.strip():
             raise SpecError(f"{where} {item!r}: expected key.path=value")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = yamlio.load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
         parts = key.strip().split(".")

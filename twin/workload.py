@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
-import yaml
 
+from twin import yamlio
 from twin.errors import SpecError, TraceError
 from twin.lengths import (
     BUNDLED_TABLES,
@@ -270,7 +270,7 @@ class WorkloadSpec:
     def from_yaml(cls, path: str | Path) -> WorkloadSpec:
         """Read the ``workload:`` mapping of a YAML file; paths relative to its folder."""
         path = Path(path)
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc = yamlio.load(path.read_text(encoding="utf-8"))
         if not isinstance(doc, Mapping) or "workload" not in doc:
             raise SpecError(f"{path}: expected a top-level 'workload:' mapping")
         return cls.from_mapping(doc["workload"], f"{path}: workload", path.parent)
