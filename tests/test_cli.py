@@ -124,3 +124,29 @@ def test_real_process_exits_2_without_traceback():
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "cluster.instances: -1 must be a positive integer" in proc.stderr
+
+
+def test_a_spec_written_from_the_readme_runs(capsys, tmp_path):
+    spec = tmp_path / "custom.yaml"
+    spec.write_text(
+        "model: {name: my-7b, layers: 32, hidden: 4096, heads: 32, kv_heads: 8, head_dim: 128,\n"
+        "        intermediate: 14336, vocab: 128256, params: 8.0e9, dtype_bytes: 2}\n"
+        "gpu: {name: mygpu, flops_bf16: 989 TFLOPS, hbm_bytes_s: 3.35 TB/s, memory_bytes: 80 GiB,\n"
+        "      tdp_w: 700 W, nvlink_bytes_s: 450 GB/s, pcie_bytes_s: 64 GB/s}\n"
+        "cluster: {gpus: 4, tp: 2}\n"
+        "engine: {chunked_prefill: true}\n"
+        "workload:\n"
+        "  arrival: {process: gamma, rate: 20.0, cv: 2.0}\n"
+        "  lengths:\n"
+        "    prompt: {dist: lognormal, median: 1020, sigma: 1.0, min: 2, max: 14050}\n"
+        "    output: {dist: fixed, value: 128}\n"
+        "  duration: 10 s\n"
+        "slo: {ttft: 500 ms, tpot: 30 ms}\n"
+    )
+    out = tmp_path / "r.json"
+    code, text, err = run_cli(capsys, "run", str(spec), "--json", str(out))
+    assert code == 0, err
+    assert "my-7b on 2 x (TP2 PP1) mygpu" in text
+    s = json.loads(out.read_text())["summary"]
+    assert s["requests"] == s["completed"] > 100
+    assert s["tpot_s"]["p50"] < 0.03
