@@ -116,7 +116,7 @@ def test_kv_report_text() -> None:
     assert "bytes per token  327,680 B" in text
     assert "bytes per block  5,242,880 B (16 tokens)" in text
     assert "blocks           63 for 1,000 tokens (1,008 tokens allocated)" in text
-    assert "330,301,440 B" in text and "315.000 MiB" in text
+    assert "330,301,440 B = 322,560 KiB = 315 MiB = 0.3076171875 GiB" in text
     fp8 = kv_report(get_model("llama2-70b"), 1000, 16, dtype_bytes=1)
     assert "163,840 B" in fp8
 

@@ -13,13 +13,13 @@ KV in blocks (default 16 tokens), so sizes are rounded up to whole blocks.
 
 from __future__ import annotations
 
+import decimal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from twin._check import check_keys, entry, positive_int
 from twin.errors import SpecError, UnknownNameError
-from twin.units import format_bytes
 
 _DTYPE_BYTES: Mapping[str, int] = MappingProxyType(
     {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2,
@@ -112,6 +112,15 @@ def kv_bytes(
     return kv_blocks(tokens, block_size) * block_size * model.kv_bytes_per_token(dtype_bytes)
 
 
+def _exact(n: int, shift: int) -> str:
+    """``n / 2**shift`` written out in full: the expansion always terminates."""
+    with decimal.localcontext() as ctx:
+        ctx.prec = 80
+        q = (decimal.Decimal(n) / (decimal.Decimal(2) ** shift)).normalize()
+    text = f"{q:,f}"
+    return text
+
+
 def kv_report(
     model: ModelSpec, tokens: int, block_size: int = 16, dtype_bytes: int | None = None
 ) -> str:
@@ -132,8 +141,8 @@ def kv_report(
             f"bytes per block  {per_token * block_size:,} B ({block_size} tokens)",
             f"blocks           {blocks:,} for {tokens:,} tokens"
             f" ({blocks * block_size:,} tokens allocated)",
-            f"KV size          {total:,} B = {total / 2**10:,.3f} KiB"
-            f" = {total / 2**20:,.3f} MiB = {total / 2**30:,.3f} GiB ({format_bytes(total)})",
+            f"KV size          {total:,} B = {_exact(total, 10)} KiB"
+            f" = {_exact(total, 20)} MiB = {_exact(total, 30)} GiB",
         ]
     )
 
