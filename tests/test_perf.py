@@ -66,6 +66,45 @@ def test_more_tokens_never_faster(n: int, extra: int, cached: int, dec: int, ctx
     assert r.iteration_time(base) == t  # pure
 
 
+def test_per_gpu_efficiency_defaults_and_override() -> None:
+    from twin.perf import DEFAULT_MFU, GPU_EFFICIENCY
+
+    r = Roofline(L70, H100, 4)
+    assert (r.mfu, r.mbu, r.attn_mfu) == GPU_EFFICIENCY["h100-sxm"]
+    assert Roofline(L70, H100, 4, mfu=0.5).mfu == 0.5
+    assert Roofline(L70, get_gpu("l40s"), 4).mfu == DEFAULT_MFU
+
+
+def test_attention_efficiency_makes_long_prompts_superlinear() -> None:
+    r = Roofline(L70, A100, 8)
+    per_token = [r.iteration_time(prefill(n)) / n for n in (2048, 4096, 8192)]
+    assert per_token == sorted(per_token)
+    slow = Roofline(L70, A100, 8, attn_mfu=0.05).iteration_time(prefill(8192))
+    assert slow > r.iteration_time(prefill(8192))
+    # a cached prefix costs attention work and KV reads
+    assert r.iteration_time(Batch(prefill=((512, 4096),))) > r.iteration_time(prefill(512))
+
+
+def test_act_traffic_and_no_overlap_add_time() -> None:
+    b = Batch(decode_count=64, decode_context_sum=64 * 1000)
+    base = Roofline(L70, A100, 4, act_traffic=0.0, no_overlap=0.0).iteration_time(b)
+    assert Roofline(L70, A100, 4, no_overlap=0.0).iteration_time(b) > base
+    assert Roofline(L70, A100, 4, act_traffic=0.0).iteration_time(b) > base
+    with pytest.raises(SpecError, match="no_overlap=2"):
+        Roofline(L70, A100, no_overlap=2)
+
+
+def test_build_perf_model_accepts_new_roofline_keys() -> None:
+    spec = {"kind": "roofline", "attn_mfu": 0.3, "act_traffic": 10, "no_overlap": 0.1}
+    r = build_perf_model(spec, L70, A100, 4)
+    assert isinstance(r, Roofline)
+    assert (r.attn_mfu, r.act_traffic, r.no_overlap) == (0.3, 10.0, 0.1)
+    with pytest.raises(SpecError, match="no_overlap"):
+        build_perf_model({"kind": "roofline", "no_overlap": 1.5}, L70, A100, 4)
+    with pytest.raises(SpecError, match="unknown key 'bogus'"):
+        build_perf_model({"kind": "roofline", "bogus": 1}, L70, A100, 4)
+
+
 def test_roofline_rejects_bad_params() -> None:
     with pytest.raises(SpecError, match="mfu=1.5 must be a number in"):
         Roofline(L70, A100, mfu=1.5)

@@ -61,16 +61,35 @@ class PerfModel(Protocol):
     def iteration_time(self, batch: Batch) -> float: ...
 
 
-# Calibrated defaults: fitted with scipy Nelder-Mead (several random starts) minimizing the
-# largest of (worst error / 35%, median error / 15%) over the 13 sources of twin.validate,
-# then rounded; twin.validate.validate_perf reproduces the resulting errors.
-DEFAULT_MFU = 0.87
-DEFAULT_MBU = 0.78
-DEFAULT_OVERHEAD_S = 1.5e-3
-DEFAULT_LAYER_OVERHEAD_S = 5e-5
-DEFAULT_SEQ_OVERHEAD_S = 2.3e-5
-DEFAULT_HOP_LATENCY_S = 8.8e-6
-DEFAULT_TP_MFU_EXPONENT = 0.38
+# Calibrated defaults: fitted by twin.calibrate (``python -m twin.calibrate --data DIR``):
+# least squares on log(predicted / measured) per source, then Nelder-Mead on the largest of
+# (worst error / 35%, median error / 15%) over the 13 sources of twin.validate, six starts;
+# rounded here. twin.validate.validate_perf reproduces the resulting errors.
+DEFAULT_MFU = 0.84
+DEFAULT_MBU = 0.87
+DEFAULT_ATTN_MFU = 0.11
+DEFAULT_OVERHEAD_S = 0.0
+DEFAULT_LAYER_OVERHEAD_S = 1.1e-4
+DEFAULT_SEQ_OVERHEAD_S = 6.7e-6
+DEFAULT_HOP_LATENCY_S = 7.0e-6
+DEFAULT_TP_MFU_EXPONENT = 0.0
+DEFAULT_ACT_TRAFFIC = 58.0
+DEFAULT_NO_OVERLAP = 0.52
+
+# Achieved efficiencies (mfu, mbu, attn_mfu) per GPU, fitted with the defaults above: A100 on
+# splitwise-sim and DistServe (A100-80GB), H100 on splitwise-sim (H100-80GB SXM). GPUs of the
+# same generation reuse them (same kernels, same share of peak assumed); any other GPU gets
+# DEFAULT_MFU / DEFAULT_MBU / DEFAULT_ATTN_MFU (the A100 values). A Roofline argument or a
+# YAML ``perf`` key overrides both.
+_A100_EFF = (0.84, 0.87, 0.11)
+_H100_EFF = (0.76, 0.68, 0.37)
+GPU_EFFICIENCY: Mapping[str, tuple[float, float, float]] = {
+    "a100-80gb": _A100_EFF,
+    "a100-40gb": _A100_EFF,
+    "h100-sxm": _H100_EFF,
+    "h100-80gb-pcap": _H100_EFF,
+    "h200": _H100_EFF,
+}
 
 
 def _check_fraction(name: str, v: float) -> float:
@@ -91,18 +110,32 @@ class Roofline:
     Per iteration on one instance of ``tp x pp`` GPUs, with ``T`` new tokens
     (prefill chunk tokens plus one per decode sequence) and ``S`` sequences:
 
-    - FLOPs per GPU = [2 T x (linear weights per layer) x layers
-      + 2 S x hidden x vocab (LM head, once per sequence)
-      + 4 x layers x heads x head_dim x A] / TP, where the attention work A is
-      ``n (c + (n + 1) / 2)`` for a prefill chunk of ``n`` new tokens after
-      ``c`` cached ones, and the context length for each decode sequence.
+    - dense FLOPs per GPU = [2 T x (linear weights per layer) x layers
+      + 2 S x hidden x vocab (LM head, once per sequence)] / TP, run at
+      ``mfu``; attention FLOPs per GPU = 4 x layers x heads x head_dim x A / TP,
+      where A is ``n (c + (n + 1) / 2)`` for a prefill chunk of ``n`` new
+      tokens after ``c`` cached ones and the context length for each decode
+      sequence, run at ``attn_mfu`` (attention kernels reach a much lower share
+      of peak than GEMMs, which makes long prompts grow faster than linearly).
+      compute = dense / (peak x mfu) + attention / (peak x attn_mfu), both
+      times ``TP^tp_mfu_exponent``.
     - bytes per GPU = [weights + KV bytes/token x (decode contexts + cached
-      prefill context read + T written)] / TP.
-    - time = max(FLOPs / (peak x mfu x TP^-tp_mfu_exponent), bytes / (HBM x mbu))
+      prefill context read + T written)] / TP; memory = bytes / (HBM x mbu).
+    - time = max(compute, memory) + no_overlap x min(compute, memory)
+      + T x act_traffic x layers x hidden x dtype / (HBM x mbu)
       + overhead_s + layers x layer_overhead_s + S x seq_overhead_s
       + 2 x layers ring all-reduces of ``T x hidden x dtype`` bytes, each
       ``2 (TP-1)/TP x bytes / link + 2 (TP-1) x hop_latency_s`` (link = NVLink,
       or PCIe when the GPU has none).
+
+    ``act_traffic`` counts the activation-sized memory passes per token per
+    layer of the element-wise kernels (norms, residual adds, rotary, the
+    all-reduce buffer copies) that TP replicates rather than splits, so that
+    term does not shrink with TP; ``no_overlap`` is the share of the shorter
+    of compute and memory time that does not hide under the longer one.
+
+    ``mfu``, ``mbu`` and ``attn_mfu`` default per GPU (``GPU_EFFICIENCY``),
+    else to ``DEFAULT_*``; passing a value overrides.
 
     NOTE: pipeline parallelism is modeled as one batch traversing the ``pp``
     stages one after another with no micro-batch overlap: the stage times add
@@ -111,36 +144,33 @@ class Roofline:
     never shortens an iteration here, and an engine that pipelines micro-batches
     gets about ``pp`` times more throughput than this model credits.
 
-    NOTE: ``tp_mfu_exponent`` is empirical, not derived: both measured sources
-    show compute efficiency falling with TP (per-GPU GEMMs shrink, GPUs wait
-    on each other at every all-reduce), faster than the modeled all-reduce
-    time explains; it is fitted, so extrapolating to TP 16 is a guess.
+    NOTE: ``tp_mfu_exponent`` is empirical (compute efficiency falling with
+    TP); the current fit puts it at 0, the TP-replicated ``act_traffic`` term
+    carrying the poor TP scaling of the measured sources instead.
 
-    NOTE: the max() of compute and memory time assumes perfect overlap inside
-    the forward pass; real kernels sit between that and the sum.
-
-    Default efficiencies (module constants ``DEFAULT_*``) were fitted to the
-    measured profiles in shared data (splitwise-sim llama2-70b on A100/H100 at
-    TP 2/4/8, DistServe's OPT-13B/66B A100 fits): mfu 0.87, mbu 0.78,
-    overhead 1.5 ms, layer overhead 50 us, sequence overhead 23 us, ring-step
-    latency 8.8 us, tp_mfu_exponent 0.38. With them every source is within
-    34% median and 46% worst relative error, but only 2 of 13 sources meet the
-    15% / 35% target: splitwise-sim's prefill grows faster than linearly in
-    tokens (A100 TP 8: 274 ms at 2,048 tokens, 1,550 ms at 8,192) and its
-    decode time rises with batch size far beyond the KV read (45 -> 72 ms from
-    batch 1 to 64), while DistServe's engine reaches about 80% of peak at TP 1;
-    no single set of efficiencies covers both. Use a ProfileTable where
-    accuracy matters; :func:`twin.validate.validate_perf` prints the errors.
+    Defaults were fitted by :mod:`twin.calibrate` to the measured profiles in
+    shared data (splitwise-sim llama2-70b on A100/H100 at TP 2/4/8, DistServe's
+    OPT-13B/66B A100 fits). Fitted ``act_traffic`` (58 passes) is more than a
+    count of kernels gives; it also absorbs per-token costs of the measured
+    engines that have no term here. Not every source meets the 15% median /
+    35% worst target: splitwise-sim's batches of short prompts take up to 35%
+    longer than one prompt of the same total tokens (A100 TP 8: 16 x 512
+    tokens 2,084 ms, 1 x 8,192 tokens 1,550 ms), which no term monotone in
+    attention work reproduces, and its decode time rises with batch size
+    (45 -> 72 ms from batch 1 to 64) far more than DistServe's does. Use a
+    ProfileTable where accuracy matters; :func:`twin.validate.validate_perf`
+    prints the errors.
 
     ``iteration_time`` is a pure function of the batch; everything that does
     not depend on it is precomputed here.
     """
 
     __slots__ = (
-        "name", "sha256", "model", "gpu", "tp", "pp", "mfu", "mbu", "overhead_s",
+        "name", "sha256", "model", "gpu", "tp", "pp", "mfu", "mbu", "attn_mfu", "overhead_s",
         "layer_overhead_s", "seq_overhead_s", "hop_latency_s", "tp_mfu_exponent",
+        "act_traffic", "no_overlap",
         "_flop_token", "_flop_seq", "_flop_attn", "_kv_b", "_w_b", "_inv_compute",
-        "_inv_mem", "_fixed", "_seq", "_comm_token", "_comm_fixed",
+        "_inv_attn", "_inv_mem", "_fixed", "_seq", "_comm_token", "_comm_fixed",
     )  # fmt: skip
 
     def __init__(
@@ -150,13 +180,16 @@ class Roofline:
         tp: int = 1,
         pp: int = 1,
         *,
-        mfu: float = DEFAULT_MFU,
-        mbu: float = DEFAULT_MBU,
+        mfu: float | None = None,
+        mbu: float | None = None,
+        attn_mfu: float | None = None,
         overhead_s: float = DEFAULT_OVERHEAD_S,
         layer_overhead_s: float = DEFAULT_LAYER_OVERHEAD_S,
         seq_overhead_s: float = DEFAULT_SEQ_OVERHEAD_S,
         hop_latency_s: float = DEFAULT_HOP_LATENCY_S,
         tp_mfu_exponent: float = DEFAULT_TP_MFU_EXPONENT,
+        act_traffic: float = DEFAULT_ACT_TRAFFIC,
+        no_overlap: float = DEFAULT_NO_OVERLAP,
     ) -> None:
         for label, v in (("tp", tp), ("pp", pp)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -166,13 +199,23 @@ class Roofline:
                 f"roofline: pp={pp} does not divide {model.name}'s {model.layers} layers"
             )
         self.model, self.gpu, self.tp, self.pp = model, gpu, tp, pp
-        self.mfu = _check_fraction("mfu", mfu)
-        self.mbu = _check_fraction("mbu", mbu)
+        eff = GPU_EFFICIENCY.get(gpu.name, (DEFAULT_MFU, DEFAULT_MBU, DEFAULT_ATTN_MFU))
+        self.mfu = _check_fraction("mfu", eff[0] if mfu is None else mfu)
+        self.mbu = _check_fraction("mbu", eff[1] if mbu is None else mbu)
+        self.attn_mfu = _check_fraction("attn_mfu", eff[2] if attn_mfu is None else attn_mfu)
         self.overhead_s = _check_nonneg("overhead_s", overhead_s)
         self.layer_overhead_s = _check_nonneg("layer_overhead_s", layer_overhead_s)
         self.seq_overhead_s = _check_nonneg("seq_overhead_s", seq_overhead_s)
         self.hop_latency_s = _check_nonneg("hop_latency_s", hop_latency_s)
         self.tp_mfu_exponent = _check_nonneg("tp_mfu_exponent", tp_mfu_exponent)
+        self.act_traffic = _check_nonneg("act_traffic", act_traffic)
+        if (
+            isinstance(no_overlap, bool)
+            or not isinstance(no_overlap, int | float)
+            or not (0.0 <= no_overlap <= 1.0)
+        ):
+            raise SpecError(f"roofline: no_overlap={no_overlap!r} must be a number in [0, 1]")
+        self.no_overlap = float(no_overlap)
         self.name = f"roofline:{model.name}@{gpu.name}x{tp}" + (f"pp{pp}" if pp > 1 else "")
         self.sha256: str | None = None
 
@@ -183,12 +226,13 @@ class Roofline:
         self._kv_b = m.kv_bytes_per_token() / tp
         self._w_b = m.weight_bytes / tp
         self._inv_compute = tp**self.tp_mfu_exponent / (gpu.flops_bf16 * self.mfu)
+        self._inv_attn = tp**self.tp_mfu_exponent / (gpu.flops_bf16 * self.attn_mfu)
         self._inv_mem = 1.0 / (gpu.hbm_bytes_s * self.mbu)
         self._fixed = self.overhead_s + m.layers * self.layer_overhead_s
         self._seq = self.seq_overhead_s
         link = gpu.nvlink_bytes_s if gpu.nvlink_bytes_s > 0 else gpu.pcie_bytes_s
         act = m.hidden * m.dtype_bytes  # activation bytes per token
-        comm_token = 0.0
+        comm_token = self.act_traffic * m.layers * act * self._inv_mem
         comm_fixed = 0.0
         if tp > 1:
             n_ar = 2 * m.layers
@@ -197,7 +241,7 @@ class Roofline:
         if pp > 1:
             comm_token += (pp - 1) * act / link
             comm_fixed += (pp - 1) * self.hop_latency_s
-        self._comm_token = comm_token
+        self._comm_token = comm_token  # per-token time outside the roofline max()
         self._comm_fixed = comm_fixed
 
     def iteration_time(self, batch: Batch) -> float:
@@ -213,17 +257,15 @@ class Roofline:
         if tokens == 0:
             return 0.0
         seqs = n_dec + len(batch.prefill)
-        flops = self._flop_token * tokens + self._flop_seq * seqs + self._flop_attn * attn
-        mem = self._w_b + self._kv_b * (kv_read + tokens)
-        compute_s = flops * self._inv_compute
-        mem_s = mem * self._inv_mem
-        return (
-            (compute_s if compute_s > mem_s else mem_s)
-            + self._fixed
-            + self._seq * seqs
-            + self._comm_fixed
-            + self._comm_token * tokens
+        compute_s = (self._flop_token * tokens + self._flop_seq * seqs) * self._inv_compute + (
+            self._flop_attn * attn * self._inv_attn
         )
+        mem_s = (self._w_b + self._kv_b * (kv_read + tokens)) * self._inv_mem
+        if compute_s > mem_s:
+            roof = compute_s + self.no_overlap * mem_s
+        else:
+            roof = mem_s + self.no_overlap * compute_s
+        return roof + self._fixed + self._seq * seqs + self._comm_fixed + self._comm_token * tokens
 
 
 class _Grid:
@@ -525,8 +567,9 @@ class DistServeFit:
         return ms * 1e-3
 
 
-_ROOFLINE_KEYS = ("kind", "mfu", "mbu", "overhead", "layer_overhead", "seq_overhead",
-                  "hop_latency", "tp_mfu_exponent")  # fmt: skip
+_ROOFLINE_KEYS = ("kind", "mfu", "mbu", "attn_mfu", "overhead", "layer_overhead",
+                  "seq_overhead", "hop_latency", "tp_mfu_exponent", "act_traffic",
+                  "no_overlap")  # fmt: skip
 _PROFILE_KEYS = ("kind", "path", "format", "model", "hardware", "tp")
 _DISTSERVE_KEYS = ("kind", "path", "model", "tp")
 _KINDS = {"roofline": _ROOFLINE_KEYS, "profile": _PROFILE_KEYS, "distserve": _DISTSERVE_KEYS}
@@ -543,8 +586,9 @@ def build_perf_model(
 ) -> PerfModel:
     """A perf model from a YAML mapping; ``None`` is the calibrated Roofline.
 
-    ``{kind: roofline, mfu: 0.5, mbu: 0.8, overhead: "4 ms", layer_overhead,
-    seq_overhead, hop_latency}`` (durations with units);
+    ``{kind: roofline, mfu: 0.5, mbu: 0.8, attn_mfu: 0.3, overhead: "4 ms",
+    layer_overhead, seq_overhead, hop_latency, tp_mfu_exponent, act_traffic,
+    no_overlap}`` (durations with units; unset efficiencies default per GPU);
     ``{kind: profile, path, format: splitwise|native, model, hardware, tp}``
     (``model``/``hardware``/``tp`` select splitwise rows and default to the
     instance's model name, GPU name and TP); ``{kind: distserve, path, model,
@@ -567,7 +611,7 @@ def build_perf_model(
             )
     if kind == "roofline":
         kw: dict[str, float] = {}
-        for key in ("mfu", "mbu"):
+        for key in ("mfu", "mbu", "attn_mfu"):
             if key in spec:
                 v = spec[key]
                 if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 1:
@@ -578,6 +622,16 @@ def build_perf_model(
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 2:
                 raise SpecError(f"{w}.tp_mfu_exponent: {v!r} must be a number in [0, 2]")
             kw["tp_mfu_exponent"] = float(v)
+        if "act_traffic" in spec:
+            v = spec["act_traffic"]
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e4:
+                raise SpecError(f"{w}.act_traffic: {v!r} must be a number in [0, 10000)")
+            kw["act_traffic"] = float(v)
+        if "no_overlap" in spec:
+            v = spec["no_overlap"]
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1:
+                raise SpecError(f"{w}.no_overlap: {v!r} must be a number in [0, 1]")
+            kw["no_overlap"] = float(v)
         for key in ("overhead", "layer_overhead", "seq_overhead", "hop_latency"):
             if key in spec:
                 try:
