@@ -112,3 +112,24 @@ def test_every_request_ends_once_whatever_the_cluster(items, instances, chunked,
     assert s["completed"] == len(reqs)
     assert all(e.kv.free == e.kv.total for e in sim.engines)
     assert all(r["first_token_s"] <= r["finish_s"] for r in rows)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_fast_forward_changes_nothing_but_the_event_count(chunked):
+    results = {}
+    for ff in (False, True):
+        spec = small_spec(
+            cluster={"instances": 3, "tp": 1},
+            engine={"fast_forward": ff, "chunked_prefill": chunked},
+            workload={
+                "lengths": "azure-conv",
+                "arrival": {"process": "gamma", "rate": 3.0, "cv": 3},
+                "max_requests": 300,
+            },
+        )
+        rows: list[dict] = []
+        sim = Simulation(spec, on_row=rows.append)
+        res = sim.run()
+        results[ff] = (res.summary, res.instances, rows, sim.events)
+    assert results[True][:3] == results[False][:3]
+    assert results[True][3] < results[False][3] / 2

@@ -74,6 +74,7 @@ class EngineView:
 
     @property
     def free_blocks(self) -> int:
+        self._engine.sync()
         return self._engine.kv.free
 
     @property

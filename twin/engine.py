@@ -58,6 +58,9 @@ class EngineConfig:
     chunking a single longer prompt still runs, alone) or, with
     ``chunked_prefill``, all tokens of one iteration (decodes count one each).
     ``watermark`` is the share of blocks kept back from new admissions.
+    ``fast_forward`` lets the engine cover a stretch of decode steps in which
+    nothing can change with one event (see :class:`Stretch`); the results are
+    those of stepping.
     """
 
     block_size: int = 16
@@ -65,6 +68,7 @@ class EngineConfig:
     max_batched_tokens: int = 8192
     chunked_prefill: bool = False
     watermark: float = 0.01
+    fast_forward: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_batched_tokens"):
@@ -73,6 +77,40 @@ class EngineConfig:
                 raise SpecError(f"engine.{name}: {v!r} must be a positive integer")
         if not 0.0 <= self.watermark < 1.0:
             raise SpecError(f"engine.watermark: {self.watermark!r} must be in [0, 1)")
+
+
+MIN_STRETCH = 3  # steps; shorter stretches are stepped
+MAX_STRETCH = 4096
+
+
+def _at(env: simpy.Environment, when: float) -> simpy.Event:
+    """An event at the absolute time ``when``.
+
+    NOTE: SimPy schedules only by delay (``now + delay``), and ``now + (when -
+    now)`` can miss ``when`` by one ulp; fast-forward must land exactly on the
+    times stepping would reach, so this pushes onto SimPy's queue directly.
+    """
+    ev = simpy.Event(env)
+    ev._ok = True
+    ev._value = None
+    heapq.heappush(env._queue, (when, simpy.core.NORMAL, next(env._eid), ev))  # type: ignore[attr-defined]
+    return ev
+
+
+class Stretch:
+    """Decode steps covered by one event: step ``i`` runs ``dts[i]`` seconds and
+    ends at ``ends[i]`` (its start is the previous end, or ``start``). ``begun``
+    and ``ended`` count the steps applied so far; the first is planned (begun)
+    before the stretch is made."""
+
+    __slots__ = ("start", "dts", "ends", "begun", "ended")
+
+    def __init__(self, start: float, dts: list[float], ends: list[float]) -> None:
+        self.start = start
+        self.dts = dts
+        self.ends = ends
+        self.begun = 1
+        self.ended = 0
 
 
 class Sequence:
@@ -160,6 +198,9 @@ class Engine:
         self._gap_vals: list[float] = []  # ... their gaps, decreasing
         self._last_decode_end = -1.0
         self._wake: simpy.Event | None = None
+        self._fast_forward = config.fast_forward and log is None
+        self._stretch: Stretch | None = None
+        self._stretch_cut: simpy.Event = env.event()
         self.iterations = 0
         self.busy_s = 0.0
         self.preemptions = 0
@@ -178,10 +219,20 @@ class Engine:
     def submit(self, seq: Sequence) -> None:
         seq.instance = self.id
         seq.t_arrival = self.env.now
+        if self._stretch is not None:
+            self.sync()
+            if not self._stretch_cut.triggered:
+                self._stretch_cut.succeed()
         self.waiting.append(seq)
         self.waiting_tokens += seq.prefill_len
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+
+    def sync(self) -> None:
+        """Bring the state up to now inside a fast-forwarded stretch, so that a
+        reader sees what stepping would show at this instant."""
+        if self._stretch is not None:
+            self._advance_stretch(self.env.now, inclusive=False)
 
     # -- the loop --------------------------------------------------------------------
     def serve(self):  # noqa: ANN201 - a SimPy process
@@ -207,10 +258,82 @@ class Engine:
                         batch.decode_count,
                     )
                 )
+            if decoding and not chunks and self._fast_forward:
+                stretch = self._try_stretch(dt, batch)
+                if stretch is not None:
+                    yield from self._run_stretch(stretch)
+                    continue
             yield env.timeout(dt)
             self.iterations += 1
             self.busy_s += dt
             self._complete(chunks, decoding)
+
+    # -- fast-forward over decode steps ----------------------------------------------
+    def _try_stretch(self, dt: float, batch: Batch) -> Stretch | None:
+        """A stretch of the decode steps from the one just planned up to, not
+        including, the next step in which a sequence finishes, when every block
+        those steps need is free (so no preemption can happen) and it is long
+        enough to be worth it. Arrivals, the only other change, cut it short."""
+        heap = self._finish_heap
+        while heap and (heap[0][2] != heap[0][3].epoch or heap[0][3].state != DECODE):
+            heapq.heappop(heap)
+        if not heap:
+            return None
+        first = self.steps + 1
+        last = min(heap[0][0] - 1, first + MAX_STRETCH - 1)
+        if last - first < MIN_STRETCH - 1:
+            return None
+        bs = self.kv.block_size
+        need = 0
+        for s in self.running.values():
+            if s.state == DECODE:
+                need += max(0, blocks_for(s.length_at(last), bs) - s.blocks)
+        if need > self.kv.free:
+            return None
+        count, ctx = batch.decode_count, batch.decode_context_sum
+        t = self.env.now + dt
+        dts, ends = [dt], [t]
+        for _ in range(last - first):
+            ctx += count
+            d = self.perf.iteration_time(Batch((), count, ctx))
+            t += d  # the same float sum stepping makes: now + dt, one step at a time
+            dts.append(d)
+            ends.append(t)
+        return Stretch(self.env.now, dts, ends)
+
+    def _run_stretch(self, st: Stretch):  # noqa: ANN202 - part of the serve process
+        env = self.env
+        self._stretch = st
+        self._stretch_cut = env.event()
+        yield env.any_of([_at(env, st.ends[-1]), self._stretch_cut])
+        if env.now < st.ends[-1]:
+            # An arrival: run on to the end of the step in progress, then replan.
+            yield _at(env, st.ends[bisect_left(st.ends, env.now)])
+        self._advance_stretch(env.now, inclusive=True)
+        self._stretch = None
+
+    def _advance_stretch(self, now: float, *, inclusive: bool) -> None:
+        """Apply the stretch's steps that stepping would have applied by ``now``:
+        a step begins (takes its blocks) at its start and ends (tokens out) at
+        its end. Events at ``now`` itself are applied only when ``inclusive``
+        (same-time arrivals see the state before them, as when stepping)."""
+        st = self._stretch
+        assert st is not None
+        while True:
+            if st.ended < st.begun:
+                end = st.ends[st.ended]
+                if end < now or (inclusive and end <= now):
+                    self.iterations += 1
+                    self.busy_s += st.dts[st.ended]
+                    self._complete_decode_step(end)
+                    st.ended += 1
+                    continue
+                return
+            if st.begun < len(st.ends) and st.ends[st.begun - 1] < now:
+                self._prepare_decode()
+                st.begun += 1
+                continue
+            return
 
     # -- planning --------------------------------------------------------------------
     def _plan(self) -> tuple[Batch, list[tuple[Sequence, int]], bool]:

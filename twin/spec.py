@@ -52,6 +52,7 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     "gpu_memory_utilization": 0.9,
     "activation_reserve": "2 GiB",
     "oversized": "error",
+    "fast_forward": True,
 }
 OVERSIZED = ("error", "reject")
 SLO_KEYS = ("ttft", "tpot", "target", "ttft_at")
@@ -237,6 +238,10 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
 
     eng = {**ENGINE_DEFAULTS, **_mapping(data.get("engine"), f"{where}: engine")}
     _check_keys(eng, tuple(ENGINE_DEFAULTS), f"{where}: engine")
+    if not isinstance(eng["fast_forward"], bool):
+        raise SpecError(
+            f"{where}: engine.fast_forward: {eng['fast_forward']!r} must be true or false"
+        )
     if not isinstance(eng["chunked_prefill"], bool):
         raise SpecError(
             f"{where}: engine.chunked_prefill: {eng['chunked_prefill']!r} must be true or false"
@@ -266,6 +271,7 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
         max_batched_tokens=eng["max_batched_tokens"],
         chunked_prefill=eng["chunked_prefill"],
         watermark=watermark,
+        fast_forward=eng["fast_forward"],
     )
     out["engine"] = eng
 
