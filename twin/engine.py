@@ -19,7 +19,7 @@ decode steps in which nothing changes.
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -200,6 +200,7 @@ class Engine:
         self._wake: simpy.Event | None = None
         self._fast_forward = config.fast_forward and log is None
         self._stretch: Stretch | None = None
+        self._stretch_cap = MAX_STRETCH
         self._stretch_cut: simpy.Event = env.event()
         self.iterations = 0
         self.busy_s = 0.0
@@ -280,16 +281,19 @@ class Engine:
         if not heap:
             return None
         first = self.steps + 1
-        last = min(heap[0][0] - 1, first + MAX_STRETCH - 1)
+        last = min(heap[0][0] - 1, first + self._stretch_cap - 1)
         if last - first < MIN_STRETCH - 1:
             return None
         bs = self.kv.block_size
-        need = 0
-        for s in self.running.values():
-            if s.state == DECODE:
-                need += max(0, blocks_for(s.length_at(last), bs) - s.blocks)
-        if need > self.kv.free:
-            return None
+        # Each sequence takes at most one block per block_size steps; count
+        # exactly only when that bound does not fit.
+        if self.decode_count * ((last - first) // bs + 1) > self.kv.free:
+            need = 0
+            for s in self.running.values():
+                if s.state == DECODE:
+                    need += max(0, blocks_for(s.length_at(last), bs) - s.blocks)
+            if need > self.kv.free:
+                return None
         count, ctx = batch.decode_count, batch.decode_context_sum
         t = self.env.now + dt
         dts, ends = [dt], [t]
@@ -310,30 +314,80 @@ class Engine:
             # An arrival: run on to the end of the step in progress, then replan.
             yield _at(env, st.ends[bisect_left(st.ends, env.now)])
         self._advance_stretch(env.now, inclusive=True)
+        # Steps computed past an arrival are wasted: aim the next stretch at
+        # about twice the length arrivals have been leaving (only speed depends
+        # on this, never a result).
+        if st.ended < len(st.ends):
+            self._stretch_cap = max(2 * MIN_STRETCH, 2 * st.ended)
+        else:
+            self._stretch_cap = min(MAX_STRETCH, 2 * self._stretch_cap)
         self._stretch = None
 
     def _advance_stretch(self, now: float, *, inclusive: bool) -> None:
         """Apply the stretch's steps that stepping would have applied by ``now``:
         a step begins (takes its blocks) at its start and ends (tokens out) at
         its end. Events at ``now`` itself are applied only when ``inclusive``
-        (same-time arrivals see the state before them, as when stepping)."""
+        (same-time arrivals see the state before them, as when stepping).
+
+        Steps are applied in bulk: nothing in a stretch can fail or finish, so
+        only the totals, and the gaps in the order stepping pushes them, matter.
+        """
         st = self._stretch
         assert st is not None
-        while True:
-            if st.ended < st.begun:
-                end = st.ends[st.ended]
-                if end < now or (inclusive and end <= now):
-                    self.iterations += 1
-                    self.busy_s += st.dts[st.ended]
-                    self._complete_decode_step(end)
-                    st.ended += 1
-                    continue
-                return
-            if st.begun < len(st.ends) and st.ends[st.begun - 1] < now:
-                self._prepare_decode()
-                st.begun += 1
-                continue
+        ends = st.ends
+        begin_to = min(len(ends), bisect_left(ends, now) + 1)
+        if begin_to > st.begun:
+            self._allocate_through(self.steps + 1 + (begin_to - 1 - st.ended))
+            st.begun = begin_to
+        end_to = bisect_right(ends, now) if inclusive else bisect_left(ends, now)
+        if end_to <= st.ended:
             return
+        if st.ended == 0:
+            self.iterations += 1
+            self.busy_s += st.dts[0]
+            self._complete_decode_step(ends[0])
+            st.ended = 1
+        k0 = st.ended
+        if end_to <= k0:
+            return
+        gap_steps, gap_vals = self._gap_steps, self._gap_vals
+        dts = st.dts
+        busy = self.busy_s
+        step = self.steps
+        prev = ends[k0 - 1]
+        for k in range(k0, end_to):
+            e = ends[k]
+            gap = e - prev
+            prev = e
+            step += 1
+            while gap_vals and gap_vals[-1] <= gap:
+                gap_vals.pop()
+                gap_steps.pop()
+            gap_steps.append(step)
+            gap_vals.append(gap)
+            busy += dts[k]
+        n = end_to - k0
+        self.busy_s = busy
+        self.iterations += n
+        self.steps = step
+        self.decode_ctx_sum += self.decode_count * n
+        self._last_decode_end = prev
+        st.ended = end_to
+        if len(gap_steps) > 4096:
+            self._prune_gaps(step)
+
+    def _allocate_through(self, last: int) -> None:
+        """The blocks decode steps up to ``last`` take, all known to be free."""
+        heap = self._alloc_heap
+        kv = self.kv
+        bs = kv.block_size
+        while heap and heap[0][0] <= last:
+            need_at, _, epoch, s = heapq.heappop(heap)
+            if epoch != s.epoch or s.state != DECODE:
+                continue
+            kv.allocate(1)
+            s.blocks += 1
+            heapq.heappush(heap, (need_at + bs, s.req.id, s.epoch, s))
 
     # -- planning --------------------------------------------------------------------
     def _plan(self) -> tuple[Batch, list[tuple[Sequence, int]], bool]:
@@ -518,12 +572,14 @@ class Engine:
         steps.append(step)
         vals.append(gap)
         if len(steps) > 4096:
-            oldest = min(
-                (s.d_join for s in self.running.values() if s.state == DECODE), default=step
-            )
-            cut = bisect_left(steps, oldest + 1)
-            del steps[:cut]
-            del vals[:cut]
+            self._prune_gaps(step)
+
+    def _prune_gaps(self, step: int) -> None:
+        """Drop gaps from before every running sequence's first decode step."""
+        oldest = min((s.d_join for s in self.running.values() if s.state == DECODE), default=step)
+        cut = bisect_left(self._gap_steps, oldest + 1)
+        del self._gap_steps[:cut]
+        del self._gap_vals[:cut]
 
     def _close_gaps(self, s: Sequence) -> None:
         """Fold the largest gap between two of ``s``'s decode steps into ``s.max_gap``."""
