@@ -52,7 +52,7 @@ def test_inline_gpu_with_units() -> None:
     [
         ({"hbm_bytes_s": "3 parsec"}, "spec.yaml: gpu.hbm_bytes_s: '3 parsec' is not a bandwidth"),
         ({"tdp_w": -5}, "spec.yaml: gpu.tdp_w: -5 must be a positive number"),
-        ({"fp4": 1}, "spec.yaml: gpu: unknown key 'fp4'; expected one of name, flops_bf16"),
+        ({"fp4": 1}, "spec.yaml: gpu: unknown key 'fp4'. Expected one of name, flops_bf16"),
     ],
 )
 def test_inline_gpu_errors(change: dict[str, object], message: str) -> None:

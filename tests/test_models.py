@@ -89,7 +89,7 @@ def test_inline_model() -> None:
         ({"hidden": 1.5}, "spec.yaml: model.hidden: 1.5 must be a positive integer"),
         ({"kv_heads": 3}, "spec.yaml: model.kv_heads: 3 does not divide heads=4"),
         ({"mlp": "moe"}, "spec.yaml: model.mlp: 'moe'; expected one of gated, plain"),
-        ({"colour": 1}, "spec.yaml: model: unknown key 'colour'; expected one of name,"),
+        ({"colour": 1}, "spec.yaml: model: unknown key 'colour'. Expected one of name,"),
         ({"dtype": "fp4"}, "spec.yaml: model.dtype: unknown dtype 'fp4'"),
     ],
 )

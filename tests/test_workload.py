@@ -345,7 +345,7 @@ def test_from_yaml(tmp_path: Path, files: Path) -> None:
 
 BAD_SPECS = [
     ({"trace": "a.csv", "rate": 5},
-     r"^w: unknown key 'rate'; expected one of trace, format, arrival, lengths, rate_scale, "
+     r"^w: unknown key 'rate'\..* Expected one of trace, format, arrival, lengths, rate_scale, "
      r"duration, max_requests, repeat, prefix_block_tokens$"),
     ({"lengths": "azure-conv", "arrival": POISSON5},
      r"w: a synthetic workload needs duration or max_requests"),
@@ -371,7 +371,7 @@ BAD_SPECS = [
                   "output": {"dist": "fixed", "value": 1}}, "arrival": POISSON5, "duration": 1},
      r"^w\.lengths\.prompt: cv\(='x'\) must be a number > 0$"),
     ({"trace": "a.csv", "arrival": {"process": "poisson", "rate": 1, "cv": 2}},
-     r"w\.arrival: unknown key 'cv'; expected one of process, rate"),
+     r"w\.arrival: unknown key 'cv'\. Expected one of process, rate"),
     ({"lengths": {"prompt": {"dist": "lognormal", "median": 5, "mean": 5, "sigma": 1},
                   "output": {"dist": "fixed", "value": 1}}, "arrival": POISSON5, "duration": 1},
      r"w\.lengths\.prompt: give exactly one of median and mean"),

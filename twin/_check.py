@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping
+from difflib import get_close_matches
 
 from twin.errors import SpecError
 
@@ -29,8 +30,11 @@ def check_keys(
     allowed = list(required) + [k for k in optional if k not in required]
     for key in mapping:
         if key not in allowed:
+            close = get_close_matches(str(key), allowed, n=2, cutoff=0.6)
+            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
             raise SpecError(
-                f"{where or 'mapping'}: unknown key {key!r}; expected one of {', '.join(allowed)}"
+                f"{where or 'mapping'}: unknown key {key!r}.{hint} "
+                f"Expected one of {', '.join(allowed)}"
             )
     missing = [k for k in required if k not in mapping]
     if missing:

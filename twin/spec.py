@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from twin import yamlio
+from twin._check import check_keys
 from twin.bundled import bundled_names, bundled_text
 from twin.engine import EngineConfig
 from twin.errors import SpecError, UnitError, UnknownNameError
@@ -166,9 +167,7 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
 
 
 def _check_keys(m: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
-    for key in m:
-        if key not in allowed:
-            raise UnknownNameError(f"key in {where}", str(key), allowed)
+    check_keys(m, where, (), allowed)
 
 
 def _positive_int(value: Any, where: str) -> int:

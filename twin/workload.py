@@ -45,6 +45,7 @@ from typing import TypeVar
 import numpy as np
 
 from twin import yamlio
+from twin._check import check_keys
 from twin.errors import SpecError, TraceError
 from twin.lengths import (
     BUNDLED_TABLES,
@@ -300,9 +301,7 @@ def _scoped(parse: Callable[[object, str], T], value: object, where: str) -> T:
 
 
 def _no_unknown(m: Mapping[str, object], keys: tuple[str, ...], where: str) -> None:
-    for k in m:
-        if k not in keys:
-            raise SpecError(f"{where}: unknown key {k!r}; expected one of {', '.join(keys)}")
+    check_keys(m, where, (), keys)
 
 
 def _path(value: object, where: str, base_dir: Path | None) -> Path:
