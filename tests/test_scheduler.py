@@ -86,3 +86,46 @@ def test_round_robin_cycles():
 def test_setup_makes_every_instance_mixed():
     plan = build_scheduler("colocated", {}).setup(view((0, 0), (0, 0)))
     assert dict(plan.roles) == {0: "mixed", 1: "mixed"}
+
+
+class FakeEntryPoint:
+    def __init__(self, name, obj):
+        self.name, self.value, self._obj = name, f"fake:{name}", obj
+
+    def load(self):
+        if isinstance(self._obj, Exception):
+            raise self._obj
+        return self._obj
+
+
+@dataclass
+class ThirdParty:
+    """A policy from another package."""
+
+    def setup(self, cluster):
+        return Plan({i.id: "mixed" for i in cluster.instances})
+
+    def route(self, req, view):
+        return Route(0, 0)
+
+
+def test_entry_points_bring_third_party_policies(monkeypatch):
+    import twin.scheduler as sched
+
+    monkeypatch.setattr(sched, "_registry", dict(sched._registry))
+    monkeypatch.setattr(sched, "_entry_points_loaded", False)
+    monkeypatch.setattr(sched, "entry_points", lambda group: [FakeEntryPoint("third", ThirdParty)])
+    assert get_scheduler("third") is ThirdParty
+    assert "third" in scheduler_names()
+
+
+def test_a_broken_plugin_is_a_clear_error(monkeypatch):
+    import twin.scheduler as sched
+    from twin.errors import PluginError
+
+    monkeypatch.setattr(sched, "_registry", dict(sched._registry))
+    monkeypatch.setattr(sched, "_entry_points_loaded", False)
+    broken = [FakeEntryPoint("oops", ImportError("no module named 'nowhere'"))]
+    monkeypatch.setattr(sched, "entry_points", lambda group: broken)
+    with pytest.raises(PluginError, match=r"'oops' \(fake:oops\) failed to load: ImportError"):
+        scheduler_names()

@@ -65,3 +65,7 @@ class UnknownSchedulerError(UnknownNameError):
 
 class DuplicateRegistrationError(TwinError):
     """Two plugins tried to register under the same name."""
+
+
+class PluginError(TwinError):
+    """A third-party plugin (an entry point) could not be loaded."""

@@ -18,7 +18,12 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
-from twin.errors import DuplicateRegistrationError, SpecError, UnknownSchedulerError
+from twin.errors import (
+    DuplicateRegistrationError,
+    PluginError,
+    SpecError,
+    UnknownSchedulerError,
+)
 from twin.request import Request
 
 Role = Literal["mixed", "prefill", "decode"]
@@ -182,7 +187,13 @@ def _load_entry_points() -> None:
         return
     _entry_points_loaded = True
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
-        obj = ep.load()
+        try:
+            obj = ep.load()
+        except Exception as e:  # a broken plugin must not hide behind a traceback
+            raise PluginError(
+                f"scheduler entry point {ep.name!r} ({ep.value}) failed to load: "
+                f"{type(e).__name__}: {e}"
+            ) from e
         if isinstance(obj, type) and ep.name not in _registry:
             register(ep.name)(obj)
 
