@@ -23,6 +23,7 @@ from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import simpy
 
@@ -48,6 +49,10 @@ class Arrival(simpy.events.Event):
 
 
 WAITING, PREFILL, DECODE, DONE = "waiting", "prefill", "decode", "done"
+# Disaggregated serving: prompt done, KV held here until it has moved (prefill
+# side); blocks reserved here, KV on its way (decode side).
+HANDOFF, INCOMING = "handoff", "incoming"
+ROLES = ("mixed", "prefill", "decode")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +140,14 @@ class Sequence:
         "g_join",
         "epoch",
         "instance",
+        "handoff",
+        "prefill_instance",
+        "decode_instance",
+        "t_transfer_start",
+        "t_transfer_end",
+        "t_first_decode",
+        "first_token_at_decode",
+        "transfer",
     )
 
     def __init__(self, req: Request, now: float) -> None:
@@ -156,10 +169,33 @@ class Sequence:
         self.g_join = 0
         self.epoch = 0
         self.instance = -1
+        # Disaggregated serving: whether the KV moves after the prefill, where,
+        # and when (-1 = not yet / never).
+        self.handoff = False
+        self.prefill_instance = -1
+        self.decode_instance: int | None = None
+        self.t_transfer_start = -1.0
+        self.t_transfer_end = -1.0
+        self.t_first_decode = -1.0
+        self.first_token_at_decode = False
+        self.transfer: object | None = None
 
     def length_at(self, step: int) -> int:
         """Tokens in the sequence (its KV context) when decode step ``step`` runs."""
         return self.prefill_len + 1 + (step - self.d_join)
+
+
+class EngineHooks(Protocol):
+    """What an engine tells the KV hand-off of a disaggregated cluster."""
+
+    def on_prefill_start(self, engine: Engine, seq: Sequence, dt: float) -> None:
+        """The iteration that completes ``seq``'s prompt starts; it lasts ``dt`` s."""
+
+    def on_prefilled(self, engine: Engine, seq: Sequence) -> None:
+        """``seq``'s prompt is done; its KV waits here (state HANDOFF)."""
+
+    def on_blocks_freed(self, engine: Engine) -> None:
+        """Blocks came free on ``engine``: pending reservations may fit now."""
 
 
 class Engine:
@@ -175,9 +211,21 @@ class Engine:
         config: EngineConfig,
         on_finish: Callable[[Sequence], None],
         log: list[tuple] | None = None,
+        *,
+        role: str = "mixed",
+        hooks: EngineHooks | None = None,
     ) -> None:
+        if role not in ROLES:
+            raise SpecError(
+                f"instance {instance_id}: role {role!r}; expected one of {', '.join(ROLES)}"
+            )
         self.env = env
         self.id = instance_id
+        self.role = role
+        self.hooks = hooks
+        # prefill side: sequences whose KV waits to move -> the blocks they hold
+        self.handoff: dict[int, tuple[Sequence, int]] = {}
+        self._landed: list[Sequence] = []  # decode side: KV arrived, not yet joined
         self.perf = perf
         self.kv = blocks
         self.config = config
@@ -219,15 +267,59 @@ class Engine:
     # -- input -----------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
         seq.instance = self.id
+        seq.prefill_instance = self.id
         seq.t_arrival = self.env.now
+        self._interrupt()
+        self.waiting.append(seq)
+        self.waiting_tokens += seq.prefill_len
+        self._poke()
+
+    def reserve(self, seq: Sequence) -> bool:
+        """Decode side: take the blocks ``seq``'s KV will land in, if they are
+        free (less the watermark) and a running slot is open. The sequence then
+        counts as running, in state INCOMING, until :meth:`receive`."""
+        need = blocks_for(seq.prefill_len, self.kv.block_size)
+        if len(self.running) >= self.config.max_num_seqs or not self.kv.can_admit(need):
+            return False
+        self._interrupt()
+        self.kv.allocate(need)
+        seq.blocks = need
+        seq.state = INCOMING
+        seq.epoch += 1
+        self.running[seq.req.id] = seq
+        return True
+
+    def receive(self, seq: Sequence) -> None:
+        """Decode side: ``seq``'s KV has landed; it decodes from the next step."""
+        self._interrupt()
+        seq.instance = self.id
+        seq.handoff = False  # a recompute after a preemption happens here
+        self._landed.append(seq)  # joins at the next step boundary
+        self._poke()
+
+    def release(self, seq: Sequence) -> None:
+        """Prefill side: ``seq``'s KV has moved; free the blocks it held here."""
+        self._interrupt()
+        _, blocks = self.handoff.pop(seq.req.id)
+        self.kv.release(blocks)
+        self._blocks_freed()
+
+    def _interrupt(self) -> None:
+        """A change from outside: end a fast-forwarded stretch at the step in progress."""
         if self._stretch is not None:
             self.sync()
             if not self._stretch_cut.triggered:
                 self._stretch_cut.succeed()
-        self.waiting.append(seq)
-        self.waiting_tokens += seq.prefill_len
+
+    def _poke(self) -> None:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+
+    def _blocks_freed(self) -> None:
+        if self.waiting:
+            self._poke()
+        if self.hooks is not None:
+            self.hooks.on_blocks_freed(self)
 
     def sync(self) -> None:
         """Bring the state up to now inside a fast-forwarded stretch, so that a
@@ -259,6 +351,10 @@ class Engine:
                         batch.decode_count,
                     )
                 )
+            if self.hooks is not None:
+                for seq, n in chunks:
+                    if seq.handoff and seq.prefilled + n >= seq.prefill_len:
+                        self.hooks.on_prefill_start(self, seq, dt)
             if decoding and not chunks and self._fast_forward:
                 stretch = self._try_stretch(dt, batch)
                 if stretch is not None:
@@ -392,6 +488,10 @@ class Engine:
     # -- planning --------------------------------------------------------------------
     def _plan(self) -> tuple[Batch, list[tuple[Sequence, int]], bool]:
         cfg = self.config
+        if self._landed:
+            for seq in self._landed:
+                self._join_decode(seq)
+            self._landed.clear()
         if cfg.chunked_prefill:
             decoding = self._prepare_decode()
             budget = cfg.max_batched_tokens - self.decode_count
@@ -509,8 +609,21 @@ class Engine:
             s.t_last_token = now
             if s.generated >= s.req.output_tokens:
                 self._finish(s, now)
+            elif s.handoff:
+                self._hand_off(s)
             else:
                 self._join_decode(s)
+
+    def _hand_off(self, s: Sequence) -> None:
+        del self.running[s.req.id]
+        self.handoff[s.req.id] = (s, s.blocks)
+        s.blocks = 0
+        s.state = HANDOFF
+        s.epoch += 1
+        if self.log is not None:
+            self.log.append((round(self.env.now, 9), "handoff", self.id, s.req.id))
+        assert self.hooks is not None, "a hand-off needs hooks"
+        self.hooks.on_prefilled(self, s)
 
     def _complete_decode_step(self, now: float) -> None:
         self.steps += 1
@@ -520,6 +633,13 @@ class Engine:
         self._last_decode_end = now
         for s in self._first_gap:
             if s.state == DECODE and s.d_join == step:
+                if s.t_first_decode < 0:
+                    s.t_first_decode = now
+                if s.first_token_at_decode:
+                    # The client sees token 1 with the decode side's first step.
+                    s.first_token_at_decode = False
+                    s.t_first_token = now
+                    continue
                 gap = now - s.t_last_token
                 if gap > s.max_gap:
                     s.max_gap = gap
@@ -562,6 +682,8 @@ class Engine:
         if self.log is not None:
             self.log.append((round(now, 9), "finish", self.id, s.req.id))
         self.on_finish(s)
+        if self.hooks is not None:
+            self.hooks.on_blocks_freed(self)
 
     # -- inter-token gaps ------------------------------------------------------------
     def _push_gap(self, step: int, gap: float) -> None:
