@@ -77,7 +77,7 @@ def test_per_gpu_efficiency_defaults_and_override() -> None:
 
 def test_attention_efficiency_makes_long_prompts_superlinear() -> None:
     r = Roofline(L70, A100, 8)
-    per_token = [r.iteration_time(prefill(n)) / n for n in (2048, 4096, 8192)]
+    per_token = [r.iteration_time(prefill(n)) / n for n in (8192, 16384, 32768)]
     assert per_token == sorted(per_token)
     slow = Roofline(L70, A100, 8, attn_mfu=0.05).iteration_time(prefill(8192))
     assert slow > r.iteration_time(prefill(8192))
@@ -89,7 +89,7 @@ def test_act_traffic_and_no_overlap_add_time() -> None:
     b = Batch(decode_count=64, decode_context_sum=64 * 1000)
     base = Roofline(L70, A100, 4, act_traffic=0.0, no_overlap=0.0).iteration_time(b)
     assert Roofline(L70, A100, 4, no_overlap=0.0).iteration_time(b) > base
-    assert Roofline(L70, A100, 4, act_traffic=0.0).iteration_time(b) > base
+    assert Roofline(L70, A100, 4, act_traffic=0.0, no_overlap=0.5).iteration_time(b) > base
     with pytest.raises(SpecError, match="no_overlap=2"):
         Roofline(L70, A100, no_overlap=2)
 
@@ -103,6 +103,59 @@ def test_build_perf_model_accepts_new_roofline_keys() -> None:
         build_perf_model({"kind": "roofline", "no_overlap": 1.5}, L70, A100, 4)
     with pytest.raises(SpecError, match="unknown key 'bogus'"):
         build_perf_model({"kind": "roofline", "bogus": 1}, L70, A100, 4)
+
+
+def test_engine_presets_default_override_and_unknown() -> None:
+    from twin.errors import UnknownNameError
+    from twin.perf import ENGINE_OVERHEADS, ENGINE_TERMS, GPU_EFFICIENCY
+
+    assert set(ENGINE_OVERHEADS) == {"vllm", "distserve"}
+    for preset in ENGINE_OVERHEADS.values():
+        assert set(preset) == set(ENGINE_TERMS)
+    with pytest.raises(TypeError):
+        ENGINE_OVERHEADS["vllm"]["overhead_s"] = 1.0  # type: ignore[index]
+    r = Roofline(L70, A100, 4)
+    assert r.engine == "vllm"
+    assert r.name == "roofline:llama-2-70b@a100-80gbx4"
+    assert {k: getattr(r, k) for k in ENGINE_TERMS} == dict(ENGINE_OVERHEADS["vllm"])
+    d = Roofline(L70, A100, 4, engine="distserve")
+    assert {k: getattr(d, k) for k in ENGINE_TERMS} == dict(ENGINE_OVERHEADS["distserve"])
+    assert d.name.endswith(":distserve")
+    # GPU efficiencies are shared by the engines
+    assert (d.mfu, d.mbu, d.attn_mfu) == (r.mfu, r.mbu, r.attn_mfu) == GPU_EFFICIENCY["a100-80gb"]
+    b = Batch(decode_count=32, decode_context_sum=32 * 1000)
+    assert d.iteration_time(b) != r.iteration_time(b)
+    # one term overridden, the others from the preset
+    o = Roofline(L70, A100, 4, engine="distserve", seq_overhead_s=1e-3)
+    assert o.seq_overhead_s == 1e-3
+    assert o.act_traffic == ENGINE_OVERHEADS["distserve"]["act_traffic"]
+    assert o.overhead_s == ENGINE_OVERHEADS["distserve"]["overhead_s"]
+    # per-sequence cost split by TP
+    s1 = Roofline(L70, A100, 1, seq_shard_overhead_s=8e-4, seq_overhead_s=0.0)
+    s8 = Roofline(L70, A100, 8, seq_shard_overhead_s=8e-4, seq_overhead_s=0.0)
+    assert s1._seq == pytest.approx(8e-4) and s8._seq == pytest.approx(1e-4)
+    with pytest.raises(UnknownNameError, match="unknown serving engine 'distsrve'.*'distserve'"):
+        Roofline(L70, A100, 4, engine="distsrve")
+
+
+def test_build_perf_model_engine_key() -> None:
+    from twin.errors import UnknownNameError
+    from twin.perf import ENGINE_OVERHEADS
+
+    r = build_perf_model({"kind": "roofline", "engine": "distserve"}, L70, A100, 4)
+    assert isinstance(r, Roofline) and r.engine == "distserve"
+    r = build_perf_model(
+        {"kind": "roofline", "engine": "distserve", "seq_shard_overhead": "0.2 ms"}, L70, A100, 4
+    )
+    assert isinstance(r, Roofline)
+    assert r.seq_shard_overhead_s == pytest.approx(2e-4)
+    assert r.no_overlap == ENGINE_OVERHEADS["distserve"]["no_overlap"]
+    default = build_perf_model(None, L70, A100, 4)
+    assert isinstance(default, Roofline) and default.engine == "vllm"
+    with pytest.raises(UnknownNameError, match="Did you mean 'vllm'"):
+        build_perf_model({"kind": "roofline", "engine": "vlm"}, L70, A100, 4)
+    with pytest.raises(SpecError, match="engine: 3"):
+        build_perf_model({"kind": "roofline", "engine": 3}, L70, A100, 4)
 
 
 def test_roofline_rejects_bad_params() -> None:

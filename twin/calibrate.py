@@ -1,15 +1,22 @@
 """Fit the :class:`~twin.perf.Roofline` defaults to the measured profiles.
 
-``fit_roofline(data_dir)`` minimizes, over the sources of :mod:`twin.validate`,
-the largest of ``worst error / 35%`` and ``median error / 15%`` (prompt and
-TPOT alike): a value <= 1 means every source meets the target. The Roofline
-formula is re-implemented here with numpy over all points at once (the
-per-batch Python one is too slow to sit inside an optimizer); the result is
-checked against the real :class:`~twin.perf.Roofline` at the end.
+``fit_roofline(data_dir)`` fits, jointly over the sources of :mod:`twin.validate`,
+the GPU efficiencies (``mfu``, ``mbu``, ``attn_mfu`` per GPU family, shared by
+every engine), the all-reduce hop latency (shared), and the software terms of
+each serving engine (:data:`twin.perf.ENGINE_TERMS` per key of
+:data:`twin.perf.ENGINE_OVERHEADS`; each source is priced with the terms of
+the engine it was measured on). A source's loss is the largest of ``worst
+error / 35%`` and ``median error / 15%`` (prompt and TPOT alike): <= 1 means it
+meets the target. The objective is the mean over sources of ``max(loss, 0.97)``
+plus 0.3 x the largest loss (see ``_FLOOR``). The Roofline formula is
+re-implemented here with numpy over all points at once (the per-batch Python
+one is too slow to sit inside an optimizer); the result is checked against the
+real :class:`~twin.perf.Roofline` at the end. ``tp_mfu_exponent`` stays at 0
+(fits that free it land there).
 
-Run ``python -m twin.calibrate --data DIR`` to print the fitted values; the
-rounded ones are hard-coded in :mod:`twin.perf` (``DEFAULT_*`` and
-``GPU_EFFICIENCY``).
+Run ``python -m twin.calibrate --data DIR`` (about a minute) to print the
+fitted values; the rounded ones are hard-coded in :mod:`twin.perf`
+(``DEFAULT_*``, ``GPU_EFFICIENCY`` and ``ENGINE_OVERHEADS``).
 """
 
 from __future__ import annotations
@@ -24,21 +31,21 @@ from scipy.optimize import least_squares, minimize
 
 from twin.hardware import get_gpu
 from twin.models import get_model
-from twin.validate import TARGET_MEDIAN, TARGET_WORST, Source, load_sources
+from twin.perf import ENGINE_OVERHEADS, ENGINE_TERMS, Roofline
+from twin.validate import TARGET_MEDIAN, TARGET_WORST, Source, load_sources, score
 
-# Parameters fitted in log space, in this order. Efficiencies per GPU family.
+# Parameters fitted in log space, in this order: efficiencies per GPU family, shared terms,
+# then the software terms per engine.
 GPUS = ("a100-80gb", "h100-sxm")
+ENGINES = tuple(ENGINE_OVERHEADS)
 _EFF = ("mfu", "mbu", "attn_mfu")
+_SHARED = ("hop_latency_s",)
 NAMES = (
     *(f"{k}@{g}" for g in GPUS for k in _EFF),
-    "overhead_s",
-    "layer_overhead_s",
-    "seq_overhead_s",
-    "hop_latency_s",
-    "tp_mfu_exponent",
-    "act_traffic",
-    "no_overlap",
+    *_SHARED,
+    *(f"{k}@{e}" for e in ENGINES for k in ENGINE_TERMS),
 )
+_FRACTIONS = (*_EFF, "no_overlap")  # bounded above by 1
 # Starting point (and the scale of the random restarts).
 _X0 = {
     "mfu": 0.8,
@@ -47,8 +54,8 @@ _X0 = {
     "overhead_s": 2e-3,
     "layer_overhead_s": 5e-5,
     "seq_overhead_s": 2e-5,
+    "seq_shard_overhead_s": 2e-5,
     "hop_latency_s": 8e-6,
-    "tp_mfu_exponent": 0.3,
     "act_traffic": 10.0,
     "no_overlap": 0.3,
 }
@@ -59,8 +66,12 @@ class _Source:
 
     def __init__(self, s: Source) -> None:
         m, gpu, tp = get_model(s.model), get_gpu(s.gpu), s.tp
+        self.source = s
         self.name = s.name
-        self.gpu = GPUS.index(gpu.name)
+        self.gpu = gpu.name
+        if gpu.name not in GPUS:
+            raise ValueError(f"{s.name}: GPU {gpu.name} has no fitted efficiencies")
+        self.engine = s.engine
         self.tp = tp
         self.layers = m.layers
         tok, seq, apre, adec, kv, meas, prompt = [], [], [], [], [], [], []
@@ -91,18 +102,17 @@ class _Source:
         self.n_hops = n_ar * 2 * (tp - 1)
 
     def predict(self, p: dict[str, float]) -> np.ndarray:
-        g = GPUS[self.gpu]
-        scale = self.tp ** p["tp_mfu_exponent"] / self.peak
-        compute = (self.flop_lin / p[f"mfu@{g}"] + self.flop_attn / p[f"attn_mfu@{g}"]) * scale
+        g, e = self.gpu, self.engine
+        compute = (self.flop_lin / p[f"mfu@{g}"] + self.flop_attn / p[f"attn_mfu@{g}"]) / self.peak
         mbw = self.hbm * p[f"mbu@{g}"]
         mem = self.mem / mbw
         return (
             np.maximum(compute, mem)
-            + p["no_overlap"] * np.minimum(compute, mem)
-            + self.act * p["act_traffic"] / mbw
-            + p["overhead_s"]
-            + self.layers * p["layer_overhead_s"]
-            + p["seq_overhead_s"] * self.seq
+            + p[f"no_overlap@{e}"] * np.minimum(compute, mem)
+            + self.act * p[f"act_traffic@{e}"] / mbw
+            + p[f"overhead_s@{e}"]
+            + self.layers * p[f"layer_overhead_s@{e}"]
+            + (p[f"seq_overhead_s@{e}"] + p[f"seq_shard_overhead_s@{e}"] / self.tp) * self.seq
             + self.n_hops * p["hop_latency_s"]
             + self.comm_s
         )
@@ -118,61 +128,105 @@ class _Source:
 
 
 def _params(x: np.ndarray) -> dict[str, float]:
-    p = dict(zip(NAMES, np.exp(x), strict=True))
-    return p
+    return dict(zip(NAMES, np.exp(x).tolist(), strict=True))
 
 
 def _objective(x: np.ndarray, sources: list[_Source]) -> float:
-    p = _params(x)
-    if p["no_overlap"] > 1.0 or any(p[f"{k}@{g}"] > 1.0 for g in GPUS for k in _EFF):
+    if np.any(x > _UPPER):
         return 1e9
-    return max(s.loss(p) for s in sources)
+    p = _params(x)
+    losses = [s.loss(p) for s in sources]
+    return sum(max(v, _FLOOR) for v in losses) / len(losses) + _MAX_WEIGHT * max(losses)
+
+
+# The objective: the mean over sources of max(loss, _FLOOR), plus _MAX_WEIGHT x the largest loss.
+# With every source able to meet the target this is the minimax fit with a margin; when they
+# cannot (the measured data admit no loss below about 1.16 for all 13 sources at once), a pure
+# minimax spreads the misses over most sources, while this keeps as many sources as possible
+# within the target and still bounds the worst.
+_FLOOR = 0.97
+_MAX_WEIGHT = 0.3
+
+
+_UPPER = np.array([0.0 if n.split("@")[0] in _FRACTIONS else np.inf for n in NAMES])
 
 
 def _x0() -> np.ndarray:
     return np.log([_X0[n.split("@")[0]] for n in NAMES])
 
 
-def _residuals(x: np.ndarray, sources: list[_Source]) -> np.ndarray:
+def _residuals(x: np.ndarray, sources: list[_Source], power: int) -> np.ndarray:
+    """log(predicted / measured) per point, raised to ``power`` (a large power approaches the
+    worst error), each source weighted equally."""
     p = _params(x)
-    return np.concatenate([np.log(s.predict(p) / s.meas) / math.sqrt(len(s.meas)) for s in sources])
+    r = [np.log(s.predict(p) / s.meas) / 0.25 for s in sources]
+    if power > 1:
+        r = [np.abs(v) ** power for v in r]
+    return np.concatenate([v / math.sqrt(len(v)) for v in r])
 
 
-def fit_roofline(data_dir: Path, starts: int = 6, seed: int = 0) -> dict[str, float]:
+def fit_roofline(data_dir: Path, starts: int = 3, seed: int = 0) -> dict[str, float]:
     """Fitted Roofline parameters (names as in :data:`NAMES`) plus ``"loss"``.
 
-    Each start first fits log(predicted / measured) by least squares (every
-    source weighted equally), then refines the minimax objective with
-    Nelder-Mead; the best of ``starts`` (the first from the built-in guess,
-    the others perturbed at random with ``seed``) wins.
+    Each start fits log(predicted / measured) by least squares (every source
+    weighted equally), then on powers 2, 4 and 8 of it (towards the worst
+    error), then refines the minimax objective with Powell and Nelder-Mead, each
+    restarted from the other's optimum; the best of ``starts`` (the first from
+    the built-in guess, the others perturbed at random with ``seed``) wins.
     """
     sources = [_Source(s) for s in load_sources(Path(data_dir))]
     rng = np.random.default_rng(seed)
-    upper = np.array([0.0 if ("@" in n or n == "no_overlap") else np.inf for n in NAMES])
     best_x, best_f = _x0(), math.inf
     for i in range(starts):
         x = _x0() if i == 0 else _x0() + rng.normal(0.0, 0.7, len(NAMES))
-        x = np.minimum(x, upper - 1e-6)
-        x = least_squares(_residuals, x, args=(sources,), bounds=(-np.inf, upper)).x
-        for _ in range(3):  # restart Nelder-Mead from its own optimum
-            r = minimize(_objective, x, args=(sources,), method="Nelder-Mead",
-                         options={"maxiter": 3000, "xatol": 1e-4, "fatol": 1e-5})  # fmt: skip
-            x = r.x
-        if r.fun < best_f:
-            best_x, best_f = r.x, r.fun
+        x = np.minimum(x, _UPPER - 1e-6)
+        for power in (1, 2, 4, 8):
+            x = least_squares(_residuals, x, args=(sources, power), bounds=(-np.inf, _UPPER)).x
+        f = _objective(x, sources)
+        for _ in range(3):
+            for method, opts in (
+                ("Powell", {"maxiter": 20000, "xtol": 1e-4, "ftol": 1e-6}),
+                ("Nelder-Mead", {"maxiter": 6000, "xatol": 1e-4, "fatol": 1e-5, "adaptive": True}),
+            ):
+                r = minimize(_objective, x, args=(sources,), method=method, options=opts)
+                if r.fun <= f:
+                    x, f = r.x, float(r.fun)
+        if f < best_f:
+            best_x, best_f = x, f
     out = _params(best_x)
     out["loss"] = float(best_f)
     return out
 
 
+def roofline_kwargs(p: dict[str, float], gpu: str, engine: str) -> dict[str, object]:
+    """Keyword arguments of :class:`~twin.perf.Roofline` for fitted parameters ``p``."""
+    kw: dict[str, object] = {k: p[f"{k}@{gpu}"] for k in _EFF}
+    kw.update({k: p[k] for k in _SHARED})
+    kw.update({k: p[f"{k}@{engine}"] for k in ENGINE_TERMS})
+    kw["engine"] = engine
+    return kw
+
+
+def check(data_dir: Path, p: dict[str, float]) -> float:
+    """The objective recomputed with the real :class:`~twin.perf.Roofline`."""
+    worst = 0.0
+    for s in load_sources(Path(data_dir)):
+        g = get_gpu(s.gpu)
+        r = score(s, Roofline(get_model(s.model), g, s.tp, **roofline_kwargs(p, g.name, s.engine)))
+        worst = max(worst, r.prompt_worst / TARGET_WORST, r.tpot_worst / TARGET_WORST,
+                    r.prompt_median / TARGET_MEDIAN, r.tpot_median / TARGET_MEDIAN)  # fmt: skip
+    return worst
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m twin.calibrate", description=__doc__)
     ap.add_argument("--data", required=True, help="shared data directory")
-    ap.add_argument("--starts", type=int, default=6)
+    ap.add_argument("--starts", type=int, default=3)
     args = ap.parse_args(argv)
     p = fit_roofline(Path(args.data), starts=args.starts)
     for k, v in p.items():
-        print(f"{k:<28} {v:.4g}")
+        print(f"{k:<32} {v:.4g}")
+    print(f"{'loss (real Roofline)':<32} {check(Path(args.data), p):.4g}")
     return 0 if math.isfinite(p["loss"]) else 1
 
 

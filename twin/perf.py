@@ -18,9 +18,10 @@ from bisect import bisect_right
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Protocol
 
-from twin.errors import ProfileError, SpecError, TwinError, UnitError
+from twin.errors import ProfileError, SpecError, TwinError, UnitError, UnknownNameError
 from twin.hardware import GPUSpec, get_gpu
 from twin.models import ModelSpec, get_model
 from twin.units import parse_duration
@@ -61,35 +62,80 @@ class PerfModel(Protocol):
     def iteration_time(self, batch: Batch) -> float: ...
 
 
-# Calibrated defaults: fitted by twin.calibrate (``python -m twin.calibrate --data DIR``):
-# least squares on log(predicted / measured) per source, then Nelder-Mead on the largest of
-# (worst error / 35%, median error / 15%) over the 13 sources of twin.validate, six starts;
-# rounded here. twin.validate.validate_perf reproduces the resulting errors.
-DEFAULT_MFU = 0.84
-DEFAULT_MBU = 0.87
-DEFAULT_ATTN_MFU = 0.11
-DEFAULT_OVERHEAD_S = 0.0
-DEFAULT_LAYER_OVERHEAD_S = 1.1e-4
-DEFAULT_SEQ_OVERHEAD_S = 6.7e-6
-DEFAULT_HOP_LATENCY_S = 7.0e-6
+# Calibrated defaults: fitted by twin.calibrate (``python -m twin.calibrate --data DIR``), jointly
+# over the 13 sources of twin.validate with the GPU efficiencies shared and the software terms per
+# serving engine (ENGINE_OVERHEADS): least squares on log(predicted / measured), then Powell and
+# Nelder-Mead on the per-source loss max(worst error / 35%, median error / 15%) (mean of
+# max(loss, 0.97) plus 0.3 x the largest; see twin.calibrate), three starts; rounded here.
+# twin.validate.validate_perf reproduces the resulting errors.
+DEFAULT_MFU = 0.82
+DEFAULT_MBU = 0.86
+DEFAULT_ATTN_MFU = 0.57
+DEFAULT_HOP_LATENCY_S = 7.3e-06
 DEFAULT_TP_MFU_EXPONENT = 0.0
-DEFAULT_ACT_TRAFFIC = 58.0
-DEFAULT_NO_OVERLAP = 0.52
+DEFAULT_ENGINE = "vllm"
 
-# Achieved efficiencies (mfu, mbu, attn_mfu) per GPU, fitted with the defaults above: A100 on
-# splitwise-sim and DistServe (A100-80GB), H100 on splitwise-sim (H100-80GB SXM). GPUs of the
-# same generation reuse them (same kernels, same share of peak assumed); any other GPU gets
-# DEFAULT_MFU / DEFAULT_MBU / DEFAULT_ATTN_MFU (the A100 values). A Roofline argument or a
-# YAML ``perf`` key overrides both.
-_A100_EFF = (0.84, 0.87, 0.11)
-_H100_EFF = (0.76, 0.68, 0.37)
-GPU_EFFICIENCY: Mapping[str, tuple[float, float, float]] = {
-    "a100-80gb": _A100_EFF,
-    "a100-40gb": _A100_EFF,
-    "h100-sxm": _H100_EFF,
-    "h100-80gb-pcap": _H100_EFF,
-    "h200": _H100_EFF,
-}
+# Achieved efficiencies (mfu, mbu, attn_mfu) per GPU, properties of the silicon and shared by
+# every engine preset: A100 fitted on splitwise-sim and DistServe (A100-80GB), H100 on
+# splitwise-sim (H100-80GB SXM). GPUs of the same generation reuse them (same kernels, same share
+# of peak assumed); any other GPU gets DEFAULT_MFU / DEFAULT_MBU / DEFAULT_ATTN_MFU (the A100
+# values). A Roofline argument or a YAML ``perf`` key overrides both.
+_A100_EFF = (DEFAULT_MFU, DEFAULT_MBU, DEFAULT_ATTN_MFU)
+_H100_EFF = (0.75, 0.84, 0.18)
+GPU_EFFICIENCY: Mapping[str, tuple[float, float, float]] = MappingProxyType(
+    {
+        "a100-80gb": _A100_EFF,
+        "a100-40gb": _A100_EFF,
+        "h100-sxm": _H100_EFF,
+        "h100-80gb-pcap": _H100_EFF,
+        "h200": _H100_EFF,
+    }
+)
+
+# Software terms of the Roofline per serving engine: what the serving software adds on top of the
+# GPU's roofline (per-iteration, per-layer and per-sequence CPU/launch costs, activation-sized
+# element-wise memory passes, how much compute and memory time fail to overlap). Fitted jointly
+# with GPU_EFFICIENCY by twin.calibrate:
+# - "vllm": splitwise-sim's perf_model.csv (llama2-70b on A100-80GB and H100-80GB at TP 2, 4, 8),
+#   profiled on a vLLM-like engine; the twin's own engine follows vLLM, so this is the default.
+# - "distserve": DistServe's fitted A100-80GB latency models (OPT-13B at TP 1, 2, 4; OPT-66B at
+#   TP 2, 3, 4, 8), profiled on DistServe's own engine.
+# ``seq_overhead_s`` is paid per sequence per iteration whatever the TP; ``seq_shard_overhead_s``
+# per sequence divided by TP (per-sequence work that the TP ranks split).
+ENGINE_TERMS = ("overhead_s", "layer_overhead_s", "seq_overhead_s", "seq_shard_overhead_s",
+                "act_traffic", "no_overlap")  # fmt: skip
+ENGINE_OVERHEADS: Mapping[str, Mapping[str, float]] = MappingProxyType(
+    {
+        "vllm": MappingProxyType(
+            {
+                "overhead_s": 0.0078,
+                "layer_overhead_s": 3.5e-05,
+                "seq_overhead_s": 0.00053,
+                "seq_shard_overhead_s": 1.7e-05,
+                "act_traffic": 93.0,
+                "no_overlap": 0.0,
+            }
+        ),
+        "distserve": MappingProxyType(
+            {
+                "overhead_s": 0.0031,
+                "layer_overhead_s": 9e-07,
+                "seq_overhead_s": 3.9e-05,
+                "seq_shard_overhead_s": 0.0,
+                "act_traffic": 73.0,
+                "no_overlap": 0.48,
+            }
+        ),
+    }
+)
+
+
+def engine_overheads(engine: str) -> Mapping[str, float]:
+    """The software terms of serving engine ``engine`` (a key of :data:`ENGINE_OVERHEADS`)."""
+    try:
+        return ENGINE_OVERHEADS[engine]
+    except (KeyError, TypeError):
+        raise UnknownNameError("serving engine", str(engine), ENGINE_OVERHEADS) from None
 
 
 def _check_fraction(name: str, v: float) -> float:
@@ -123,7 +169,8 @@ class Roofline:
       prefill context read + T written)] / TP; memory = bytes / (HBM x mbu).
     - time = max(compute, memory) + no_overlap x min(compute, memory)
       + T x act_traffic x layers x hidden x dtype / (HBM x mbu)
-      + overhead_s + layers x layer_overhead_s + S x seq_overhead_s
+      + overhead_s + layers x layer_overhead_s
+      + S x (seq_overhead_s + seq_shard_overhead_s / TP)
       + 2 x layers ring all-reduces of ``T x hidden x dtype`` bytes, each
       ``2 (TP-1)/TP x bytes / link + 2 (TP-1) x hop_latency_s`` (link = NVLink,
       or PCIe when the GPU has none).
@@ -134,8 +181,14 @@ class Roofline:
     term does not shrink with TP; ``no_overlap`` is the share of the shorter
     of compute and memory time that does not hide under the longer one.
 
-    ``mfu``, ``mbu`` and ``attn_mfu`` default per GPU (``GPU_EFFICIENCY``),
-    else to ``DEFAULT_*``; passing a value overrides.
+    ``mfu``, ``mbu`` and ``attn_mfu`` are properties of the GPU and default per
+    GPU (``GPU_EFFICIENCY``), else to ``DEFAULT_*``. ``overhead_s``,
+    ``layer_overhead_s``, ``seq_overhead_s``, ``seq_shard_overhead_s``,
+    ``act_traffic`` and ``no_overlap`` are properties of the serving software
+    and default to the preset of ``engine`` (``ENGINE_OVERHEADS``: ``"vllm"``,
+    the default, fitted to splitwise-sim's vLLM-like profiles; ``"distserve"``,
+    fitted to DistServe's). Passing a value overrides either kind, one term at
+    a time; an unknown ``engine`` raises :class:`~twin.errors.UnknownNameError`.
 
     NOTE: pipeline parallelism is modeled as one batch traversing the ``pp``
     stages one after another with no micro-batch overlap: the stage times add
@@ -149,26 +202,28 @@ class Roofline:
     carrying the poor TP scaling of the measured sources instead.
 
     Defaults were fitted by :mod:`twin.calibrate` to the measured profiles in
-    shared data (splitwise-sim llama2-70b on A100/H100 at TP 2/4/8, DistServe's
-    OPT-13B/66B A100 fits). Fitted ``act_traffic`` (58 passes) is more than a
-    count of kernels gives; it also absorbs per-token costs of the measured
-    engines that have no term here. Not every source meets the 15% median /
-    35% worst target: splitwise-sim's batches of short prompts take up to 35%
-    longer than one prompt of the same total tokens (A100 TP 8: 16 x 512
-    tokens 2,084 ms, 1 x 8,192 tokens 1,550 ms), which no term monotone in
-    attention work reproduces, and its decode time rises with batch size
-    (45 -> 72 ms from batch 1 to 64) far more than DistServe's does. Use a
-    ProfileTable where accuracy matters; :func:`twin.validate.validate_perf`
-    prints the errors.
+    shared data (splitwise-sim llama2-70b on A100/H100 at TP 2/4/8 with the
+    ``vllm`` preset, DistServe's OPT-13B/66B A100 fits with ``distserve``),
+    GPU efficiencies shared. Fitted ``act_traffic`` (tens of passes) is more
+    than a count of kernels gives; it also absorbs per-token costs of the
+    measured engines that have no term here. Not every source meets the 15%
+    median / 35% worst target: splitwise-sim's A100 prompt time per token
+    rises with the batch's total tokens whether they come as one prompt or
+    many (TP 4: 0.20 ms at 2,048 tokens, 0.33 ms at 32,768; 16 x 512 tokens
+    take 2,893 ms against 2,278 ms for 1 x 8,192), which no term here
+    reproduces (H100 at TP 4 stays at 0.10 to 0.12 ms), and its H100 TP 8
+    decode time rises with batch size (30 -> 50 ms from batch 1 to 64) more
+    than the other TPs' per-sequence cost allows. Use a ProfileTable where
+    accuracy matters; :func:`twin.validate.validate_perf` prints the errors.
 
     ``iteration_time`` is a pure function of the batch; everything that does
     not depend on it is precomputed here.
     """
 
     __slots__ = (
-        "name", "sha256", "model", "gpu", "tp", "pp", "mfu", "mbu", "attn_mfu", "overhead_s",
-        "layer_overhead_s", "seq_overhead_s", "hop_latency_s", "tp_mfu_exponent",
-        "act_traffic", "no_overlap",
+        "name", "sha256", "model", "gpu", "tp", "pp", "engine", "mfu", "mbu", "attn_mfu",
+        "overhead_s", "layer_overhead_s", "seq_overhead_s", "seq_shard_overhead_s",
+        "hop_latency_s", "tp_mfu_exponent", "act_traffic", "no_overlap",
         "_flop_token", "_flop_seq", "_flop_attn", "_kv_b", "_w_b", "_inv_compute",
         "_inv_attn", "_inv_mem", "_fixed", "_seq", "_comm_token", "_comm_fixed",
     )  # fmt: skip
@@ -183,13 +238,15 @@ class Roofline:
         mfu: float | None = None,
         mbu: float | None = None,
         attn_mfu: float | None = None,
-        overhead_s: float = DEFAULT_OVERHEAD_S,
-        layer_overhead_s: float = DEFAULT_LAYER_OVERHEAD_S,
-        seq_overhead_s: float = DEFAULT_SEQ_OVERHEAD_S,
+        engine: str = DEFAULT_ENGINE,
+        overhead_s: float | None = None,
+        layer_overhead_s: float | None = None,
+        seq_overhead_s: float | None = None,
+        seq_shard_overhead_s: float | None = None,
         hop_latency_s: float = DEFAULT_HOP_LATENCY_S,
         tp_mfu_exponent: float = DEFAULT_TP_MFU_EXPONENT,
-        act_traffic: float = DEFAULT_ACT_TRAFFIC,
-        no_overlap: float = DEFAULT_NO_OVERLAP,
+        act_traffic: float | None = None,
+        no_overlap: float | None = None,
     ) -> None:
         for label, v in (("tp", tp), ("pp", pp)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -199,6 +256,15 @@ class Roofline:
                 f"roofline: pp={pp} does not divide {model.name}'s {model.layers} layers"
             )
         self.model, self.gpu, self.tp, self.pp = model, gpu, tp, pp
+        sw = engine_overheads(engine)
+        self.engine = engine
+        overhead_s = sw["overhead_s"] if overhead_s is None else overhead_s
+        layer_overhead_s = sw["layer_overhead_s"] if layer_overhead_s is None else layer_overhead_s
+        seq_overhead_s = sw["seq_overhead_s"] if seq_overhead_s is None else seq_overhead_s
+        if seq_shard_overhead_s is None:
+            seq_shard_overhead_s = sw["seq_shard_overhead_s"]
+        act_traffic = sw["act_traffic"] if act_traffic is None else act_traffic
+        no_overlap = sw["no_overlap"] if no_overlap is None else no_overlap
         eff = GPU_EFFICIENCY.get(gpu.name, (DEFAULT_MFU, DEFAULT_MBU, DEFAULT_ATTN_MFU))
         self.mfu = _check_fraction("mfu", eff[0] if mfu is None else mfu)
         self.mbu = _check_fraction("mbu", eff[1] if mbu is None else mbu)
@@ -206,6 +272,7 @@ class Roofline:
         self.overhead_s = _check_nonneg("overhead_s", overhead_s)
         self.layer_overhead_s = _check_nonneg("layer_overhead_s", layer_overhead_s)
         self.seq_overhead_s = _check_nonneg("seq_overhead_s", seq_overhead_s)
+        self.seq_shard_overhead_s = _check_nonneg("seq_shard_overhead_s", seq_shard_overhead_s)
         self.hop_latency_s = _check_nonneg("hop_latency_s", hop_latency_s)
         self.tp_mfu_exponent = _check_nonneg("tp_mfu_exponent", tp_mfu_exponent)
         self.act_traffic = _check_nonneg("act_traffic", act_traffic)
@@ -217,6 +284,8 @@ class Roofline:
             raise SpecError(f"roofline: no_overlap={no_overlap!r} must be a number in [0, 1]")
         self.no_overlap = float(no_overlap)
         self.name = f"roofline:{model.name}@{gpu.name}x{tp}" + (f"pp{pp}" if pp > 1 else "")
+        if engine != DEFAULT_ENGINE:
+            self.name += f":{engine}"
         self.sha256: str | None = None
 
         m = model
@@ -229,7 +298,7 @@ class Roofline:
         self._inv_attn = tp**self.tp_mfu_exponent / (gpu.flops_bf16 * self.attn_mfu)
         self._inv_mem = 1.0 / (gpu.hbm_bytes_s * self.mbu)
         self._fixed = self.overhead_s + m.layers * self.layer_overhead_s
-        self._seq = self.seq_overhead_s
+        self._seq = self.seq_overhead_s + self.seq_shard_overhead_s / tp
         link = gpu.nvlink_bytes_s if gpu.nvlink_bytes_s > 0 else gpu.pcie_bytes_s
         act = m.hidden * m.dtype_bytes  # activation bytes per token
         comm_token = self.act_traffic * m.layers * act * self._inv_mem
@@ -568,8 +637,8 @@ class DistServeFit:
 
 
 _ROOFLINE_KEYS = ("kind", "mfu", "mbu", "attn_mfu", "overhead", "layer_overhead",
-                  "seq_overhead", "hop_latency", "tp_mfu_exponent", "act_traffic",
-                  "no_overlap")  # fmt: skip
+                  "seq_overhead", "seq_shard_overhead", "hop_latency", "tp_mfu_exponent",
+                  "act_traffic", "no_overlap", "engine")  # fmt: skip
 _PROFILE_KEYS = ("kind", "path", "format", "model", "hardware", "tp")
 _DISTSERVE_KEYS = ("kind", "path", "model", "tp")
 _KINDS = {"roofline": _ROOFLINE_KEYS, "profile": _PROFILE_KEYS, "distserve": _DISTSERVE_KEYS}
@@ -586,9 +655,11 @@ def build_perf_model(
 ) -> PerfModel:
     """A perf model from a YAML mapping; ``None`` is the calibrated Roofline.
 
-    ``{kind: roofline, mfu: 0.5, mbu: 0.8, attn_mfu: 0.3, overhead: "4 ms",
-    layer_overhead, seq_overhead, hop_latency, tp_mfu_exponent, act_traffic,
-    no_overlap}`` (durations with units; unset efficiencies default per GPU);
+    ``{kind: roofline, engine: vllm|distserve, mfu: 0.5, mbu: 0.8, attn_mfu: 0.3,
+    overhead: "4 ms", layer_overhead, seq_overhead, seq_shard_overhead,
+    hop_latency, tp_mfu_exponent, act_traffic, no_overlap}`` (durations with
+    units; unset efficiencies default per GPU, unset software terms to the
+    ``engine`` preset, itself ``vllm`` by default);
     ``{kind: profile, path, format: splitwise|native, model, hardware, tp}``
     (``model``/``hardware``/``tp`` select splitwise rows and default to the
     instance's model name, GPU name and TP); ``{kind: distserve, path, model,
@@ -611,6 +682,11 @@ def build_perf_model(
             )
     if kind == "roofline":
         kw: dict[str, float] = {}
+        engine = spec.get("engine", DEFAULT_ENGINE)
+        if not isinstance(engine, str):
+            known = ", ".join(ENGINE_OVERHEADS)
+            raise SpecError(f"{w}.engine: {engine!r}; expected one of {known}")
+        engine_overheads(engine)  # UnknownNameError (with suggestions) for a misspelled name
         for key in ("mfu", "mbu", "attn_mfu"):
             if key in spec:
                 v = spec[key]
@@ -632,7 +708,8 @@ def build_perf_model(
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1:
                 raise SpecError(f"{w}.no_overlap: {v!r} must be a number in [0, 1]")
             kw["no_overlap"] = float(v)
-        for key in ("overhead", "layer_overhead", "seq_overhead", "hop_latency"):
+        for key in ("overhead", "layer_overhead", "seq_overhead", "seq_shard_overhead",
+                    "hop_latency"):  # fmt: skip
             if key in spec:
                 try:
                     kw[f"{key}_s"] = parse_duration(spec[key])
@@ -640,7 +717,7 @@ def build_perf_model(
                     raise SpecError(f"{w}.{key}: {e}") from None
                 if kw[f"{key}_s"] < 0:
                     raise SpecError(f"{w}.{key}: {spec[key]!r} must be >= 0")
-        return Roofline(model, gpu, tp, pp, **kw)
+        return Roofline(model, gpu, tp, pp, engine=engine, **kw)
     if "path" not in spec or not isinstance(spec["path"], str):
         raise SpecError(f"{w}.path: {spec.get('path')!r}; expected a file path")
     path = Path(spec["path"])

@@ -14,6 +14,11 @@ Sources (all under the shared data directory, ``profiles/``):
   prefill of B prompts of L tokens, L in 64..2048 and B in 1..64 with
   ``L x B <= 16384``; decode of B in 1..128 sequences at context 128..2048.
 
+Each source is compared with the Roofline under the software preset of the
+engine it was measured on (``Source.engine``, a key of
+:data:`twin.perf.ENGINE_OVERHEADS`): ``vllm`` for splitwise-sim, ``distserve``
+for DistServe; GPU efficiencies are the same for both.
+
 Error = |predicted - measured| / measured, per point; each source reports the
 median and the worst of the prompt (prefill) and the TPOT (decode) errors.
 Target: median <= 15% and worst <= 35% on every source.
@@ -60,6 +65,7 @@ class Source:
     tp: int
     points: tuple[Point, ...]
     excluded: int = 0  # points dropped as physically inconsistent (see splitwise_sources)
+    engine: str = "vllm"  # the serving engine measured (a key of twin.perf.ENGINE_OVERHEADS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +73,7 @@ class ValidationRow:
     """Errors of one source: relative errors as fractions (0.1 = 10%)."""
 
     source: str
+    engine: str
     points: int
     excluded: int
     prompt_median: float
@@ -153,7 +160,13 @@ def splitwise_sources(path: Path) -> list[Source]:
             )
         out.append(
             Source(
-                f"splitwise llama2-70b {hw} tp{tp}", "llama2-70b", hw, tp, tuple(points), excluded
+                f"splitwise llama2-70b {hw} tp{tp}",
+                "llama2-70b",
+                hw,
+                tp,
+                tuple(points),
+                excluded,
+                engine="vllm",
             )
         )
     return out
@@ -177,7 +190,7 @@ def distserve_sources(path: Path) -> list[Source]:
                     points.append(Point("tpot", batch, fit.iteration_time(batch)))
             short = model.split("/")[1]
             out.append(Source(f"distserve {short} a100-80gb tp{tp}", short, "a100-80gb", tp,
-                              tuple(points)))  # fmt: skip
+                              tuple(points), engine="distserve"))  # fmt: skip
     return out
 
 
@@ -207,6 +220,7 @@ def score(source: Source, model: PerfModel) -> ValidationRow:
     te = _errors(model, source.points, "tpot")
     return ValidationRow(
         source.name,
+        source.engine,
         len(source.points),
         source.excluded,
         statistics.median(pe) if pe else 0.0,
@@ -217,7 +231,9 @@ def score(source: Source, model: PerfModel) -> ValidationRow:
 
 
 def default_roofline(source: Source, **params: float) -> Roofline:
-    """The Roofline a source is compared with (defaults unless ``params`` override)."""
+    """The Roofline a source is compared with: the defaults with the preset of the
+    engine the source was measured on, unless ``params`` override."""
+    params.setdefault("engine", source.engine)
     return Roofline(get_model(source.model), get_gpu(source.gpu), source.tp, **params)
 
 
@@ -231,13 +247,13 @@ def validate_perf(
 def format_validation(rows: Sequence[ValidationRow]) -> str:
     """A fixed-width table of ``rows`` with a PASS/FAIL per row and overall."""
     head = (
-        f"{'source':<34} {'points':>6} {'excl':>4}  {'prompt med':>10} {'worst':>7}"
+        f"{'source':<34} {'engine':<9} {'points':>6} {'excl':>4}  {'prompt med':>10} {'worst':>7}"
         f"  {'TPOT med':>8} {'worst':>7}  result"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r.source:<34} {r.points:>6} {r.excluded:>4}  {r.prompt_median:>10.1%}"
+            f"{r.source:<34} {r.engine:<9} {r.points:>6} {r.excluded:>4}  {r.prompt_median:>10.1%}"
             f" {r.prompt_worst:>7.1%}  {r.tpot_median:>8.1%} {r.tpot_worst:>7.1%}"
             f"  {'PASS' if r.passed else 'FAIL'}"
         )
