@@ -29,7 +29,8 @@ moves, the prefill side frees only after the last byte landed.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence as Seq
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Any
 
@@ -239,7 +240,11 @@ def pick_decode_with(scheduler: Any, view: ClusterView) -> Callable[[Sequence], 
                 "open but the policy has no pick_decode()"
             )
         d = hook(seq.req, view)
-        if not isinstance(d, int) or not 0 <= d < len(view) or view[d].role not in ("decode", "mixed"):
+        if (
+            not isinstance(d, int)
+            or not 0 <= d < len(view)
+            or view[d].role not in ("decode", "mixed")
+        ):
             raise SpecError(
                 f"scheduler {type(scheduler).__name__}: pick_decode() gave {d!r} for request "
                 f"{seq.req.id}; expected the id of a decode or mixed instance"
