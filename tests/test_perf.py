@@ -109,18 +109,18 @@ def test_engine_presets_default_override_and_unknown() -> None:
     from twin.errors import UnknownNameError
     from twin.perf import ENGINE_OVERHEADS, ENGINE_TERMS, GPU_EFFICIENCY
 
-    assert set(ENGINE_OVERHEADS) == {"vllm", "distserve"}
+    assert set(ENGINE_OVERHEADS) == {"splitwise-sim", "distserve"}
     for preset in ENGINE_OVERHEADS.values():
         assert set(preset) == set(ENGINE_TERMS)
     with pytest.raises(TypeError):
-        ENGINE_OVERHEADS["vllm"]["overhead_s"] = 1.0  # type: ignore[index]
+        ENGINE_OVERHEADS["splitwise-sim"]["overhead_s"] = 1.0  # type: ignore[index]
     r = Roofline(L70, A100, 4)
-    assert r.engine == "vllm"
+    assert r.engine == "distserve"
     assert r.name == "roofline:llama-2-70b@a100-80gbx4"
-    assert {k: getattr(r, k) for k in ENGINE_TERMS} == dict(ENGINE_OVERHEADS["vllm"])
-    d = Roofline(L70, A100, 4, engine="distserve")
-    assert {k: getattr(d, k) for k in ENGINE_TERMS} == dict(ENGINE_OVERHEADS["distserve"])
-    assert d.name.endswith(":distserve")
+    assert {k: getattr(r, k) for k in ENGINE_TERMS} == dict(ENGINE_OVERHEADS["distserve"])
+    d = Roofline(L70, A100, 4, engine="splitwise-sim")
+    assert {k: getattr(d, k) for k in ENGINE_TERMS} == dict(ENGINE_OVERHEADS["splitwise-sim"])
+    assert d.name.endswith(":splitwise-sim")
     # GPU efficiencies are shared by the engines
     assert (d.mfu, d.mbu, d.attn_mfu) == (r.mfu, r.mbu, r.attn_mfu) == GPU_EFFICIENCY["a100-80gb"]
     b = Batch(decode_count=32, decode_context_sum=32 * 1000)
@@ -151,9 +151,9 @@ def test_build_perf_model_engine_key() -> None:
     assert r.seq_shard_overhead_s == pytest.approx(2e-4)
     assert r.no_overlap == ENGINE_OVERHEADS["distserve"]["no_overlap"]
     default = build_perf_model(None, L70, A100, 4)
-    assert isinstance(default, Roofline) and default.engine == "vllm"
-    with pytest.raises(UnknownNameError, match="Did you mean 'vllm'"):
-        build_perf_model({"kind": "roofline", "engine": "vlm"}, L70, A100, 4)
+    assert isinstance(default, Roofline) and default.engine == "distserve"
+    with pytest.raises(UnknownNameError, match="Did you mean 'distserve'"):
+        build_perf_model({"kind": "roofline", "engine": "distserv"}, L70, A100, 4)
     with pytest.raises(SpecError, match="engine: 3"):
         build_perf_model({"kind": "roofline", "engine": 3}, L70, A100, 4)
 

@@ -26,7 +26,7 @@ def test_find_data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_format_marks_pass_and_fail() -> None:
-    good = ValidationRow("a", "vllm", 10, 0, 0.05, 0.2, 0.1, 0.3)
+    good = ValidationRow("a", "splitwise-sim", 10, 0, 0.05, 0.2, 0.1, 0.3)
     bad = ValidationRow("b", "distserve", 10, 1, 0.05, 0.5, 0.1, 0.3)
     text = format_validation([good, bad])
     assert text.splitlines()[2].endswith("PASS") and text.splitlines()[3].endswith("FAIL")
@@ -38,7 +38,7 @@ def test_validation_on_real_data(shared_data: Path) -> None:
     assert len(rows) == 13
     # The two anomalous TP-2 runs (512 x 64 prompt tokens) are the only exclusions.
     assert sum(r.excluded for r in rows.values()) == 4
-    assert {r.engine for n, r in rows.items() if n.startswith("splitwise")} == {"vllm"}
+    assert {r.engine for n, r in rows.items() if n.startswith("splitwise")} == {"splitwise-sim"}
     assert {r.engine for n, r in rows.items() if n.startswith("distserve")} == {"distserve"}
     # What the calibrated defaults reach today (see twin/perf.py and twin/calibrate.py): every
     # source but three meets the target.

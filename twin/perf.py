@@ -73,7 +73,7 @@ DEFAULT_MBU = 0.86
 DEFAULT_ATTN_MFU = 0.57
 DEFAULT_HOP_LATENCY_S = 7.3e-06
 DEFAULT_TP_MFU_EXPONENT = 0.0
-DEFAULT_ENGINE = "vllm"
+DEFAULT_ENGINE = "distserve"
 
 # Achieved efficiencies (mfu, mbu, attn_mfu) per GPU, properties of the silicon and shared by
 # every engine preset: A100 fitted on splitwise-sim and DistServe (A100-80GB), H100 on
@@ -96,17 +96,22 @@ GPU_EFFICIENCY: Mapping[str, tuple[float, float, float]] = MappingProxyType(
 # GPU's roofline (per-iteration, per-layer and per-sequence CPU/launch costs, activation-sized
 # element-wise memory passes, how much compute and memory time fail to overlap). Fitted jointly
 # with GPU_EFFICIENCY by twin.calibrate:
-# - "vllm": splitwise-sim's perf_model.csv (llama2-70b on A100-80GB and H100-80GB at TP 2, 4, 8),
-#   profiled on a vLLM-like engine; the twin's own engine follows vLLM, so this is the default.
+# - "splitwise-sim": splitwise-sim's perf_model.csv (llama2-70b on A100-80GB and H100-80GB at
+#   TP 2, 4, 8). That profiling stack pays ~0.5 ms per sequence per iteration, several times what
+#   current serving engines spend: extrapolated to other models and to batches beyond 64 it makes
+#   decode far too slow (Llama-3.1-8B on one H100 at batch 64: 53 ms a step), so it is a preset
+#   for replaying that data, not the default.
 # - "distserve": DistServe's fitted A100-80GB latency models (OPT-13B at TP 1, 2, 4; OPT-66B at
-#   TP 2, 3, 4, 8), profiled on DistServe's own engine.
+#   TP 2, 3, 4, 8), profiled on DistServe's own engine, whose light per-sequence costs match
+#   current engines (Llama-2-70B TP8 H100 at batch 64: 33 ms a step; Llama-3.1-8B on one H100:
+#   16 ms): the default.
 # ``seq_overhead_s`` is paid per sequence per iteration whatever the TP; ``seq_shard_overhead_s``
 # per sequence divided by TP (per-sequence work that the TP ranks split).
 ENGINE_TERMS = ("overhead_s", "layer_overhead_s", "seq_overhead_s", "seq_shard_overhead_s",
                 "act_traffic", "no_overlap")  # fmt: skip
 ENGINE_OVERHEADS: Mapping[str, Mapping[str, float]] = MappingProxyType(
     {
-        "vllm": MappingProxyType(
+        "splitwise-sim": MappingProxyType(
             {
                 "overhead_s": 0.0078,
                 "layer_overhead_s": 3.5e-05,
@@ -185,9 +190,9 @@ class Roofline:
     GPU (``GPU_EFFICIENCY``), else to ``DEFAULT_*``. ``overhead_s``,
     ``layer_overhead_s``, ``seq_overhead_s``, ``seq_shard_overhead_s``,
     ``act_traffic`` and ``no_overlap`` are properties of the serving software
-    and default to the preset of ``engine`` (``ENGINE_OVERHEADS``: ``"vllm"``,
-    the default, fitted to splitwise-sim's vLLM-like profiles; ``"distserve"``,
-    fitted to DistServe's). Passing a value overrides either kind, one term at
+    and default to the preset of ``engine`` (``ENGINE_OVERHEADS``: ``"distserve"``,
+    the default, fitted to DistServe's engine; ``"splitwise-sim"``, fitted to
+    splitwise-sim's profiles). Passing a value overrides either kind, one term at
     a time; an unknown ``engine`` raises :class:`~twin.errors.UnknownNameError`.
 
     NOTE: pipeline parallelism is modeled as one batch traversing the ``pp``
@@ -203,7 +208,7 @@ class Roofline:
 
     Defaults were fitted by :mod:`twin.calibrate` to the measured profiles in
     shared data (splitwise-sim llama2-70b on A100/H100 at TP 2/4/8 with the
-    ``vllm`` preset, DistServe's OPT-13B/66B A100 fits with ``distserve``),
+    ``splitwise-sim`` preset, DistServe's OPT-13B/66B A100 fits with ``distserve``),
     GPU efficiencies shared. Fitted ``act_traffic`` (tens of passes) is more
     than a count of kernels gives; it also absorbs per-token costs of the
     measured engines that have no term here. Not every source meets the 15%
@@ -655,11 +660,11 @@ def build_perf_model(
 ) -> PerfModel:
     """A perf model from a YAML mapping; ``None`` is the calibrated Roofline.
 
-    ``{kind: roofline, engine: vllm|distserve, mfu: 0.5, mbu: 0.8, attn_mfu: 0.3,
+    ``{kind: roofline, engine: distserve|splitwise-sim, mfu: 0.5, mbu: 0.8, attn_mfu: 0.3,
     overhead: "4 ms", layer_overhead, seq_overhead, seq_shard_overhead,
     hop_latency, tp_mfu_exponent, act_traffic, no_overlap}`` (durations with
     units; unset efficiencies default per GPU, unset software terms to the
-    ``engine`` preset, itself ``vllm`` by default);
+    ``engine`` preset, itself ``distserve`` by default);
     ``{kind: profile, path, format: splitwise|native, model, hardware, tp}``
     (``model``/``hardware``/``tp`` select splitwise rows and default to the
     instance's model name, GPU name and TP); ``{kind: distserve, path, model,

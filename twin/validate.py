@@ -16,7 +16,7 @@ Sources (all under the shared data directory, ``profiles/``):
 
 Each source is compared with the Roofline under the software preset of the
 engine it was measured on (``Source.engine``, a key of
-:data:`twin.perf.ENGINE_OVERHEADS`): ``vllm`` for splitwise-sim, ``distserve``
+:data:`twin.perf.ENGINE_OVERHEADS`): ``splitwise-sim`` for splitwise-sim, ``distserve``
 for DistServe; GPU efficiencies are the same for both.
 
 Error = |predicted - measured| / measured, per point; each source reports the
@@ -65,7 +65,9 @@ class Source:
     tp: int
     points: tuple[Point, ...]
     excluded: int = 0  # points dropped as physically inconsistent (see splitwise_sources)
-    engine: str = "vllm"  # the serving engine measured (a key of twin.perf.ENGINE_OVERHEADS)
+    engine: str = (
+        "splitwise-sim"  # the serving engine measured (a key of twin.perf.ENGINE_OVERHEADS)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +168,7 @@ def splitwise_sources(path: Path) -> list[Source]:
                 tp,
                 tuple(points),
                 excluded,
-                engine="vllm",
+                engine="splitwise-sim",
             )
         )
     return out
