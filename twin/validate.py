@@ -249,13 +249,13 @@ def validate_perf(
 def format_validation(rows: Sequence[ValidationRow]) -> str:
     """A fixed-width table of ``rows`` with a PASS/FAIL per row and overall."""
     head = (
-        f"{'source':<34} {'engine':<9} {'points':>6} {'excl':>4}  {'prompt med':>10} {'worst':>7}"
+        f"{'source':<34} {'engine':<13} {'points':>6} {'excl':>4}  {'prompt med':>10} {'worst':>7}"
         f"  {'TPOT med':>8} {'worst':>7}  result"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r.source:<34} {r.engine:<9} {r.points:>6} {r.excluded:>4}  {r.prompt_median:>10.1%}"
+            f"{r.source:<34} {r.engine:<13} {r.points:>6} {r.excluded:>4}  {r.prompt_median:>10.1%}"
             f" {r.prompt_worst:>7.1%}  {r.tpot_median:>8.1%} {r.tpot_worst:>7.1%}"
             f"  {'PASS' if r.passed else 'FAIL'}"
         )
