@@ -103,7 +103,7 @@ class TopoDef:
     templates: dict[int, str] = field(default_factory=dict)  # node -> template name
 
 
-def _bandwidth(value: object, where: str) -> float:
+def parse_rate(value: object, where: str) -> float:
     try:
         x = parse_bandwidth(value)
     except UnitError as e:
@@ -113,7 +113,7 @@ def _bandwidth(value: object, where: str) -> float:
     return x
 
 
-def _duration(value: object, where: str) -> float:
+def parse_latency(value: object, where: str) -> float:
     try:
         x = parse_duration(value)
     except UnitError as e:
@@ -121,19 +121,19 @@ def _duration(value: object, where: str) -> float:
     return nonneg_float(x, where)
 
 
-def _choice(value: object, where: str, what: str, allowed: tuple[str, ...]) -> str:
+def one_of(value: object, where: str, what: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise SpecError(f"{where}: unknown {what} {value!r}; expected one of {', '.join(allowed)}")
     return str(value)
 
 
-def _mapping(value: object, where: str) -> Mapping[str, Any]:
+def as_mapping(value: object, where: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise SpecError(f"{where}: {value!r} must be a mapping")
     return value
 
 
-def _gpu_name(value: object, where: str) -> str:
+def gpu_name(value: object, where: str) -> str:
     if not isinstance(value, str):
         raise SpecError(f"{where}: {value!r} must be a GPU catalog name such as h100-sxm")
     try:
@@ -142,19 +142,19 @@ def _gpu_name(value: object, where: str) -> str:
         raise SpecError(f"{where}: {e}") from None
 
 
-def _per_kind(data: Mapping[str, Any], where: str) -> tuple[dict[str, float], dict[str, float]]:
+def per_kind(data: Mapping[str, Any], where: str) -> tuple[dict[str, float], dict[str, float]]:
     """``protocol:`` and ``latency:`` mappings over the link kinds, defaults filled in."""
     eff = dict(PROTOCOL_DEFAULTS)
     lat = dict(LATENCY_DEFAULTS)
     for k, target, parse in (
         ("protocol", eff, fraction),
-        ("latency", lat, _duration),
+        ("latency", lat, parse_latency),
     ):
         given = data.get(k)
         if given is None:
             continue
         w = entry(where, k)
-        check_keys(_mapping(given, w), w, (), LINK_KINDS)
+        check_keys(as_mapping(given, w), w, (), LINK_KINDS)
         for kind, value in given.items():
             target[kind] = parse(value, entry(w, kind))
     return eff, lat
@@ -165,7 +165,7 @@ def parse_topology(
 ) -> TopoDef:
     """A :class:`TopoDef` from a topology mapping; ``nodes`` overrides the node
     count of a single-template topology. Raises :class:`SpecError`."""
-    data = _mapping(data, where or "topology")
+    data = as_mapping(data, where or "topology")
     if "vertices" in data or "links" in data:
         check_keys(data, where, ("vertices", "links"), ("name", "protocol", "latency"))
         if nodes is not None:
@@ -173,14 +173,16 @@ def parse_topology(
                 f"{where}: a node count ({nodes}) scales a template; "
                 "this topology lists its vertices explicitly"
             )
-        return _explicit(data, where, default_name)
+        from twin.topoexplicit import parse_explicit  # it builds on the helpers here
+
+        return parse_explicit(data, where, default_name)
     check_keys(
         data, where, ("nodes",), ("name", "node", "templates", "fabric", "protocol", "latency")
     )
     return _templated(data, where, default_name, nodes)
 
 
-def _name(data: Mapping[str, Any], where: str, default: str) -> str:
+def topology_name(data: Mapping[str, Any], where: str, default: str) -> str:
     name = data.get("name", default)
     if not isinstance(name, str) or not name:
         raise SpecError(f"{entry(where, 'name')}: {name!r} must be a non-empty string")
@@ -205,38 +207,38 @@ class _Template:
 
 
 def _template(t: object, where: str, name: str) -> _Template:
-    t = _mapping(t, where)
+    t = as_mapping(t, where)
     check_keys(t, where, ("gpu", "gpus"), ("intra", "nics"))
-    gpu = _gpu_name(t["gpu"], entry(where, "gpu"))
+    gpu = gpu_name(t["gpu"], entry(where, "gpu"))
     spec = get_gpu(gpu)
     n = positive_int(t["gpus"], entry(where, "gpus"))
     wi = entry(where, "intra")
-    intra = _mapping(t.get("intra", {"kind": "nvswitch" if spec.nvlink_bytes_s else "pcie"}), wi)
+    intra = as_mapping(t.get("intra", {"kind": "nvswitch" if spec.nvlink_bytes_s else "pcie"}), wi)
     check_keys(intra, wi, ("kind",), ("bandwidth",))
-    kind = _choice(intra["kind"], entry(wi, "kind"), "intra-node fabric", INTRA_KINDS)
+    kind = one_of(intra["kind"], entry(wi, "kind"), "intra-node fabric", INTRA_KINDS)
     default_bw = spec.nvlink_bytes_s if kind == "nvswitch" else spec.pcie_bytes_s
     if "bandwidth" in intra:
-        intra_bw = _bandwidth(intra["bandwidth"], entry(wi, "bandwidth"))
+        intra_bw = parse_rate(intra["bandwidth"], entry(wi, "bandwidth"))
     elif default_bw > 0:
         intra_bw = default_bw
     else:
         raise SpecError(f"{entry(wi, 'kind')}: {gpu} has no NVLink; use pcie or give a bandwidth")
     wn = entry(where, "nics")
-    nics = _mapping(t.get("nics", {"count": 0}), wn)
+    nics = as_mapping(t.get("nics", {"count": 0}), wn)
     if nics.get("count", 1) == 0:
         check_keys(nics, wn, ("count",))
         return _Template(name, gpu, n, kind, intra_bw, spec.pcie_bytes_s, 0, "", 0.0, (), "", 0.0)
     check_keys(nics, wn, ("count", "kind", "bandwidth"), ("gpus", "attach", "pcie"))
     count = positive_int(nics["count"], entry(wn, "count"))
-    nic_kind = _choice(nics["kind"], entry(wn, "kind"), "NIC kind", NIC_KINDS)
-    nic_bw = _bandwidth(nics["bandwidth"], entry(wn, "bandwidth"))
-    attach = _choice(
+    nic_kind = one_of(nics["kind"], entry(wn, "kind"), "NIC kind", NIC_KINDS)
+    nic_bw = parse_rate(nics["bandwidth"], entry(wn, "bandwidth"))
+    attach = one_of(
         nics.get("attach", "gpu" if kind == "nvswitch" else "host"),
         entry(wn, "attach"),
         "NIC attachment",
         ("gpu", "host"),
     )
-    pcie = _bandwidth(nics.get("pcie", spec.pcie_bytes_s), entry(wn, "pcie"))
+    pcie = parse_rate(nics.get("pcie", spec.pcie_bytes_s), entry(wn, "pcie"))
     serves = _nic_serves(nics.get("gpus"), count, n, entry(wn, "gpus"))
     return _Template(
         name,
@@ -293,7 +295,7 @@ def _templated(data: Mapping[str, Any], where: str, default: str, nodes: int | N
         groups.append((t, positive_int(data["nodes"], wnodes)))
     else:
         wt = entry(where, "templates")
-        raw = _mapping(data["templates"], wt)
+        raw = as_mapping(data["templates"], wt)
         if not raw:
             raise SpecError(f"{wt}: no templates given")
         templates = {str(k): _template(v, entry(wt, str(k)), str(k)) for k, v in raw.items()}
@@ -304,8 +306,8 @@ def _templated(data: Mapping[str, Any], where: str, default: str, nodes: int | N
             raise SpecError(f"{wnodes}: {items!r} must be a list of {{template, count}}")
         for i, g in enumerate(items):
             wg = f"{wnodes}[{i}]"
-            check_keys(_mapping(g, wg), wg, ("template", "count"))
-            tname = _choice(g["template"], entry(wg, "template"), "template", tuple(templates))
+            check_keys(as_mapping(g, wg), wg, ("template", "count"))
+            tname = one_of(g["template"], entry(wg, "template"), "template", tuple(templates))
             groups.append((templates[tname], positive_int(g["count"], entry(wg, "count"))))
     if nodes is not None:
         if len(groups) != 1:
@@ -314,8 +316,8 @@ def _templated(data: Mapping[str, Any], where: str, default: str, nodes: int | N
                 f"mixes {len(groups)} node groups"
             )
         groups = [(groups[0][0], positive_int(nodes, "nodes"))]
-    eff, lat = _per_kind(data, where)
-    topo = TopoDef(_name(data, where, default), where)
+    eff, lat = per_kind(data, where)
+    topo = TopoDef(topology_name(data, where, default), where)
     node = 0
     for t, count in groups:
         for _ in range(count):
@@ -371,8 +373,8 @@ def _add_fabric(
     kinds = sorted({t.nic_kind for t, _ in groups if t.nic_count})
     if raw is None:
         raw = {"kind": "single-switch"}
-    f = _mapping(raw, where)
-    kind = _choice(f.get("kind"), entry(where, "kind"), "fabric kind", FABRIC_KINDS)
+    f = as_mapping(raw, where)
+    kind = one_of(f.get("kind"), entry(where, "kind"), "fabric kind", FABRIC_KINDS)
     topo.fabric = kind
     if kind == "single-switch":
         check_keys(f, where, ("kind",))
@@ -418,101 +420,3 @@ def _nic_rates(nics: list[VertexDef], groups: list[tuple[_Template, int]]):  # t
     for nic in nics:
         assert nic.node is not None
         yield nic, node_rate[nic.node]
-
-
-# -- the explicit form -----------------------------------------------------------------
-def _explicit(data: Mapping[str, Any], where: str, default: str) -> TopoDef:
-    eff, lat = _per_kind(data, where)
-    topo = TopoDef(_name(data, where, default), where, fabric="explicit")
-    wv = entry(where, "vertices")
-    raw = data["vertices"]
-    if not isinstance(raw, list) or not raw:
-        raise SpecError(f"{wv}: {raw!r} must be a non-empty list")
-    seen: dict[str, int] = {}
-    per_node: dict[tuple[int, str], int] = {}
-    pending_serves: list[tuple[int, object, str]] = []
-    for i, v in enumerate(raw):
-        w = f"{wv}[{i}]"
-        v = _mapping(v, w)
-        vtype = _choice(v.get("type"), entry(w, "type"), "vertex type", VERTEX_TYPES)
-        optional = {"gpu": ("gpu",), "nic": ("kind", "serves"), "switch": ("fabric", "node")}
-        required = ("name", "type", "node") if vtype != "switch" else ("name", "type")
-        check_keys(v, w, required + (("gpu",) if vtype == "gpu" else ()), optional[vtype])
-        name = v["name"]
-        if not isinstance(name, str) or not name:
-            raise SpecError(f"{entry(w, 'name')}: {name!r} must be a non-empty string")
-        if name in seen:
-            raise SpecError(f"{w}: vertex {name!r} is declared twice (first at {seen[name]})")
-        seen[name] = i
-        node = v.get("node")
-        if node is not None:
-            if isinstance(node, bool) or not isinstance(node, int) or node < 0:
-                raise SpecError(f"{entry(w, 'node')}: {node!r} must be a node index >= 0")
-        index = per_node.get((node, vtype), 0) if node is not None else 0
-        if node is not None:
-            per_node[(node, vtype)] = index + 1
-        if vtype == "gpu":
-            topo.vertices.append(
-                VertexDef(
-                    name, "gpu", node=node, index=index, gpu=_gpu_name(v["gpu"], entry(w, "gpu"))
-                )
-            )
-        elif vtype == "nic":
-            kind = _choice(v.get("kind", "infiniband"), entry(w, "kind"), "NIC kind", NIC_KINDS)
-            topo.vertices.append(VertexDef(name, "nic", node=node, index=index, kind=kind))
-            pending_serves.append((len(topo.vertices) - 1, v.get("serves"), entry(w, "serves")))
-        else:
-            fab = _choice(
-                v.get("fabric", "ethernet"), entry(w, "fabric"), "switch fabric", SWITCH_FABRICS
-            )
-            topo.vertices.append(VertexDef(name, "switch", node=node, fabric=fab))
-    nodes = sorted({v.node for v in topo.vertices if v.type == "gpu"})
-    if nodes != list(range(len(nodes))):
-        raise SpecError(f"{wv}: GPU node indices {nodes} must run 0, 1, 2, ... without gaps")
-    for at, serves, w in pending_serves:
-        nic = topo.vertices[at]
-        local = {v.name: v.index for v in topo.vertices if v.type == "gpu" and v.node == nic.node}
-        if serves is None:
-            idx = tuple(sorted(local.values()))
-        else:
-            if not isinstance(serves, list) or not serves:
-                raise SpecError(f"{w}: {serves!r} must be a non-empty list of GPU names")
-            for g in serves:
-                if g not in local:
-                    raise SpecError(
-                        f"{w}: {g!r} is not a GPU of node {nic.node}; expected one of "
-                        f"{', '.join(local) or '(none)'}"
-                    )
-            idx = tuple(local[g] for g in serves)
-        topo.vertices[at] = VertexDef(
-            nic.name, "nic", node=nic.node, index=nic.index, kind=nic.kind, serves=idx
-        )
-    links = data["links"]
-    if not isinstance(links, list):
-        raise SpecError(f"{entry(where, 'links')}: {links!r} must be a list")
-    declared: dict[tuple[str, str], str] = {}
-    for i, ln in enumerate(links):
-        w0 = f"{entry(where, 'links')}[{i}]"
-        ln = _mapping(ln, w0)
-        src, dst = ln.get("src"), ln.get("dst")
-        w = f"{where}: link {i} ({src} -> {dst})"
-        check_keys(ln, w, ("src", "dst", "kind", "bandwidth"), ("latency", "duplex"))
-        for end in (src, dst):
-            if end not in seen:
-                raise SpecError(f"{w}: {end!r} is not a declared vertex (dangling edge)")
-        if src == dst:
-            raise SpecError(f"{w}: a link must join two different vertices")
-        kind = _choice(ln["kind"], w, "kind", LINK_KINDS)
-        bw = _bandwidth(ln["bandwidth"], f"{w}: bandwidth")
-        latency = _duration(ln["latency"], f"{w}: latency") if "latency" in ln else lat[kind]
-        duplex = ln.get("duplex", True)
-        if not isinstance(duplex, bool):
-            raise SpecError(f"{w}: duplex: {duplex!r} must be true or false")
-        for pair in ((src, dst), (dst, src)) if duplex else ((src, dst),):
-            if pair in declared:
-                raise SpecError(f"{w}: {pair[0]} -> {pair[1]} is already {declared[pair]}")
-            declared[pair] = f"link {i}"
-        topo.links.append(LinkDef(src, dst, kind, bw, latency, eff[kind]))
-        if duplex:
-            topo.links.append(LinkDef(dst, src, kind, bw, latency, eff[kind]))
-    return topo

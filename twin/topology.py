@@ -74,19 +74,6 @@ class Link:
         return self.capacity_bytes_s * self.efficiency
 
 
-def _gbs(x: float) -> str:
-    return f"{x / 1e9:,.2f} GB/s ({x * 8 / 1e9:,.0f} Gb/s)"
-
-
-def _count(n: int, noun: str) -> str:
-    plural = noun + ("es" if noun.endswith("h") else "s")
-    return f"{n} {noun if n == 1 else plural}"
-
-
-def _span(lo: int, hi: int) -> str:
-    return str(lo) if lo == hi else f"{lo}-{hi}"
-
-
 class Topology:
     """A validated topology. ``gpus[i]`` is the vertex name of global GPU ``i``
     (node by node, ``n0.gpu0``, ``n0.gpu1``, ...). Paths and flows are cached;
@@ -334,103 +321,11 @@ class Topology:
         return self._bisection
 
     # -- description -------------------------------------------------------------------
-    def _describe_node(self, node: int) -> str:
-        nodes = self.graph.nodes
-        gpus = self._node_gpus[node]
-        types = sorted({self._type[i] for i in gpus})
-        parts = [f"{len(gpus)} x {'/'.join(types)}"]
-        for v, a in nodes(data=True):
-            if a["node"] == node and a["type"] == "switch":
-                rates = sorted(
-                    {
-                        ln.capacity_bytes_s
-                        for _, _, ln in self.graph.in_edges(v, data="link")
-                        if nodes[ln.src]["type"] == "gpu"
-                    }
-                )
-                if rates:
-                    per = "/".join(f"{r / 1e9:g} GB/s" for r in rates)
-                    parts.append(f"{a['fabric']} {per} per GPU")
-        nics = self._node_nics[node]
-        if nics:
-            kinds = sorted({nodes[n]["kind"] for n in nics})
-            rates = sorted(
-                {
-                    ln.capacity_bytes_s
-                    for n in nics
-                    for _, v, ln in self.graph.out_edges(n, data="link")
-                    if nodes[v]["node"] is None
-                }
-            )
-            rate = "/".join(f"{r * 8 / 1e9:g} Gb/s" for r in rates)
-            parts.append(f"{len(nics)} x {'/'.join(kinds)} NIC {rate}")
-        else:
-            parts.append("no NIC")
-        return ", ".join(parts)
-
     def summary(self) -> str:
-        """The readable description ``twin topo`` prints."""
-        nodes = self.graph.nodes
-        counts = {t: 0 for t in ("gpu", "nic", "switch")}
-        for _, t in nodes(data="type"):
-            counts[t] += 1
-        has_fabric = any(n is None for _, n in nodes(data="node"))
-        lines = [
-            f"topology {self.name}: {_count(self.num_nodes, 'node')}, "
-            f"{_count(len(self.gpus), 'GPU')}, {_count(counts['nic'], 'NIC')}, "
-            f"{_count(counts['switch'], 'switch')}; "
-            f"fabric {self.fabric if has_fabric else 'none'}",
-        ]
-        groups: list[tuple[int, int, str]] = []
-        for k in range(self.num_nodes):
-            desc = self._describe_node(k)
-            if groups and groups[-1][2] == desc:
-                groups[-1] = (groups[-1][0], k, desc)
-            else:
-                groups.append((k, k, desc))
-        for lo, hi, desc in groups:
-            span = f"node {lo}" if lo == hi else f"nodes {lo}-{hi}"
-            lines.append(f"  {span}: {desc}")
-        by_kind: dict[str, int] = {}
-        eff: dict[str, float] = {}
-        for _, _, ln in self.graph.edges(data="link"):
-            by_kind[ln.kind] = by_kind.get(ln.kind, 0) + 1
-            eff[ln.kind] = ln.efficiency
-        lines.append(
-            "links (directed): "
-            + ", ".join(f"{k} {by_kind[k]} (eff {eff[k]:g})" for k in LINK_KINDS if k in by_kind)
-        )
-        inj = sorted({self.injection_bytes_s(i) for i in range(len(self.gpus))})
-        if inj == [0.0]:
-            lines.append("per-GPU injection: none (no NIC)")
-        else:
-            shown = _gbs(inj[0]) if len(inj) == 1 else f"{_gbs(inj[0])} to {_gbs(inj[-1])}"
-            lines.append(f"per-GPU injection: {shown} usable, through its own NIC(s)")
-        a, b = self.halves()
-        if self.num_nodes > 1:
-            half = self.num_nodes // 2
-            cut = f"nodes {_span(0, half - 1)} | {_span(half, self.num_nodes - 1)}"
-        else:
-            cut = (
-                f"GPUs {_span(0, len(a) - 1)} | {_span(len(a), len(self.gpus) - 1)}"
-                if a
-                else "one GPU"
-            )
-        lines.append(f"bisection: {_gbs(self.bisection_bytes_s())} usable ({cut})")
-        samples = []
-        if len(self._node_gpus[0]) > 1:
-            samples.append((0, self._node_gpus[0][1]))
-        if self.num_nodes > 1:
-            samples.append((0, self._node_gpus[1][0]))
-        for s, d in samples:
-            p = self.path(s, d)
-            kinds = "/".join(dict.fromkeys(ln.kind for ln in p))
-            lines.append(
-                f"GPU {s} -> GPU {d}: {' -> '.join([p[0].src] + [ln.dst for ln in p])}; "
-                f"{kinds}; bottleneck {_gbs(self.bottleneck_bytes_s(p))}; "
-                f"latency {self.latency_s(p) * 1e6:g} us"
-            )
-        return "\n".join(lines)
+        """The readable description ``twin topo`` prints (see :mod:`twin.toporeport`)."""
+        from twin.toporeport import summary
+
+        return summary(self)
 
     def __repr__(self) -> str:
         return f"Topology({self.name!r}, nodes={self.num_nodes}, gpus={len(self.gpus)})"
