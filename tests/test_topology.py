@@ -409,6 +409,8 @@ def test_unknown_name_suggests_close_ones():
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(SpecError, match="no such topology file"):
         load_topology(str(tmp_path / "nope.yaml"))
+    with pytest.raises(SpecError, match=r"^spec\.yaml: topology: nope\.yaml: no such topology"):
+        load_topology("nope.yaml", where="spec.yaml: topology", base_dir=tmp_path)
 
 
 # -- the command line ------------------------------------------------------------------

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,7 +118,14 @@ class Topology:
             for k in range(n_nodes)
         )
         self._gpu_nics = tuple(self._serving(i) for i in range(len(self.gpus)))
+        core: list[set[str]] = [set() for _ in range(n_nodes)]
+        for v, a in g.nodes(data=True):
+            if a["node"] is not None and a["type"] != "nic" and a["node"] < n_nodes:
+                core[a["node"]].add(v)
+        self._node_core = tuple(frozenset(c) for c in core)
+        self._fabric = frozenset(v for v, n in g.nodes(data="node") if n is None)
         self._paths: dict[tuple[int, int, int | None], tuple[Link, ...]] = {}
+        self._legs: dict[tuple[str, str, str], list[str] | None] = {}
         self._injection: dict[int, float] = {}
         self._bisection: float | None = None
         self._check_connected()
@@ -177,7 +184,22 @@ class Topology:
             raise KeyError(f"no link {u} -> {v} in topology {self.name!r}") from None
 
     # -- routing -----------------------------------------------------------------------
-    def _route(self, s: str, d: str, allowed: set[str] | None) -> list[str] | None:
+    def _leg(self, s: str, d: str, area: str) -> list[str] | None:
+        """A cached route ``s -> d`` within ``area``: ``"n<k>"`` node k without its
+        NICs (plus ``s`` and ``d``), ``"fabric"`` the fabric (plus both ends), ``"all"``."""
+        key = (s, d, area)
+        if key not in self._legs:
+            allowed: Set[str] | None
+            if area == "all":
+                allowed = None
+            elif area == "fabric":
+                allowed = self._fabric | {s, d}
+            else:
+                allowed = self._node_core[int(area[1:])] | {s, d}
+            self._legs[key] = self._route(s, d, allowed)
+        return self._legs[key]
+
+    def _route(self, s: str, d: str, allowed: Set[str] | None) -> list[str] | None:
         g = (
             self.graph
             if allowed is None
@@ -194,11 +216,9 @@ class Topology:
 
         return min(routes, key=key)
 
-    def _inside(self, node: int, *extra: str) -> set[str]:
-        nodes = self.graph.nodes
-        return {v for v, a in nodes(data=True) if a["node"] == node and a["type"] != "nic"} | set(
-            extra
-        )
+    def _inside(self, node: int, *extra: str) -> Set[str]:
+        """The node's vertices but its NICs, plus ``extra``."""
+        return self._node_core[node] | set(extra)
 
     def path(self, src: int, dst: int, nic: int | None = None) -> tuple[Link, ...]:
         """Links from global GPU ``src`` to ``dst``; empty when ``src == dst``.
@@ -218,7 +238,7 @@ class Topology:
         if src == dst:
             route = [s]
         elif ns == nd:
-            route = self._route(s, d, self._inside(ns)) or self._route(s, d, None)
+            route = self._leg(s, d, f"n{ns}") or self._leg(s, d, "all")
         else:
             route = self._cross(src, dst, nic)
         if route is None:  # excluded by the connectivity check at load
@@ -238,15 +258,14 @@ class Topology:
         elif own_s and own_d:
             a, b = own_s[0], own_d[0]
         else:
-            return self._route(s, d, None)
-        fabric = {v for v, n in self.graph.nodes(data="node") if n is None}
+            return self._leg(s, d, "all")
         legs = (
-            self._route(s, a, self._inside(ns, a)),
-            self._route(a, b, fabric | {a, b}),
-            self._route(b, d, self._inside(nd, b)),
+            self._leg(s, a, f"n{ns}"),
+            self._leg(a, b, "fabric"),
+            self._leg(b, d, f"n{nd}"),
         )
         if any(leg is None for leg in legs):
-            return self._route(s, d, None)
+            return self._leg(s, d, "all")
         one, two, three = legs
         assert one is not None and two is not None and three is not None
         return one + two[1:] + three[1:]
@@ -262,7 +281,7 @@ class Topology:
         return min((ln.usable_bytes_s for ln in path), default=math.inf)
 
     # -- capacities --------------------------------------------------------------------
-    def _flow_graph(self, keep: set[str] | None = None) -> nx.DiGraph:
+    def _flow_graph(self, keep: Set[str] | None = None) -> nx.DiGraph:
         f: nx.DiGraph = nx.DiGraph()
         for u, v, ln in self.graph.edges(data="link"):
             if keep is None or (u in keep and v in keep):
@@ -360,9 +379,9 @@ def load_topology(
     base_dir: Path | None = None,
 ) -> Topology:
     """A topology from a bundled name, a YAML path (relative to ``base_dir`` when
-    given), or an inline mapping (``where`` names it in messages, e.g.
-    ``"spec.yaml: topology"``). ``nodes`` overrides the node count of a
-    single-template topology.
+    given), or an inline mapping. ``where`` names the spec entry in messages
+    (e.g. ``"spec.yaml: topology"``); errors inside a topology file name that
+    file. ``nodes`` overrides the node count of a single-template topology.
 
     Raises :class:`UnknownNameError` for an unknown name and :class:`SpecError`
     for a bad file or value.
@@ -372,7 +391,10 @@ def load_topology(
         default = "custom"
         data: Any = spec
     elif isinstance(spec, str | Path):
-        text, label, default = _read(str(spec), base_dir)
+        try:
+            text, label, default = _read(str(spec), base_dir)
+        except SpecError as e:
+            raise SpecError(f"{where}: {e}" if where else str(e)) from None
         try:
             data = yamlio.load(text)
         except yaml.YAMLError as e:
