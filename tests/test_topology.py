@@ -443,3 +443,24 @@ def test_twin_topo_errors_are_one_line(capsys, tmp_path):
     bad = write(tmp_path, GOOD_NODE.replace("400 Gbps", "0 Gbps"))
     assert main(["topo", str(bad)]) == 2
     assert "node.nics.bandwidth: '0 Gbps' must be a positive" in capsys.readouterr().err
+
+
+def test_a_gpu_served_by_several_nics_sends_through_the_first(tmp_path):
+    t = load_topology(
+        write(
+            tmp_path,
+            """\
+            node:
+              gpu: h100-sxm
+              gpus: 2
+              nics: {count: 2, kind: roce, bandwidth: 200 Gbps, gpus: [[0, 1], [1, 0]]}
+            nodes: 2
+            """,
+        )
+    )
+    assert t.nics_of_gpu(0) == ("n0.nic0", "n0.nic1")
+    assert t.nics_of_gpu(3) == ("n1.nic0", "n1.nic1")
+    verts = [ln.dst for ln in t.path(0, 3)]
+    assert verts == ["n0.nic0", "switch", "n1.nic0", "n1.gpu1"]
+    # both NICs are one GPU's to use
+    assert t.injection_bytes_s(0) == pytest.approx(2 * 25e9 * 0.9)
