@@ -18,6 +18,11 @@ def bundled_dir(kind: str) -> Traversable:
     """The folder of bundled ``kind`` files (``experiments`` or ``topologies``)."""
     if kind not in KINDS:
         raise ValueError(f"kind {kind!r}; expected one of {', '.join(KINDS)}")
+    # A source checkout reads its own files, even when another checkout is the
+    # editable install that ``twin.data.*`` resolves to.
+    root = Path(__file__).resolve().parent.parent
+    if (root / "pyproject.toml").is_file() and (root / kind).is_dir():
+        return root / kind
     try:
         return resources.files(f"twin.data.{kind}")
     except ModuleNotFoundError:

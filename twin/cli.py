@@ -145,6 +145,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_topo(args: argparse.Namespace) -> int:
+    from twin.topology import draw_topology, load_topology
+
+    if args.nodes is not None and args.nodes <= 0:
+        raise TwinError(f"twin topo: --nodes: {args.nodes} must be a positive integer")
+    topo = load_topology(args.topology, nodes=args.nodes)
+    print(topo.summary())
+    if args.png:
+        draw_topology(topo, args.png)
+        print(f"drawing written to {args.png}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="twin", description="pd-twin: a digital twin of an LLM serving cluster"
@@ -186,6 +199,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("schedulers", help="list the registered scheduling policies")
     s.set_defaults(func=cmd_schedulers)
+
+    t = sub.add_parser(
+        "topo", help="describe a topology: GPUs, links, injection and bisection bandwidth"
+    )
+    t.add_argument("topology", metavar="NAME|PATH", help="a bundled topology name or a YAML path")
+    t.add_argument("--nodes", type=int, help="scale a single-template topology to N nodes")
+    t.add_argument("--png", metavar="FILE", help="draw the graph to FILE")
+    t.set_defaults(func=cmd_topo)
 
     b = sub.add_parser(
         "bench", help="measure simulation speed and memory on the Azure conversation trace"

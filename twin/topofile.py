@@ -1,0 +1,422 @@
+"""Topology YAML -> plain vertex and link definitions.
+
+Two forms, documented in ``topologies/README.md``:
+
+- the template form: ``node:`` (or ``templates:``) describes a node (GPU type
+  and count, intra-node fabric, NICs), ``nodes:`` how many of each, and
+  ``fabric:`` the inter-node network (one switch, or leaf-spine);
+- the explicit form: ``vertices:`` and ``links:`` listed one by one, for any
+  graph.
+
+Both give a :class:`TopoDef`: vertices with their attributes and directed
+links with line rate, latency and protocol efficiency. :mod:`twin.topology`
+turns it into a graph and checks that every GPU reaches every other one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from twin._check import check_keys, entry, fraction, nonneg_float, positive_float, positive_int
+from twin.errors import SpecError, UnitError, UnknownNameError
+from twin.hardware import get_gpu
+from twin.units import parse_bandwidth, parse_duration
+
+LINK_KINDS = ("nvlink", "pcie", "infiniband", "roce", "ethernet")
+NIC_KINDS = ("infiniband", "roce", "ethernet")
+INTRA_KINDS = ("nvswitch", "pcie")
+FABRIC_KINDS = ("single-switch", "leaf-spine")
+SWITCH_FABRICS = ("nvswitch", "pcie", "infiniband", "roce", "ethernet")
+VERTEX_TYPES = ("gpu", "nic", "switch")
+
+# Share of the line rate a bulk transfer gets, per link kind (usable = line x this).
+PROTOCOL_DEFAULTS: Mapping[str, float] = {
+    # NCCL tests on DGX A100 / H100 report NVLink bus bandwidth near 80% of the
+    # per-GPU, per-direction line rate (e.g. ~240 of 300 GB/s on A100).
+    "nvlink": 0.8,
+    # PCIe Gen4 x16 device copies reach ~25-26 of 32 GB/s (TLP headers, flow control).
+    "pcie": 0.8,
+    # InfiniBand RDMA: 64b/66b line code (97%) and headers at 4 KiB MTU (~98%);
+    # ib_write_bw with large messages runs within a few percent of the data rate.
+    "infiniband": 0.95,
+    # RoCEv2 RDMA: Ethernet/IP/UDP headers on top of InfiniBand's, plus congestion
+    # control back-off (DCQCN). Mooncake's Transfer Engine moves 87 GB/s over
+    # 4 x 200 Gb/s RoCE (87% of line rate; kvcache-ai/Mooncake README).
+    "roce": 0.9,
+    # TCP: kernel copies through host memory, one stream per peer. Mooncake's README
+    # puts RDMA at 2.4x-4.6x its TCP path on the same NICs; 0.4 is a chosen middle
+    # value, not a measurement. Set it per topology.
+    "ethernet": 0.4,
+}
+
+# Per-link one-way latency defaults, seconds (a path adds its links' latencies).
+LATENCY_DEFAULTS: Mapping[str, float] = {
+    "nvlink": 1e-6,  # GPU <-> NVSwitch hop; peer copies start in a few microseconds
+    "pcie": 1e-6,  # one PCIe switch hop plus DMA set-up
+    "infiniband": 1e-6,  # NIC + switch hop; IB verbs one-way latency is ~1-2 us end to end
+    "roce": 2e-6,  # Ethernet switch hops are slower than IB's (~0.5-1 us per hop)
+    "ethernet": 10e-6,  # kernel TCP stack on both ends
+}
+
+
+@dataclass(frozen=True, slots=True)
+class VertexDef:
+    """One vertex: ``type`` gpu | nic | switch; ``node`` its node index (None for
+    fabric switches); ``gpu`` the catalog name of a GPU; ``fabric`` what a switch
+    switches; ``kind`` a NIC's link kind; ``tier`` a fabric switch's level (0 leaf
+    or single switch, 1 spine); ``serves`` the local GPU indices a NIC serves."""
+
+    name: str
+    type: str
+    node: int | None = None
+    index: int = 0
+    gpu: str = ""
+    fabric: str = ""
+    kind: str = ""
+    tier: int = 0
+    serves: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LinkDef:
+    """One directed link before it becomes a :class:`twin.topology.Link`."""
+
+    src: str
+    dst: str
+    kind: str
+    capacity_bytes_s: float
+    latency_s: float
+    efficiency: float
+
+
+@dataclass(slots=True)
+class TopoDef:
+    """A topology as plain data: vertices in declaration order, directed links."""
+
+    name: str
+    where: str
+    vertices: list[VertexDef] = field(default_factory=list)
+    links: list[LinkDef] = field(default_factory=list)
+    fabric: str = ""  # single-switch | leaf-spine | explicit
+    templates: dict[int, str] = field(default_factory=dict)  # node -> template name
+
+
+def parse_rate(value: object, where: str) -> float:
+    try:
+        x = parse_bandwidth(value)
+    except UnitError as e:
+        raise SpecError(f"{where}: {e}") from None
+    if x <= 0:
+        raise SpecError(f"{where}: {value!r} must be a positive bandwidth")
+    return x
+
+
+def parse_latency(value: object, where: str) -> float:
+    try:
+        x = parse_duration(value)
+    except UnitError as e:
+        raise SpecError(f"{where}: {e}") from None
+    return nonneg_float(x, where)
+
+
+def one_of(value: object, where: str, what: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise SpecError(f"{where}: unknown {what} {value!r}; expected one of {', '.join(allowed)}")
+    return str(value)
+
+
+def as_mapping(value: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{where}: {value!r} must be a mapping")
+    return value
+
+
+def gpu_name(value: object, where: str) -> str:
+    if not isinstance(value, str):
+        raise SpecError(f"{where}: {value!r} must be a GPU catalog name such as h100-sxm")
+    try:
+        return get_gpu(value).name
+    except UnknownNameError as e:
+        raise SpecError(f"{where}: {e}") from None
+
+
+def per_kind(data: Mapping[str, Any], where: str) -> tuple[dict[str, float], dict[str, float]]:
+    """``protocol:`` and ``latency:`` mappings over the link kinds, defaults filled in."""
+    eff = dict(PROTOCOL_DEFAULTS)
+    lat = dict(LATENCY_DEFAULTS)
+    for k, target, parse in (
+        ("protocol", eff, fraction),
+        ("latency", lat, parse_latency),
+    ):
+        given = data.get(k)
+        if given is None:
+            continue
+        w = entry(where, k)
+        check_keys(as_mapping(given, w), w, (), LINK_KINDS)
+        for kind, value in given.items():
+            target[kind] = parse(value, entry(w, kind))
+    return eff, lat
+
+
+def parse_topology(
+    data: Mapping[str, Any], where: str, default_name: str, nodes: int | None = None
+) -> TopoDef:
+    """A :class:`TopoDef` from a topology mapping; ``nodes`` overrides the node
+    count of a single-template topology. Raises :class:`SpecError`."""
+    data = as_mapping(data, where or "topology")
+    if "vertices" in data or "links" in data:
+        check_keys(data, where, ("vertices", "links"), ("name", "protocol", "latency"))
+        if nodes is not None:
+            raise SpecError(
+                f"{where}: a node count ({nodes}) scales a template; "
+                "this topology lists its vertices explicitly"
+            )
+        from twin.topoexplicit import parse_explicit  # it builds on the helpers here
+
+        return parse_explicit(data, where, default_name)
+    check_keys(
+        data, where, ("nodes",), ("name", "node", "templates", "fabric", "protocol", "latency")
+    )
+    return _templated(data, where, default_name, nodes)
+
+
+def topology_name(data: Mapping[str, Any], where: str, default: str) -> str:
+    name = data.get("name", default)
+    if not isinstance(name, str) or not name:
+        raise SpecError(f"{entry(where, 'name')}: {name!r} must be a non-empty string")
+    return name
+
+
+# -- the template form -----------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Template:
+    name: str
+    gpu: str
+    gpus: int
+    intra: str
+    intra_bytes_s: float
+    gpu_pcie_bytes_s: float
+    nic_count: int
+    nic_kind: str
+    nic_bytes_s: float
+    nic_serves: tuple[tuple[int, ...], ...]
+    nic_attach: str
+    nic_pcie_bytes_s: float
+
+
+def _template(t: object, where: str, name: str) -> _Template:
+    t = as_mapping(t, where)
+    check_keys(t, where, ("gpu", "gpus"), ("intra", "nics"))
+    gpu = gpu_name(t["gpu"], entry(where, "gpu"))
+    spec = get_gpu(gpu)
+    n = positive_int(t["gpus"], entry(where, "gpus"))
+    wi = entry(where, "intra")
+    intra = as_mapping(t.get("intra", {"kind": "nvswitch" if spec.nvlink_bytes_s else "pcie"}), wi)
+    check_keys(intra, wi, ("kind",), ("bandwidth",))
+    kind = one_of(intra["kind"], entry(wi, "kind"), "intra-node fabric", INTRA_KINDS)
+    default_bw = spec.nvlink_bytes_s if kind == "nvswitch" else spec.pcie_bytes_s
+    if "bandwidth" in intra:
+        intra_bw = parse_rate(intra["bandwidth"], entry(wi, "bandwidth"))
+    elif default_bw > 0:
+        intra_bw = default_bw
+    else:
+        raise SpecError(f"{entry(wi, 'kind')}: {gpu} has no NVLink; use pcie or give a bandwidth")
+    wn = entry(where, "nics")
+    nics = as_mapping(t.get("nics", {"count": 0}), wn)
+    if nics.get("count", 1) == 0:
+        check_keys(nics, wn, ("count",))
+        return _Template(name, gpu, n, kind, intra_bw, spec.pcie_bytes_s, 0, "", 0.0, (), "", 0.0)
+    check_keys(nics, wn, ("count", "kind", "bandwidth"), ("gpus", "attach", "pcie"))
+    count = positive_int(nics["count"], entry(wn, "count"))
+    nic_kind = one_of(nics["kind"], entry(wn, "kind"), "NIC kind", NIC_KINDS)
+    nic_bw = parse_rate(nics["bandwidth"], entry(wn, "bandwidth"))
+    attach = one_of(
+        nics.get("attach", "gpu" if kind == "nvswitch" else "host"),
+        entry(wn, "attach"),
+        "NIC attachment",
+        ("gpu", "host"),
+    )
+    pcie = parse_rate(nics.get("pcie", spec.pcie_bytes_s), entry(wn, "pcie"))
+    serves = _nic_serves(nics.get("gpus"), count, n, entry(wn, "gpus"))
+    return _Template(
+        name,
+        gpu,
+        n,
+        kind,
+        intra_bw,
+        spec.pcie_bytes_s,
+        count,
+        nic_kind,
+        nic_bw,
+        serves,
+        attach,
+        pcie,
+    )
+
+
+def _nic_serves(value: object, count: int, gpus: int, where: str) -> tuple[tuple[int, ...], ...]:
+    """Which local GPUs each NIC serves. Default: GPUs spread evenly over the NICs in
+    order (NIC i serves GPU i when counts match); with more NICs than GPUs, NIC i
+    serves GPU i mod gpus."""
+    if value is None:
+        if count >= gpus:
+            return tuple((i % gpus,) for i in range(count))
+        per = -(-gpus // count)
+        return tuple(tuple(range(i * per, min((i + 1) * per, gpus))) for i in range(count))
+    if not isinstance(value, list) or len(value) != count:
+        raise SpecError(f"{where}: {value!r} must be a list of {count} entries, one per NIC")
+    out = []
+    for i, item in enumerate(value):
+        items = item if isinstance(item, list) else [item]
+        for g in items:
+            if isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < gpus:
+                raise SpecError(
+                    f"{where}[{i}]: GPU index {g!r} outside the node; expected 0..{gpus - 1}"
+                )
+        if not items:
+            raise SpecError(f"{where}[{i}]: NIC {i} serves no GPU")
+        out.append(tuple(items))
+    served = {g for s in out for g in s}
+    missing = [g for g in range(gpus) if g not in served]
+    if missing:
+        raise SpecError(f"{where}: GPU {missing[0]} is served by no NIC")
+    return tuple(out)
+
+
+def _templated(data: Mapping[str, Any], where: str, default: str, nodes: int | None) -> TopoDef:
+    if ("node" in data) == ("templates" in data):
+        raise SpecError(f"{where}: give exactly one of 'node' (one template) or 'templates'")
+    groups: list[tuple[_Template, int]] = []
+    wnodes = entry(where, "nodes")
+    if "node" in data:
+        t = _template(data["node"], entry(where, "node"), "node")
+        groups.append((t, positive_int(data["nodes"], wnodes)))
+    else:
+        wt = entry(where, "templates")
+        raw = as_mapping(data["templates"], wt)
+        if not raw:
+            raise SpecError(f"{wt}: no templates given")
+        templates = {str(k): _template(v, entry(wt, str(k)), str(k)) for k, v in raw.items()}
+        items = data["nodes"]
+        if isinstance(items, int) and not isinstance(items, bool) and len(templates) == 1:
+            items = [{"template": next(iter(templates)), "count": items}]
+        if not isinstance(items, list) or not items:
+            raise SpecError(f"{wnodes}: {items!r} must be a list of {{template, count}}")
+        for i, g in enumerate(items):
+            wg = f"{wnodes}[{i}]"
+            check_keys(as_mapping(g, wg), wg, ("template", "count"))
+            tname = one_of(g["template"], entry(wg, "template"), "template", tuple(templates))
+            groups.append((templates[tname], positive_int(g["count"], entry(wg, "count"))))
+    if nodes is not None:
+        if len(groups) != 1:
+            raise SpecError(
+                f"{where}: a node count ({nodes}) scales a single template; this topology "
+                f"mixes {len(groups)} node groups"
+            )
+        groups = [(groups[0][0], positive_int(nodes, "nodes"))]
+    eff, lat = per_kind(data, where)
+    topo = TopoDef(topology_name(data, where, default), where)
+    node = 0
+    for t, count in groups:
+        for _ in range(count):
+            _add_node(topo, t, node, eff, lat)
+            topo.templates[node] = t.name
+            node += 1
+    _add_fabric(topo, data.get("fabric"), entry(where, "fabric"), groups, eff, lat)
+    return topo
+
+
+def _duplex(topo: TopoDef, a: str, b: str, kind: str, bw: float, eff: dict, lat: dict) -> None:
+    topo.links.append(LinkDef(a, b, kind, bw, lat[kind], eff[kind]))
+    topo.links.append(LinkDef(b, a, kind, bw, lat[kind], eff[kind]))
+
+
+def _add_node(topo: TopoDef, t: _Template, i: int, eff: dict, lat: dict) -> None:
+    p = f"n{i}."
+    gpus = [f"{p}gpu{j}" for j in range(t.gpus)]
+    for j, g in enumerate(gpus):
+        topo.vertices.append(VertexDef(g, "gpu", node=i, index=j, gpu=t.gpu))
+    intra = f"{p}nvswitch" if t.intra == "nvswitch" else f"{p}pcie"
+    topo.vertices.append(VertexDef(intra, "switch", node=i, fabric=t.intra))
+    link_kind = "nvlink" if t.intra == "nvswitch" else "pcie"
+    for g in gpus:
+        _duplex(topo, g, intra, link_kind, t.intra_bytes_s, eff, lat)
+    host = f"{p}pcie"
+    if t.nic_count and t.nic_attach == "host" and t.intra != "pcie":
+        # NIC on the host's PCIe tree: GPUs reach it over their own PCIe link.
+        topo.vertices.append(VertexDef(host, "switch", node=i, fabric="pcie"))
+        for g in gpus:
+            _duplex(topo, g, host, "pcie", t.gpu_pcie_bytes_s, eff, lat)
+    for k in range(t.nic_count):
+        nic = f"{p}nic{k}"
+        topo.vertices.append(
+            VertexDef(nic, "nic", node=i, index=k, kind=t.nic_kind, serves=t.nic_serves[k])
+        )
+        if t.nic_attach == "gpu":
+            # GPUDirect RDMA: each GPU shares a PCIe switch with its NIC.
+            for j in t.nic_serves[k]:
+                _duplex(topo, gpus[j], nic, "pcie", t.nic_pcie_bytes_s, eff, lat)
+        else:
+            _duplex(topo, host, nic, "pcie", t.nic_pcie_bytes_s, eff, lat)
+
+
+def _add_fabric(
+    topo: TopoDef,
+    raw: object,
+    where: str,
+    groups: list[tuple[_Template, int]],
+    eff: dict,
+    lat: dict,
+) -> None:
+    kinds = sorted({t.nic_kind for t, _ in groups if t.nic_count})
+    if raw is None:
+        raw = {"kind": "single-switch"}
+    f = as_mapping(raw, where)
+    kind = one_of(f.get("kind"), entry(where, "kind"), "fabric kind", FABRIC_KINDS)
+    topo.fabric = kind
+    if kind == "single-switch":
+        check_keys(f, where, ("kind",))
+    else:
+        check_keys(f, where, ("kind", "nodes_per_leaf", "oversubscription"))
+    if not kinds:
+        return
+    if len(kinds) > 1:
+        raise SpecError(
+            f"{where}: node NICs are of kinds {', '.join(kinds)}; one fabric carries one kind"
+        )
+    nk = kinds[0]
+    nics = [v for v in topo.vertices if v.type == "nic"]
+    cap = {nic.name: nic_bw for nic, nic_bw in _nic_rates(nics, groups)}
+    if kind == "single-switch":
+        topo.vertices.append(VertexDef("switch", "switch", fabric=nk))
+        for nic in nics:
+            _duplex(topo, nic.name, "switch", nk, cap[nic.name], eff, lat)
+        return
+    per_leaf = positive_int(f["nodes_per_leaf"], entry(where, "nodes_per_leaf"))
+    over = positive_float(f["oversubscription"], entry(where, "oversubscription"))
+    n_nodes = sum(c for _, c in groups)
+    leaves = -(-n_nodes // per_leaf)
+    # NOTE: the spine layer is one vertex; ECMP is taken as perfectly balanced, so
+    # a leaf's uplinks act as one pipe of (its downlink total / oversubscription).
+    topo.vertices.append(VertexDef("spine", "switch", fabric=nk, tier=1))
+    for leaf in range(leaves):
+        name = f"leaf{leaf}"
+        topo.vertices.append(VertexDef(name, "switch", fabric=nk, tier=0))
+        down = 0.0
+        for nic in nics:
+            assert nic.node is not None
+            if nic.node // per_leaf == leaf:
+                _duplex(topo, nic.name, name, nk, cap[nic.name], eff, lat)
+                down += cap[nic.name]
+        _duplex(topo, name, "spine", nk, down / over, eff, lat)
+
+
+def _nic_rates(nics: list[VertexDef], groups: list[tuple[_Template, int]]):  # type: ignore[no-untyped-def]
+    node_rate = []
+    for t, count in groups:
+        node_rate += [t.nic_bytes_s] * count
+    for nic in nics:
+        assert nic.node is not None
+        yield nic, node_rate[nic.node]

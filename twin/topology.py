@@ -1,0 +1,416 @@
+"""The cluster's network as a directed graph: GPUs, NICs, switches, links.
+
+A :class:`Topology` is loaded from YAML (a bundled name, a path, or an inline
+mapping from an experiment spec; the schema is in ``topologies/README.md``
+and parsed by :mod:`twin.topofile`). Vertices have ``type`` gpu | nic |
+switch; every edge carries a :class:`Link`, one direction of a physical
+link, with its line rate, latency and protocol efficiency.
+
+Routing is static and deterministic: inside a node a GPU reaches another over
+the node's NVSwitch (or PCIe switch); across nodes it goes GPU -> NIC ->
+fabric -> NIC -> GPU. Among equally short routes the one with the widest
+bottleneck wins, then the one whose vertex names sort first.
+
+Only this module imports networkx.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Set
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+import yaml
+
+from twin import yamlio
+from twin.bundled import bundled_names, bundled_text
+from twin.errors import SpecError, UnknownNameError
+from twin.topofile import LINK_KINDS, TopoDef, parse_topology
+
+__all__ = [
+    "LINK_KINDS",
+    "Link",
+    "Topology",
+    "draw_topology",
+    "load_topology",
+    "topology_names",
+]
+
+# At most this many equally short routes are compared when picking one (explicit
+# graphs can have many; template graphs have one or a few).
+_MAX_TIES = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """One directed edge. ``capacity_bytes_s``: line rate in one direction,
+    bytes/s. ``latency_s``: one-way latency, s. ``efficiency``: the share of the
+    line rate a bulk transfer gets over this link's protocol, in (0, 1]."""
+
+    src: str
+    dst: str
+    kind: str
+    capacity_bytes_s: float
+    latency_s: float
+    efficiency: float
+
+    def __post_init__(self) -> None:
+        if self.kind not in LINK_KINDS:
+            raise ValueError(f"link {self.src} -> {self.dst}: kind {self.kind!r}")
+        if not (self.capacity_bytes_s > 0 and math.isfinite(self.capacity_bytes_s)):
+            raise ValueError(f"link {self.src} -> {self.dst}: capacity {self.capacity_bytes_s!r}")
+        if not (self.latency_s >= 0 and math.isfinite(self.latency_s)):
+            raise ValueError(f"link {self.src} -> {self.dst}: latency {self.latency_s!r}")
+        if not 0 < self.efficiency <= 1:
+            raise ValueError(f"link {self.src} -> {self.dst}: efficiency {self.efficiency!r}")
+
+    @property
+    def usable_bytes_s(self) -> float:
+        """The rate a bulk transfer can use: ``capacity_bytes_s * efficiency``."""
+        return self.capacity_bytes_s * self.efficiency
+
+
+class Topology:
+    """A validated topology. ``gpus[i]`` is the vertex name of global GPU ``i``
+    (node by node, ``n0.gpu0``, ``n0.gpu1``, ...). Paths and flows are cached;
+    treat the graph as read-only."""
+
+    def __init__(self, d: TopoDef) -> None:
+        self.name = d.name
+        self.where = d.where
+        self.fabric = d.fabric
+        g: nx.DiGraph = nx.DiGraph()
+        for v in d.vertices:
+            attrs: dict[str, Any] = {"type": v.type, "node": v.node}
+            if v.type == "gpu":
+                attrs.update(gpu=v.gpu, index=v.index)
+            elif v.type == "nic":
+                attrs.update(kind=v.kind, index=v.index, serves=v.serves)
+            else:
+                attrs.update(fabric=v.fabric, tier=v.tier)
+            g.add_node(v.name, **attrs)
+        for ln in d.links:
+            g.add_edge(
+                ln.src,
+                ln.dst,
+                link=Link(
+                    ln.src, ln.dst, ln.kind, ln.capacity_bytes_s, ln.latency_s, ln.efficiency
+                ),
+            )
+        self.graph = g
+        gpu_v = [v for v in d.vertices if v.type == "gpu"]
+        if not gpu_v:
+            raise SpecError(f"{d.where}: the topology has no GPU")
+        gpu_v.sort(key=lambda v: (v.node, v.index))
+        self.gpus: tuple[str, ...] = tuple(v.name for v in gpu_v)
+        self._node: tuple[int, ...] = tuple(int(v.node or 0) for v in gpu_v)
+        self._type: tuple[str, ...] = tuple(v.gpu for v in gpu_v)
+        n_nodes = max(self._node) + 1
+        self._node_gpus = tuple(
+            tuple(i for i, n in enumerate(self._node) if n == k) for k in range(n_nodes)
+        )
+        self._node_nics = tuple(
+            tuple(v.name for v in d.vertices if v.type == "nic" and v.node == k)
+            for k in range(n_nodes)
+        )
+        self._gpu_nics = tuple(self._serving(i) for i in range(len(self.gpus)))
+        core: list[set[str]] = [set() for _ in range(n_nodes)]
+        for v, a in g.nodes(data=True):
+            if a["node"] is not None and a["type"] != "nic" and a["node"] < n_nodes:
+                core[a["node"]].add(v)
+        self._node_core = tuple(frozenset(c) for c in core)
+        self._fabric = frozenset(v for v, n in g.nodes(data="node") if n is None)
+        self._paths: dict[tuple[int, int, int | None], tuple[Link, ...]] = {}
+        self._legs: dict[tuple[str, str, str], list[str] | None] = {}
+        self._injection: dict[int, float] = {}
+        self._bisection: float | None = None
+        self._check_connected()
+
+    # -- structure ---------------------------------------------------------------------
+    def _serving(self, gpu: int) -> tuple[str, ...]:
+        node, g = self.graph.nodes, self.gpus[gpu]
+        local = node[g]["index"]
+        nics = self._node_nics[self._node[gpu]]
+        return tuple(n for n in nics if local in node[n]["serves"])
+
+    def _check_connected(self) -> None:
+        first = self.gpus[0]
+        down = nx.descendants(self.graph, first)
+        up = nx.ancestors(self.graph, first)
+        for g in self.gpus[1:]:
+            if g not in down or g not in up:
+                a, b = (first, g) if g not in down else (g, first)
+                raise SpecError(
+                    f"{self.where}: GPU {g!r} is not connected to the other GPUs "
+                    f"(no route {a} -> {b}); every GPU must reach every other GPU"
+                )
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self._node_gpus)
+
+    def node_of(self, gpu: int) -> int:
+        """The node index of global GPU ``gpu``."""
+        return self._node[gpu]
+
+    def gpu_type(self, gpu: int) -> str:
+        """The GPU catalog name (:func:`twin.hardware.get_gpu`) of global GPU ``gpu``."""
+        return self._type[gpu]
+
+    def gpus_of_node(self, node: int) -> tuple[int, ...]:
+        """Global indices of the GPUs of ``node``, in order."""
+        return self._node_gpus[node]
+
+    def nic_count(self, node: int) -> int:
+        return len(self._node_nics[node])
+
+    def nics_of_node(self, node: int) -> tuple[str, ...]:
+        """NIC vertex names of ``node``, by NIC index."""
+        return self._node_nics[node]
+
+    def nics_of_gpu(self, gpu: int) -> tuple[str, ...]:
+        """The NICs that serve ``gpu`` (its own first), by NIC index; empty if none."""
+        return self._gpu_nics[gpu]
+
+    def link(self, u: str, v: str) -> Link:
+        """The directed link ``u -> v``; ``KeyError`` if there is none."""
+        try:
+            return self.graph.edges[u, v]["link"]
+        except KeyError:
+            raise KeyError(f"no link {u} -> {v} in topology {self.name!r}") from None
+
+    # -- routing -----------------------------------------------------------------------
+    def _leg(self, s: str, d: str, area: str) -> list[str] | None:
+        """A cached route ``s -> d`` within ``area``: ``"n<k>"`` node k without its
+        NICs (plus ``s`` and ``d``), ``"fabric"`` the fabric (plus both ends), ``"all"``."""
+        key = (s, d, area)
+        if key not in self._legs:
+            allowed: Set[str] | None
+            if area == "all":
+                allowed = None
+            elif area == "fabric":
+                allowed = self._fabric | {s, d}
+            else:
+                allowed = self._node_core[int(area[1:])] | {s, d}
+            self._legs[key] = self._route(s, d, allowed)
+        return self._legs[key]
+
+    def _route(self, s: str, d: str, allowed: Set[str] | None) -> list[str] | None:
+        g = (
+            self.graph
+            if allowed is None
+            else nx.subgraph_view(self.graph, filter_node=allowed.__contains__)
+        )
+        try:
+            routes = list(itertools.islice(nx.all_shortest_paths(g, s, d), _MAX_TIES))
+        except (nx.NetworkXNoPath, nx.NodeNotFound):
+            return None
+        edges = self.graph.edges
+
+        def key(r: list[str]) -> tuple[float, list[str]]:
+            return (-min(edges[u, v]["link"].usable_bytes_s for u, v in itertools.pairwise(r)), r)
+
+        return min(routes, key=key)
+
+    def _inside(self, node: int, *extra: str) -> Set[str]:
+        """The node's vertices but its NICs, plus ``extra``."""
+        return self._node_core[node] | set(extra)
+
+    def path(self, src: int, dst: int, nic: int | None = None) -> tuple[Link, ...]:
+        """Links from global GPU ``src`` to ``dst``; empty when ``src == dst``.
+
+        Inside a node: over the node's NVSwitch or PCIe switch (``nic`` is
+        ignored). Across nodes: ``src`` -> its own NIC (or NIC ``nic`` of its
+        node) -> fabric -> the NIC of ``dst`` (or NIC ``nic`` mod the NIC count
+        of the destination node) -> ``dst``.
+        """
+        key = (src, dst, nic)
+        hit = self._paths.get(key)
+        if hit is not None:
+            return hit
+        s, d = self.gpus[src], self.gpus[dst]
+        ns, nd = self._node[src], self._node[dst]
+        route: list[str] | None
+        if src == dst:
+            route = [s]
+        elif ns == nd:
+            route = self._leg(s, d, f"n{ns}") or self._leg(s, d, "all")
+        else:
+            route = self._cross(src, dst, nic)
+        if route is None:  # excluded by the connectivity check at load
+            raise AssertionError(f"no route {s} -> {d}")
+        links = tuple(self.graph.edges[u, v]["link"] for u, v in itertools.pairwise(route))
+        self._paths[key] = links
+        return links
+
+    def _cross(self, src: int, dst: int, nic: int | None) -> list[str] | None:
+        s, d = self.gpus[src], self.gpus[dst]
+        ns, nd = self._node[src], self._node[dst]
+        if nic is not None and not 0 <= nic < self.nic_count(ns):
+            raise ValueError(f"nic {nic}: node {ns} has {self.nic_count(ns)} NICs")
+        own_s, own_d = self._gpu_nics[src], self._gpu_nics[dst]
+        if nic is not None:
+            a, b = self._node_nics[ns][nic], self._node_nics[nd][nic % max(1, self.nic_count(nd))]
+        elif own_s and own_d:
+            a, b = own_s[0], own_d[0]
+        else:
+            return self._leg(s, d, "all")
+        legs = (
+            self._leg(s, a, f"n{ns}"),
+            self._leg(a, b, "fabric"),
+            self._leg(b, d, f"n{nd}"),
+        )
+        if any(leg is None for leg in legs):
+            return self._leg(s, d, "all")
+        one, two, three = legs
+        assert one is not None and two is not None and three is not None
+        return one + two[1:] + three[1:]
+
+    @staticmethod
+    def latency_s(path: Iterable[Link]) -> float:
+        """Sum of the links' latencies, s."""
+        return sum(ln.latency_s for ln in path)
+
+    @staticmethod
+    def bottleneck_bytes_s(path: Iterable[Link]) -> float:
+        """The smallest usable rate along ``path``, bytes/s; ``inf`` for an empty path."""
+        return min((ln.usable_bytes_s for ln in path), default=math.inf)
+
+    # -- capacities --------------------------------------------------------------------
+    def _flow_graph(self, keep: Set[str] | None = None) -> nx.DiGraph:
+        f: nx.DiGraph = nx.DiGraph()
+        for u, v, ln in self.graph.edges(data="link"):
+            if keep is None or (u in keep and v in keep):
+                f.add_edge(u, v, capacity=ln.usable_bytes_s)
+        return f
+
+    def injection_bytes_s(self, gpu: int) -> float:
+        """The most a GPU alone can send off its node through the NICs that serve
+        it, usable bytes/s: a max-flow from the GPU over its node's links to
+        those NICs' fabric links. 0 when no NIC serves it."""
+        if gpu in self._injection:
+            return self._injection[gpu]
+        node = self._node[gpu]
+        nics = self._gpu_nics[gpu]
+        total = 0.0
+        if nics:
+            f = self._flow_graph(self._inside(node, *nics))
+            for n in nics:
+                out = sum(
+                    ln.usable_bytes_s
+                    for _, v, ln in self.graph.out_edges(n, data="link")
+                    if self.graph.nodes[v]["node"] is None
+                )
+                f.add_edge(n, "__sink__", capacity=out)
+            total = float(nx.maximum_flow_value(f, self.gpus[gpu], "__sink__"))
+        self._injection[gpu] = total
+        return total
+
+    def halves(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The two GPU sets :meth:`bisection_bytes_s` separates: nodes
+        ``[0, N//2)`` against ``[N//2, N)``; on one node, its GPUs split the same way."""
+        if self.num_nodes > 1:
+            cut = self.num_nodes // 2
+            a = tuple(i for i, n in enumerate(self._node) if n < cut)
+        else:
+            a = tuple(range(len(self.gpus) // 2))
+        b = tuple(i for i in range(len(self.gpus)) if i not in set(a))
+        return a, b
+
+    def bisection_bytes_s(self) -> float:
+        """Usable bytes/s from the first half of the GPUs to the second (see
+        :meth:`halves`) when all of them send at once: a max-flow over every link's
+        usable rate. NOTE: one fixed cut by node order, not the minimum over all
+        bisections (that is NP-hard); for the symmetric bundled topologies they agree."""
+        if self._bisection is None:
+            a, b = self.halves()
+            if not a or not b:
+                self._bisection = 0.0
+            else:
+                f = self._flow_graph()
+                for i in a:
+                    f.add_edge("__source__", self.gpus[i])  # no capacity: unbounded
+                for i in b:
+                    f.add_edge(self.gpus[i], "__sink__")
+                self._bisection = float(nx.maximum_flow_value(f, "__source__", "__sink__"))
+        return self._bisection
+
+    # -- description -------------------------------------------------------------------
+    def summary(self) -> str:
+        """The readable description ``twin topo`` prints (see :mod:`twin.toporeport`)."""
+        from twin.toporeport import summary
+
+        return summary(self)
+
+    def __repr__(self) -> str:
+        return f"Topology({self.name!r}, nodes={self.num_nodes}, gpus={len(self.gpus)})"
+
+
+# -- loading ---------------------------------------------------------------------------
+def topology_names() -> list[str]:
+    """Names of the bundled topologies."""
+    return bundled_names("topologies")
+
+
+def _read(spec: str, base_dir: Path | None) -> tuple[str, str, str]:
+    """``(text, label for messages, default name)`` of a path or a bundled name."""
+    path = Path(spec)
+    if base_dir is not None and not path.is_absolute():
+        path = base_dir / path
+    if path.suffix in (".yaml", ".yml") or path.exists() or "/" in spec:
+        if not path.is_file():
+            raise SpecError(f"{spec}: no such topology file")
+        return path.read_text(encoding="utf-8"), str(spec), path.stem
+    names = topology_names()
+    if spec not in names:
+        raise UnknownNameError("topology", spec, names)
+    return bundled_text("topologies", spec), f"topologies/{spec}.yaml", spec
+
+
+def load_topology(
+    spec: str | Mapping[str, Any],
+    *,
+    nodes: int | None = None,
+    where: str = "",
+    base_dir: Path | None = None,
+) -> Topology:
+    """A topology from a bundled name, a YAML path (relative to ``base_dir`` when
+    given), or an inline mapping. ``where`` names the spec entry in messages
+    (e.g. ``"spec.yaml: topology"``); errors inside a topology file name that
+    file. ``nodes`` overrides the node count of a single-template topology.
+
+    Raises :class:`UnknownNameError` for an unknown name and :class:`SpecError`
+    for a bad file or value.
+    """
+    if isinstance(spec, Mapping):
+        label = where or "topology"
+        default = "custom"
+        data: Any = spec
+    elif isinstance(spec, str | Path):
+        try:
+            text, label, default = _read(str(spec), base_dir)
+        except SpecError as e:
+            raise SpecError(f"{where}: {e}" if where else str(e)) from None
+        try:
+            data = yamlio.load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+            raise SpecError(f"{label}: not valid YAML{at}: {problem}") from None
+        if not isinstance(data, Mapping):
+            raise SpecError(f"{label}: a topology must be a mapping of keys")
+    else:
+        raise SpecError(f"{where or 'topology'}: {spec!r} is not a topology name, path or mapping")
+    return Topology(parse_topology(data, label, default, nodes))
+
+
+def draw_topology(topo: Topology, path: str | Path) -> None:
+    """Draw ``topo`` to an image file (PNG by extension) with matplotlib."""
+    from twin.topodraw import draw
+
+    draw(topo, path)
