@@ -159,16 +159,19 @@ def max_min_rates(
             users.setdefault(k, []).append(i)
     left = {k: capacity[k] for k in users}  # capacity not taken by frozen flows
     count = {k: len(v) for k, v in users.items()}  # unfrozen flows on the link
+    open_links = list(users)  # links with unfrozen flows
+    cap_of = [math.inf if c is None else c for c in caps]
+    capped = [i for i in range(n) if cap_of[i] < math.inf]  # ... unfrozen
     todo = n
     while todo:
         level = math.inf
-        for k, c in count.items():
-            if c:
-                level = min(level, left[k] / c)
-        for i in range(n):
-            cap = caps[i]
-            if not frozen[i] and cap is not None and cap < level:
-                level = cap
+        for k in open_links:
+            share = left[k] / count[k]
+            if share < level:
+                level = share
+        for i in capped:
+            if cap_of[i] < level:
+                level = cap_of[i]
         if level == math.inf:  # only flows with neither links nor caps remain
             for i in range(n):
                 if not frozen[i]:
@@ -176,14 +179,11 @@ def max_min_rates(
             break
         level = max(level, 0.0)  # rounding may leave a link a hair below zero
         hold: list[int] = []
-        for k, c in count.items():
+        for k in open_links:
             # A link within rounding of the level is full too: freeze its flows.
-            if c and left[k] / c <= level * (1.0 + 1e-12):
+            if left[k] / count[k] <= level * (1.0 + 1e-12):
                 hold.extend(i for i in users[k] if not frozen[i])
-        for i in range(n):
-            cap = caps[i]
-            if not frozen[i] and cap is not None and cap <= level:
-                hold.append(i)
+        hold.extend(i for i in capped if cap_of[i] <= level)
         for i in hold:
             if frozen[i]:
                 continue  # on two full links
@@ -193,6 +193,8 @@ def max_min_rates(
             for k in paths[i]:
                 left[k] -= level
                 count[k] -= 1
+        open_links = [k for k in open_links if count[k]]
+        capped = [i for i in capped if not frozen[i]]
     return rate
 
 
@@ -292,6 +294,7 @@ class Network:
         self.env = env
         self._flows: dict[int, _Flow] = {}  # sending, in creation order
         self._links: dict[tuple[str, str], _LinkState] = {}
+        self._used: list[_LinkState] = []  # links under the flows now sending
         self._next_transfer = 0
         self._next_flow = 0
         self._gen = 0
@@ -414,7 +417,7 @@ class Network:
             self._sent += moved
             for k in f.keys:
                 links[k].bytes += moved
-        for s in links.values():
+        for s in self._used:
             if s.load > 0.0:
                 s.busy_s += dt
 
@@ -435,14 +438,16 @@ class Network:
 
     def _reshare(self, now: float) -> None:
         self._gen += 1
-        flows = list(self._flows.values())
-        for s in self._links.values():
+        for s in self._used:
             s.load = 0.0
+        flows = list(self._flows.values())
+        links = self._links
+        # Only the links under active flows: the work does not grow with the graph.
+        capacity = {k: links[k].usable for f in flows for k in f.keys}
+        self._used = [links[k] for k in capacity]
         if not flows:
             return
-        capacity = {k: s.usable for k, s in self._links.items()}
         rates = max_min_rates([f.keys for f in flows], [f.cap for f in flows], capacity)
-        links = self._links
         earliest = math.inf
         for f, r in zip(flows, rates, strict=True):
             # local uncapped flows were drained in _settle, so r is finite
@@ -451,7 +456,7 @@ class Network:
             earliest = min(earliest, f.finish_at)
             for k in f.keys:
                 links[k].load += r
-        for s in links.values():
+        for s in self._used:
             if s.load > 0.0:
                 s.peak = max(s.peak, s.load)
                 self.max_link_load_ratio = max(self.max_link_load_ratio, s.load / s.usable)
