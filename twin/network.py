@@ -5,7 +5,8 @@ on a path of directed links (one flow per TP shard, or per NIC when several are
 aggregated). The network knows nothing of how the graph is built: a link is
 anything with ``src``, ``dst``, ``latency_s`` and ``usable_bytes_s`` (capacity
 times protocol efficiency), see :class:`LinkLike`. Links are identified by
-``(src, dst)``.
+``(src, dst)``: two links with the same ends and different capacities are a
+:class:`~twin.errors.SpecError`.
 
 Semantics:
 
@@ -23,10 +24,10 @@ Semantics:
   the transfer) when every flow is delivered. One flow on an idle path thus
   takes exactly ``latency + size / min(bottleneck usable, cap)``
   (:meth:`Network.idle_time_s`).
-- Edge cases. A zero-size flow is delivered after its path latency. A
-  transfer with no flows is done at once. A flow with an empty path is local:
-  instant when uncapped, ``size / cap`` when capped. A cap of 0 stalls a flow
-  until :meth:`Transfer.set_cap` lifts it.
+- Edge cases. A zero-size flow (at most 1e-6 bytes) is delivered after its
+  path latency. A transfer with no flows is done at once. A flow with an
+  empty path is local: instant when uncapped, ``size / cap`` when capped. A
+  cap of 0 stalls a flow until :meth:`Transfer.set_cap` lifts it.
 - Determinism. Flows are kept in creation order, links in first-use order
   (reports sort them by ``(src, dst)``); nothing iterates a set.
 - Floats. Remaining bytes are decremented by rate x elapsed. A flow is done
@@ -40,7 +41,8 @@ no head-of-line blocking; fair sharing is the ideal that RDMA and TCP
 approach, so contended transfers come out somewhat optimistic.
 
 Progressive filling costs O(k x path length x rounds) for k active flows, at
-most k rounds; fine for tens to hundreds of concurrent flows.
+most k rounds; fine for tens to hundreds of concurrent flows (about 1.5 ms a
+re-share with 400 flows on a two-tier fabric).
 """
 
 from __future__ import annotations
