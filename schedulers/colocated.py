@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from twin.errors import SpecError
 from twin.request import Request
 from twin.scheduler import ClusterView, Plan, Reject, Route, register
 
@@ -29,7 +30,14 @@ class Colocated:
             raise ValueError(f"routing: {self.routing!r}; expected one of {', '.join(ROUTINGS)}")
 
     def setup(self, cluster: ClusterView) -> Plan:
-        return Plan({i.id: "mixed" for i in cluster.instances})
+        split = sorted({i.role for i in cluster.instances} - {"mixed"})
+        if split:
+            raise SpecError(
+                f"scheduler 'colocated' serves each request on one instance, but the cluster "
+                f"has {' and '.join(split)} instances; use a disaggregated policy such as "
+                "'disagg', or give cluster.instances"
+            )
+        return Plan()
 
     def route(self, req: Request, view: ClusterView) -> Route | Reject:
         instances = view.instances

@@ -146,7 +146,7 @@ def test_a_spec_written_from_the_readme_runs(capsys, tmp_path):
     out = tmp_path / "r.json"
     code, text, err = run_cli(capsys, "run", str(spec), "--json", str(out))
     assert code == 0, err
-    assert "my-7b on 2 x (TP2 PP1) mygpu" in text
+    assert "my-7b, 2 x TP2 on mygpu" in text
     s = json.loads(out.read_text())["summary"]
     assert s["requests"] == s["completed"] > 100
     assert s["tpot_s"]["p50"] < 0.03

@@ -83,9 +83,34 @@ def test_round_robin_cycles():
     assert picks == [0, 1, 2, 0, 1]
 
 
-def test_setup_makes_every_instance_mixed():
+def test_colocated_keeps_mixed_instances_and_refuses_split_ones():
     plan = build_scheduler("colocated", {}).setup(view((0, 0), (0, 0)))
-    assert dict(plan.roles) == {0: "mixed", 1: "mixed"}
+    assert dict(plan.roles) == {}
+    split = ClusterView([InstanceSnapshot(0, role="prefill"), InstanceSnapshot(1, role="decode")])
+    with pytest.raises(SpecError, match="has decode and prefill instances"):
+        build_scheduler("colocated", {}).setup(split)
+
+
+def test_disagg_picks_least_loaded_prefill_and_decode():
+    import schedulers.disagg  # noqa: F401
+
+    v = ClusterView(
+        [
+            InstanceSnapshot(0, role="prefill", queue_tokens=5000),
+            InstanceSnapshot(1, role="prefill", queue_tokens=1000, running_requests=3),
+            InstanceSnapshot(2, role="prefill", queue_tokens=1000, running_requests=1),
+            InstanceSnapshot(3, role="decode", running_requests=9),
+            InstanceSnapshot(4, role="decode", running_requests=2, free_blocks=10),
+            InstanceSnapshot(5, role="decode", running_requests=2, free_blocks=500),
+        ]
+    )
+    req = Request(0, 0.0, 100, 10)
+    policy = build_scheduler("disagg", {})
+    assert policy.route(req, v) == Route(2)
+    assert policy.pick_decode(req, v) == 5
+    assert build_scheduler("disagg", {"decode_at": "arrival"}).route(req, v) == Route(2, 5)
+    with pytest.raises(SpecError, match="needs prefill and decode instances"):
+        policy.setup(view((0, 0)))
 
 
 class FakeEntryPoint:

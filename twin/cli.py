@@ -16,6 +16,7 @@ from typing import IO, Any
 
 import twin
 from twin.errors import TwinError
+from twin.units import format_bytes
 
 EXIT_USAGE = 2
 
@@ -30,6 +31,12 @@ def _name(entry: Any) -> str:
     return entry if isinstance(entry, str) else str(entry.get("name", "custom"))
 
 
+def _group_text(g: dict[str, Any]) -> str:
+    role = "" if g["role"] == "mixed" else f"{g['role']} "
+    pp = f" PP{g['pp']}" if g["pp"] > 1 else ""
+    return f"{g['instances']} x {role}TP{g['tp']}{pp}"
+
+
 def format_summary(result: dict[str, Any]) -> str:
     """The readable table ``twin run`` prints."""
     h, s = result["header"], result["summary"]
@@ -38,9 +45,11 @@ def format_summary(result: dict[str, Any]) -> str:
     model = _name(spec["model"])
     gpu = _name(spec["gpu"])
     sched = spec["scheduler"]["name"]
+    shape = " + ".join(_group_text(g) for g in cl["groups"])
+    where = f" on {cl['topology']}" if "topology" in cl else ""
     lines = [
-        f"pd-twin {h['version']} | {spec['name']} | {model} on {cl['instances']} x "
-        f"(TP{cl['tp']} PP{cl['pp']}) {gpu} | scheduler {sched} | perf {h['perf_model']}",
+        f"pd-twin {h['version']} | {spec['name']} | {model}, {shape} on {gpu}{where} | "
+        f"scheduler {sched} | perf {h['perf_model']}",
         f"requests {s['requests']:,}  completed {s['completed']:,}  rejected {s['rejected']:,}"
         f"  simulated {s['simulated_s']:.1f} s  preemptions {s['preemptions']:,}",
         "",
@@ -67,6 +76,12 @@ def format_summary(result: dict[str, Any]) -> str:
         f"throughput {_fmt(s['throughput_rps'], 1, 2)} req/s, "
         f"{_fmt(s['output_tokens_per_s'], 1, 0)} output tokens/s",
     ]
+    if s.get("kv_bytes_transferred"):
+        tr = s["transfer_s"]
+        lines.append(
+            f"KV hand-off: {format_bytes(s['kv_bytes_transferred'])} moved; transfer after "
+            f"prefill p50 {_fmt(tr['p50'], 1e3)} ms, p99 {_fmt(tr['p99'], 1e3)} ms"
+        )
     if s["rejected_by_reason"]:
         reasons = ", ".join(f"{k}: {v}" for k, v in s["rejected_by_reason"].items())
         lines.append(f"rejected: {reasons}")
@@ -124,6 +139,39 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     rows = validate_perf(find_data_dir(args.data))
     print(format_validation(rows))
+    return 0
+
+
+def cmd_handoff(args: argparse.Namespace) -> int:
+    from twin.handoff import handoff_estimate
+    from twin.models import get_model
+    from twin.topology import load_topology
+
+    model = get_model(args.model, where="twin handoff: MODEL")
+    where = "twin handoff: --topology"
+    topo = load_topology(args.topology, nodes=args.nodes, where=where)
+    if args.placement == "cross-node" and topo.num_nodes < 2 and args.nodes is None:
+        topo = load_topology(args.topology, nodes=2, where=where)  # a template scales
+    est = handoff_estimate(
+        model, args.tokens, topo, tp=args.tp, placement=args.placement, mode=args.mode,
+        multi_nic=args.multi_nic,
+    )  # fmt: skip
+    if args.json:
+        print(json.dumps(est, indent=2))
+        return 0
+    print(
+        f"{est['model']}: {est['tokens']:,} tokens of KV = {est['kv_bytes']:,} B "
+        f"({format_bytes(est['kv_bytes'])})\n"
+        f"{est['placement']} on {est['topology']}, TP{est['tp']}: {est['flows']} flows\n"
+        f"path (shard 0): {' | '.join(est['path']) or '(same GPU)'}\n"
+        f"bottleneck: {(est['bottleneck_bytes_s'] or 0) / 1e9:,.3f} GB/s (usable)\n"
+        + (
+            f"layer-wise over a {est['prefill_s'] * 1e3:.3f} ms prefill: "
+            f"residual {est['transfer_s'] * 1e3:.3f} ms"
+            if est["mode"] == "layerwise"
+            else f"transfer on an idle network: {est['transfer_s'] * 1e3:.3f} ms"
+        )
+    )
     return 0
 
 
@@ -196,6 +244,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--data", help="the public data folder (default: $TWIN_DATA, ./shared/data, ../shared/data)"
     )
     v.set_defaults(func=cmd_validate)
+
+    h = sub.add_parser("handoff", help="KV bytes and idle-network transfer time of one hand-off")
+    h.add_argument("model")
+    h.add_argument("--tokens", type=int, required=True, help="prompt tokens whose KV moves")
+    h.add_argument("--topology", required=True, help="bundled topology name or YAML path")
+    h.add_argument("--placement", choices=["same-node", "cross-node"], default="cross-node")
+    h.add_argument("--tp", type=int, default=1, help="tensor parallelism of both instances")
+    h.add_argument("--mode", choices=["serialized", "layerwise"], default="serialized")
+    h.add_argument("--multi-nic", action="store_true", help="spread each shard over all NICs")
+    h.add_argument("--nodes", type=int, help="scale the topology to this many nodes")
+    h.add_argument("--json", action="store_true", help="print JSON")
+    h.set_defaults(func=cmd_handoff)
 
     s = sub.add_parser("schedulers", help="list the registered scheduling policies")
     s.set_defaults(func=cmd_schedulers)

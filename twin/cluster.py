@@ -1,14 +1,17 @@
 """Nodes, GPUs and the serving instances placed on them.
 
-NOTE: until topologies arrive, a node is a box of ``gpus_per_node`` identical
-GPUs and instances fill nodes in order (an instance's TP x PP group never
-straddles a node when it fits in one). Placement only labels instances here;
-nothing in the timing depends on it yet.
+With a topology, every instance's GPUs lie in one node (its TP x PP group
+talks over NVLink or PCIe) and the instance runs with that node's GPU type;
+the KV of a split deployment then travels over the topology's paths between
+the instances' GPUs. Without one, a node is a box of ``gpus_per_node``
+identical GPUs and placement only labels instances (no KV moves).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from twin.engine import Engine
 from twin.errors import SpecError
@@ -42,15 +45,64 @@ def place_instances(count: int, gpus_per_instance: int, gpus_per_node: int = 8) 
     return out
 
 
+def place_on_topology(
+    topology: Any, sizes: Sequence[int], order: Sequence[int], where: str = "cluster"
+) -> list[Placement]:
+    """Place instance ``i`` (``sizes[i]`` GPUs) on ``topology``, taking instances
+    in ``order``: each goes to the first node with enough free GPUs, on its
+    lowest free ones. An instance never spans nodes."""
+    free = {n: list(topology.gpus_of_node(n)) for n in range(topology.num_nodes)}
+    largest = max(len(g) for g in free.values())
+    placed: dict[int, Placement] = {}
+    for i in order:
+        need = sizes[i]
+        if need > largest:
+            raise SpecError(
+                f"{where}: instance {i} needs {need} GPUs in one node; nodes of "
+                f"{topology.name!r} have at most {largest}"
+            )
+        node = next((n for n in sorted(free) if len(free[n]) >= need), None)
+        if node is None:
+            total = sum(sizes)
+            have = sum(len(topology.gpus_of_node(n)) for n in range(topology.num_nodes))
+            raise SpecError(
+                f"{where}: {len(sizes)} instances need {total} GPUs in node-sized groups; "
+                f"topology {topology.name!r} has {have} GPUs in {topology.num_nodes} nodes "
+                "(raise cluster.nodes)"
+            )
+        gpus = tuple(free[node][:need])
+        del free[node][:need]
+        placed[i] = Placement(i, node, gpus)
+    return [placed[i] for i in range(len(sizes))]
+
+
+def placement_order(roles: Sequence[str], how: str) -> list[int]:
+    """``packed``: instances in id order; ``interleaved``: prefill and decode
+    instances alternate (P0, D0, P1, D1, ...) so that pairs share a node."""
+    ids = list(range(len(roles)))
+    if how == "packed":
+        return ids
+    pre = [i for i in ids if roles[i] == "prefill"]
+    dec = [i for i in ids if roles[i] == "decode"]
+    rest = [i for i in ids if roles[i] not in ("prefill", "decode")]
+    out: list[int] = []
+    for k in range(max(len(pre), len(dec))):
+        out += pre[k : k + 1] + dec[k : k + 1]
+    return out + rest
+
+
 class EngineView:
     """The live, read-only :class:`twin.scheduler.InstanceView` of an engine."""
 
-    __slots__ = ("_engine", "_placement", "role")
+    __slots__ = ("_engine", "_placement")
 
-    def __init__(self, engine: Engine, placement: Placement, role: str) -> None:
+    def __init__(self, engine: Engine, placement: Placement) -> None:
         self._engine = engine
         self._placement = placement
-        self.role = role
+
+    @property
+    def role(self) -> str:
+        return self._engine.role
 
     @property
     def id(self) -> int:
@@ -87,7 +139,7 @@ class EngineView:
 
     @property
     def running_requests(self) -> int:
-        return len(self._engine.running)
+        return self._engine.running_requests
 
     def estimate_prefill_s(self, tokens: int) -> float:
         return self._engine.perf.iteration_time(Batch(((tokens, 0),)))

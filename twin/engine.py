@@ -226,6 +226,7 @@ class Engine:
         # prefill side: sequences whose KV waits to move -> the blocks they hold
         self.handoff: dict[int, tuple[Sequence, int]] = {}
         self._landed: list[Sequence] = []  # decode side: KV arrived, not yet joined
+        self.reserved: dict[int, int] = {}  # decode side: request id -> blocks its KV lands in
         self.perf = perf
         self.kv = blocks
         self.config = config
@@ -262,7 +263,8 @@ class Engine:
 
     @property
     def running_requests(self) -> int:
-        return len(self.running)
+        """Admitted sequences, and KV hand-offs this instance has reserved blocks for."""
+        return len(self.running) + len(self.reserved)
 
     # -- input -----------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
@@ -276,24 +278,26 @@ class Engine:
 
     def reserve(self, seq: Sequence) -> bool:
         """Decode side: take the blocks ``seq``'s KV will land in, if they are
-        free (less the watermark) and a running slot is open. The sequence then
-        counts as running, in state INCOMING, until :meth:`receive`."""
+        free (less the watermark) and a running slot is open. They stay
+        reserved (counted as running) until :meth:`receive`."""
         need = blocks_for(seq.prefill_len, self.kv.block_size)
-        if len(self.running) >= self.config.max_num_seqs or not self.kv.can_admit(need):
+        if self.running_requests >= self.config.max_num_seqs or not self.kv.can_admit(need):
             return False
         self._interrupt()
         self.kv.allocate(need)
-        seq.blocks = need
-        seq.state = INCOMING
-        seq.epoch += 1
-        self.running[seq.req.id] = seq
+        self.reserved[seq.req.id] = need
         return True
 
     def receive(self, seq: Sequence) -> None:
-        """Decode side: ``seq``'s KV has landed; it decodes from the next step."""
+        """Decode side: ``seq``'s KV has landed in its reserved blocks; it
+        decodes from the next step."""
         self._interrupt()
+        seq.blocks = self.reserved.pop(seq.req.id)
         seq.instance = self.id
         seq.handoff = False  # a recompute after a preemption happens here
+        seq.state = INCOMING
+        seq.epoch += 1
+        self.running[seq.req.id] = seq
         self._landed.append(seq)  # joins at the next step boundary
         self._poke()
 
@@ -517,7 +521,7 @@ class Engine:
             budget -= n
         kv = self.kv
         now = self.env.now
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
+        while self.waiting and self.running_requests < self.config.max_num_seqs:
             s = self.waiting[0]
             need = s.prefill_len
             if budget <= 0 or (not chunked and chunks and need > budget):

@@ -102,6 +102,8 @@ REQUEST_COLUMNS = (
     "status",
     "reason",
     "instance",
+    "prefill_instance",
+    "decode_instance",
     "arrival_s",
     "prompt_tokens",
     "output_tokens",
@@ -110,6 +112,10 @@ REQUEST_COLUMNS = (
     "first_token_s",
     "finish_s",
     "queue_s",
+    "prefill_s",
+    "transfer_wait_s",
+    "transfer_s",
+    "first_decode_s",
     "ttft_s",
     "tpot_s",
     "e2e_s",
@@ -140,6 +146,7 @@ class Metrics:
         self.e2e = Distribution()
         self.queue = Distribution()
         self.itl_max = Distribution()
+        self.transfer = Distribution()
 
     @property
     def ended(self) -> int:
@@ -158,6 +165,12 @@ class Metrics:
         self.ttft.add(ttft)
         self.e2e.add(e2e)
         self.queue.add(queue)
+        moved = s.t_transfer_end >= 0.0
+        if moved:
+            # What the hand-off adds after the prompt is done (a layer-wise
+            # stream overlaps the prefill; only its residual shows).
+            sent_from = max(s.t_transfer_start, s.t_prefill_done)
+            self.transfer.add(s.t_transfer_end - sent_from)
         ttft_ok = ttft <= self.slo.ttft_s
         tpot_ok = tpot is None or tpot <= self.slo.tpot_s
         self.completed += 1
@@ -175,6 +188,8 @@ class Metrics:
                     "status": "completed",
                     "reason": "",
                     "instance": s.instance,
+                    "prefill_instance": s.prefill_instance,
+                    "decode_instance": s.instance,
                     "arrival_s": req.arrival_s,
                     "prompt_tokens": req.prompt_tokens,
                     "output_tokens": req.output_tokens,
@@ -183,6 +198,16 @@ class Metrics:
                     "first_token_s": s.t_first_token,
                     "finish_s": s.t_finish,
                     "queue_s": queue,
+                    "prefill_s": s.t_prefill_done - s.t_scheduled,
+                    "transfer_wait_s": max(0.0, s.t_transfer_start - s.t_prefill_done)
+                    if moved
+                    else "",
+                    "transfer_s": s.t_transfer_end - max(s.t_transfer_start, s.t_prefill_done)
+                    if moved
+                    else "",
+                    "first_decode_s": s.t_first_decode - s.t_transfer_end
+                    if moved and s.t_first_decode >= 0
+                    else "",
                     "ttft_s": ttft,
                     "tpot_s": "" if tpot is None else tpot,
                     "e2e_s": e2e,
@@ -225,6 +250,7 @@ class Metrics:
             "e2e_s": self.e2e.summary(),
             "queue_s": self.queue.summary(),
             "max_itl_s": self.itl_max.summary(),
+            "transfer_s": self.transfer.summary(),
             "slo_attainment": self.slo_met / n if n else None,
             "ttft_attainment": self.ttft_met / n if n else None,
             "tpot_attainment": self.tpot_met / n if n else None,

@@ -9,21 +9,24 @@ environment, the engines, the scheduler instance and the random streams
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import simpy
 
 import twin
-from twin.cluster import EngineView, place_instances
-from twin.engine import Arrival, Engine, Sequence
+from twin.cluster import EngineView, place_instances, place_on_topology, placement_order
+from twin.engine import ROLES, Arrival, Engine, Sequence
 from twin.errors import CapacityError, SpecError
+from twin.handoff import KVHandoff, pick_decode_with
+from twin.hardware import get_gpu
 from twin.kvcache import BlockManager, blocks_for, kv_capacity_blocks
 from twin.metrics import Metrics
+from twin.network import Network
 from twin.perf import PerfModel, build_perf_model
 from twin.request import Request
-from twin.scheduler import ClusterView, Reject, Route, build_scheduler
+from twin.scheduler import ClusterView, Plan, Reject, Route, build_scheduler
 from twin.spec import ExperimentSpec
 from twin.workload import file_sha256, iter_requests
 
@@ -36,9 +39,15 @@ class Result:
     header: dict[str, Any]
     summary: dict[str, Any]
     instances: list[dict[str, Any]]
+    links: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"header": self.header, "summary": self.summary, "instances": self.instances}
+        return {
+            "header": self.header,
+            "summary": self.summary,
+            "instances": self.instances,
+            "links": self.links,
+        }
 
 
 class Simulation:
@@ -63,51 +72,102 @@ class Simulation:
         self.rng_scheduler = np.random.default_rng(seeds[1])
         self._requests = requests
         self.metrics = Metrics(spec.slo, on_row)
-        self.perf = perf or build_perf_model(
-            spec.perf,
-            spec.model,
-            spec.gpu,
-            spec.tp,
-            spec.pp,
-            where=f"{spec.source}: perf",
-            base_dir=spec.base_dir,
-        )
-        self.capacity_blocks = kv_capacity_blocks(
-            gpu_memory_bytes=spec.gpu.memory_bytes,
-            memory_utilization=spec.memory_utilization,
-            weight_bytes=spec.model.weight_bytes,
-            activation_reserve_bytes=spec.activation_reserve_bytes,
-            kv_bytes_per_token=spec.model.kv_bytes_per_token(),
-            tp=spec.tp,
-            pp=spec.pp,
-            block_size=spec.engine.block_size,
-        )
         self.scheduler = build_scheduler(
             spec.scheduler, spec.scheduler_params, where=f"{spec.source}: scheduler"
         )
-        placements = place_instances(spec.instances, spec.tp * spec.pp, spec.gpus_per_node)
+        roles = [g.role for g in spec.groups for _ in range(g.count)]
+        sizes = [g.tp * g.pp for g in spec.groups for _ in range(g.count)]
+        shapes = [(g.tp, g.pp) for g in spec.groups for _ in range(g.count)]
+        topo = spec.topology
+        if topo is not None:
+            order = placement_order(roles, spec.placement)
+            placements = place_on_topology(topo, sizes, order, where=f"{spec.source}: cluster")
+            gpus = [get_gpu(topo.gpu_type(p.gpus[0])) for p in placements]
+            self.network: Network | None = Network(self.env)
+        else:
+            placements = place_instances(len(roles), sizes[0], spec.gpus_per_node)
+            gpus = [spec.gpu] * len(roles)
+            self.network = None
+        self.handoff: KVHandoff | None = None
         self.engines: list[Engine] = []
+        self.capacity: list[int] = []
+        perfs: dict[tuple[str, int, int], PerfModel] = {}
         views = []
-        watermark = int(spec.engine.watermark * self.capacity_blocks)
-        for p in placements:
-            kv = BlockManager(self.capacity_blocks, spec.engine.block_size, watermark)
-            eng = Engine(self.env, p.instance, self.perf, kv, spec.engine, self._finished, log)
+        for p, role, gpu, (tp, pp) in zip(placements, roles, gpus, shapes, strict=True):
+            key = (gpu.name, tp, pp)
+            if key not in perfs:
+                perfs[key] = perf or build_perf_model(
+                    spec.perf, spec.model, gpu, tp, pp,
+                    where=f"{spec.source}: perf", base_dir=spec.base_dir,
+                )  # fmt: skip
+            blocks = kv_capacity_blocks(
+                gpu_memory_bytes=gpu.memory_bytes,
+                memory_utilization=spec.memory_utilization,
+                weight_bytes=spec.model.weight_bytes,
+                activation_reserve_bytes=spec.activation_reserve_bytes,
+                kv_bytes_per_token=spec.model.kv_bytes_per_token(),
+                tp=tp,
+                pp=pp,
+                block_size=spec.engine.block_size,
+            )
+            watermark = int(spec.engine.watermark * blocks)
+            kv = BlockManager(blocks, spec.engine.block_size, watermark)
+            eng = Engine(
+                self.env, p.instance, perfs[key], kv, spec.engine, self._finished, log, role=role
+            )
             self.engines.append(eng)
-            views.append(EngineView(eng, p, "mixed"))
+            self.capacity.append(blocks - watermark)
+            views.append(EngineView(eng, p))
+        self.perfs = perfs
         self.view = ClusterView(views, lambda: self.env.now)
-        plan = self.scheduler.setup(self.view)
-        for inst_id, role in plan.roles.items():
-            if not 0 <= inst_id < len(views):
-                raise SpecError(f"scheduler {spec.scheduler!r}: setup names instance {inst_id}")
-            if role != "mixed":
-                raise SpecError(
-                    f"scheduler {spec.scheduler!r}: role {role!r} for instance {inst_id}; "
-                    "this cluster runs colocated instances only (role 'mixed')"
-                )
+        self._apply_plan(self.scheduler.setup(self.view))
+        if topo is not None and self.network is not None:
+            self.handoff = KVHandoff(
+                self.env,
+                self.engines,
+                [p.gpus for p in placements],
+                topo,
+                self.network,
+                spec.model.kv_bytes_per_token(),
+                spec.transfer,
+                pick_decode_with(self.scheduler, self.view),
+                ttft_at_decode=spec.ttft_at == "decode",
+                layers=spec.model.layers,
+            )
+            for eng in self.engines:
+                eng.hooks = self.handoff
         self._arrived = 0
         self.events = 0
-        # Longest sequence that can always finish, even alone on an instance.
-        self._max_blocks = self.capacity_blocks - watermark
+        # Longest sequences that can always finish, even alone on an instance.
+        self._max_prompt_blocks = min(
+            c for c, e in zip(self.capacity, self.engines, strict=True) if e.role != "decode"
+        )
+        self._max_blocks = min(
+            c for c, e in zip(self.capacity, self.engines, strict=True) if e.role != "prefill"
+        )
+
+    def _apply_plan(self, plan: Plan) -> None:
+        name = self.spec.scheduler
+        for inst_id, role in plan.roles.items():
+            if not 0 <= inst_id < len(self.engines):
+                raise SpecError(f"scheduler {name!r}: setup names instance {inst_id}")
+            if role not in ROLES:
+                raise SpecError(
+                    f"scheduler {name!r}: setup gives instance {inst_id} role {role!r}; "
+                    f"expected one of {', '.join(ROLES)}"
+                )
+            self.engines[inst_id].role = role
+        roles = {e.role for e in self.engines}
+        if roles - {"mixed"} and self.spec.topology is None:
+            raise SpecError(
+                f"scheduler {name!r} splits prefill and decode; the cluster needs a topology "
+                "for the KV cache to travel over (cluster.topology)"
+            )
+        if not roles & {"prefill", "mixed"} or not roles & {"decode", "mixed"}:
+            raise SpecError(
+                f"scheduler {name!r}: the cluster has roles {sorted(roles)}; it needs instances "
+                "that prefill (prefill or mixed) and instances that decode (decode or mixed)"
+            )
 
     # -- processes -------------------------------------------------------------------
     def _request_stream(self) -> Iterator[Request]:
@@ -141,27 +201,60 @@ class Simulation:
                     f"scheduler {self.spec.scheduler!r}: route() returned {decision!r}; "
                     "expected Route or Reject"
                 )
-            target = decision.prefill
-            if not 0 <= target < len(self.engines) or decision.decode not in (None, target):
+            self._dispatch(req, decision)
+
+    def _dispatch(self, req: Request, decision: Route) -> None:
+        name = self.spec.scheduler
+        p, d = decision.prefill, decision.decode
+        n = len(self.engines)
+        if not (isinstance(p, int) and 0 <= p < n) or not (
+            d is None or isinstance(d, int) and 0 <= d < n
+        ):
+            raise SpecError(
+                f"scheduler {name!r}: route for request {req.id} names {decision}; "
+                f"instances are 0..{n - 1}"
+            )
+        src = self.engines[p]
+        if src.role == "decode":
+            raise SpecError(
+                f"scheduler {name!r}: request {req.id} routed to prefill on decode instance {p}"
+            )
+        seq = Sequence(req, self.env.now)
+        if req.output_tokens == 1:
+            pass  # done when the prompt is: its KV never moves
+        elif d is not None and d != p:
+            if self.engines[d].role == "prefill":
                 raise SpecError(
-                    f"scheduler {self.spec.scheduler!r}: route for request {req.id} names "
-                    f"{decision}; instances are 0..{len(self.engines) - 1}, colocated"
+                    f"scheduler {name!r}: request {req.id} routed to decode on prefill instance {d}"
                 )
-            self.engines[target].submit(Sequence(req, env.now))
+            if self.handoff is None:
+                raise SpecError(
+                    f"scheduler {name!r}: request {req.id} prefills on {p} and decodes on {d}; "
+                    "moving KV needs a topology (cluster.topology)"
+                )
+            seq.handoff, seq.decode_instance = True, d
+        elif d is None and src.role == "prefill":
+            seq.handoff = True
+        src.submit(seq)
 
     def _oversized(self, req: Request) -> bool:
-        need = blocks_for(req.prompt_tokens + req.output_tokens - 1, self.spec.engine.block_size)
-        if need <= self._max_blocks:
+        bs = self.spec.engine.block_size
+        need = blocks_for(req.prompt_tokens + req.output_tokens - 1, bs)
+        if (
+            need <= self._max_blocks
+            and blocks_for(req.prompt_tokens, bs) <= self._max_prompt_blocks
+        ):
             return False
         if self.spec.oversized == "reject":
             self.metrics.reject(req, "exceeds_kv_capacity", self.env.now)
             return True
         spec = self.spec
+        holds = min(self._max_blocks, self._max_prompt_blocks)
         raise CapacityError(
             f"{spec.source}: request {req.id}: prompt {req.prompt_tokens} + output "
-            f"{req.output_tokens} tokens need {need} KV blocks, but an instance of "
-            f"{spec.model.name} (tp={spec.tp}, pp={spec.pp}) on {spec.gpu.name} holds "
-            f"{self._max_blocks}; give instances more GPUs, or set engine.oversized: reject"
+            f"{req.output_tokens} tokens need {need} KV blocks, but the smallest instance of "
+            f"{spec.model.name} that would serve it holds {holds}; "
+            "give instances more GPUs, or set engine.oversized: reject"
         )
 
     def _finished(self, s: Sequence) -> None:
@@ -181,13 +274,23 @@ class Simulation:
             pass
         self.events = events
         self._check_conservation()
-        return Result(self._header(), self.metrics.summary(), self._instance_stats())
+        summary = self.metrics.summary()
+        summary["kv_bytes_transferred"] = self.handoff.bytes_moved if self.handoff else 0.0
+        links = self.network.link_stats() if self.network is not None else []
+        return Result(self._header(), summary, self._instance_stats(), links)
 
     def _check_conservation(self) -> None:
         if self.metrics.ended != self._arrived:
             raise AssertionError(f"{self._arrived} requests arrived but {self.metrics.ended} ended")
         for e in self.engines:
-            if e.kv.free != e.kv.total or e.running or e.waiting:
+            if (
+                e.kv.free != e.kv.total
+                or e.running
+                or e.waiting
+                or e.handoff
+                or e._landed
+                or e.reserved
+            ):
                 raise AssertionError(f"instance {e.id} ended with work or blocks held")
 
     def _header(self) -> dict[str, Any]:
@@ -203,9 +306,13 @@ class Simulation:
             "spec": dict(spec.resolved),
             "spec_sha256": spec.sha256,
             "trace_sha256": sources,
-            "profile_sha256": self.perf.sha256,
-            "perf_model": self.perf.name,
-            "kv_blocks_per_instance": self.capacity_blocks,
+            "profile_sha256": next((p.sha256 for p in self.perfs.values() if p.sha256), None),
+            "perf_model": " + ".join(sorted(p.name for p in self.perfs.values())),
+            "kv_blocks_per_instance": (
+                self.engines[0].kv.total
+                if len({e.kv.total for e in self.engines}) == 1
+                else [e.kv.total for e in self.engines]
+            ),
         }
 
     def _instance_stats(self) -> list[dict[str, Any]]:
@@ -213,11 +320,15 @@ class Simulation:
         return [
             {
                 "id": e.id,
+                "role": e.role,
+                "node": v.node,
+                "gpus": list(v.gpus),
+                "kv_blocks": e.kv.total,
                 "iterations": e.iterations,
                 "busy_s": e.busy_s,
                 "utilization": e.busy_s / span if span > 0 else 0.0,
                 "preemptions": e.preemptions,
                 "peak_kv_blocks": e.kv.peak_used,
             }
-            for e in self.engines
+            for e, v in zip(self.engines, self.view.instances, strict=True)
         ]

@@ -24,6 +24,7 @@ from twin._check import check_keys
 from twin.bundled import bundled_names, bundled_text
 from twin.engine import EngineConfig
 from twin.errors import SpecError, UnitError, UnknownNameError
+from twin.handoff import TransferConfig
 from twin.hardware import GPUSpec, get_gpu
 from twin.metrics import SLO
 from twin.models import ModelSpec, get_model
@@ -42,8 +43,23 @@ TOP_KEYS = (
     "scheduler",
     "workload",
     "slo",
+    "transfer",
 )
-CLUSTER_KEYS = ("instances", "gpus", "tp", "pp", "gpus_per_node")
+CLUSTER_KEYS = (
+    "instances",
+    "gpus",
+    "tp",
+    "pp",
+    "gpus_per_node",
+    "topology",
+    "nodes",
+    "prefill",
+    "decode",
+    "placement",
+)
+GROUP_KEYS = ("instances", "tp", "pp")
+PLACEMENTS = ("packed", "interleaved")
+TRANSFER_KEYS = ("mode", "handoff", "multi_nic")
 ENGINE_DEFAULTS: dict[str, Any] = {
     "block_size": 16,
     "max_num_seqs": 256,
@@ -59,6 +75,16 @@ OVERSIZED = ("error", "reject")
 SLO_KEYS = ("ttft", "tpot", "target", "ttft_at")
 
 
+@dataclass(frozen=True, slots=True)
+class InstanceGroup:
+    """``count`` instances of one role with the same parallelism."""
+
+    role: str
+    count: int
+    tp: int
+    pp: int
+
+
 @dataclass(frozen=True)
 class ExperimentSpec:
     """A validated experiment. ``resolved`` is the plain-data form with every
@@ -72,6 +98,10 @@ class ExperimentSpec:
     tp: int
     pp: int
     gpus_per_node: int
+    groups: tuple[InstanceGroup, ...]
+    topology: Any  # a twin.topology.Topology, or None: nodes of gpus_per_node GPUs, no network
+    placement: str
+    transfer: TransferConfig
     engine: EngineConfig
     memory_utilization: float
     activation_reserve_bytes: float
@@ -81,6 +111,7 @@ class ExperimentSpec:
     scheduler_params: Mapping[str, Any]
     workload: WorkloadSpec
     slo: SLO
+    ttft_at: str
     source: str
     base_dir: Path
     resolved: Mapping[str, Any] = field(repr=False)
@@ -195,6 +226,52 @@ def _duration(value: Any, where: str) -> float:
     return v
 
 
+def _group(value: Any, role: str, tp: int, pp: int, where: str) -> InstanceGroup:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return InstanceGroup(role, _positive_int(value, where), tp, pp)
+    m = _mapping(value, where)
+    _check_keys(m, GROUP_KEYS, where)
+    return InstanceGroup(
+        role,
+        _positive_int(m.get("instances", 1), f"{where}.instances"),
+        _positive_int(m.get("tp", tp), f"{where}.tp"),
+        _positive_int(m.get("pp", pp), f"{where}.pp"),
+    )
+
+
+def _cluster(cl: Mapping[str, Any], where: str) -> tuple[tuple[InstanceGroup, ...], int, int, dict]:
+    """Instance groups (prefill first, then decode, then mixed), default tp/pp, resolved form."""
+    tp = _positive_int(cl.get("tp", 1), f"{where}.tp")
+    pp = _positive_int(cl.get("pp", 1), f"{where}.pp")
+    if "instances" in cl and "gpus" in cl:
+        raise SpecError(f"{where}: give instances or gpus, not both")
+    groups: list[InstanceGroup] = []
+    for role in ("prefill", "decode"):
+        if role in cl:
+            groups.append(_group(cl[role], role, tp, pp, f"{where}.{role}"))
+    if ("prefill" in cl) != ("decode" in cl):
+        missing = "decode" if "prefill" in cl else "prefill"
+        raise SpecError(f"{where}.{missing}: missing; a split cluster needs both roles")
+    if "gpus" in cl:
+        gpus = _positive_int(cl["gpus"], f"{where}.gpus")
+        if gpus % (tp * pp):
+            raise SpecError(f"{where}.gpus: {gpus} is not a multiple of tp x pp = {tp * pp}")
+        groups.append(InstanceGroup("mixed", gpus // (tp * pp), tp, pp))
+    elif "instances" in cl or not groups:
+        groups.append(
+            InstanceGroup(
+                "mixed", _positive_int(cl.get("instances", 1), f"{where}.instances"), tp, pp
+            )
+        )
+    out: dict[str, Any] = {
+        "instances": sum(g.count for g in groups),
+        "tp": tp,
+        "pp": pp,
+        "groups": [{"role": g.role, "instances": g.count, "tp": g.tp, "pp": g.pp} for g in groups],
+    }
+    return tuple(groups), tp, pp, out
+
+
 def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> ExperimentSpec:
     """Validate ``data`` (a parsed YAML mapping) into an :class:`ExperimentSpec`."""
     data = copy.deepcopy(dict(data))
@@ -219,21 +296,63 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
 
     cl = _mapping(data.get("cluster"), f"{where}: cluster")
     _check_keys(cl, CLUSTER_KEYS, f"{where}: cluster")
-    tp = _positive_int(cl.get("tp", 1), f"{where}: cluster.tp")
-    pp = _positive_int(cl.get("pp", 1), f"{where}: cluster.pp")
+    groups, tp, pp, cluster_out = _cluster(cl, f"{where}: cluster")
+    topology = None
+    if "topology" in cl:
+        from twin.topology import load_topology
+
+        nodes = cl.get("nodes")
+        if nodes is not None:
+            nodes = _positive_int(nodes, f"{where}: cluster.nodes")
+        topology = load_topology(
+            cl["topology"], nodes=nodes, where=f"{where}: cluster.topology", base_dir=base_dir
+        )
+        cluster_out["topology"] = cl["topology"]
+        if nodes is not None:
+            cluster_out["nodes"] = nodes
+    elif "nodes" in cl:
+        raise SpecError(f"{where}: cluster.nodes: scales a topology; give cluster.topology too")
+    elif any(g.role != "mixed" for g in groups):
+        raise SpecError(
+            f"{where}: cluster.topology: missing; prefill and decode instances need one, "
+            "since the KV cache travels between them (e.g. topology: dgx-h100-ib400)"
+        )
     per_node = _positive_int(cl.get("gpus_per_node", 8), f"{where}: cluster.gpus_per_node")
-    if "instances" in cl and "gpus" in cl:
-        raise SpecError(f"{where}: cluster: give instances or gpus, not both")
-    if "gpus" in cl:
-        gpus = _positive_int(cl["gpus"], f"{where}: cluster.gpus")
-        if gpus % (tp * pp):
-            raise SpecError(
-                f"{where}: cluster.gpus: {gpus} is not a multiple of tp x pp = {tp * pp}"
-            )
-        instances = gpus // (tp * pp)
-    else:
-        instances = _positive_int(cl.get("instances", 1), f"{where}: cluster.instances")
-    out["cluster"] = {"instances": instances, "tp": tp, "pp": pp, "gpus_per_node": per_node}
+    placement = cl.get("placement", "packed")
+    if placement not in PLACEMENTS:
+        raise SpecError(
+            f"{where}: cluster.placement: {placement!r}; expected one of {', '.join(PLACEMENTS)}"
+        )
+    cluster_out.update(gpus_per_node=per_node, placement=placement)
+    if topology is not None:
+        types = sorted({topology.gpu_type(i) for i in range(len(topology.gpus))})
+        if "gpu" in data:
+            if [gpu.name] != [get_gpu(t).name for t in types]:
+                raise SpecError(
+                    f"{where}: gpu: {data['gpu']!r}, but topology {topology.name!r} has "
+                    f"{', '.join(types)}; with a topology, leave gpu out"
+                )
+        else:
+            gpu = get_gpu(types[0])
+            out["gpu"] = types[0] if len(types) == 1 else " + ".join(types)
+    instances = sum(g.count for g in groups)
+    out["cluster"] = cluster_out
+
+    tr = _mapping(data.get("transfer"), f"{where}: transfer")
+    _check_keys(tr, TRANSFER_KEYS, f"{where}: transfer")
+    try:
+        transfer = TransferConfig(**tr)
+    except SpecError as e:
+        raise SpecError(f"{where}: {e}") from None
+    if not isinstance(transfer.multi_nic, bool):
+        raise SpecError(
+            f"{where}: transfer.multi_nic: {transfer.multi_nic!r} must be true or false"
+        )
+    out["transfer"] = {
+        "mode": transfer.mode,
+        "handoff": transfer.handoff,
+        "multi_nic": transfer.multi_nic,
+    }
 
     eng = {**ENGINE_DEFAULTS, **_mapping(data.get("engine"), f"{where}: engine")}
     _check_keys(eng, tuple(ENGINE_DEFAULTS), f"{where}: engine")
@@ -321,6 +440,10 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
         tp=tp,
         pp=pp,
         gpus_per_node=per_node,
+        groups=groups,
+        topology=topology,
+        placement=placement,
+        transfer=transfer,
         engine=engine,
         memory_utilization=util,
         activation_reserve_bytes=reserve,
@@ -330,6 +453,7 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
         scheduler_params=params,
         workload=workload,
         slo=SLO(ttft_s=ttft, tpot_s=tpot, target=target),
+        ttft_at=ttft_at,
         source=where,
         base_dir=base_dir,
         resolved=out,
