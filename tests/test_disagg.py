@@ -185,3 +185,54 @@ def test_hand_off_invariants(items, handoff, mode, tp, multi_nic):
     assert result.summary["kv_bytes_transferred"] == expected
     for r in rows.values():
         assert r["arrival_s"] <= r["first_token_s"] <= r["finish_s"]
+
+
+def test_mixed_node_templates_give_each_instance_its_gpu(tmp_path):
+    nics = "nics: {count: 8, kind: infiniband, bandwidth: 400 Gbps}"
+    (tmp_path / "hetero.yaml").write_text(
+        "name: hetero\n"
+        "templates:\n"
+        f"  fast: {{gpu: h100-sxm, gpus: 8, {nics}}}\n"
+        f"  capped: {{gpu: h100-80gb-pcap, gpus: 8, {nics}}}\n"
+        "nodes:\n  - {template: fast, count: 1}\n  - {template: capped, count: 1}\n"
+    )
+    spec = split_spec(cluster={"topology": str(tmp_path / "hetero.yaml"), "nodes": None})
+    sim, result, _ = run(spec)
+    names = [e.perf.name for e in sim.engines]
+    assert names == ["roofline:llama-3.1-8b@h100-sxmx8", "roofline:llama-3.1-8b@h100-80gb-pcapx8"]
+    assert result.summary["completed"] == 80
+    assert "h100-80gb-pcap" in result.header["spec"]["gpu"]
+
+
+def test_handoff_estimate_matches_the_formula_and_layerwise_leaves_one_layer():
+    from twin.handoff import handoff_estimate
+
+    l70 = get_model("llama-2-70b")
+    topo = load_topology("a100-eth25")
+    est = handoff_estimate(l70, 4096, topo, tp=8, placement="cross-node")
+    kv = 4096 * 2 * 80 * 8 * 128 * 2
+    assert est["kv_bytes"] == kv
+    path = topo.path(0, 8)
+    # all eight shards share the node's one 25 Gb/s NIC
+    assert est["transfer_s"] == pytest.approx(
+        topo.latency_s(path) + kv / (25e9 / 8 * 0.9), rel=1e-9
+    )
+    lw = handoff_estimate(l70, 4096, topo, tp=8, mode="layerwise", prefill_s=1.0)
+    one_layer = kv / 80 / (25e9 / 8 * 0.9)
+    assert lw["transfer_s"] == pytest.approx(one_layer + topo.latency_s(path), rel=1e-6)
+    same = handoff_estimate(l70, 4096, topo, tp=4, placement="same-node")
+    assert same["transfer_s"] < est["transfer_s"] / 50
+
+
+def test_twin_handoff_json(capsys):
+    import json
+
+    from twin.cli import main
+
+    assert main(["handoff", "llama-2-70b", "--tokens", "1000", "--topology", "dgx-h100-ib400",
+                 "--tp", "8", "--json"]) == 0  # fmt: skip
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) >= {"kv_bytes", "transfer_s", "path", "bottleneck_bytes_s"}
+    assert doc["kv_bytes"] == 1000 * 327_680 and doc["bottleneck_bytes_s"] == 47.5e9
+    assert main(["handoff", "llama-2-70b", "--tokens", "1000", "--topology", "dgx-h100-box"]) == 2
+    assert "has one node" in capsys.readouterr().err

@@ -150,8 +150,6 @@ def cmd_handoff(args: argparse.Namespace) -> int:
     model = get_model(args.model, where="twin handoff: MODEL")
     where = "twin handoff: --topology"
     topo = load_topology(args.topology, nodes=args.nodes, where=where)
-    if args.placement == "cross-node" and topo.num_nodes < 2 and args.nodes is None:
-        topo = load_topology(args.topology, nodes=2, where=where)  # a template scales
     est = handoff_estimate(
         model, args.tokens, topo, tp=args.tp, placement=args.placement, mode=args.mode,
         multi_nic=args.multi_nic,

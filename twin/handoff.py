@@ -295,7 +295,10 @@ def handoff_estimate(
         src, dst = node0[:tp], node0[tp : 2 * tp]
     else:
         if topology.num_nodes < 2:
-            raise SpecError(f"cross-node: topology {topology.name!r} has one node")
+            raise SpecError(
+                f"cross-node: topology {topology.name!r} has one node; scale a template "
+                "with --nodes, or use --placement same-node"
+            )
         node1 = topology.gpus_of_node(1)
         if tp > min(len(node0), len(node1)):
             raise SpecError(f"cross-node: TP{tp} does not fit in a node of {topology.name!r}")
