@@ -53,7 +53,8 @@ class Result:
 class Simulation:
     """One run of one spec. ``requests`` replaces the spec's workload (tests and
     tools); ``on_row`` receives one dict per ended request; ``log`` collects an
-    event trace ``(time, kind, instance, ...)`` when given."""
+    event trace ``(time, kind, instance, ...)`` when given; ``scheduler`` is a
+    policy object to use instead of the spec's (an unregistered one, say)."""
 
     def __init__(
         self,
@@ -63,6 +64,7 @@ class Simulation:
         on_row: Callable[[dict[str, Any]], None] | None = None,
         log: list[tuple] | None = None,
         perf: PerfModel | None = None,
+        scheduler: Any | None = None,
     ) -> None:
         self.spec = spec
         self.env = simpy.Environment()
@@ -72,7 +74,7 @@ class Simulation:
         self.rng_scheduler = np.random.default_rng(seeds[1])
         self._requests = requests
         self.metrics = Metrics(spec.slo, on_row)
-        self.scheduler = build_scheduler(
+        self.scheduler = scheduler or build_scheduler(
             spec.scheduler, spec.scheduler_params, where=f"{spec.source}: scheduler"
         )
         roles = [g.role for g in spec.groups for _ in range(g.count)]

@@ -1,0 +1,81 @@
+"""The contract every registered scheduler keeps, and the public testing helpers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
+import schedulers.disagg  # noqa: F401
+from twin.request import Request
+from twin.scheduler import Plan, Reject, Route, scheduler_names
+from twin.testing import check_scheduler, instance, make_view
+
+
+@pytest.mark.parametrize("name", scheduler_names())
+def test_every_registered_scheduler_keeps_the_contract(name):
+    kind = check_scheduler(name)
+    assert kind in ("colocated", "split")
+
+
+def test_the_contract_knows_which_cluster_a_policy_wants():
+    assert check_scheduler("colocated") == "colocated"
+    assert check_scheduler("disagg") == "split"
+
+
+_SETUPS = [0]
+
+
+@dataclass
+class Leaky:
+    """Keeps state across runs in a module global: each run routes elsewhere."""
+
+    def setup(self, cluster):
+        _SETUPS[0] += 1
+        return Plan()
+
+    def route(self, req, view):
+        return Route(_SETUPS[0] % len(view))
+
+
+@dataclass
+class SilentReject:
+    def setup(self, cluster):
+        return Plan()
+
+    def route(self, req, view):
+        return Reject("")
+
+
+@dataclass
+class OutOfRange:
+    def setup(self, cluster):
+        return Plan()
+
+    def route(self, req, view):
+        return Route(len(view))
+
+
+def test_the_contract_catches_broken_policies():
+    with pytest.raises(AssertionError, match="two runs with seed 0 gave different results"):
+        check_scheduler(Leaky)
+    with pytest.raises(AssertionError, match="rejected without a reason"):
+        check_scheduler(SilentReject)
+    with pytest.raises(AssertionError, match="ran on neither cluster.*instances are 0..2"):
+        check_scheduler(OutOfRange)
+
+
+def test_hand_built_views_for_unit_tests():
+    view = make_view(
+        instance(0, role="prefill", queue_tokens=4000),
+        instance(1, role="prefill"),
+        instance(2, role="decode", free_blocks=10),
+        now=5.0,
+    )
+    assert view.now == 5.0 and [i.id for i in view.of_role("prefill")] == [0, 1]
+    from twin.scheduler import build_scheduler
+
+    assert build_scheduler("disagg", {}).route(Request(0, 5.0, 100, 10), view) == Route(1)
+    with pytest.raises(ValueError, match="ids must be 0..1"):
+        make_view(instance(1), instance(0))
