@@ -236,3 +236,20 @@ def test_twin_handoff_json(capsys):
     assert doc["kv_bytes"] == 1000 * 327_680 and doc["bottleneck_bytes_s"] == 47.5e9
     assert main(["handoff", "llama-2-70b", "--tokens", "1000", "--topology", "dgx-h100-box"]) == 2
     assert "has one node" in capsys.readouterr().err
+
+
+def test_links_csv_gives_utilization_over_time(capsys, tmp_path):
+    import csv
+
+    from twin.cli import main
+
+    out = tmp_path / "links.csv"
+    code = main(["run", "disagg", "--set", "workload.max_requests=60", "--links-csv", str(out),
+                 "--link-bucket", "2 s", "-q"])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    rows = list(csv.DictReader(out.open()))
+    assert rows and set(rows[0]) == {"src", "dst", "t_s", "bytes", "utilization"}
+    assert all(
+        float(r["t_s"]) % 2.0 == 0.0 and 0 <= float(r["utilization"]) <= 1 + 1e-9 for r in rows
+    )
+    assert main(["run", "disagg", "--links-csv", str(out), "--link-bucket", "0 s"]) == 2

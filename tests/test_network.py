@@ -438,3 +438,21 @@ def test_events_stay_linear_in_flows_and_stale_ones_do_nothing():
     assert net.bytes_sent == pytest.approx(n * 1e9, rel=1e-9)
     # processor sharing on one link: all started by 0.39, every byte at 1 GB/s
     assert max(t.end_s for t in ts) == pytest.approx(n * 1.0 + 1e-6, rel=1e-12)
+
+
+def test_link_bytes_over_time_fill_the_buckets_they_cover():
+    env = simpy.Environment()
+    net = Network(env, series_bucket_s=1.0)
+    link = Link("a", "b", 100.0)
+    # 200 bytes at 100 B/s from t=0.5: busy over [0.5, 2.5)
+    run_at(env, 0.5, lambda: net.start([FlowSpec((link,), 200.0)]))
+    env.run()
+    (stats,) = net.link_stats()
+    assert stats["series"] == [
+        [0.0, pytest.approx(50.0), pytest.approx(0.5)],
+        [1.0, pytest.approx(100.0), pytest.approx(1.0)],
+        [2.0, pytest.approx(50.0), pytest.approx(0.5)],
+    ]
+    assert sum(b for _, b, _ in stats["series"]) == pytest.approx(stats["bytes"])
+    with pytest.raises(SpecError, match="must be > 0"):
+        Network(env, series_bucket_s=0.0)

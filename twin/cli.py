@@ -16,7 +16,7 @@ from typing import IO, Any
 
 import twin
 from twin.errors import TwinError
-from twin.units import format_bytes
+from twin.units import format_bytes, parse_duration
 
 EXIT_USAGE = 2
 
@@ -101,6 +101,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from twin.spec import load_spec
 
     spec = load_spec(args.spec, args.set or [])
+    bucket = None
+    if args.links_csv:
+        try:
+            bucket = parse_duration(args.link_bucket)
+        except TwinError as e:
+            raise TwinError(f"--link-bucket: {e}") from None
+        if bucket <= 0:
+            raise TwinError(f"--link-bucket: {args.link_bucket!r} must be > 0")
     csv_file = _open_out(args.requests_csv) if args.requests_csv else None
     try:
         on_row = None
@@ -108,10 +116,17 @@ def cmd_run(args: argparse.Namespace) -> int:
             writer = csv.DictWriter(csv_file, fieldnames=REQUEST_COLUMNS, lineterminator="\n")
             writer.writeheader()
             on_row = writer.writerow
-        result = Simulation(spec, on_row=on_row).run().to_dict()
+        result = Simulation(spec, on_row=on_row, link_series_s=bucket).run().to_dict()
     finally:
         if csv_file is not None:
             csv_file.close()
+    if args.links_csv:
+        with _open_out(args.links_csv) as f:
+            w = csv.writer(f, lineterminator="\n")
+            w.writerow(["src", "dst", "t_s", "bytes", "utilization"])
+            for link in result["links"]:
+                for t, nbytes, util in link.pop("series"):
+                    w.writerow([link["src"], link["dst"], t, nbytes, util])
     if args.json:
         with _open_out(args.json) as f:
             json.dump(result, f, indent=2, default=str)
@@ -226,6 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--json", metavar="PATH", help="write header + summary as JSON")
     r.add_argument("--requests-csv", metavar="PATH", help="write one row per request")
+    r.add_argument(
+        "--links-csv", metavar="PATH", help="write each link's bytes and utilization over time"
+    )
+    r.add_argument(
+        "--link-bucket", default="1 s", metavar="DURATION", help="time bucket of --links-csv"
+    )
     r.add_argument("-q", "--quiet", action="store_true", help="print nothing")
     r.set_defaults(func=cmd_run)
 

@@ -214,8 +214,20 @@ def _at(env: simpy.Environment, when: float, callback: Callable[[simpy.Event], N
     heapq.heappush(env._queue, (when, simpy.core.NORMAL, next(env._eid), ev))  # type: ignore[attr-defined]
 
 
+def _spread(series: dict[int, float], t0: float, t1: float, rate: float, width: float) -> None:
+    """Add ``rate`` x time over ``[t0, t1)`` to the buckets of ``width`` it covers."""
+    while t0 < t1:
+        b = math.floor(t0 / width)
+        end = min(t1, (b + 1) * width)
+        if end <= t0:  # float edge: t0 sits on a boundary
+            b += 1
+            end = min(t1, (b + 1) * width)
+        series[b] = series.get(b, 0.0) + rate * (end - t0)
+        t0 = end
+
+
 class _LinkState:
-    __slots__ = ("src", "dst", "usable", "bytes", "busy_s", "load", "peak")
+    __slots__ = ("src", "dst", "usable", "bytes", "busy_s", "load", "peak", "series")
 
     def __init__(self, link: LinkLike) -> None:
         self.src = link.src
@@ -225,6 +237,7 @@ class _LinkState:
         self.busy_s = 0.0
         self.load = 0.0  # sum of the current rates, bytes/s
         self.peak = 0.0
+        self.series: dict[int, float] = {}  # time bucket -> bytes (when a bucket width is set)
 
 
 class _Flow:
@@ -292,8 +305,13 @@ class Transfer:
 class Network:
     """The flows in flight on one environment and the links they have used."""
 
-    def __init__(self, env: simpy.Environment) -> None:
+    def __init__(self, env: simpy.Environment, series_bucket_s: float | None = None) -> None:
+        """``series_bucket_s``: also keep each link's bytes per time bucket of
+        this width (seconds), for utilization over time."""
+        if series_bucket_s is not None and not series_bucket_s > 0.0:
+            raise SpecError(f"series bucket (={series_bucket_s!r} s) must be > 0")
         self.env = env
+        self.series_bucket_s = series_bucket_s
         self._flows: dict[int, _Flow] = {}  # sending, in creation order
         self._links: dict[tuple[str, str], _LinkState] = {}
         self._used: list[_LinkState] = []  # links under the flows now sending
@@ -380,6 +398,14 @@ class Network:
                     "peak_rate_bytes_s": s.peak,
                 }
             )
+            if self.series_bucket_s is not None:
+                w = self.series_bucket_s
+                series = dict(s.series)
+                if s.load > 0.0 and dt > 0.0:
+                    _spread(series, self._last, now, s.load, w)
+                out[-1]["series"] = [
+                    [b * w, series[b], series[b] / (s.usable * w)] for b in sorted(series)
+                ]
         return out
 
     # -- sharing ---------------------------------------------------------------------
@@ -419,9 +445,12 @@ class Network:
             self._sent += moved
             for k in f.keys:
                 links[k].bytes += moved
+        w = self.series_bucket_s
         for s in self._used:
             if s.load > 0.0:
                 s.busy_s += dt
+                if w is not None:
+                    _spread(s.series, now - dt, now, s.load, w)
 
     def _settle(self, now: float) -> None:
         """Retire the flows whose last byte has left, then re-share and arm the

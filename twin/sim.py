@@ -54,7 +54,8 @@ class Simulation:
     """One run of one spec. ``requests`` replaces the spec's workload (tests and
     tools); ``on_row`` receives one dict per ended request; ``log`` collects an
     event trace ``(time, kind, instance, ...)`` when given; ``scheduler`` is a
-    policy object to use instead of the spec's (an unregistered one, say)."""
+    policy object to use instead of the spec's (an unregistered one, say);
+    ``link_series_s`` keeps each link's bytes per time bucket of that width."""
 
     def __init__(
         self,
@@ -65,6 +66,7 @@ class Simulation:
         log: list[tuple] | None = None,
         perf: PerfModel | None = None,
         scheduler: Any | None = None,
+        link_series_s: float | None = None,
     ) -> None:
         self.spec = spec
         self.env = simpy.Environment()
@@ -85,7 +87,7 @@ class Simulation:
             order = placement_order(roles, spec.placement)
             placements = place_on_topology(topo, sizes, order, where=f"{spec.source}: cluster")
             gpus = [get_gpu(topo.gpu_type(p.gpus[0])) for p in placements]
-            self.network: Network | None = Network(self.env)
+            self.network: Network | None = Network(self.env, link_series_s)
         else:
             placements = place_instances(len(roles), sizes[0], spec.gpus_per_node)
             gpus = [spec.gpu] * len(roles)
