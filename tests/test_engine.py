@@ -53,9 +53,19 @@ class Auditing(Linear):
             step = e.steps + 1
             assert b.decode_context_sum == sum(s.length_at(step) for s in dec)
             for s in dec:
-                assert s.blocks >= blocks_for(s.length_at(step), e.kv.block_size)
-        assert e.kv.used == sum(s.blocks for s in e.running.values())
+                assert s.held_blocks >= blocks_for(s.length_at(step), e.kv.block_size)
+        cached = e.cache.cached_blocks if e.cache is not None else 0
+        assert e.kv.used == sum(s.blocks for s in e.running.values()) + cached
         assert 0 <= e.kv.free <= e.kv.total
+        if e.cache is not None:
+            refs = {}
+            for s in e.running.values():
+                for h in s.units:
+                    refs[h] = refs.get(h, 0) + 1
+            assert {h: u[0] for h, u in e.cache.units.items() if u[0]} == refs
+            assert e.cache.evictable_blocks == sum(
+                u[1] for u in e.cache.units.values() if u[0] == 0
+            )
         return super().iteration_time(b)
 
 
@@ -182,11 +192,17 @@ def test_m_d_1_mean_wait_matches_theory():
 def scenarios(draw):
     n = draw(st.integers(1, 25))
     block = draw(st.sampled_from([1, 4, 16]))
+    caching = draw(st.booleans())
     reqs = []
     t = 0.0
     for i in range(n):
         t += draw(st.sampled_from([0.0, 0.001, 0.01, 0.05]))
-        reqs.append(Request(i, t, draw(st.integers(1, 120)), draw(st.integers(1, 40))))
+        prompt = draw(st.integers(1, 120))
+        # prefix hashes over 16-token units from a tiny alphabet, so prefixes repeat
+        hashes = tuple(draw(st.lists(st.integers(0, 2), min_size=-(-prompt // 16),
+                                     max_size=-(-prompt // 16))))  # fmt: skip
+        chain = tuple(hash(hashes[: k + 1]) for k in range(len(hashes)))
+        reqs.append(Request(i, t, prompt, draw(st.integers(1, 40)), chain, 16))
     longest = max(blocks_for(r.prompt_tokens + r.output_tokens - 1, block) for r in reqs)
     blocks = draw(st.integers(longest, longest * 4))
     cfg = EngineConfig(
@@ -196,6 +212,7 @@ def scenarios(draw):
         chunked_prefill=draw(st.booleans()),
         watermark=0.0,
         fast_forward=False,
+        prefix_caching=caching,
     )
     return reqs, blocks, cfg
 
@@ -216,8 +233,12 @@ def test_invariants_hold_for_random_workloads(scenario):
         if s.req.output_tokens > 1:
             tpot = (s.t_finish - s.t_first_token) / (s.req.output_tokens - 1)
             assert s.max_gap >= tpot - 1e-12  # the largest gap is at least the mean gap
-    # no block leak, never over capacity
-    assert eng.kv.free == eng.kv.total
+    # no block leak, never over capacity; what stays is idle cached prompts
+    cached = eng.cache.cached_blocks if eng.cache is not None else 0
+    assert eng.kv.free + cached == eng.kv.total
+    if eng.cache is not None:
+        assert eng.cache.evictable_blocks == cached
+        assert all(u[0] == 0 for u in eng.cache.units.values())
     assert eng.kv.peak_used <= blocks
     # the clock never goes back
     times = [e[0] for e in log]
@@ -278,3 +299,29 @@ def test_fast_forward_covers_long_decodes_with_few_events():
         events[ff] = n
         assert sorted(s.req.id for s in done) == [0, 1, 2] and eng.iterations == 3 + 499
     assert events[True] * 10 < events[False]
+
+
+def test_a_cached_prefix_is_not_computed_again():
+    # r1 shares r0's first two 16-token units; it arrives after r0's prompt is done.
+    a = (11, 12, 13, 14)
+    b = (11, 12, 99, 98)
+    reqs = [Request(0, 0.0, 64, 2, a, 16), Request(1, 0.1, 64, 2, b, 16)]
+    cfg = EngineConfig(prefix_caching=True, watermark=0.0)
+    log: list[tuple] = []
+    eng, done = run_engine(reqs, blocks=100, config=cfg, log=log, perf=Auditing())
+    r1 = next(s for s in done if s.req.id == 1)
+    assert r1.cached_tokens == 32
+    # 10 ms + 0.1 ms x 32 uncached tokens, not x 64
+    assert r1.t_prefill_done - r1.t_scheduled == pytest.approx(0.01 + 1e-4 * 32)
+    # everything r0 and r1 computed stays cached (6 distinct units of one block each)
+    assert eng.cache.cached_blocks == 6 * 1 and eng.kv.free == 100 - 6
+    assert eng.cache.evictable_blocks == 6
+
+
+def test_cached_prefixes_are_evicted_before_anyone_is_preempted():
+    reqs = [Request(i, 0.2 * i, 64, 2, (100 * i, 100 * i + 1, 100 * i + 2, 100 * i + 3), 16)
+            for i in range(6)]  # fmt: skip
+    cfg = EngineConfig(prefix_caching=True, watermark=0.0)
+    eng, done = run_engine(reqs, blocks=10, config=cfg, perf=Auditing())
+    assert len(done) == 6 and eng.preemptions == 0
+    assert eng.cache.cached_blocks <= 10 and eng.kv.free + eng.cache.cached_blocks == 10

@@ -22,13 +22,14 @@ import heapq
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable
+from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass
 from typing import Protocol
 
 import simpy
 
 from twin.errors import SpecError
-from twin.kvcache import BlockManager, blocks_for
+from twin.kvcache import BlockManager, PrefixCache, blocks_for
 from twin.perf import Batch, PerfModel
 from twin.request import Request
 
@@ -63,6 +64,8 @@ class EngineConfig:
     chunking a single longer prompt still runs, alone) or, with
     ``chunked_prefill``, all tokens of one iteration (decodes count one each).
     ``watermark`` is the share of blocks kept back from new admissions.
+    ``prefix_caching`` keeps finished prompts' KV for reuse by later requests
+    with the same leading prefix hashes (see :class:`~twin.kvcache.PrefixCache`).
     ``fast_forward`` lets the engine cover a stretch of decode steps in which
     nothing can change with one event (see :class:`Stretch`); the results are
     those of stepping.
@@ -74,6 +77,7 @@ class EngineConfig:
     chunked_prefill: bool = False
     watermark: float = 0.01
     fast_forward: bool = True
+    prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_batched_tokens"):
@@ -148,6 +152,9 @@ class Sequence:
         "t_first_decode",
         "first_token_at_decode",
         "transfer",
+        "units",
+        "shared_blocks",
+        "cached_tokens",
     )
 
     def __init__(self, req: Request, now: float) -> None:
@@ -179,6 +186,16 @@ class Sequence:
         self.t_first_decode = -1.0
         self.first_token_at_decode = False
         self.transfer: object | None = None
+        # Prefix caching: the cached units (hashes) this sequence holds here,
+        # their blocks (not in ``blocks``), and the prompt tokens it reused.
+        self.units: list[int] = []
+        self.shared_blocks = 0
+        self.cached_tokens = 0
+
+    @property
+    def held_blocks(self) -> int:
+        """Blocks whose KV this sequence reads: its own and the cached ones it shares."""
+        return self.blocks + self.shared_blocks
 
     def length_at(self, step: int) -> int:
         """Tokens in the sequence (its KV context) when decode step ``step`` runs."""
@@ -224,11 +241,12 @@ class Engine:
         self.role = role
         self.hooks = hooks
         # prefill side: sequences whose KV waits to move -> the blocks they hold
-        self.handoff: dict[int, tuple[Sequence, int]] = {}
+        self.handoff: dict[int, tuple[Sequence, int, list[int]]] = {}
         self._landed: list[Sequence] = []  # decode side: KV arrived, not yet joined
         self.reserved: dict[int, int] = {}  # decode side: request id -> blocks its KV lands in
         self.perf = perf
         self.kv = blocks
+        self.cache = PrefixCache(blocks) if config.prefix_caching else None
         self.config = config
         self.on_finish = on_finish
         self.log = log
@@ -250,6 +268,7 @@ class Engine:
         self._fast_forward = config.fast_forward and log is None
         self._stretch: Stretch | None = None
         self._stretch_cap = MAX_STRETCH
+        self._preempted = False  # a preemption happened while planning this step
         self._stretch_cut: simpy.Event = env.event()
         self.iterations = 0
         self.busy_s = 0.0
@@ -304,8 +323,11 @@ class Engine:
     def release(self, seq: Sequence) -> None:
         """Prefill side: ``seq``'s KV has moved; free the blocks it held here."""
         self._interrupt()
-        _, blocks = self.handoff.pop(seq.req.id)
+        _, blocks, units = self.handoff.pop(seq.req.id)
         self.kv.release(blocks)
+        if units:
+            assert self.cache is not None
+            self.cache.release(units)
         self._blocks_freed()
 
     def _interrupt(self) -> None:
@@ -375,6 +397,8 @@ class Engine:
         including, the next step in which a sequence finishes, when every block
         those steps need is free (so no preemption can happen) and it is long
         enough to be worth it. Arrivals, the only other change, cut it short."""
+        if self._preempted:
+            return None  # the preempted may be admitted again at the next step
         heap = self._finish_heap
         while heap and (heap[0][2] != heap[0][3].epoch or heap[0][3].state != DECODE):
             heapq.heappop(heap)
@@ -391,7 +415,7 @@ class Engine:
             need = 0
             for s in self.running.values():
                 if s.state == DECODE:
-                    need += max(0, blocks_for(s.length_at(last), bs) - s.blocks)
+                    need += max(0, blocks_for(s.length_at(last), bs) - s.held_blocks)
             if need > self.kv.free:
                 return None
         count, ctx = batch.decode_count, batch.decode_context_sum
@@ -492,6 +516,7 @@ class Engine:
     # -- planning --------------------------------------------------------------------
     def _plan(self) -> tuple[Batch, list[tuple[Sequence, int]], bool]:
         cfg = self.config
+        self._preempted = False
         if self._landed:
             for seq in self._landed:
                 self._join_decode(seq)
@@ -520,28 +545,75 @@ class Engine:
             chunks.append((s, n))
             budget -= n
         kv = self.kv
+        cache = self.cache
         now = self.env.now
         while self.waiting and self.running_requests < self.config.max_num_seqs:
             s = self.waiting[0]
-            need = s.prefill_len
+            hits: Sequence_[int] = ()
+            if cache is not None:
+                hits = s.req.prefix_hashes[: cache.match(self._cacheable(s))]
+            unit = s.req.prefix_block_tokens
+            cached = min(len(hits) * unit, s.prefill_len - 1)
+            need = s.prefill_len - cached
             if budget <= 0 or (not chunked and chunks and need > budget):
                 break
-            need_blocks = blocks_for(need, kv.block_size)
-            if not kv.can_admit(need_blocks):
-                break
+            shared = len(hits) * (unit // kv.block_size)
+            need_blocks = blocks_for(s.prefill_len, kv.block_size) - shared
+            if cache is None:
+                if not kv.can_admit(need_blocks):
+                    break
+            else:
+                idle = cache.evictable_blocks - cache.idle_blocks(hits)
+                if kv.free + idle - need_blocks < kv.watermark:
+                    break
+                cache.acquire(hits)
+                cache.evict(need_blocks)
             self.waiting.popleft()
-            self.waiting_tokens -= need
+            self.waiting_tokens -= s.prefill_len
             kv.allocate(need_blocks)
             s.blocks = need_blocks
-            s.state = PREFILL
+            s.units = list(hits)
+            s.shared_blocks = shared
+            s.prefilled = cached
             if s.t_scheduled < 0:
                 s.t_scheduled = now
+                s.cached_tokens = cached
+            s.state = PREFILL
             self.running[s.req.id] = s
             self.prefilling.append(s)
             n = min(need, budget) if chunked else need
             chunks.append((s, n))
             budget -= n
         return chunks
+
+    def _cacheable(self, s: Sequence) -> tuple[int, ...]:
+        """The prefix hashes of ``s`` whose blocks are whole units of its prompt."""
+        unit = s.req.prefix_block_tokens
+        if unit <= 0 or unit % self.kv.block_size:
+            return ()
+        return s.req.prefix_hashes[: s.req.prompt_tokens // unit]
+
+    def _cache_prompt(self, s: Sequence) -> None:
+        """The prompt is computed: offer its whole units to the prefix cache."""
+        cache = self.cache
+        assert cache is not None
+        unit_blocks = s.req.prefix_block_tokens // self.kv.block_size
+        for h in self._cacheable(s)[len(s.units) :]:
+            if not cache.insert(h, unit_blocks):
+                break  # a unit another sequence cached: the chain continues from there
+            s.blocks -= unit_blocks
+            s.shared_blocks += unit_blocks
+            s.units.append(h)
+
+    def _drop_blocks(self, s: Sequence) -> None:
+        """Give back everything ``s`` holds here: its blocks, its cached units."""
+        self.kv.release(s.blocks)
+        s.blocks = 0
+        if s.units:
+            assert self.cache is not None
+            self.cache.release(s.units)
+            s.units = []
+        s.shared_blocks = 0
 
     def _prepare_decode(self) -> bool:
         """Give every decoding sequence the block its next token needs, preempting
@@ -556,6 +628,9 @@ class Engine:
             if epoch != s.epoch or s.state != DECODE:
                 continue
             while kv.free == 0:
+                if self.cache is not None and self.cache.evictable_blocks:
+                    self.cache.evict(1)
+                    continue
                 self._preempt(self._victim())
                 if s.state != DECODE:
                     break
@@ -581,12 +656,12 @@ class Engine:
         self.decode_count -= 1
         self.decode_ctx_sum -= s.length_at(step)
         del self.running[s.req.id]
-        self.kv.release(s.blocks)
-        s.blocks = 0
+        self._drop_blocks(s)
         s.epoch += 1
         s.state = WAITING
         s.preemptions += 1
         self.preemptions += 1
+        self._preempted = True
         s.prefill_len = s.req.prompt_tokens + s.generated
         s.prefilled = 0
         self.waiting.appendleft(s)
@@ -604,6 +679,8 @@ class Engine:
             if s.prefilled < s.prefill_len:
                 continue
             self.prefilling.remove(s)
+            if self.cache is not None:
+                self._cache_prompt(s)
             s.t_prefill_done = now
             s.generated += 1
             if s.t_first_token < 0:
@@ -620,8 +697,10 @@ class Engine:
 
     def _hand_off(self, s: Sequence) -> None:
         del self.running[s.req.id]
-        self.handoff[s.req.id] = (s, s.blocks)
+        self.handoff[s.req.id] = (s, s.blocks, s.units)
         s.blocks = 0
+        s.units = []
+        s.shared_blocks = 0
         s.state = HANDOFF
         s.epoch += 1
         if self.log is not None:
@@ -672,7 +751,7 @@ class Engine:
         heapq.heappush(
             self._finish_heap, (step + s.req.output_tokens - s.generated - 1, rid, s.epoch, s)
         )
-        need_at = step + max(0, s.blocks * self.kv.block_size + 1 - s.length_at(step))
+        need_at = step + max(0, s.held_blocks * self.kv.block_size + 1 - s.length_at(step))
         heapq.heappush(self._alloc_heap, (need_at, rid, s.epoch, s))
 
     def _finish(self, s: Sequence, now: float) -> None:
@@ -680,8 +759,7 @@ class Engine:
         s.t_finish = now
         s.t_last_token = now
         del self.running[s.req.id]
-        self.kv.release(s.blocks)
-        s.blocks = 0
+        self._drop_blocks(s)
         s.epoch += 1
         if self.log is not None:
             self.log.append((round(now, 9), "finish", self.id, s.req.id))

@@ -7,6 +7,9 @@ only counts; which physical block holds what does not change any timing.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Sequence
+
 from twin.errors import CapacityError
 
 
@@ -87,3 +90,77 @@ class BlockManager:
         if self.free + blocks > self.total:
             raise AssertionError(f"release({blocks}) would exceed capacity {self.total}")
         self.free += blocks
+
+
+class PrefixCache:
+    """Prompt KV kept on an instance for reuse (vLLM's automatic prefix caching).
+
+    The unit is one prefix hash of the trace (Mooncake's ``hash_ids``: 512
+    tokens, a whole number of KV blocks): a hash names a block of a prompt
+    *and* everything before it, so a request reuses the longest leading run of
+    its hashes present here. A unit is held by the sequences using it
+    (``refs``); when none does it stays cached, evictable, least recently used
+    first. Cached units occupy blocks of the :class:`BlockManager` (not free);
+    evicting one releases them.
+    """
+
+    __slots__ = ("kv", "units", "cached_blocks", "evictable_blocks")
+
+    def __init__(self, kv: BlockManager) -> None:
+        self.kv = kv
+        self.units: OrderedDict[int, list[int]] = OrderedDict()  # hash -> [refs, blocks]
+        self.cached_blocks = 0
+        self.evictable_blocks = 0
+
+    def match(self, hashes: Sequence[int]) -> int:
+        """How many of ``hashes``, from the first, are cached."""
+        n = 0
+        for h in hashes:
+            if h not in self.units:
+                break
+            n += 1
+        return n
+
+    def idle_blocks(self, hashes: Sequence[int]) -> int:
+        """Blocks of the cached ``hashes`` that no sequence holds (evictable)."""
+        return sum(self.units[h][1] for h in hashes if self.units[h][0] == 0)
+
+    def acquire(self, hashes: Sequence[int]) -> None:
+        units = self.units
+        for h in hashes:
+            u = units[h]
+            if u[0] == 0:
+                self.evictable_blocks -= u[1]
+            u[0] += 1
+            units.move_to_end(h)
+
+    def release(self, hashes: Sequence[int]) -> None:
+        for h in hashes:
+            u = self.units[h]
+            u[0] -= 1
+            if u[0] == 0:
+                self.evictable_blocks += u[1]
+
+    def insert(self, h: int, blocks: int) -> bool:
+        """Keep ``blocks`` a sequence computed (and gives up) as unit ``h``, held
+        by that sequence; False, and nothing kept, when ``h`` is already cached."""
+        if h in self.units:
+            return False
+        self.units[h] = [1, blocks]
+        self.cached_blocks += blocks
+        return True
+
+    def evict(self, free_target: int) -> None:
+        """Evict idle units, least recently used first, until ``free_target``
+        blocks are free or nothing idle is left."""
+        units = self.units
+        kv = self.kv
+        if kv.free >= free_target or not self.evictable_blocks:
+            return
+        for h in [h for h, u in units.items() if u[0] == 0]:
+            blocks = units.pop(h)[1]
+            self.cached_blocks -= blocks
+            self.evictable_blocks -= blocks
+            kv.release(blocks)
+            if kv.free >= free_target:
+                return

@@ -287,14 +287,10 @@ class Simulation:
         if self.metrics.ended != self._arrived:
             raise AssertionError(f"{self._arrived} requests arrived but {self.metrics.ended} ended")
         for e in self.engines:
-            if (
-                e.kv.free != e.kv.total
-                or e.running
-                or e.waiting
-                or e.handoff
-                or e._landed
-                or e.reserved
-            ):
+            cached = e.cache.cached_blocks if e.cache is not None else 0
+            idle = e.cache.evictable_blocks if e.cache is not None else 0
+            held = e.running or e.waiting or e.handoff or e._landed or e.reserved
+            if e.kv.free + cached != e.kv.total or idle != cached or held:
                 raise AssertionError(f"instance {e.id} ended with work or blocks held")
 
     def _header(self) -> dict[str, Any]:

@@ -70,6 +70,7 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     "activation_reserve": "2 GiB",
     "oversized": "error",
     "fast_forward": True,
+    "prefix_caching": False,
 }
 OVERSIZED = ("error", "reject")
 SLO_KEYS = ("ttft", "tpot", "target", "ttft_at")
@@ -356,10 +357,9 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
 
     eng = {**ENGINE_DEFAULTS, **_mapping(data.get("engine"), f"{where}: engine")}
     _check_keys(eng, tuple(ENGINE_DEFAULTS), f"{where}: engine")
-    if not isinstance(eng["fast_forward"], bool):
-        raise SpecError(
-            f"{where}: engine.fast_forward: {eng['fast_forward']!r} must be true or false"
-        )
+    for key in ("fast_forward", "prefix_caching"):
+        if not isinstance(eng[key], bool):
+            raise SpecError(f"{where}: engine.{key}: {eng[key]!r} must be true or false")
     if not isinstance(eng["chunked_prefill"], bool):
         raise SpecError(
             f"{where}: engine.chunked_prefill: {eng['chunked_prefill']!r} must be true or false"
@@ -390,6 +390,7 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
         chunked_prefill=eng["chunked_prefill"],
         watermark=watermark,
         fast_forward=eng["fast_forward"],
+        prefix_caching=eng["prefix_caching"],
     )
     out["engine"] = eng
 
