@@ -131,8 +131,7 @@ def bursty_spec(**sched):
 
 
 def test_end_to_end_a_burst_moves_machines_and_everything_completes():
-    log: list = []
-    sim = Simulation(bursty_spec(move_cost="10 ms"), log=None)
+    sim = Simulation(bursty_spec(move_cost="10 ms"))
     result = sim.run()
     assert result.summary["completed"] == 400
     moves = sim.role_changes
@@ -143,4 +142,44 @@ def test_end_to_end_a_burst_moves_machines_and_everything_completes():
     assert all(e.kv.free == e.kv.total for e in sim.engines)
     again = Simulation(bursty_spec(move_cost="10 ms")).run()
     assert again.to_dict() == result.to_dict()
-    del log
+
+
+PROVISION_SPEC = {
+    "model": "llama-3.1-8b",
+    "cluster": {"topology": "dgx-h100-ib400", "nodes": 1, "tp": 4, "prefill": 1, "decode": 1},
+    "scheduler": "splitwise",
+    "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 5},
+                 "max_requests": 1000},
+    "slo": {"ttft": "500 ms", "tpot": "40 ms"},
+}  # fmt: skip
+
+
+def test_provisioning_finds_the_best_split_and_is_deterministic():
+    from twin.provision import provision
+
+    a = provision(PROVISION_SPEC, "p.yaml", Path.cwd(), gpus=12, sample=80)
+    assert [(c.prefill, c.decode, c.gpus) for c in a.candidates] == [(1, 2, 12), (2, 1, 12)]
+    assert a.best in a.candidates
+    assert a.best.goodput_rps == max(c.goodput_rps for c in a.candidates) > 0
+    assert a.candidates[0].power_w == 12 * 700  # H100 SXM TDP from the catalog
+    b = provision(PROVISION_SPEC, "p.yaml", Path.cwd(), gpus=12, sample=80)
+    assert a == b
+    # 2 x 4 x 700 W fits 6 kW, a third instance does not
+    w = provision(PROVISION_SPEC, "p.yaml", Path.cwd(), power_w=6000, sample=40)
+    assert [(c.prefill, c.decode) for c in w.candidates] == [(1, 1)]
+
+
+def test_provision_cli_prints_a_table_and_errors_on_one_line(tmp_path, capsys):
+    import yaml
+
+    from twin.cli import main
+
+    path = tmp_path / "split.yaml"
+    path.write_text(yaml.safe_dump(PROVISION_SPEC))
+    assert main(["provision", str(path), "--power", "6 kW", "--sample", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "budget 6,000 W" in out and "<- best" in out and "best: 1 prefill + 1 decode" in out
+    assert main(["provision", str(path), "--power", "3 kW"]) == 2
+    assert "holds no prefill + decode pair" in capsys.readouterr().err
+    assert main(["provision", str(path), "--power", "lots"]) == 2
+    assert "--power: 'lots' is not a power" in capsys.readouterr().err
