@@ -188,6 +188,19 @@ def cmd_handoff(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_provision(args: argparse.Namespace) -> int:
+    from twin.provision import format_provision, parse_watts, provision
+    from twin.spec import apply_overrides, parse_yaml, read_spec_text
+
+    text, where, base_dir = read_spec_text(args.spec)
+    data = parse_yaml(text, where)
+    apply_overrides(data, args.set or [])
+    power = None if args.power is None else parse_watts(args.power, "--power")
+    result = provision(data, where, base_dir, power_w=power, gpus=args.gpus, sample=args.sample)
+    print(format_provision(result))
+    return 0
+
+
 def cmd_schedulers(args: argparse.Namespace) -> int:
     from twin.scheduler import describe, get_scheduler, scheduler_names
 
@@ -275,6 +288,17 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--nodes", type=int, help="scale the topology to this many nodes")
     h.add_argument("--json", action="store_true", help="print JSON")
     h.set_defaults(func=cmd_handoff)
+
+    pv = sub.add_parser(
+        "provision", help="search prefill:decode instance counts for the best goodput in a budget"
+    )
+    pv.add_argument("spec", help="a split spec (path or bundled name); its tp/pp are kept")
+    budget = pv.add_mutually_exclusive_group()
+    budget.add_argument("--power", metavar="W", help="power budget, e.g. '20 kW' or 20000")
+    budget.add_argument("--gpus", type=int, metavar="N", help="GPU budget (default: the spec's)")
+    pv.add_argument("--sample", type=int, default=500, help="requests per trial (default 500)")
+    pv.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a value")
+    pv.set_defaults(func=cmd_provision)
 
     s = sub.add_parser("schedulers", help="list the registered scheduling policies")
     s.set_defaults(func=cmd_schedulers)

@@ -51,9 +51,32 @@ class Reject:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """The cluster layout a policy asks for at setup: a role per instance id."""
+    """The cluster layout a policy asks for at setup: a role per instance id,
+    and per-instance batching limits that replace the spec's ``engine`` values
+    on those instances (machine-level scheduling: a prompt machine batching up
+    to 2,048 tokens, a token machine running as many sequences as fit)."""
 
     roles: Mapping[int, str] = field(default_factory=dict)
+    max_batched_tokens: Mapping[int, int] = field(default_factory=dict)
+    max_num_seqs: Mapping[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SetRole:
+    """A ``tick`` action: instance ``instance`` takes role ``role``.
+
+    The change takes effect ``cost_s`` seconds later (the cost of the move);
+    until then the instance keeps its old role and serves as before. Work
+    already on the instance keeps its plan: queued prompts whose KV was to
+    move still move, KV on its way still lands, and what the instance holds
+    it decodes to the end. A second ``SetRole`` for an instance whose move is
+    pending replaces it, except one to the same role, which is ignored (so a
+    policy may repeat itself every tick without restarting the move).
+    """
+
+    instance: int
+    role: str
+    cost_s: float = 0.0
 
 
 # -- views ---------------------------------------------------------------------------
@@ -143,7 +166,9 @@ class Scheduler(Protocol):
 
     - ``pick_decode(req, view) -> int``: the decode instance, asked when the
       prefill is done and ``route`` left ``decode`` open;
-    - ``tick(view) -> list``: periodic actions (every ``tick_s`` seconds).
+    - ``tick(view) -> list``: periodic actions (:class:`SetRole`), called every
+      ``tick_s`` seconds (an attribute, > 0) from the start of the run while
+      requests remain to arrive or to finish.
     """
 
     def setup(self, cluster: ClusterView) -> Plan: ...

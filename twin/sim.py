@@ -8,6 +8,8 @@ environment, the engines, the scheduler instance and the random streams
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +28,7 @@ from twin.metrics import Metrics
 from twin.network import Network
 from twin.perf import PerfModel, build_perf_model
 from twin.request import Request
-from twin.scheduler import ClusterView, Plan, Reject, Route, build_scheduler
+from twin.scheduler import ClusterView, Plan, Reject, Route, SetRole, build_scheduler
 from twin.spec import ExperimentSpec
 from twin.workload import file_sha256, iter_requests
 
@@ -79,6 +81,7 @@ class Simulation:
         self.scheduler = scheduler or build_scheduler(
             spec.scheduler, spec.scheduler_params, where=f"{spec.source}: scheduler"
         )
+        self._name = spec.scheduler if scheduler is None else type(scheduler).__name__
         roles = [g.role for g in spec.groups for _ in range(g.count)]
         sizes = [g.tp * g.pp for g in spec.groups for _ in range(g.count)]
         shapes = [(g.tp, g.pp) for g in spec.groups for _ in range(g.count)]
@@ -141,8 +144,19 @@ class Simulation:
             for eng in self.engines:
                 eng.hooks = self.handoff
         self._arrived = 0
+        self._arrivals_done = False
         self.events = 0
-        # Longest sequences that can always finish, even alone on an instance.
+        self._tick_s = self._tick_period()
+        # instance -> (role it is moving to, move number); role_changes lists
+        # (time, instance, old role, new role) as the moves take effect.
+        self._moving: dict[int, tuple[str, int]] = {}
+        self._moves = 0
+        self.role_changes: list[tuple[float, int, str, str]] = []
+        self._update_limits()
+
+    def _update_limits(self) -> None:
+        """Longest sequences that can always finish, even alone on an instance
+        (of the roles instances have now)."""
         self._max_prompt_blocks = min(
             c for c, e in zip(self.capacity, self.engines, strict=True) if e.role != "decode"
         )
@@ -161,6 +175,20 @@ class Simulation:
                     f"expected one of {', '.join(ROLES)}"
                 )
             self.engines[inst_id].role = role
+        for key in ("max_batched_tokens", "max_num_seqs"):
+            for inst_id, value in getattr(plan, key).items():
+                if not (isinstance(inst_id, int) and 0 <= inst_id < len(self.engines)):
+                    raise SpecError(f"scheduler {name!r}: setup sets {key} of instance {inst_id!r}")
+                if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                    raise SpecError(
+                        f"scheduler {name!r}: setup sets {key} of instance {inst_id} to "
+                        f"{value!r}; expected a positive integer"
+                    )
+                eng = self.engines[inst_id]
+                eng.config = dataclasses.replace(eng.config, **{key: value})
+        self._check_roles(name)
+
+    def _check_roles(self, name: str) -> None:
         roles = {e.role for e in self.engines}
         if roles - {"mixed"} and self.spec.topology is None:
             raise SpecError(
@@ -206,6 +234,87 @@ class Simulation:
                     "expected Route or Reject"
                 )
             self._dispatch(req, decision)
+        self._arrivals_done = True
+
+    # -- the periodic hook -----------------------------------------------------------
+    def _tick_period(self) -> float | None:
+        """``tick_s`` of a policy with a ``tick`` hook, checked; None without one."""
+        if not callable(getattr(self.scheduler, "tick", None)):
+            return None
+        tick_s = getattr(self.scheduler, "tick_s", None)
+        if (
+            isinstance(tick_s, bool)
+            or not isinstance(tick_s, int | float)
+            or not math.isfinite(tick_s)
+            or tick_s <= 0
+        ):
+            raise SpecError(
+                f"scheduler {self._name!r} has tick() but tick_s is {tick_s!r}; "
+                "expected the seconds between ticks, > 0"
+            )
+        return float(tick_s)
+
+    def _ticker(self):  # noqa: ANN202 - a SimPy process
+        """Call the policy's ``tick`` every ``tick_s`` while requests remain to
+        arrive or to end; stop once none do (or nothing else is scheduled, so a
+        stuck run still ends and fails its conservation check)."""
+        env = self.env
+        assert self._tick_s is not None
+        while True:
+            yield env.timeout(self._tick_s)
+            done = self._arrivals_done and self.metrics.ended == self._arrived
+            if done or (self._arrivals_done and env.peek() == math.inf and not self._moving):
+                return
+            actions = self.scheduler.tick(self.view)
+            for action in actions or ():
+                self._act(action)
+
+    def _act(self, action: object) -> None:
+        name, n = self._name, len(self.engines)
+        if not isinstance(action, SetRole):
+            raise SpecError(f"scheduler {name!r}: tick() returned {action!r}; expected SetRole")
+        i, role, cost = action.instance, action.role, action.cost_s
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
+            raise SpecError(f"scheduler {name!r}: {action} names instance {i!r}; instances are "
+                            f"0..{n - 1}")  # fmt: skip
+        if role not in ROLES:
+            raise SpecError(
+                f"scheduler {name!r}: {action} gives role {role!r}; expected one of "
+                f"{', '.join(ROLES)}"
+            )
+        if isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 <= cost < math.inf:
+            raise SpecError(f"scheduler {name!r}: {action}: cost_s {cost!r} must be >= 0 seconds")
+        pending = self._moving.get(i)
+        if pending is not None and pending[0] == role:
+            return  # already on its way
+        if pending is None and self.engines[i].role == role:
+            return
+        self._moves += 1
+        self._moving[i] = (role, self._moves)
+        if cost == 0:
+            self._take_role(i, role, self._moves)
+        else:
+            move = self._moves
+            self.env.timeout(cost).callbacks.append(lambda _ev: self._take_role(i, role, move))
+
+    def _take_role(self, i: int, role: str, move: int) -> None:
+        if self._moving.get(i, (None, -1))[1] != move:
+            return  # replaced by a later move
+        del self._moving[i]
+        eng = self.engines[i]
+        old = eng.role
+        if old == role:
+            return
+        eng.role = role
+        try:
+            self._check_roles(self._name)
+        except SpecError as e:
+            eng.role = old
+            raise SpecError(f"{e} (after moving instance {i} from {old} to {role})") from None
+        self._update_limits()
+        self.role_changes.append((self.env.now, i, old, role))
+        if self.log is not None:
+            self.log.append((round(self.env.now, 9), "role", i, role))
 
     def _dispatch(self, req: Request, decision: Route) -> None:
         name = self.spec.scheduler
@@ -268,6 +377,8 @@ class Simulation:
     def run(self) -> Result:
         env = self.env
         env.process(self.arrive())
+        if self._tick_s is not None:
+            env.process(self._ticker())
         events = 0
         step = env.step
         try:

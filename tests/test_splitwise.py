@@ -1,0 +1,185 @@
+"""Splitwise: JSQ over prompt, token and mixed pools; machine flow; provisioning."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import schedulers.splitwise  # noqa: F401 - registers the policy when not installed
+from schedulers.splitwise import Splitwise
+from twin.errors import SpecError
+from twin.request import Request
+from twin.scheduler import Route, SetRole, build_scheduler
+from twin.sim import Simulation
+from twin.spec import resolve_spec
+from twin.testing import check_scheduler, instance, make_view
+
+REQ = Request(0, 0.0, 1000, 50)
+
+
+def pools(**over):
+    """Two prompt machines (0, 1) and two token machines (2, 3)."""
+    fields = {
+        0: dict(role="prefill"), 1: dict(role="prefill"),
+        2: dict(role="decode"), 3: dict(role="decode"),
+    }  # fmt: skip
+    for k, v in over.items():
+        fields[int(k[1:])].update(v)
+    return make_view(*(instance(i, **fields[i]) for i in range(4)))
+
+
+def test_route_joins_the_shortest_prompt_queue():
+    sw = Splitwise()
+    view = pools(i0=dict(queue_tokens=3000, queue_requests=2), i1=dict(queue_tokens=1000))
+    assert sw.route(REQ, view) == Route(1)
+    view = pools(i0=dict(queue_tokens=500, queue_requests=1), i1=dict(queue_tokens=1000))
+    assert sw.route(REQ, view) == Route(0)
+
+
+def test_a_backed_up_prompt_pool_overflows_to_mixed_machines_served_whole():
+    sw = Splitwise(mixed_threshold_tokens=4000)
+    long = dict(queue_tokens=5000, queue_requests=3)
+    view = pools(i0=long, i1=long, i3=dict(role="mixed"))
+    assert sw.route(REQ, view) == Route(3, 3)
+    # every queue long: the shortest one still takes it
+    view = pools(i0=long, i1=dict(queue_tokens=4500, queue_requests=2),
+                 i3=dict(role="mixed", queue_tokens=6000, queue_requests=2))  # fmt: skip
+    assert sw.route(REQ, view) == Route(1)
+
+
+def test_pick_decode_by_memory_then_pending_work():
+    sw = Splitwise()
+    view = pools(i2=dict(free_blocks=500), i3=dict(free_blocks=800))
+    assert sw.pick_decode(REQ, view) == 3
+    view = pools(i2=dict(running_requests=4), i3=dict(running_requests=2))
+    assert sw.pick_decode(REQ, view) == 3
+    # the token pool cannot hold it (1050 tokens = 66 blocks): a mixed machine can
+    view = pools(i1=dict(role="mixed", free_blocks=100), i2=dict(free_blocks=60),
+                 i3=dict(free_blocks=50))  # fmt: skip
+    assert sw.pick_decode(REQ, view) == 1
+    view = pools(i2=dict(free_blocks=60), i3=dict(free_blocks=50))
+    assert sw.pick_decode(REQ, view) == 2  # nowhere fits: the most free memory, and wait
+
+
+def test_tick_moves_a_token_machine_to_mixed_past_the_threshold_and_back_when_drained():
+    sw = Splitwise(mixed_threshold_tokens=4000, move_cost="20 ms", tick_interval="50 ms")
+    assert sw.tick_s == 0.05
+    sw.setup(pools())
+    long = dict(queue_tokens=5000, queue_requests=3)
+    busy = pools(i0=long, i1=long, i2=dict(running_requests=5), i3=dict(running_requests=1))
+    assert sw.tick(busy) == [SetRole(3, "mixed", 0.02)]
+    assert sw.tick(busy) == []  # the move is under way
+    moved = pools(i0=long, i1=long, i3=dict(role="mixed", queue_requests=1, queue_tokens=900))
+    assert sw.tick(moved) == []  # pool still backed up, and it has work
+    drained_but_needed = pools(i0=long, i1=long, i3=dict(role="mixed"))
+    assert sw.tick(drained_but_needed) == []
+    calm = pools(i3=dict(role="mixed"))
+    assert sw.tick(calm) == [SetRole(3, "decode", 0.02)]
+    still_busy = pools(i3=dict(role="mixed", running_requests=2))
+    sw2 = Splitwise()
+    sw2.setup(pools())
+    assert sw2.tick(still_busy) == []
+
+
+def test_tick_lends_a_prompt_machine_when_the_token_pool_is_out_of_memory():
+    sw = Splitwise(token_free_threshold=0.1)
+    sw.setup(pools())
+    full = dict(free_blocks=50)
+    view = pools(i0=dict(free_blocks=700), i1=dict(free_blocks=900), i2=full, i3=full)
+    assert sw.tick(view) == [SetRole(1, "mixed", 0.0)]
+    back = pools(i1=dict(role="mixed"))
+    assert sw.tick(back) == [SetRole(1, "prefill", 0.0)]
+
+
+def test_setup_keeps_the_pools_and_sets_per_phase_batching():
+    sw = Splitwise(prompt_token_limit=1024)
+    plan = sw.setup(pools(i2=dict(total_blocks=5000), i3=dict(total_blocks=7000)))
+    assert plan.roles == {}
+    assert plan.max_batched_tokens == {0: 1024, 1: 1024}
+    assert plan.max_num_seqs == {2: 5000, 3: 7000}
+    with pytest.raises(SpecError, match="needs prompt and token machines"):
+        sw.setup(make_view(instance(0), instance(1)))
+
+
+def test_parameters_are_checked():
+    with pytest.raises(SpecError, match="tick_interval"):
+        build_scheduler("splitwise", {"tick_interval": "0 ms"})
+    with pytest.raises(SpecError, match="move_cost"):
+        build_scheduler("splitwise", {"move_cost": "soon"})
+    with pytest.raises(SpecError, match="prompt_token_limit"):
+        build_scheduler("splitwise", {"prompt_token_limit": 0})
+    assert build_scheduler("splitwise", {"move_cost": "1 s"}).move_cost_s == 1.0
+
+
+def test_splitwise_keeps_the_contract():
+    assert check_scheduler("splitwise") == "split"
+
+
+def bursty_spec(**sched):
+    data = {
+        "model": "llama-3.1-8b",
+        "cluster": {"topology": "dgx-h100-ib400", "nodes": 2, "tp": 4, "prefill": 2, "decode": 2},
+        "scheduler": {"name": "splitwise", "mixed_threshold_tokens": 4096, **sched},
+        "transfer": {"mode": "layerwise"},
+        "workload": {"lengths": "azure-code",
+                     "arrival": {"process": "gamma", "rate": 30, "cv": 4},
+                     "max_requests": 400},
+        "slo": {"ttft": "1 s", "tpot": "50 ms"},
+    }  # fmt: skip
+    return resolve_spec(data, "splitwise.yaml", Path.cwd())
+
+
+def test_end_to_end_a_burst_moves_machines_and_everything_completes():
+    sim = Simulation(bursty_spec(move_cost="10 ms"))
+    result = sim.run()
+    assert result.summary["completed"] == 400
+    moves = sim.role_changes
+    assert any(new == "mixed" for _, _, _, new in moves)
+    assert any(old == "mixed" for _, _, old, _ in moves)  # and back when drained
+    assert all(i in (2, 3) for _, i, _, _ in moves)  # token machines helped the prompt pool
+    assert [e.config.max_batched_tokens for e in sim.engines[:2]] == [2048, 2048]
+    assert all(e.kv.free == e.kv.total for e in sim.engines)
+    again = Simulation(bursty_spec(move_cost="10 ms")).run()
+    assert again.to_dict() == result.to_dict()
+
+
+PROVISION_SPEC = {
+    "model": "llama-3.1-8b",
+    "cluster": {"topology": "dgx-h100-ib400", "nodes": 1, "tp": 4, "prefill": 1, "decode": 1},
+    "scheduler": "splitwise",
+    "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 5},
+                 "max_requests": 1000},
+    "slo": {"ttft": "500 ms", "tpot": "40 ms"},
+}  # fmt: skip
+
+
+def test_provisioning_finds_the_best_split_and_is_deterministic():
+    from twin.provision import provision
+
+    a = provision(PROVISION_SPEC, "p.yaml", Path.cwd(), gpus=12, sample=80)
+    assert [(c.prefill, c.decode, c.gpus) for c in a.candidates] == [(1, 2, 12), (2, 1, 12)]
+    assert a.best in a.candidates
+    assert a.best.goodput_rps == max(c.goodput_rps for c in a.candidates) > 0
+    assert a.candidates[0].power_w == 12 * 700  # H100 SXM TDP from the catalog
+    b = provision(PROVISION_SPEC, "p.yaml", Path.cwd(), gpus=12, sample=80)
+    assert a == b
+    # 2 x 4 x 700 W fits 6 kW, a third instance does not
+    w = provision(PROVISION_SPEC, "p.yaml", Path.cwd(), power_w=6000, sample=40)
+    assert [(c.prefill, c.decode) for c in w.candidates] == [(1, 1)]
+
+
+def test_provision_cli_prints_a_table_and_errors_on_one_line(tmp_path, capsys):
+    import yaml
+
+    from twin.cli import main
+
+    path = tmp_path / "split.yaml"
+    path.write_text(yaml.safe_dump(PROVISION_SPEC))
+    assert main(["provision", str(path), "--power", "6 kW", "--sample", "40"]) == 0
+    out = capsys.readouterr().out
+    assert "budget 6,000 W" in out and "<- best" in out and "best: 1 prefill + 1 decode" in out
+    assert main(["provision", str(path), "--power", "3 kW"]) == 2
+    assert "holds no prefill + decode pair" in capsys.readouterr().err
+    assert main(["provision", str(path), "--power", "lots"]) == 2
+    assert "--power: 'lots' is not a power" in capsys.readouterr().err

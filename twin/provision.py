@@ -1,0 +1,276 @@
+"""Provisioning: the prompt:token split with the best goodput within a budget.
+
+Splitwise's cluster design study (Patel et al., ISCA 2024, arXiv 2311.18677,
+section VI: iso-power and iso-cost clusters) searches the numbers of prompt
+and token machines that a power (or cost) budget allows and keeps the one
+with the highest throughput under the SLOs. This does the same for any split
+spec: for a budget in watts (each instance costs its GPUs' TDP, from the GPU
+catalog, of the GPU type its role is placed on) or in GPUs, it lists every
+prefill:decode count that fills the budget (no further instance of either
+role fits), estimates each one's goodput by simulation, and reports the best.
+
+Goodput is the largest request rate whose SLO attainment reaches the spec's
+``slo.target``: the spec's workload, cut to ``sample`` requests and scaled to
+a mean rate of one request per second, is replayed at rate ``r`` (arrival
+times divided by ``r``), and ``r`` is found by doubling, then bisection to a
+relative tolerance.
+
+NOTE: attainment need not fall monotonically with the rate on a small
+sample; the bisection returns a rate that meets the target with a faster one
+that does not, not necessarily the largest. A larger ``sample`` steadies it.
+NOTE: a trial replays ``sample`` requests, so at rate ``r`` it covers
+``sample / r`` seconds; when that is short next to the TTFT objective, the
+queues absorb the whole sample as one burst and the goodput comes out high.
+Use a sample that spans many TTFT objectives at the rates found (the search
+stops doubling at 4,096 req/s).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from twin.cluster import place_on_topology, placement_order
+from twin.errors import SpecError
+from twin.hardware import get_gpu
+from twin.request import Request
+from twin.spec import ExperimentSpec, InstanceGroup, resolve_spec
+from twin.workload import iter_requests
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One prefill:decode split, its cost and its estimated goodput (req/s)."""
+
+    prefill: int
+    decode: int
+    gpus: int
+    power_w: float
+    goodput_rps: float
+
+    @property
+    def goodput_per_gpu(self) -> float:
+        return self.goodput_rps / self.gpus
+
+
+@dataclass(frozen=True)
+class Provision:
+    """Every split searched, in order of prefill count, and the best one."""
+
+    candidates: list[Candidate]
+    best: Candidate
+    budget: str
+    prefill_group: InstanceGroup
+    decode_group: InstanceGroup
+
+
+_WATTS = {"W": 1.0, "kW": 1e3, "MW": 1e6}
+
+
+def parse_watts(value: object, where: str = "power") -> float:
+    """Watts from ``20000``, ``"20000 W"``, ``"20 kW"``, ``"1.5 MW"``; > 0."""
+    text = str(value).strip()
+    unit = next((u for u in sorted(_WATTS, key=len, reverse=True) if text.endswith(u)), "")
+    try:
+        w = float(text[: len(text) - len(unit)].strip()) * _WATTS.get(unit, 1.0)
+    except ValueError:
+        raise SpecError(f"{where}: {value!r} is not a power; expected e.g. '20 kW'") from None
+    if not (w > 0 and math.isfinite(w)):
+        raise SpecError(f"{where}: {value!r} must be > 0")
+    return w
+
+
+def _groups(spec: ExperimentSpec) -> tuple[InstanceGroup, InstanceGroup]:
+    by_role = {g.role: g for g in spec.groups}
+    if set(by_role) != {"prefill", "decode"}:
+        raise SpecError(
+            f"{spec.source}: cluster: provisioning searches prefill:decode splits; give "
+            "cluster.prefill and cluster.decode (their tp and pp are kept)"
+        )
+    return by_role["prefill"], by_role["decode"]
+
+
+def _role_tdp(spec: ExperimentSpec, role: str) -> float:
+    """TDP (W) of one GPU of the type the spec places ``role`` instances on."""
+    if spec.topology is None:
+        return spec.gpu.tdp_w
+    roles = [g.role for g in spec.groups for _ in range(g.count)]
+    sizes = [g.tp * g.pp for g in spec.groups for _ in range(g.count)]
+    order = placement_order(roles, spec.placement)
+    places = place_on_topology(spec.topology, sizes, order, where=f"{spec.source}: cluster")
+    first = next(p for p, r in zip(places, roles, strict=True) if r == role)
+    return get_gpu(spec.topology.gpu_type(first.gpus[0])).tdp_w
+
+
+def sample_requests(spec: ExperimentSpec, sample: int) -> list[Request]:
+    """The first ``sample`` requests of the spec's workload, shifted to start
+    at 0 and scaled to a mean rate of 1 request/s."""
+    seeds = np.random.SeedSequence(spec.seed).spawn(2)
+    reqs = []
+    for req in iter_requests(spec.workload, np.random.default_rng(seeds[0])):
+        reqs.append(req)
+        if len(reqs) >= sample:
+            break
+    if len(reqs) < 2:
+        raise SpecError(f"{spec.source}: workload: provisioning needs at least 2 requests")
+    t0, span = reqs[0].arrival_s, reqs[-1].arrival_s - reqs[0].arrival_s
+    scale = (len(reqs) - 1) / span if span > 0 else 1.0
+    return [
+        dataclasses.replace(r, id=k, arrival_s=(r.arrival_s - t0) * scale)
+        for k, r in enumerate(reqs)
+    ]
+
+
+def attainment(spec: ExperimentSpec, reqs: list[Request], rate: float) -> float:
+    from twin.sim import Simulation
+
+    scaled = [dataclasses.replace(r, arrival_s=r.arrival_s / rate) for r in reqs]
+    return float(Simulation(spec, requests=scaled).run().summary["slo_attainment"])
+
+
+def goodput(
+    spec: ExperimentSpec, reqs: list[Request], *, tol: float = 0.05, max_doublings: int = 12
+) -> float:
+    """The largest rate (req/s) whose attainment reaches ``spec.slo.target``,
+    to a relative tolerance ``tol``; 0 when even 1/1024 req/s misses it."""
+    target = spec.slo.target
+    lo, hi = 0.0, 1.0
+    if attainment(spec, reqs, hi) >= target:
+        lo = hi
+        for _ in range(max_doublings):
+            hi = lo * 2
+            if attainment(spec, reqs, hi) < target:
+                break
+            lo = hi
+        else:
+            return lo
+    else:
+        for _ in range(10):
+            hi /= 2
+            if attainment(spec, reqs, hi) >= target:
+                lo, hi = hi, hi * 2
+                break
+        else:
+            return 0.0
+    while hi / lo > 1 + tol:
+        mid = math.sqrt(lo * hi)
+        if attainment(spec, reqs, mid) >= target:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _candidate_spec(
+    data: Mapping[str, Any], where: str, base_dir: Path, pg: InstanceGroup, dg: InstanceGroup,
+    n_p: int, n_d: int,
+) -> ExperimentSpec:  # fmt: skip
+    d = copy.deepcopy(dict(data))
+    cl = dict(d.get("cluster") or {})
+    cl.pop("instances", None)
+    cl.pop("gpus", None)
+    cl["prefill"] = {"instances": n_p, "tp": pg.tp, "pp": pg.pp}
+    cl["decode"] = {"instances": n_d, "tp": dg.tp, "pp": dg.pp}
+    d["cluster"] = cl
+    spec = resolve_spec(d, where, base_dir)
+    # A topology too small for the split grows a node at a time (a topology of
+    # one node template scales; another one says it cannot).
+    for _ in range(256):
+        topo = spec.topology
+        if topo is None:
+            break
+        roles = [g.role for g in spec.groups for _ in range(g.count)]
+        sizes = [g.tp * g.pp for g in spec.groups for _ in range(g.count)]
+        try:
+            place_on_topology(topo, sizes, placement_order(roles, spec.placement))
+            break
+        except SpecError:
+            cl["nodes"] = topo.num_nodes + 1
+            spec = resolve_spec(d, where, base_dir)
+    return spec
+
+
+def provision(
+    data: Mapping[str, Any],
+    where: str,
+    base_dir: Path,
+    *,
+    power_w: float | None = None,
+    gpus: int | None = None,
+    sample: int = 500,
+    tol: float = 0.05,
+) -> Provision:
+    """Search prefill:decode instance counts within a budget of ``power_w``
+    watts or ``gpus`` GPUs (default: the spec's own GPU count) for the best
+    goodput; ``data`` is a parsed spec (as ``twin.spec.load_spec`` reads it)."""
+    base = resolve_spec(data, where, base_dir)
+    pg, dg = _groups(base)
+    if power_w is not None and gpus is not None:
+        raise SpecError("give a power budget or a GPU budget, not both")
+    gp, gd = pg.tp * pg.pp, dg.tp * dg.pp
+    wp, wd = gp * _role_tdp(base, "prefill"), gd * _role_tdp(base, "decode")
+    if power_w is not None:
+        if not power_w > 0:
+            raise SpecError(f"power budget {power_w!r} W must be > 0")
+        cost_p, cost_d, budget, label = wp, wd, float(power_w), f"{power_w:,.0f} W"
+    else:
+        if gpus is None:
+            gpus = pg.count * gp + dg.count * gd
+        if gpus <= 0:
+            raise SpecError(f"GPU budget {gpus!r} must be > 0")
+        cost_p, cost_d, budget, label = gp, gd, float(gpus), f"{gpus} GPUs"
+    if sample < 2:
+        raise SpecError(f"sample {sample!r} must be at least 2 requests")
+    splits = []
+    n_p = 1
+    while n_p * cost_p + cost_d <= budget + 1e-9:
+        n_d = int((budget - n_p * cost_p) // cost_d + 1e-9)
+        splits.append((n_p, n_d))
+        n_p += 1
+    if not splits:
+        raise SpecError(
+            f"a budget of {label} holds no prefill + decode pair "
+            f"({cost_p + cost_d:g} {'W' if power_w is not None else 'GPUs'} for the smallest)"
+        )
+    reqs = sample_requests(base, sample)
+    out = []
+    for n_p, n_d in splits:
+        spec = _candidate_spec(data, where, base_dir, pg, dg, n_p, n_d)
+        out.append(
+            Candidate(
+                prefill=n_p,
+                decode=n_d,
+                gpus=n_p * gp + n_d * gd,
+                power_w=n_p * wp + n_d * wd,
+                goodput_rps=goodput(spec, reqs, tol=tol),
+            )
+        )
+    best = max(out, key=lambda c: (c.goodput_rps, -c.power_w, -c.prefill))
+    return Provision(out, best, label, pg, dg)
+
+
+def format_provision(p: Provision) -> str:
+    """The table ``twin provision`` prints."""
+    lines = [
+        f"budget {p.budget}: prefill TP{p.prefill_group.tp} x N, decode TP{p.decode_group.tp} x M",
+        f"{'prefill':>8}{'decode':>8}{'gpus':>6}{'power W':>10}{'goodput rps':>13}{'per GPU':>10}",
+    ]
+    for c in p.candidates:
+        mark = "  <- best" if c == p.best else ""
+        lines.append(
+            f"{c.prefill:>8}{c.decode:>8}{c.gpus:>6}{c.power_w:>10,.0f}"
+            f"{c.goodput_rps:>13.3f}{c.goodput_per_gpu:>10.3f}{mark}"
+        )
+    b = p.best
+    lines.append(
+        f"best: {b.prefill} prefill + {b.decode} decode instances, {b.goodput_rps:.3f} req/s "
+        f"at SLO attainment >= target"
+    )
+    return "\n".join(lines)
