@@ -188,6 +188,24 @@ def cmd_handoff(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    import yaml
+
+    from twin.planner import plan_distserve
+    from twin.spec import load_spec
+
+    if args.sample <= 0:
+        raise TwinError(f"twin plan: --sample: {args.sample} must be a positive integer")
+    if args.target_rate is not None and not args.target_rate > 0:
+        raise TwinError(f"twin plan: --target-rate: {args.target_rate} must be > 0")
+    spec = load_spec(args.spec, args.set or [])
+    plan = plan_distserve(spec, sample_size=args.sample, target_rate=args.target_rate)
+    print(plan.explain())
+    print("\n# paste into the spec:")
+    print(yaml.safe_dump(plan.to_spec_overrides(), sort_keys=False).rstrip())
+    return 0
+
+
 def cmd_schedulers(args: argparse.Namespace) -> int:
     from twin.scheduler import describe, get_scheduler, scheduler_names
 
@@ -275,6 +293,21 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--nodes", type=int, help="scale the topology to this many nodes")
     h.add_argument("--json", action="store_true", help="print JSON")
     h.set_defaults(func=cmd_handoff)
+
+    pl = sub.add_parser(
+        "plan", help="DistServe's planner: parallelism, P:D counts and placement for a spec"
+    )
+    pl.add_argument("spec", help="spec path or bundled name")
+    pl.add_argument(
+        "--set", action="append", metavar="KEY.PATH=VALUE", help="override a spec value"
+    )
+    pl.add_argument(
+        "--sample", type=int, default=300, help="requests of the workload to simulate (300)"
+    )
+    pl.add_argument(
+        "--target-rate", type=float, metavar="RPS", help="replicate to this rate, not to fill"
+    )
+    pl.set_defaults(func=cmd_plan)
 
     s = sub.add_parser("schedulers", help="list the registered scheduling policies")
     s.set_defaults(func=cmd_schedulers)
