@@ -68,3 +68,108 @@ def test_setup_refuses_a_colocated_cluster_and_says_what_to_do():
 def test_distserve_keeps_the_contract_on_a_split_cluster():
     assert check_scheduler("distserve") == "split"
     assert check_scheduler(DistServe, {"pair": "node"}) == "split"
+
+
+# -- planner -------------------------------------------------------------------------
+def _spec(topology="dgx-h100-ib400", nodes=1, **slo):
+    from pathlib import Path
+
+    from twin.spec import resolve_spec
+
+    data = {
+        "model": "llama-3.1-8b",
+        "cluster": {"topology": topology, "nodes": nodes, "prefill": 1, "decode": 1},
+        "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 1},
+                     "max_requests": 1},
+        "engine": {"max_num_seqs": 16},  # small batches: tiny samples reach saturation
+        "slo": {"ttft": "1 s", "tpot": "50 ms", **slo},
+    }  # fmt: skip
+    return resolve_spec(data, "plan.yaml", Path.cwd())
+
+
+def _fixed(prompt, output, n=40):
+    """``n`` requests of fixed lengths; no arrival pattern, so the planner spaces them evenly."""
+    return [Request(i, 0.0, prompt, output) for i in range(n)]
+
+
+def _plan(spec, sample, **kw):
+    from twin.planner import plan_distserve
+
+    kw.setdefault("max_gpus_per_instance", 2)
+    kw.setdefault("max_decode_requests", 200)
+    kw.setdefault("iterations", 4)
+    return plan_distserve(spec, sample=sample, **kw)
+
+
+def _prefill_share(plan):
+    p = plan.n_prefill * plan.prefill.gpus
+    return p / (p + plan.n_decode * plan.decode.gpus)
+
+
+def test_long_prompts_with_short_outputs_get_more_prefill_gpus():
+    spec = _spec()
+    long_prompt = _plan(spec, _fixed(3000, 8))
+    long_output = _plan(spec, _fixed(100, 400))
+    assert _prefill_share(long_prompt) > 0.5 > _prefill_share(long_output)
+    for plan in (long_prompt, long_output):
+        assert plan.gpus_used <= 8 and plan.placement == "packed"
+        assert plan.prefill.goodput_rps > 0 and plan.decode.goodput_rps > 0
+        assert "Algorithm 1" in plan.explain()
+
+
+def test_a_slow_fabric_keeps_pairs_inside_a_node_and_a_fast_one_places_freely():
+    sample = _fixed(4000, 16)
+    slow = _plan(_spec("a100-eth25", nodes=2), sample)
+    assert slow.affinity == "low" and slow.placement == "interleaved" and slow.pair == "node"
+    assert slow.n_prefill % 2 == 0 and slow.n_decode % 2 == 0  # the same unit on both nodes
+    assert "low node affinity" in slow.explain()
+    fast = _plan(_spec("dgx-h100-ib400", nodes=2), sample)
+    assert fast.affinity == "high" and fast.placement == "packed" and fast.pair == "any"
+    assert fast.handoff_s < slow.handoff_s
+
+
+def test_the_plan_is_deterministic_and_its_overrides_run():
+    from pathlib import Path
+
+    from twin.sim import Simulation
+    from twin.spec import resolve_spec
+
+    spec = _spec()
+    sample = _fixed(800, 64)
+    first, second = _plan(spec, sample), _plan(spec, sample)
+    assert first == second and first.explain() == second.explain()
+    over = first.to_spec_overrides()
+    assert over["transfer"]["handoff"] == "pull" and over["scheduler"]["name"] == "distserve"
+    data = {**dict(spec.resolved), **over}
+    data.pop("gpu")
+    run = resolve_spec(data, "planned.yaml", Path.cwd())
+    reqs = [Request(i, i * 0.05, 800, 64) for i in range(40)]
+    result = Simulation(run, requests=reqs).run()
+    assert result.summary["completed"] == 40
+
+
+def test_target_rate_replicates_to_reach_it():
+    spec = _spec(nodes=1)
+    plan = _plan(spec, _fixed(800, 64), target_rate=200.0)
+    assert plan.n_prefill * plan.prefill.goodput_rps >= 200
+    assert plan.n_decode * plan.decode.goodput_rps >= 200
+    assert plan.nodes >= 1 and plan.to_spec_overrides()["cluster"]["nodes"] == plan.nodes
+
+
+def test_plan_needs_a_topology():
+    from pathlib import Path
+
+    from twin.planner import plan_distserve
+    from twin.spec import resolve_spec
+
+    data = {"model": "llama-3.1-8b", "workload": {"lengths": "azure-conv", "max_requests": 1,
+            "arrival": {"process": "poisson", "rate": 1}}}  # fmt: skip
+    with pytest.raises(SpecError, match="cluster.topology: missing"):
+        plan_distserve(resolve_spec(data, "p.yaml", Path.cwd()), sample=_fixed(10, 10))
+
+
+def test_twin_plan_without_a_topology_says_so(capsys):
+    from twin.cli import main
+
+    assert main(["plan", "quickstart", "--sample", "20"]) == 2
+    assert "cluster.topology: missing" in capsys.readouterr().err

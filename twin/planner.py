@@ -262,7 +262,12 @@ def _sample(spec: ExperimentSpec, n: int) -> list[Request]:
 
 class _Planner:
     def __init__(
-        self, spec: ExperimentSpec, sample: list[Request], max_gpus: int, iterations: int
+        self,
+        spec: ExperimentSpec,
+        sample: list[Request],
+        max_gpus: int,
+        iterations: int,
+        max_decode_requests: int,
     ) -> None:
         topo = spec.topology
         if topo is None:
@@ -287,8 +292,11 @@ class _Planner:
         else:  # no arrival pattern given: evenly spaced
             self.base_rate = 1.0
             self.unit = [float(i) for i in range(n)]
+        self.mean_output = statistics.fmean(r.output_tokens for r in self.sample)
+        self.max_decode_requests = max_decode_requests
         self.cache: dict[tuple, float] = {}
         self.simulations = 0
+        self.unbounded = False
 
     # one simulation ---------------------------------------------------------------------
     def _spec(self, groups: dict[str, tuple[int, int, int]], ttft_at: str) -> ExperimentSpec:
@@ -335,20 +343,29 @@ class _Planner:
             for r, u in zip(self.sample, self.unit, strict=True)
         ]
 
-    def _attain(self, key: tuple, make: Callable[[], tuple[ExperimentSpec, list[Request], str]]):
+    def _attain(self, key: tuple, make: Callable[[], tuple[ExperimentSpec, list[Request], float]]):
+        """Attainment of both SLOs over the requests arriving at or after the
+        warm-up time that ``make`` returns beside the spec and the requests."""
         if key not in self.cache:
             from twin.sim import Simulation
 
-            spec, reqs, metric = make()
+            spec, reqs, warm_s = make()
             self.simulations += 1
-            summary = Simulation(spec, requests=reqs, scheduler=_Probe()).run().summary
-            self.cache[key] = float(summary[metric] or 0.0)
+            met = [0, 0]
+
+            def row(r: dict[str, Any]) -> None:
+                if r["arrival_s"] >= warm_s:
+                    met[0] += r["slo_met"]
+                    met[1] += 1
+
+            Simulation(spec, requests=reqs, scheduler=_Probe(), on_row=row).run()
+            self.cache[key] = met[0] / met[1] if met[1] else 0.0
         return self.cache[key]
 
     def prefill_attainment(self, tp: int, pp: int, rate: float) -> float:
         def make():
             spec = self._spec({"prefill": (tp, pp, 1), "decode": (tp, pp, 1)}, "prefill")
-            return spec, self._requests(rate, True), "ttft_attainment"
+            return spec, self._requests(rate, True), 0.0
 
         return self._attain(("prefill", tp, pp, rate), make)
 
@@ -360,9 +377,35 @@ class _Planner:
 
         def make():
             groups = {"prefill": (feed.tp, feed.pp, n_p), "decode": (tp, pp, 1)}
-            return self._spec(groups, "decode"), self._requests(rate, False), "slo_attainment"
+            return self._spec(groups, "decode"), *self._looped(rate)
 
         return self._attain(("decode", tp, pp, feed.tp, feed.pp, n_p, rate), make)
+
+    def _looped(self, rate: float) -> tuple[list[Request], float]:
+        """The sample at ``rate``, looped until it covers the warm-up (one
+        request's decode lifetime at the TPOT SLO, which a decode batch needs to
+        fill) plus as long again, at most ``max_decode_requests``; and the
+        warm-up time, whose arrivals are not counted."""
+        lifetime = self.mean_output * min(self.spec.slo.tpot_s, 1.0)
+        want = min(self.max_decode_requests, math.ceil(2 * lifetime * rate))
+        copies = max(1, math.ceil(want / len(self.sample)))
+        period = (self.unit[-1] + 1.0) / rate
+        base = self._requests(rate, False)
+        n = len(base)
+        reqs = [
+            Request(
+                k * n + i,
+                r.arrival_s + k * period,
+                r.prompt_tokens,
+                r.output_tokens,
+                r.prefix_hashes,
+                r.prefix_block_tokens,
+            )  # fmt: skip
+            for k in range(copies)
+            for i, r in enumerate(base)
+        ]
+        warm = lifetime if copies > 1 else 0.0
+        return reqs, min(warm, reqs[-1].arrival_s / 2)
 
     # goodput search -----------------------------------------------------------------------
     def goodput(self, attain: Callable[[float], float]) -> float:
@@ -377,6 +420,7 @@ class _Planner:
                     break
                 lo *= 2
             else:
+                self.unbounded = True
                 return lo  # meets the target at every rate tried: the sample never queues
             hi = lo * 2
         else:
@@ -441,6 +485,7 @@ def plan_distserve(
     affinity_fraction: float = 0.05,
     max_link_busy: float = 0.5,
     iterations: int = 6,
+    max_decode_requests: int = 1500,
 ) -> DistServePlan:
     """Plan a DistServe deployment of ``spec``'s model on its topology.
 
@@ -451,21 +496,31 @@ def plan_distserve(
     needs a typical prompt's cross-node hand-off within ``affinity_fraction``
     of the TTFT SLO and the path busy at most ``max_link_busy`` of the time at
     the prefill instance's goodput. ``iterations``: bisection steps after the
-    bracket. Deterministic: the same inputs give the same plan.
+    bracket. ``max_decode_requests``: a decode probe loops the sample until a
+    decode batch has filled (one request lifetime at the TPOT SLO) and as long
+    again, up to this many requests; arrivals in the warm-up are not counted.
+    Deterministic: the same inputs give the same plan.
     """
     if target_rate is not None and not target_rate > 0:
         raise SpecError(f"target_rate: {target_rate!r} must be > 0")
     if sample is None:
         sample = _sample(spec, sample_size)
-    pl = _Planner(spec, sample, max_gpus_per_instance, iterations)
+    pl = _Planner(spec, sample, max_gpus_per_instance, iterations, max_decode_requests)
     configs = pl.configs()
 
+    def score(role: str, tp: int, pp: int, note: str, attain: Callable[[float], float]):
+        if note:
+            return Candidate(role, tp, pp, 0.0, note)
+        pl.unbounded = False
+        rate = pl.goodput(attain)
+        if rate == 0:
+            note = "misses the SLO at every rate tried"
+        elif pl.unbounded:
+            note = "meets the SLO at every rate tried: the sample is too small to queue"
+        return Candidate(role, tp, pp, rate, note)
+
     prefills = [
-        Candidate("prefill", tp, pp, 0.0, note)
-        if note
-        else Candidate(
-            "prefill", tp, pp, pl.goodput(lambda r, tp=tp, pp=pp: pl.prefill_attainment(tp, pp, r))
-        )
+        score("prefill", tp, pp, note, lambda r, tp=tp, pp=pp: pl.prefill_attainment(tp, pp, r))
         for tp, pp, note in configs
     ]
     best_p = _best(prefills)
@@ -475,14 +530,13 @@ def plan_distserve(
             f"({_s(spec.slo.ttft_s)}) for {spec.slo.target:.0%} of the sample at any rate"
         )
     decodes = [
-        Candidate("decode", tp, pp, 0.0, note)
-        if note
-        else Candidate(
+        score(
             "decode",
             tp,
             pp,
-            pl.goodput(lambda r, tp=tp, pp=pp: pl.decode_attainment(tp, pp, best_p, r)),
-        )
+            note,
+            lambda r, tp=tp, pp=pp: pl.decode_attainment(tp, pp, best_p, r),
+        )  # fmt: skip
         for tp, pp, note in configs
     ]
     best_d = _best(decodes)
@@ -491,9 +545,6 @@ def plan_distserve(
             f"{spec.source}: no decode configuration within a node meets the TPOT SLO "
             f"({_s(spec.slo.tpot_s)}) for {spec.slo.target:.0%} of the sample at any rate"
         )
-    for c in prefills + decodes:
-        if not c.note and c.goodput_rps == 0:
-            object.__setattr__(c, "note", "misses the SLO at every rate tried")
 
     topo = spec.topology
     nodes = topo.num_nodes
