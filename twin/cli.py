@@ -201,6 +201,24 @@ def cmd_provision(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    import yaml
+
+    from twin.planner import plan_distserve
+    from twin.spec import load_spec
+
+    if args.sample <= 0:
+        raise TwinError(f"twin plan: --sample: {args.sample} must be a positive integer")
+    if args.target_rate is not None and not args.target_rate > 0:
+        raise TwinError(f"twin plan: --target-rate: {args.target_rate} must be > 0")
+    spec = load_spec(args.spec, args.set or [])
+    plan = plan_distserve(spec, sample_size=args.sample, target_rate=args.target_rate)
+    print(plan.explain())
+    print("\n# paste into the spec:")
+    print(yaml.safe_dump(plan.to_spec_overrides(), sort_keys=False).rstrip())
+    return 0
+
+
 def cmd_schedulers(args: argparse.Namespace) -> int:
     from twin.scheduler import describe, get_scheduler, scheduler_names
 
@@ -299,6 +317,20 @@ def build_parser() -> argparse.ArgumentParser:
     pv.add_argument("--sample", type=int, default=500, help="requests per trial (default 500)")
     pv.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a value")
     pv.set_defaults(func=cmd_provision)
+    pl = sub.add_parser(
+        "plan", help="DistServe's planner: parallelism, P:D counts and placement for a spec"
+    )
+    pl.add_argument("spec", help="spec path or bundled name")
+    pl.add_argument(
+        "--set", action="append", metavar="KEY.PATH=VALUE", help="override a spec value"
+    )
+    pl.add_argument(
+        "--sample", type=int, default=300, help="requests of the workload to simulate (300)"
+    )
+    pl.add_argument(
+        "--target-rate", type=float, metavar="RPS", help="replicate to this rate, not to fill"
+    )
+    pl.set_defaults(func=cmd_plan)
 
     s = sub.add_parser("schedulers", help="list the registered scheduling policies")
     s.set_defaults(func=cmd_schedulers)

@@ -1,0 +1,707 @@
+"""DistServe's placement planner (Zhong et al., OSDI 2024, arXiv 2401.09670, section 4).
+
+Given a spec (model, GPU topology, SLOs, attainment target, workload), pick
+the parallelism of prefill and of decode instances, how many of each, and
+where they go, to maximize goodput per GPU:
+
+1. Score each phase alone (section 4.1, Algorithm 1's ``simu_prefill`` and
+   ``simu_decode``). For every (tp, pp) with tp dividing the heads, pp the
+   layers and tp x pp GPUs inside one node, the twin itself simulates one
+   instance on a rate-scaled copy of a workload sample and a binary search on
+   the rate finds its goodput: the largest rate whose attainment of that
+   phase's SLO meets the target. A prefill probe runs one prefill instance on
+   the sample's prompts with one-token outputs (nothing is decoded, nothing
+   moves) and counts TTFT only; a decode probe runs one decode instance fed
+   by enough prefill instances of the best prefill configuration that the
+   prefill never limits, and counts TPOT only. Probes run on a copy of the
+   spec's GPUs with a fabric fast enough that the KV hand-off never limits
+   (DistServe's simulator leaves the transfer out too); step 3 deals with the
+   network.
+2. Take the best goodput per GPU in each phase and replicate (Algorithm 1's
+   last lines): either to a target rate, ``ceil(R / goodput)`` of each, or to
+   fill the cluster with the P:D counts that balance the phases
+   (``n_p x goodput_p ~ n_d x goodput_d``).
+3. Placement follows the topology. When the fabric moves a typical prompt's
+   KV across nodes in a small share of the TTFT SLO and stays lightly busy at
+   the prefill's goodput (high node affinity, section 4.1), instances go
+   anywhere (``placement: packed``). Otherwise (low node affinity, section
+   4.2, Algorithm 2) every node holds its own prefill and decode instances,
+   which may take smaller tp/pp so that they fit together, with
+   ``placement: interleaved`` and the runtime's ``pair: node`` keeping each
+   hand-off on NVLink. The unit chosen is the node-sized group with the most
+   goodput per GPU.
+
+NOTE: simplifications, with their consequences. Instances never span nodes in
+this twin, so Algorithm 2's instance segments (PP stages of one instance
+across nodes, stage-aligned with the other phase) are not available: a model
+whose prefill/decode pair does not fit in one node falls back to free
+placement over the slow fabric, and the plan says so. PP adds memory, not
+speed, in the twin's performance model, so PP configurations only win where
+memory is the limit. Goodput comes from a finite sample (a few hundred
+requests by default); a sample too small to queue gives optimistic numbers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from twin.errors import CapacityError, SpecError
+from twin.request import Request
+from twin.scheduler import ClusterView, Plan, Route
+from twin.spec import ExperimentSpec, resolve_spec
+
+__all__ = ["Candidate", "DistServePlan", "plan_distserve"]
+
+PROBE_FABRIC = "3200 Gbps"  # per NIC, one NIC per GPU: the probes' KV never waits
+_MAX_BRACKET = 14  # doublings or halvings of the rate before giving up
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One phase's parallel configuration and its simulated goodput.
+
+    ``goodput_rps`` is per instance, requests/s; 0 when the configuration
+    cannot meet the target at any rate or cannot hold the weights (``note``).
+    """
+
+    role: str
+    tp: int
+    pp: int
+    goodput_rps: float
+    note: str = ""
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def per_gpu(self) -> float:
+        return self.goodput_rps / self.gpus
+
+    def label(self) -> str:
+        return f"TP{self.tp} PP{self.pp}"
+
+
+@dataclass(frozen=True)
+class DistServePlan:
+    """What :func:`plan_distserve` chose and why.
+
+    ``capacity_rps`` is the planned goodput of the whole deployment,
+    ``min(n_prefill x prefill goodput, n_decode x decode goodput)`` (per node,
+    summed, under low affinity). ``handoff_s`` is a typical prompt's
+    cross-node KV hand-off on an idle fabric (None on a one-node topology).
+    """
+
+    model: str
+    topology: Any
+    topology_name: str
+    nodes: int
+    gpus_per_node: int
+    slo: Any
+    prefill: Candidate
+    decode: Candidate
+    candidates: tuple[Candidate, ...]
+    n_prefill: int
+    n_decode: int
+    placement: str
+    pair: str
+    affinity: str
+    handoff_s: float | None
+    typical_prompt: int
+    capacity_rps: float
+    target_rate: float | None
+    sample_size: int
+    simulations: int
+    transfer_mode: str
+    multi_nic: bool
+    reasons: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def gpus_used(self) -> int:
+        return self.n_prefill * self.prefill.gpus + self.n_decode * self.decode.gpus
+
+    def to_spec_overrides(self) -> dict[str, Any]:
+        """The ``cluster``, ``transfer`` and ``scheduler`` mappings that run this plan."""
+
+        def group(n: int, c: Candidate) -> dict[str, int]:
+            return {"instances": n, "tp": c.tp, "pp": c.pp}
+
+        return {
+            "cluster": {
+                "topology": self.topology,
+                "nodes": self.nodes,
+                "prefill": group(self.n_prefill, self.prefill),
+                "decode": group(self.n_decode, self.decode),
+                "placement": self.placement,
+            },
+            "transfer": {
+                "mode": self.transfer_mode,
+                "handoff": "pull",
+                "multi_nic": self.multi_nic,
+            },
+            "scheduler": {"name": "distserve", "pair": self.pair},
+        }
+
+    def explain(self) -> str:
+        """A plain-text account of the plan: the scored candidates, the choice, the reasons."""
+        slo = self.slo
+        lines = [
+            f"DistServe plan: {self.model} on {self.topology_name} x {self.nodes} nodes "
+            f"({self.nodes * self.gpus_per_node} GPUs)",
+            f"SLO: TTFT <= {_s(slo.ttft_s)}, TPOT <= {_s(slo.tpot_s)}, "
+            f"attainment >= {slo.target:.0%}; sample of {self.sample_size} requests, "
+            f"median prompt {self.typical_prompt} tokens; {self.simulations} simulations",
+            "",
+            "goodput per instance, each phase simulated alone (binary search on the rate):",
+            f"  {'phase':8}{'config':12}{'GPUs':>5}{'req/s':>10}{'req/s/GPU':>11}",
+        ]
+        for c in self.candidates:
+            mark = "  <- chosen" if c in (self.prefill, self.decode) else ""
+            note = f"  ({c.note})" if c.note else ""
+            lines.append(
+                f"  {c.role:8}{c.label():12}{c.gpus:>5}{c.goodput_rps:>10.2f}"
+                f"{c.per_gpu:>11.3f}{mark}{note}"
+            )
+        lines += ["", *self.reasons, ""]
+        lines.append(
+            f"plan: {self.n_prefill} x prefill {self.prefill.label()} + {self.n_decode} x decode "
+            f"{self.decode.label()} = {self.gpus_used} GPUs, placement {self.placement}, "
+            f"est. goodput {self.capacity_rps:.2f} req/s "
+            f"({self.capacity_rps / max(1, self.gpus_used):.3f} per GPU)"
+        )
+        lines.append(
+            "runtime: scheduler distserve (FCFS per instance, shortest-queue prefill, "
+            f"least-loaded decode{', same node' if self.pair == 'node' else ''}), "
+            "KV pulled by the decode side"
+        )
+        return "\n".join(lines)
+
+
+def _s(x: float) -> str:
+    if math.isinf(x):
+        return "inf"
+    return f"{x * 1e3:g} ms" if x < 1 else f"{x:g} s"
+
+
+# -- the probe's policy: one controller, shortest queue, least loaded ------------------------
+class _Probe:
+    """The runtime the probes run (DistServe's, section 4.3); kept here because
+    the core does not import the policies in ``schedulers/``."""
+
+    def setup(self, cluster: ClusterView) -> Plan:
+        return Plan()
+
+    def route(self, req: Request, view: ClusterView) -> Route:
+        p = min(view.of_role("prefill"), key=lambda i: (i.queue_tokens, i.queue_requests, i.id))
+        return Route(p.id)
+
+    def pick_decode(self, req: Request, view: ClusterView) -> int:
+        d = min(
+            view.of_role("decode"),
+            key=lambda i: (i.running_requests + i.queue_requests, -i.free_blocks, i.id),
+        )
+        return d.id
+
+
+# -- the planner ---------------------------------------------------------------------
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _first_fit(sizes: Sequence[int], per_node: int) -> list[int]:
+    """The node each instance lands on when taken in order, each on the first
+    node with room (as :func:`twin.cluster.place_on_topology` places them)."""
+    free: list[int] = []
+    out = []
+    for s in sizes:
+        for k, f in enumerate(free):
+            if f >= s:
+                free[k] -= s
+                out.append(k)
+                break
+        else:
+            free.append(per_node - s)
+            out.append(len(free) - 1)
+    return out
+
+
+def _nodes_needed(sizes: Sequence[int], per_node: int) -> int:
+    """Nodes of ``per_node`` GPUs that first-fit places ``sizes`` on."""
+    return max(_first_fit(sizes, per_node), default=0) + 1
+
+
+def _unit_repeats(cp: Candidate, kp: int, cd: Candidate, kd: int, per_node: int) -> bool:
+    """Whether ``interleaved`` placement (P0, D0, P1, D1, ...) of this unit
+    replicated on a few nodes puts exactly one unit on every node."""
+    from twin.cluster import placement_order
+
+    nodes = 3
+    roles = ["prefill"] * (kp * nodes) + ["decode"] * (kd * nodes)
+    sizes = [cp.gpus] * (kp * nodes) + [cd.gpus] * (kd * nodes)
+    order = placement_order(roles, "interleaved")
+    where = _first_fit([sizes[i] for i in order], per_node)
+    per: dict[int, list[int]] = {}
+    for i, n in zip(order, where, strict=True):
+        per.setdefault(n, [0, 0])[roles[i] == "decode"] += 1
+    return sorted(per) == list(range(nodes)) and all(v == [kp, kd] for v in per.values())
+
+
+def _sample(spec: ExperimentSpec, n: int) -> list[Request]:
+    from twin.workload import iter_requests
+
+    rng = np.random.default_rng(np.random.SeedSequence(spec.seed).spawn(2)[0])
+    return list(itertools.islice(iter_requests(spec.workload, rng), n))
+
+
+class _Planner:
+    def __init__(
+        self,
+        spec: ExperimentSpec,
+        sample: list[Request],
+        max_gpus: int,
+        iterations: int,
+        max_decode_requests: int,
+    ) -> None:
+        topo = spec.topology
+        if topo is None:
+            raise SpecError(
+                f"{spec.source}: cluster.topology: missing; the planner places instances on "
+                "a topology (e.g. topology: dgx-h100-ib400)"
+            )
+        if not sample:
+            raise SpecError(f"{spec.source}: the workload sample is empty")
+        self.spec = spec
+        self.topo = topo
+        self.per_node = len(topo.gpus_of_node(0))
+        self.max_gpus = min(max_gpus, self.per_node)
+        self.iterations = iterations
+        self.sample = sorted(sample, key=lambda r: (r.arrival_s, r.id))
+        t0 = self.sample[0].arrival_s
+        span = self.sample[-1].arrival_s - t0
+        n = len(self.sample)
+        if span > 0:
+            self.base_rate = (n - 1) / span
+            self.unit = [(r.arrival_s - t0) * self.base_rate for r in self.sample]
+        else:  # no arrival pattern given: evenly spaced
+            self.base_rate = 1.0
+            self.unit = [float(i) for i in range(n)]
+        self.mean_output = statistics.fmean(r.output_tokens for r in self.sample)
+        self.max_decode_requests = max_decode_requests
+        self.cache: dict[tuple, float] = {}
+        self.simulations = 0
+        self.unbounded = False
+
+    # one simulation ---------------------------------------------------------------------
+    def _spec(self, groups: dict[str, tuple[int, int, int]], ttft_at: str) -> ExperimentSpec:
+        res = self.spec.resolved
+        sizes = [tp * pp for tp, pp, n in groups.values() for _ in range(n)]
+        nodes = _nodes_needed(sizes, self.per_node)
+        topology = {
+            "name": "plan-probe",
+            "node": {
+                "gpu": self.topo.gpu_type(0),
+                "gpus": self.per_node,
+                "nics": {"count": self.per_node, "kind": "infiniband", "bandwidth": PROBE_FABRIC},
+            },
+            "nodes": nodes,
+        }
+        cluster = {"topology": topology, "placement": "packed"}
+        for role, (tp, pp, n) in groups.items():
+            cluster[role] = {"instances": n, "tp": tp, "pp": pp}
+        slo = {k: v for k, v in res["slo"].items() if v is not None}
+        data = {
+            "name": f"{res['name']}-plan",
+            "seed": res["seed"],
+            "model": res["model"],
+            "cluster": cluster,
+            "engine": {**res["engine"], "oversized": "reject"},
+            "perf": res["perf"],
+            "transfer": {"mode": "serialized", "handoff": "pull"},
+            "workload": res["workload"],
+            "slo": {**slo, "ttft_at": ttft_at},
+        }
+        return resolve_spec(data, self.spec.source, self.spec.base_dir)
+
+    def _requests(self, rate: float, one_token: bool) -> list[Request]:
+        scale = 1.0 / rate
+        return [
+            Request(
+                r.id,
+                u * scale,
+                r.prompt_tokens,
+                1 if one_token else r.output_tokens,
+                r.prefix_hashes,
+                r.prefix_block_tokens,
+            )  # fmt: skip
+            for r, u in zip(self.sample, self.unit, strict=True)
+        ]
+
+    def _attain(self, key: tuple, make: Callable[[], tuple[ExperimentSpec, list[Request], float]]):
+        """Attainment of both SLOs over the requests arriving at or after the
+        warm-up time that ``make`` returns beside the spec and the requests."""
+        if key not in self.cache:
+            from twin.sim import Simulation
+
+            spec, reqs, warm_s = make()
+            self.simulations += 1
+            met = [0, 0]
+
+            def row(r: dict[str, Any]) -> None:
+                if r["arrival_s"] >= warm_s:
+                    met[0] += r["slo_met"]
+                    met[1] += 1
+
+            Simulation(spec, requests=reqs, scheduler=_Probe(), on_row=row).run()
+            self.cache[key] = met[0] / met[1] if met[1] else 0.0
+        return self.cache[key]
+
+    def prefill_attainment(self, tp: int, pp: int, rate: float) -> float:
+        def make():
+            spec = self._spec({"prefill": (tp, pp, 1), "decode": (tp, pp, 1)}, "prefill")
+            return spec, self._requests(rate, True), 0.0
+
+        return self._attain(("prefill", tp, pp, rate), make)
+
+    def decode_attainment(self, tp: int, pp: int, feed: Candidate, rate: float) -> float:
+        # Enough prefill instances that they keep up with twice the probe rate. Both
+        # SLOs count, TTFT ending at the first decode step: under pull a decode
+        # instance that falls behind keeps TPOT but makes requests wait for it.
+        n_p = max(1, min(32, math.ceil(2 * rate / max(feed.goodput_rps, 1e-9))))
+
+        def make():
+            groups = {"prefill": (feed.tp, feed.pp, n_p), "decode": (tp, pp, 1)}
+            return self._spec(groups, "decode"), *self._looped(rate)
+
+        return self._attain(("decode", tp, pp, feed.tp, feed.pp, n_p, rate), make)
+
+    def _looped(self, rate: float) -> tuple[list[Request], float]:
+        """The sample at ``rate``, looped until it covers the warm-up (one
+        request's decode lifetime at the TPOT SLO, which a decode batch needs to
+        fill) plus as long again, at most ``max_decode_requests``; and the
+        warm-up time, whose arrivals are not counted."""
+        lifetime = self.mean_output * min(self.spec.slo.tpot_s, 1.0)
+        want = min(self.max_decode_requests, math.ceil(2 * lifetime * rate))
+        copies = max(1, math.ceil(want / len(self.sample)))
+        period = (self.unit[-1] + 1.0) / rate
+        base = self._requests(rate, False)
+        n = len(base)
+        reqs = [
+            Request(
+                k * n + i,
+                r.arrival_s + k * period,
+                r.prompt_tokens,
+                r.output_tokens,
+                r.prefix_hashes,
+                r.prefix_block_tokens,
+            )  # fmt: skip
+            for k in range(copies)
+            for i, r in enumerate(base)
+        ]
+        warm = lifetime if copies > 1 else 0.0
+        return reqs, min(warm, reqs[-1].arrival_s / 2)
+
+    # goodput search -----------------------------------------------------------------------
+    def goodput(self, attain: Callable[[float], float]) -> float:
+        """Largest rate with ``attain(rate) >= target``: bracket by doubling or
+        halving from the sample's own rate, then bisect geometrically."""
+        target = self.spec.slo.target
+        r = self.base_rate
+        if attain(r) >= target:
+            lo = r
+            for _ in range(_MAX_BRACKET):
+                if attain(lo * 2) < target:
+                    break
+                lo *= 2
+            else:
+                self.unbounded = True
+                return lo  # meets the target at every rate tried: the sample never queues
+            hi = lo * 2
+        else:
+            hi = r
+            for _ in range(_MAX_BRACKET):
+                if attain(hi / 2) >= target:
+                    break
+                hi /= 2
+            else:
+                return 0.0
+            lo = hi / 2
+        for _ in range(self.iterations):
+            mid = math.sqrt(lo * hi)
+            if attain(mid) >= target:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def configs(self) -> list[tuple[int, int, str]]:
+        """(tp, pp, note) inside a node; the note says why a config cannot run."""
+        from twin.hardware import get_gpu
+        from twin.kvcache import kv_capacity_blocks
+
+        model, spec = self.spec.model, self.spec
+        gpu = get_gpu(self.topo.gpu_type(0))
+        out = []
+        for tp in _divisors(model.heads):
+            for pp in _divisors(model.layers):
+                if tp * pp > self.max_gpus:
+                    continue
+                note = ""
+                try:
+                    kv_capacity_blocks(
+                        gpu_memory_bytes=gpu.memory_bytes,
+                        memory_utilization=spec.memory_utilization,
+                        weight_bytes=model.weight_bytes,
+                        activation_reserve_bytes=spec.activation_reserve_bytes,
+                        kv_bytes_per_token=model.kv_bytes_per_token(),
+                        tp=tp,
+                        pp=pp,
+                        block_size=spec.engine.block_size,
+                    )
+                except CapacityError:
+                    note = "weights do not fit"
+                out.append((tp, pp, note))
+        return sorted(out, key=lambda c: (c[0] * c[1], c[1], c[0]))
+
+
+def _best(cands: Sequence[Candidate]) -> Candidate | None:
+    ok = [c for c in cands if c.goodput_rps > 0]
+    return max(ok, key=lambda c: (c.per_gpu, -c.gpus, -c.pp, -c.tp), default=None)
+
+
+def plan_distserve(
+    spec: ExperimentSpec,
+    *,
+    sample: list[Request] | None = None,
+    sample_size: int = 300,
+    max_gpus_per_instance: int = 8,
+    target_rate: float | None = None,
+    affinity_fraction: float = 0.05,
+    max_link_busy: float = 0.5,
+    iterations: int = 6,
+    max_decode_requests: int = 1500,
+) -> DistServePlan:
+    """Plan a DistServe deployment of ``spec``'s model on its topology.
+
+    ``sample``: the requests to simulate (default: the first ``sample_size`` of
+    the spec's workload, drawn as a run would); their arrival pattern is kept
+    and scaled in time to each probed rate. ``target_rate`` (requests/s):
+    replicate to reach it instead of filling the cluster. High node affinity
+    needs a typical prompt's cross-node hand-off within ``affinity_fraction``
+    of the TTFT SLO and the path busy at most ``max_link_busy`` of the time at
+    the prefill instance's goodput. ``iterations``: bisection steps after the
+    bracket. ``max_decode_requests``: a decode probe loops the sample until a
+    decode batch has filled (one request lifetime at the TPOT SLO) and as long
+    again, up to this many requests; arrivals in the warm-up are not counted.
+    Deterministic: the same inputs give the same plan.
+    """
+    if target_rate is not None and not target_rate > 0:
+        raise SpecError(f"target_rate: {target_rate!r} must be > 0")
+    if sample is None:
+        sample = _sample(spec, sample_size)
+    pl = _Planner(spec, sample, max_gpus_per_instance, iterations, max_decode_requests)
+    configs = pl.configs()
+
+    def score(role: str, tp: int, pp: int, note: str, attain: Callable[[float], float]):
+        if note:
+            return Candidate(role, tp, pp, 0.0, note)
+        pl.unbounded = False
+        rate = pl.goodput(attain)
+        if rate == 0:
+            note = "misses the SLO at every rate tried"
+        elif pl.unbounded:
+            note = "meets the SLO at every rate tried: the sample is too small to queue"
+        return Candidate(role, tp, pp, rate, note)
+
+    prefills = [
+        score("prefill", tp, pp, note, lambda r, tp=tp, pp=pp: pl.prefill_attainment(tp, pp, r))
+        for tp, pp, note in configs
+    ]
+    best_p = _best(prefills)
+    if best_p is None:
+        raise SpecError(
+            f"{spec.source}: no prefill configuration within a node meets the TTFT SLO "
+            f"({_s(spec.slo.ttft_s)}) for {spec.slo.target:.0%} of the sample at any rate"
+        )
+    decodes = [
+        score(
+            "decode",
+            tp,
+            pp,
+            note,
+            lambda r, tp=tp, pp=pp: pl.decode_attainment(tp, pp, best_p, r),
+        )  # fmt: skip
+        for tp, pp, note in configs
+    ]
+    best_d = _best(decodes)
+    if best_d is None:
+        raise SpecError(
+            f"{spec.source}: no decode configuration within a node meets the TPOT SLO "
+            f"({_s(spec.slo.tpot_s)}) for {spec.slo.target:.0%} of the sample at any rate"
+        )
+
+    topo = spec.topology
+    nodes = topo.num_nodes
+    per_node = pl.per_node
+    prompts = [r.prompt_tokens for r in pl.sample]
+    typical = int(statistics.median(prompts))
+    reasons = [
+        f"prefill: {best_p.label()} has the most goodput per GPU "
+        f"({best_p.per_gpu:.3f} req/s/GPU); decode: {best_d.label()} "
+        f"({best_d.per_gpu:.3f} req/s/GPU) [section 4.1, Algorithm 1]"
+    ]
+
+    handoff_s: float | None = None
+    affinity = "single-node"
+    if nodes > 1:
+        from twin.handoff import handoff_estimate
+
+        est = handoff_estimate(
+            spec.model, max(1, typical), topo, tp=best_p.tp, placement="cross-node",
+            mode="serialized", multi_nic=spec.transfer.multi_nic,
+        )  # fmt: skip
+        handoff_s = float(est["transfer_s"])
+        share = handoff_s / spec.slo.ttft_s
+        busy = best_p.goodput_rps * handoff_s
+        high = share <= affinity_fraction and busy <= max_link_busy
+        affinity = "high" if high else "low"
+        reasons.append(
+            f"network: a {typical}-token prompt's KV ({est['kv_bytes'] / 2**20:,.0f} MiB) "
+            f"crosses nodes in {handoff_s * 1e3:.2f} ms on an idle fabric = {share:.1%} of the "
+            f"TTFT SLO (limit {affinity_fraction:.0%}); at the prefill goodput the path is busy "
+            f"{busy:.0%} of the time (limit {max_link_busy:.0%}) -> "
+            + (
+                "high node affinity: place instances freely [section 4.1]"
+                if high
+                else "low node affinity: keep each prefill/decode pair inside a node, on "
+                "NVLink [section 4.2, Algorithm 2]"
+            )
+        )
+
+    placement, pair = "packed", "any"
+    unit = None
+    if affinity == "low":
+        unit = _node_unit(prefills, decodes, per_node)
+        if unit is None:
+            reasons.append(
+                "no prefill/decode pair fits in one node (instances never span nodes here), "
+                "so the plan places freely and the KV crosses the slow fabric"
+            )
+            affinity = "low (no pair fits a node)"
+    if unit is not None:
+        cp, kp, cd, kd = unit
+        placement, pair = "interleaved", "node"
+        best_p, best_d = cp, cd
+        unit_rate = min(kp * cp.goodput_rps, kd * cd.goodput_rps)
+        if target_rate is not None:
+            nodes = math.ceil(target_rate / unit_rate)
+        n_p, n_d = kp * nodes, kd * nodes
+        capacity = unit_rate * nodes
+        reasons.append(
+            f"node unit: {kp} x prefill {cp.label()} + {kd} x decode {cd.label()} "
+            f"({kp * cp.gpus + kd * cd.gpus} of {per_node} GPUs) serves {unit_rate:.2f} req/s, "
+            "the most per GPU of the pairs that fit a node; "
+            + (
+                f"{nodes} nodes reach {target_rate:g} req/s"
+                if target_rate is not None
+                else f"replicated on all {nodes} nodes"
+            )
+        )
+    elif target_rate is not None:
+        n_p = math.ceil(target_rate / best_p.goodput_rps)
+        n_d = math.ceil(target_rate / best_d.goodput_rps)
+        nodes = _nodes_needed([best_p.gpus] * n_p + [best_d.gpus] * n_d, per_node)
+        capacity = min(n_p * best_p.goodput_rps, n_d * best_d.goodput_rps)
+        reasons.append(
+            f"counts: ceil({target_rate:g} / {best_p.goodput_rps:.2f}) = {n_p} prefill, "
+            f"ceil({target_rate:g} / {best_d.goodput_rps:.2f}) = {n_d} decode, on {nodes} nodes"
+        )
+    else:
+        n_p, n_d, capacity = _fill(best_p, best_d, nodes, per_node)
+        if n_p == 0:
+            raise SpecError(
+                f"{spec.source}: a prefill {best_p.label()} and a decode {best_d.label()} "
+                f"instance do not fit on {nodes} nodes of {per_node} GPUs"
+            )
+        reasons.append(
+            f"counts: fill {nodes * per_node} GPUs balancing the phases "
+            f"(n_p x {best_p.goodput_rps:.2f} ~ n_d x {best_d.goodput_rps:.2f} req/s): "
+            f"{n_p} prefill, {n_d} decode"
+        )
+
+    res_cluster = spec.resolved["cluster"]
+    return DistServePlan(
+        model=spec.model.name,
+        topology=res_cluster["topology"],
+        topology_name=topo.name,
+        nodes=nodes,
+        gpus_per_node=per_node,
+        slo=spec.slo,
+        prefill=best_p,
+        decode=best_d,
+        candidates=tuple(prefills + decodes),
+        n_prefill=n_p,
+        n_decode=n_d,
+        placement=placement,
+        pair=pair,
+        affinity=affinity,
+        handoff_s=handoff_s,
+        typical_prompt=typical,
+        capacity_rps=capacity,
+        target_rate=target_rate,
+        sample_size=len(pl.sample),
+        simulations=pl.simulations,
+        transfer_mode=spec.transfer.mode,
+        multi_nic=spec.transfer.multi_nic,
+        reasons=tuple(reasons),
+    )
+
+
+def _fill(p: Candidate, d: Candidate, nodes: int, per_node: int) -> tuple[int, int, float]:
+    """Counts that fill ``nodes`` nodes with the most balanced goodput:
+    maximize ``min(n_p g_p, n_d g_d)``, then use fewer GPUs, then fewer prefills."""
+    best: tuple[float, int, int, int] | None = None
+    for n_p in range(1, nodes * per_node // p.gpus + 1):
+        n_d = (nodes * per_node - n_p * p.gpus) // d.gpus
+        while n_d > 0 and _nodes_needed([p.gpus] * n_p + [d.gpus] * n_d, per_node) > nodes:
+            n_d -= 1
+        if n_d == 0:
+            continue
+        # Drop decode instances the prefill side cannot feed.
+        while n_d > 1 and (n_d - 1) * d.goodput_rps >= n_p * p.goodput_rps:
+            n_d -= 1
+        cap = min(n_p * p.goodput_rps, n_d * d.goodput_rps)
+        key = (cap, -(n_p * p.gpus + n_d * d.gpus), -n_p, n_d)
+        if best is None or key > best:
+            best = key
+    if best is None:
+        return 0, 0, 0.0
+    return -best[2], best[3], best[0]
+
+
+def _node_unit(
+    prefills: Sequence[Candidate], decodes: Sequence[Candidate], per_node: int
+) -> tuple[Candidate, int, Candidate, int] | None:
+    """The group of prefill and decode instances that fits one node with the
+    most goodput per GPU (Algorithm 2's intra-node configuration), or None."""
+    best: tuple[tuple, tuple[Candidate, int, Candidate, int]] | None = None
+    for cp in prefills:
+        for cd in decodes:
+            if cp.goodput_rps <= 0 or cd.goodput_rps <= 0:
+                continue
+            for kp in range(1, per_node // cp.gpus + 1):
+                for kd in range(1, (per_node - kp * cp.gpus) // cd.gpus + 1):
+                    if not _unit_repeats(cp, kp, cd, kd, per_node):
+                        continue
+                    gpus = kp * cp.gpus + kd * cd.gpus
+                    rate = min(kp * cp.goodput_rps, kd * cd.goodput_rps)
+                    key = (rate / gpus, rate, -gpus, -kp, -cp.gpus, -cd.gpus)
+                    if best is None or key > best[0]:
+                        best = (key, (cp, kp, cd, kd))
+    return None if best is None else best[1]
