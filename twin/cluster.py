@@ -9,13 +9,14 @@ identical GPUs and placement only labels instances (no KV moves).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from twin.engine import Engine
 from twin.errors import SpecError
 from twin.perf import Batch
+from twin.request import Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,11 +95,17 @@ def placement_order(roles: Sequence[str], how: str) -> list[int]:
 class EngineView:
     """The live, read-only :class:`twin.scheduler.InstanceView` of an engine."""
 
-    __slots__ = ("_engine", "_placement")
+    __slots__ = ("_engine", "_placement", "_fetch")
 
-    def __init__(self, engine: Engine, placement: Placement) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        placement: Placement,
+        fetch: Callable[[int, int, int], float] | None = None,
+    ) -> None:
         self._engine = engine
         self._placement = placement
+        self._fetch = fetch  # (instance, node, tokens) -> seconds
 
     @property
     def role(self) -> str:
@@ -141,5 +148,18 @@ class EngineView:
     def running_requests(self) -> int:
         return self._engine.running_requests
 
-    def estimate_prefill_s(self, tokens: int) -> float:
-        return self._engine.perf.iteration_time(Batch(((tokens, 0),)))
+    def estimate_prefill_s(self, tokens: int, cached: int = 0) -> float:
+        return self._engine.perf.iteration_time(Batch(((max(tokens, 1), cached),)))
+
+    def estimate_decode_s(self, count: int, context_sum: int) -> float:
+        if count <= 0:
+            return 0.0
+        return self._engine.perf.iteration_time(Batch((), count, context_sum))
+
+    def cached_prefix_tokens(self, req: Request) -> int:
+        return self._engine.cached_prefix_tokens(req)
+
+    def estimate_fetch_s(self, node: int, tokens: int) -> float:
+        if self._fetch is None or tokens <= 0:
+            return 0.0
+        return self._fetch(self._engine.id, node, tokens)

@@ -155,6 +155,7 @@ class Sequence:
         "units",
         "shared_blocks",
         "cached_tokens",
+        "preloaded_tokens",
     )
 
     def __init__(self, req: Request, now: float) -> None:
@@ -191,6 +192,7 @@ class Sequence:
         self.units: list[int] = []
         self.shared_blocks = 0
         self.cached_tokens = 0
+        self.preloaded_tokens = 0  # prompt tokens whose KV was loaded from a KV pool
 
     @property
     def held_blocks(self) -> int:
@@ -249,6 +251,8 @@ class Engine:
         self.cache = PrefixCache(blocks) if config.prefix_caching else None
         self.config = config
         self.on_finish = on_finish
+        # called when a sequence's prompt is computed (a KV pool keeps it)
+        self.on_prompt: Callable[[Engine, Sequence], None] | None = None
         self.log = log
         self.waiting: deque[Sequence] = deque()
         self.waiting_tokens = 0
@@ -553,7 +557,7 @@ class Engine:
             if cache is not None:
                 hits = s.req.prefix_hashes[: cache.match(self._cacheable(s))]
             unit = s.req.prefix_block_tokens
-            cached = min(len(hits) * unit, s.prefill_len - 1)
+            cached = min(max(len(hits) * unit, s.preloaded_tokens), s.prefill_len - 1)
             need = s.prefill_len - cached
             if budget <= 0 or (not chunked and chunks and need > budget):
                 break
@@ -587,11 +591,20 @@ class Engine:
         return chunks
 
     def _cacheable(self, s: Sequence) -> tuple[int, ...]:
-        """The prefix hashes of ``s`` whose blocks are whole units of its prompt."""
-        unit = s.req.prefix_block_tokens
+        return self.cacheable(s.req)
+
+    def cacheable(self, req: Request) -> tuple[int, ...]:
+        """The prefix hashes of ``req`` whose blocks are whole units of its prompt."""
+        unit = req.prefix_block_tokens
         if unit <= 0 or unit % self.kv.block_size:
             return ()
-        return s.req.prefix_hashes[: s.req.prompt_tokens // unit]
+        return req.prefix_hashes[: req.prompt_tokens // unit]
+
+    def cached_prefix_tokens(self, req: Request) -> int:
+        """Prompt tokens of ``req`` whose KV this instance's prefix cache holds."""
+        if self.cache is None:
+            return 0
+        return self.cache.match(self.cacheable(req)) * req.prefix_block_tokens
 
     def _cache_prompt(self, s: Sequence) -> None:
         """The prompt is computed: offer its whole units to the prefix cache."""
@@ -681,6 +694,8 @@ class Engine:
             self.prefilling.remove(s)
             if self.cache is not None:
                 self._cache_prompt(s)
+            if self.on_prompt is not None:
+                self.on_prompt(self, s)
             s.t_prefill_done = now
             s.generated += 1
             if s.t_first_token < 0:

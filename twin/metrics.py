@@ -139,6 +139,9 @@ class Metrics:
         self.ttft_met = 0
         self.tpot_met = 0
         self.output_tokens = 0
+        self.prompt_tokens = 0
+        self.reused_tokens = 0  # prompt tokens whose KV came from a prefix cache or pool
+        self.wasted_prefill_tokens = 0  # prompt tokens computed for requests that missed
         self.preemptions = 0
         self.last_end_s = 0.0
         self.ttft = Distribution()
@@ -178,6 +181,10 @@ class Metrics:
         self.tpot_met += tpot_ok
         self.slo_met += ttft_ok and tpot_ok
         self.output_tokens += req.output_tokens
+        self.prompt_tokens += req.prompt_tokens
+        self.reused_tokens += s.cached_tokens
+        if not (ttft_ok and tpot_ok):
+            self.wasted_prefill_tokens += req.prompt_tokens - s.cached_tokens
         self.preemptions += s.preemptions
         if s.t_finish > self.last_end_s:
             self.last_end_s = s.t_finish
@@ -258,4 +265,8 @@ class Metrics:
             "output_tokens_per_s": self.output_tokens / span if span > 0 else None,
             "simulated_s": span,
             "preemptions": self.preemptions,
+            "prefix_hit_rate": self.reused_tokens / self.prompt_tokens
+            if self.prompt_tokens
+            else None,
+            "wasted_prefill_tokens": self.wasted_prefill_tokens,
         }

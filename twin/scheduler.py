@@ -36,10 +36,14 @@ ENTRY_POINT_GROUP = "twin.schedulers"
 class Route:
     """Serve the request: prefill on instance ``prefill``; decode on ``decode``,
     or, when ``decode`` is ``None``, on the same instance (colocated) or on the
-    one ``pick_decode`` names once the prefill is done (disaggregated)."""
+    one ``pick_decode`` names once the prefill is done (disaggregated).
+    ``fetch_from`` names a node whose KV pool holds a prefix of the prompt:
+    it is loaded over the network before the prefill, which then computes
+    only the rest (needs ``cluster.kv_pool``)."""
 
     prefill: int
     decode: int | None = None
+    fetch_from: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,8 +112,23 @@ class InstanceView(Protocol):
     @property
     def running_requests(self) -> int: ...
 
-    def estimate_prefill_s(self, tokens: int) -> float:
-        """Time one prefill of ``tokens`` tokens would take alone on this instance."""
+    def estimate_prefill_s(self, tokens: int, cached: int = 0) -> float:
+        """Time one prefill of ``tokens`` new tokens after ``cached`` cached ones
+        would take alone on this instance."""
+        ...
+
+    def estimate_decode_s(self, count: int, context_sum: int) -> float:
+        """Time of one decode step of ``count`` sequences with ``context_sum``
+        context tokens in all, on this instance."""
+        ...
+
+    def cached_prefix_tokens(self, req: Request) -> int:
+        """Prompt tokens of ``req`` this instance's prefix cache holds (0 without one)."""
+        ...
+
+    def estimate_fetch_s(self, node: int, tokens: int) -> float:
+        """Time to load ``tokens`` tokens of KV from ``node``'s KV pool to this
+        instance on an idle network."""
         ...
 
 
@@ -131,19 +150,59 @@ class InstanceSnapshot:
     queue_tokens: int = 0
     running_requests: int = 0
     prefill_s_per_token: float = 1e-4
+    decode_s_base: float = 0.02
+    decode_s_per_seq: float = 1e-4
+    cached_hashes: frozenset[int] = frozenset()
+    fetch_s_per_token: float = 1e-6
 
-    def estimate_prefill_s(self, tokens: int) -> float:
+    def estimate_prefill_s(self, tokens: int, cached: int = 0) -> float:
         return tokens * self.prefill_s_per_token
+
+    def estimate_decode_s(self, count: int, context_sum: int) -> float:
+        return self.decode_s_base + count * self.decode_s_per_seq
+
+    def cached_prefix_tokens(self, req: Request) -> int:
+        n = 0
+        for h in req.prefix_hashes:
+            if h not in self.cached_hashes:
+                break
+            n += 1
+        return min(n * req.prefix_block_tokens, req.prompt_tokens)
+
+    def estimate_fetch_s(self, node: int, tokens: int) -> float:
+        return tokens * self.fetch_s_per_token
+
+
+@dataclass(frozen=True, slots=True)
+class Objectives:
+    """The run's latency objectives, seconds (``inf`` when not set)."""
+
+    ttft_s: float = float("inf")
+    tpot_s: float = float("inf")
 
 
 class ClusterView:
-    """The instances of a cluster, and the current time, as a policy sees them."""
+    """The instances of a cluster, the current time, the latency objectives and
+    (with KV pools) where prompt prefixes are kept, as a policy sees them."""
 
-    __slots__ = ("instances", "_now")
+    __slots__ = ("instances", "_now", "slo", "_pools")
 
-    def __init__(self, instances: Sequence[InstanceView], now: Callable[[], float] | float = 0.0):
+    def __init__(
+        self,
+        instances: Sequence[InstanceView],
+        now: Callable[[], float] | float = 0.0,
+        slo: Objectives | None = None,
+        pools: Callable[[Request], dict[int, int]] | None = None,
+    ):
         self.instances: tuple[InstanceView, ...] = tuple(instances)
         self._now = now
+        self.slo = slo or Objectives()
+        self._pools = pools
+
+    def pool_prefix_tokens(self, req: Request) -> dict[int, int]:
+        """Node -> prompt tokens of ``req`` whose KV that node's pool holds
+        (nodes holding none left out; empty without KV pools)."""
+        return self._pools(req) if self._pools is not None else {}
 
     @property
     def now(self) -> float:

@@ -21,14 +21,23 @@ import twin
 from twin.cluster import EngineView, place_instances, place_on_topology, placement_order
 from twin.engine import ROLES, Arrival, Engine, Sequence
 from twin.errors import CapacityError, SpecError
-from twin.handoff import KVHandoff, pick_decode_with
+from twin.handoff import KVHandoff, pick_decode_with, shard_flows
 from twin.hardware import get_gpu
 from twin.kvcache import BlockManager, blocks_for, kv_capacity_blocks
+from twin.kvpool import KVPool
 from twin.metrics import Metrics
 from twin.network import Network
 from twin.perf import PerfModel, build_perf_model
 from twin.request import Request
-from twin.scheduler import ClusterView, Plan, Reject, Route, SetRole, build_scheduler
+from twin.scheduler import (
+    ClusterView,
+    Objectives,
+    Plan,
+    Reject,
+    Route,
+    SetRole,
+    build_scheduler,
+)
 from twin.spec import ExperimentSpec
 from twin.workload import file_sha256, iter_requests
 
@@ -124,9 +133,18 @@ class Simulation:
             )
             self.engines.append(eng)
             self.capacity.append(blocks - watermark)
-            views.append(EngineView(eng, p))
+            views.append(EngineView(eng, p, self._fetch_estimate))
         self.perfs = perfs
-        self.view = ClusterView(views, lambda: self.env.now)
+        self.placements = placements
+        self.pools: list[KVPool] = []
+        if spec.kv_pool_bytes is not None and topo is not None:
+            self.pools = [KVPool(n, spec.kv_pool_bytes) for n in range(topo.num_nodes)]
+            for eng in self.engines:
+                eng.on_prompt = self._keep_prompt
+        self._fetch_rates: dict[tuple[int, int], tuple[float, float]] = {}
+        slo = Objectives(spec.slo.ttft_s, spec.slo.tpot_s)
+        pools = self._pool_prefix if self.pools else None
+        self.view = ClusterView(views, lambda: self.env.now, slo, pools)
         self._apply_plan(self.scheduler.setup(self.view))
         if topo is not None and self.network is not None:
             self.handoff = KVHandoff(
@@ -144,6 +162,7 @@ class Simulation:
             for eng in self.engines:
                 eng.hooks = self.handoff
         self._arrived = 0
+        self.kv_bytes_fetched = 0.0
         self._arrivals_done = False
         self.events = 0
         self._tick_s = self._tick_period()
@@ -348,7 +367,88 @@ class Simulation:
             seq.handoff, seq.decode_instance = True, d
         elif d is None and src.role == "prefill":
             seq.handoff = True
-        src.submit(seq)
+        if decision.fetch_from is not None:
+            self._fetch_then_submit(seq, src, decision.fetch_from)
+        else:
+            src.submit(seq)
+
+    # -- KV pools (Mooncake's store) -------------------------------------------------
+    def _cacheable(self, req: Request) -> tuple[int, ...]:
+        return self.engines[0].cacheable(req)
+
+    def _keep_prompt(self, engine: Engine, seq: Sequence) -> None:
+        hashes = self._cacheable(seq.req)
+        if hashes:
+            unit_bytes = seq.req.prefix_block_tokens * self.spec.model.kv_bytes_per_token()
+            self.pools[self.view[engine.id].node].insert(hashes, unit_bytes)
+
+    def _pool_prefix(self, req: Request) -> dict[int, int]:
+        hashes = self._cacheable(req)
+        out = {}
+        for pool in self.pools:
+            n = pool.match(hashes)
+            if n:
+                out[pool.node] = n * req.prefix_block_tokens
+        return out
+
+    def _fetch_rate(self, instance: int, node: int) -> tuple[float, float]:
+        """(latency s, bytes/s) of loading KV from ``node``'s pool to ``instance``
+        on an idle network: over PCIe inside the node (every GPU of the instance
+        in parallel), else from the pool node's NICs as flows, one per shard."""
+        key = (instance, node)
+        if key not in self._fetch_rates:
+            topo = self.spec.topology
+            gpus = self.placements[instance].gpus
+            if node == self.placements[instance].node:
+                pcie = get_gpu(topo.gpu_type(gpus[0])).pcie_bytes_s
+                self._fetch_rates[key] = (0.0, pcie * len(gpus))
+            else:
+                src = topo.gpus_of_node(node)[: len(gpus)]
+                probe = 1e9
+                env = simpy.Environment()
+                t = Network(env).start(shard_flows(topo, src, gpus, probe))
+                env.run()
+                lat = max(topo.latency_s(topo.path(a, b)) for a, b in zip(src, gpus, strict=False))
+                self._fetch_rates[key] = (lat, probe / max(t.end_s - lat, 1e-12))
+        return self._fetch_rates[key]
+
+    def _fetch_estimate(self, instance: int, node: int, tokens: int) -> float:
+        lat, rate = self._fetch_rate(instance, node)
+        return lat + tokens * self.spec.model.kv_bytes_per_token() / rate
+
+    def _fetch_then_submit(self, seq: Sequence, engine: Engine, node: int) -> None:
+        name = self._name
+        if not self.pools or not 0 <= node < len(self.pools):
+            raise SpecError(
+                f"scheduler {name!r}: request {seq.req.id} fetches from node {node!r}; "
+                + ("nodes are 0.." + str(len(self.pools) - 1) if self.pools else
+                   "the cluster has no KV pool (cluster.kv_pool)")
+            )  # fmt: skip
+        req = seq.req
+        hashes = self._cacheable(req)
+        pool = self.pools[node]
+        n = pool.match(hashes)
+        tokens = min(n * req.prefix_block_tokens, req.prompt_tokens - 1)
+        if tokens <= engine.cached_prefix_tokens(req):
+            engine.submit(seq)  # nothing to load that the instance does not hold
+            return
+        pool.touch(hashes[:n])
+        nbytes = tokens * self.spec.model.kv_bytes_per_token()
+        self.kv_bytes_fetched += nbytes
+        inst = engine.id
+
+        def landed(_ev: object) -> None:
+            seq.preloaded_tokens = tokens
+            engine.submit(seq)
+
+        if node == self.placements[inst].node:
+            lat, rate = self._fetch_rate(inst, node)
+            self.env.timeout(lat + nbytes / rate).callbacks.append(landed)
+        else:
+            assert self.network is not None
+            src = self.spec.topology.gpus_of_node(node)[: len(self.placements[inst].gpus)]
+            flows = shard_flows(self.spec.topology, src, self.placements[inst].gpus, nbytes)
+            self.network.start(flows, label=f"fetch {req.id}").done.callbacks.append(landed)
 
     def _oversized(self, req: Request) -> bool:
         bs = self.spec.engine.block_size
@@ -391,6 +491,7 @@ class Simulation:
         self._check_conservation()
         summary = self.metrics.summary()
         summary["kv_bytes_transferred"] = self.handoff.bytes_moved if self.handoff else 0.0
+        summary["kv_bytes_fetched"] = self.kv_bytes_fetched
         links = self.network.link_stats() if self.network is not None else []
         return Result(self._header(), summary, self._instance_stats(), links)
 

@@ -56,6 +56,7 @@ CLUSTER_KEYS = (
     "prefill",
     "decode",
     "placement",
+    "kv_pool",
 )
 GROUP_KEYS = ("instances", "tp", "pp")
 PLACEMENTS = ("packed", "interleaved")
@@ -102,6 +103,7 @@ class ExperimentSpec:
     groups: tuple[InstanceGroup, ...]
     topology: Any  # a twin.topology.Topology, or None: nodes of gpus_per_node GPUs, no network
     placement: str
+    kv_pool_bytes: float | None  # host-memory KV pool per node (Mooncake's store), or None
     transfer: TransferConfig
     engine: EngineConfig
     memory_utilization: float
@@ -319,6 +321,19 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
             "since the KV cache travels between them (e.g. topology: dgx-h100-ib400)"
         )
     per_node = _positive_int(cl.get("gpus_per_node", 8), f"{where}: cluster.gpus_per_node")
+    kv_pool = None
+    if "kv_pool" in cl:
+        if topology is None:
+            raise SpecError(
+                f"{where}: cluster.kv_pool: needs cluster.topology (pools sit on nodes)"
+            )
+        try:
+            kv_pool = parse_bytes(cl["kv_pool"])
+        except UnitError as e:
+            raise SpecError(f"{where}: cluster.kv_pool: {e}") from None
+        if kv_pool <= 0:
+            raise SpecError(f"{where}: cluster.kv_pool: {cl['kv_pool']!r} must be > 0")
+        cluster_out["kv_pool"] = cl["kv_pool"]
     placement = cl.get("placement", "packed")
     if placement not in PLACEMENTS:
         raise SpecError(
@@ -444,6 +459,7 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
         groups=groups,
         topology=topology,
         placement=placement,
+        kv_pool_bytes=kv_pool,
         transfer=transfer,
         engine=engine,
         memory_utilization=util,
