@@ -1,0 +1,153 @@
+"""Mooncake's conductor: cache-aware routing and early rejection, on hand-built
+views and end to end with prefix caches and KV pools."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import schedulers.mooncake  # noqa: F401 - registers the policy when not installed
+from twin.request import Request
+from twin.scheduler import ClusterView, InstanceSnapshot, Objectives, Route, build_scheduler
+from twin.sim import Simulation
+from twin.spec import resolve_spec
+
+REQ = Request(0, 0.0, 4096, 100, tuple(range(8)), 512)
+
+
+def view(prefills, decodes, *, ttft=10.0, tpot=1.0, pools=None):
+    instances = [InstanceSnapshot(i, role="prefill", **kw) for i, kw in enumerate(prefills)]
+    instances += [
+        InstanceSnapshot(len(prefills) + j, role="decode", **kw) for j, kw in enumerate(decodes)
+    ]
+    return ClusterView(
+        instances, 0.0, Objectives(ttft, tpot), (lambda req: pools) if pools else None
+    )
+
+
+def policy(**params):
+    return build_scheduler("mooncake", params)
+
+
+def test_the_prefill_instance_holding_the_prefix_wins_at_equal_load():
+    v = view([{}, {"cached_hashes": frozenset(range(6))}], [{}])
+    assert policy().route(REQ, v) == Route(1, 2)
+
+
+def test_a_long_queue_outweighs_a_cached_prefix():
+    v = view([{}, {"cached_hashes": frozenset(range(6)), "queue_tokens": 50_000}], [{}])
+    assert policy().route(REQ, v).prefill == 0
+
+
+def test_a_longer_prefix_in_a_pool_is_fetched():
+    v = view([{}, {}], [{}], pools={3: 7 * 512})
+    assert policy().route(REQ, v) == Route(0, 2, fetch_from=3)
+    # too little to be worth a fetch
+    assert policy(min_fetch_tokens=8192).route(REQ, v).fetch_from is None
+
+
+def test_early_rejection_fires_exactly_when_the_ttft_estimate_crosses_the_slo():
+    p = policy()
+    estimate = 4096 * 1e-4  # InstanceSnapshot prices 0.1 ms per prompt token, empty queue
+    assert p.prefill_choice(REQ, view([{}], [{}]))[0] == pytest.approx(estimate)
+    assert p.route(REQ, view([{}], [{}], ttft=estimate * 1.001)) == Route(0, 1)
+    assert p.route(REQ, view([{}], [{}], ttft=estimate * 0.999)).reason == "predicted_ttft"
+    assert policy(early_rejection="off").route(REQ, view([{}], [{}], ttft=1e-6)) == Route(0, 1)
+
+
+def test_decode_overload_rejects_and_prediction_counts_finishes():
+    busy = [{"running_requests": 300, "decode_s_per_seq": 1e-4}]  # 0.02 + 301 x 0.1 ms = 50.1 ms
+    at_arrival = policy(early_rejection="arrival")
+    assert at_arrival.route(REQ, view([{}], busy, tpot=0.05)).reason == "predicted_decode_overload"
+    # with a long prefill ahead (TTFT ~ 4 s), most of the running requests will have finished
+    slow = [{"prefill_s_per_token": 1e-3}]
+    predicted = policy(early_rejection="predicted", expected_output_tokens=64)
+    assert predicted.route(REQ, view(slow, busy, tpot=0.05)) == Route(0, 1)
+    assert at_arrival.route(REQ, view(slow, busy, tpot=0.05)).reason == "predicted_decode_overload"
+
+
+def test_parameters_are_checked():
+    with pytest.raises(Exception, match="early_rejection: 'sometimes'"):
+        policy(early_rejection="sometimes")
+
+
+def spec(**over):
+    data = {
+        "model": "llama-3.1-8b",
+        "cluster": {
+            "topology": "dgx-h100-ib400", "nodes": 2, "kv_pool": "64 GiB",
+            "prefill": {"instances": 2, "tp": 4}, "decode": {"instances": 2, "tp": 4},
+        },
+        "engine": {"prefix_caching": True},
+        "scheduler": "mooncake",
+        "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 1},
+                     "max_requests": 1},
+        "slo": {"ttft": "2 s", "tpot": "100 ms"},
+    }  # fmt: skip
+    data.update(over)
+    return resolve_spec(data, "mooncake.yaml", Path.cwd())
+
+
+def conversation(n, *, turns=4, gap=0.05, prompt=4096):
+    """Multi-turn chats: each turn's prompt extends the last one's prefix."""
+    reqs, t = [], 0.0
+    for i in range(n):
+        chat, turn = divmod(i, turns)
+        units = prompt // 512 + turn
+        hashes = tuple(chat * 1000 + k for k in range(units))
+        reqs.append(Request(i, t, units * 512, 32, hashes, 512))
+        t += gap
+    return reqs
+
+
+def test_prefixes_are_reused_from_caches_and_pools_end_to_end():
+    rows: list[dict] = []
+    sim = Simulation(spec(), requests=conversation(40), on_row=rows.append)
+    s = sim.run().summary
+    assert s["completed"] + s["rejected"] == 40
+    assert s["prefix_hit_rate"] > 0.3
+    assert s["kv_bytes_fetched"] >= 0
+    # a reused prefix shortens the prefill: later turns compute only their new unit
+    later = [r for r in rows if r["status"] == "completed" and r["id"] % 4 == 3]
+    first = [r for r in rows if r["status"] == "completed" and r["id"] % 4 == 0]
+    assert min(r["prefill_s"] for r in first) > max(r["prefill_s"] for r in later)
+
+
+def test_overload_is_met_with_early_rejection():
+    reqs = conversation(200, turns=1, gap=0.001, prompt=8192)
+    on = Simulation(spec(), requests=reqs).run().summary
+    off = (
+        Simulation(spec(scheduler={"name": "mooncake", "early_rejection": "off"}), requests=reqs)
+        .run()
+        .summary
+    )
+    assert on["rejected"] > 0 and off["rejected"] == 0
+    assert set(on["rejected_by_reason"]) <= {"predicted_ttft", "predicted_decode_overload"}
+    # rejecting early spends less prefill on requests that miss anyway
+    assert on["wasted_prefill_tokens"] < off["wasted_prefill_tokens"]
+
+
+def test_mooncake_trace_replay(shared_data):
+    trace = shared_data / "traces/mooncake_fast25/conversation_trace.jsonl"
+    s = spec(
+        workload={"trace": str(trace), "max_requests": 150},
+        engine={"prefix_caching": True, "oversized": "reject"},
+        slo={"ttft": "30 s", "tpot": "100 ms"},
+    )
+    result = Simulation(s).run().summary
+    assert result["requests"] == 150
+    # the most any cache could reuse: every whole unit seen before, in arrival order
+    import json
+
+    seen: set[int] = set()
+    hit = total = 0
+    with trace.open() as f:
+        for _, line in zip(range(150), f, strict=False):
+            d = json.loads(line)
+            whole = d["hash_ids"][: d["input_length"] // 512]
+            k = next((i for i, h in enumerate(whole) if h not in seen), len(whole))
+            hit += min(k * 512, d["input_length"] - 1)
+            total += d["input_length"]
+            seen.update(whole)
+    assert 0.5 * hit / total < result["prefix_hit_rate"] <= hit / total
