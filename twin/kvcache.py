@@ -8,7 +8,7 @@ only counts; which physical block holds what does not change any timing.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 from twin.errors import CapacityError
 
@@ -92,6 +92,17 @@ class BlockManager:
         self.free += blocks
 
 
+def leading_run(hashes: Sequence[int], held: Container[int]) -> int:
+    """How many of ``hashes``, from the first, are in ``held``: a prefix unit is
+    reusable only when every unit before it is too."""
+    n = 0
+    for h in hashes:
+        if h not in held:
+            break
+        n += 1
+    return n
+
+
 class PrefixCache:
     """Prompt KV kept on an instance for reuse (vLLM's automatic prefix caching).
 
@@ -114,12 +125,7 @@ class PrefixCache:
 
     def match(self, hashes: Sequence[int]) -> int:
         """How many of ``hashes``, from the first, are cached."""
-        n = 0
-        for h in hashes:
-            if h not in self.units:
-                break
-            n += 1
-        return n
+        return leading_run(hashes, self.units)
 
     def idle_blocks(self, hashes: Sequence[int]) -> int:
         """Blocks of the cached ``hashes`` that no sequence holds (evictable)."""

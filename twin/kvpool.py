@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from twin.kvcache import leading_run
+
 
 class KVPool:
     """LRU set of prefix units on one node, ``capacity_bytes`` in all."""
@@ -31,12 +33,7 @@ class KVPool:
 
     def match(self, hashes: Sequence[int]) -> int:
         """How many of ``hashes``, from the first, are here."""
-        n = 0
-        for h in hashes:
-            if h not in self.units:
-                break
-            n += 1
-        return n
+        return leading_run(hashes, self.units)
 
     def touch(self, hashes: Sequence[int]) -> None:
         for h in hashes:

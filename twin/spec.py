@@ -143,13 +143,7 @@ def read_spec_text(spec: str) -> tuple[str, str, Path]:
 
 
 def parse_yaml(text: str, where: str) -> dict[str, Any]:
-    try:
-        data = yamlio.load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise SpecError(f"{where}: not valid YAML{at}: {problem}") from None
+    data = yamlio.load_text(text, where)
     if data is None:
         data = {}
     if not isinstance(data, dict):

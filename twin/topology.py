@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import networkx as nx
-import yaml
 
 from twin import yamlio
 from twin.bundled import bundled_names, bundled_text
@@ -395,13 +394,7 @@ def load_topology(
             text, label, default = _read(str(spec), base_dir)
         except SpecError as e:
             raise SpecError(f"{where}: {e}" if where else str(e)) from None
-        try:
-            data = yamlio.load(text)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-            problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-            raise SpecError(f"{label}: not valid YAML{at}: {problem}") from None
+        data = yamlio.load_text(text, label)
         if not isinstance(data, Mapping):
             raise SpecError(f"{label}: a topology must be a mapping of keys")
     else:

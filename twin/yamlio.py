@@ -34,3 +34,17 @@ Loader.add_implicit_resolver(
 def load(text: str) -> Any:
     """Parse YAML text; raises ``yaml.YAMLError`` on bad input."""
     return yaml.load(text, Loader=Loader)  # noqa: S506 - Loader is a SafeLoader
+
+
+def load_text(text: str, where: str) -> Any:
+    """Parse YAML text; a syntax error becomes a one-line
+    :class:`~twin.errors.SpecError` naming ``where`` and the line and column."""
+    from twin.errors import SpecError
+
+    try:
+        return load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise SpecError(f"{where}: not valid YAML{at}: {problem}") from None
