@@ -70,6 +70,7 @@ def test_decode_overload_rejects_and_prediction_counts_finishes():
 def test_parameters_are_checked():
     with pytest.raises(Exception, match="early_rejection: 'sometimes'"):
         policy(early_rejection="sometimes")
+    assert policy(early_rejection=False).early_rejection == "off"  # YAML's bare `off`
 
 
 def spec(**over):
