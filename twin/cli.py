@@ -12,6 +12,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import IO, Any
 
 import twin
@@ -95,12 +96,44 @@ def _open_out(path: str) -> IO[str]:
         raise TwinError(f"{path}: cannot write: {e.strerror}") from None
 
 
+def _write_json(path: str, doc: dict[str, Any]) -> None:
+    with _open_out(path) as f:
+        json.dump(doc, f, indent=2, default=str)
+        f.write("\n")
+
+
+def cmd_compare(args: argparse.Namespace, data: dict[str, Any], where: str, base_dir: Path) -> int:
+    """``twin run`` on a spec with a ``compare:`` section (see twin/compare.py)."""
+    from twin.compare import run_compare
+
+    for flag, value in (("--requests-csv", args.requests_csv), ("--links-csv", args.links_csv)):
+        if value:
+            raise TwinError(
+                f"{flag}: not available for a compare spec ({where} has compare:); "
+                "use --json, whose runs hold each entry's summary, instances and links"
+            )
+    only = [x.strip() for x in args.only.split(",") if x.strip()] if args.only else None
+    result = run_compare(data, where, base_dir, args.set or [], only=only)
+    if args.json:
+        _write_json(args.json, result.to_dict())
+    if not args.quiet:
+        print(result.format_table())
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from twin.metrics import REQUEST_COLUMNS
     from twin.sim import Simulation
-    from twin.spec import load_spec
+    from twin.spec import apply_overrides, parse_yaml, read_spec_text, resolve_spec
 
-    spec = load_spec(args.spec, args.set or [])
+    text, where, base_dir = read_spec_text(args.spec)
+    data = parse_yaml(text, where)
+    if "compare" in data:
+        return cmd_compare(args, data, where, base_dir)
+    if args.only:
+        raise TwinError(f"--only: picks entries of a compare spec; {where} has no compare:")
+    apply_overrides(data, args.set or [])
+    spec = resolve_spec(data, where, base_dir)
     bucket = None
     if args.links_csv:
         try:
@@ -128,9 +161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 for t, nbytes, util in link.pop("series"):
                     w.writerow([link["src"], link["dst"], t, nbytes, util])
     if args.json:
-        with _open_out(args.json) as f:
-            json.dump(result, f, indent=2, default=str)
-            f.write("\n")
+        _write_json(args.json, result)
     if not args.quiet:
         print(format_summary(result))
     return 0
@@ -271,6 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="override a spec value (repeatable)",
     )
     r.add_argument("--json", metavar="PATH", help="write header + summary as JSON")
+    r.add_argument(
+        "--only",
+        metavar="LABEL[,LABEL...]",
+        help="run only these entries of a spec's compare: section",
+    )
     r.add_argument("--requests-csv", metavar="PATH", help="write one row per request")
     r.add_argument(
         "--links-csv", metavar="PATH", help="write each link's bytes and utilization over time"

@@ -1,0 +1,248 @@
+"""Policy comparisons: one spec, several variants, the same trace and seed, one table.
+
+A spec with a ``compare:`` section maps labels to overrides of the rest of the
+spec (the *base*)::
+
+    compare:
+      colocated: {scheduler: colocated, cluster.instances: 4, cluster.prefill: null}
+      splitwise: {scheduler: splitwise}
+
+Each entry's keys are dotted paths with the meaning of ``--set key.path=value``
+(the values already parsed YAML); a ``null`` value deletes the key, so its
+default applies. Entries share the base's ``name``, ``seed``, ``workload`` and
+``slo`` (an entry may not override them), so every variant replays the same
+requests against the same objectives.
+Each variant is resolved and validated on its own before any runs, and runs
+in the order the labels are written. See README.md, "Comparing policies".
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import twin
+from twin.errors import SpecError, TwinError
+from twin.scheduler import build_scheduler
+from twin.sim import Result, Simulation
+from twin.spec import ExperimentSpec, apply_overrides, canonical_json, resolve_spec
+
+SHARED_KEYS = ("name", "seed", "workload", "slo", "compare")
+COLUMNS = (
+    # (title, width)
+    ("label", 0),
+    ("scheduler", 0),
+    ("GPUs", 5),
+    ("requests", 9),
+    ("completed", 10),
+    ("rejected", 9),
+    ("TTFT p50", 9),
+    ("p99 (s)", 9),
+    ("TPOT p50", 9),
+    ("p99 (ms)", 9),
+    ("SLO att.", 9),
+    ("req/s", 8),
+    ("KV GiB", 9),
+)
+
+
+@dataclass(frozen=True)
+class CompareResult:
+    """The runs of a compare spec: ``header`` (what they share) and ``runs``
+    (label -> :class:`twin.sim.Result`, in the order the spec lists them)."""
+
+    header: dict[str, Any]
+    runs: dict[str, Result]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"header": self.header, "runs": {k: r.to_dict() for k, r in self.runs.items()}}
+
+    def format_table(self) -> str:
+        """One row per label: counts, TTFT and TPOT percentiles, SLO attainment,
+        throughput, KV moved between instances and the GPUs each uses."""
+        h = self.header
+        slo = h["slo"]
+        rows = [_row(label, r) for label, r in self.runs.items()]
+        widths = [
+            max(w, len(title), *(len(row[i]) for row in rows))
+            for i, (title, w) in enumerate(COLUMNS)
+        ]
+        titles = [title for title, _ in COLUMNS]
+
+        def line(cells: Sequence[str]) -> str:
+            first = [f"{cells[0]:<{widths[0]}}", f"{cells[1]:<{widths[1]}}"]
+            rest = [f"{c:>{w}}" for c, w in zip(cells[2:], widths[2:], strict=True)]
+            return "  ".join(first) + "".join(f" {c}" for c in rest)
+
+        head = line(titles)
+        return "\n".join(
+            [
+                f"pd-twin {h['version']} | {h['name']} | {h['model']} | seed {h['seed']} | "
+                f"SLO TTFT <= {slo['ttft'] or 'inf'}, TPOT <= {slo['tpot'] or 'inf'}",
+                "",
+                head,
+                "-" * len(head),
+                *(line(row) for row in rows),
+            ]
+        )
+
+
+def _row(label: str, r: Result) -> list[str]:
+    s, spec = r.summary, r.header["spec"]
+    gpus = sum(g["instances"] * g["tp"] * g["pp"] for g in spec["cluster"]["groups"])
+    att = s["slo_attainment"]
+    return [
+        label,
+        spec["scheduler"]["name"],
+        str(gpus),
+        f"{s['requests']:,}",
+        f"{s['completed']:,}",
+        f"{s['rejected']:,}",
+        _num(s["ttft_s"]["p50"], 1.0),
+        _num(s["ttft_s"]["p99"], 1.0),
+        _num(s["tpot_s"]["p50"], 1e3, 1),
+        _num(s["tpot_s"]["p99"], 1e3, 1),
+        "-" if att is None else f"{att * 100:.1f}%",
+        _num(s["throughput_rps"], 1.0, 2),
+        _num(s["kv_bytes_transferred"] / 2**30, 1.0, 1),
+    ]
+
+
+def _num(x: float | None, scale: float, digits: int = 3) -> str:
+    if x is None or x != x:  # None or NaN: nothing was measured
+        return "-"
+    return f"{x * scale:.{digits}f}"
+
+
+def _set_path(data: dict[str, Any], path: str, value: Any, where: str) -> None:
+    """Set (or, for ``None``, delete) the dotted ``path`` of ``data`` in place."""
+    parts = path.split(".")
+    if not path or any(not p for p in parts):
+        raise SpecError(f"{where}: {path!r} is not a key path (expected e.g. cluster.tp)")
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        nxt = node.get(part)
+        if nxt is None:
+            if value is None:
+                return  # deleting below a key that is not there: nothing to do
+            nxt = node[part] = {}
+        elif isinstance(nxt, str) and part == "scheduler":
+            nxt = node[part] = {"name": nxt}
+        elif not isinstance(nxt, dict):
+            raise SpecError(f"{where}: {'.'.join(parts[: i + 1])} is {nxt!r}, not a mapping")
+        node = nxt
+    if value is None:
+        node.pop(parts[-1], None)
+    else:
+        node[parts[-1]] = copy.deepcopy(value)
+
+
+def compare_entries(data: Mapping[str, Any], where: str) -> dict[str, dict[str, Any]]:
+    """The ``compare:`` section of ``data``, checked: label -> {key path: value}."""
+    section = data.get("compare")
+    if not isinstance(section, dict) or not section:
+        raise SpecError(
+            f"{where}: compare: {section!r} must be a non-empty mapping of label -> overrides"
+        )
+    out: dict[str, dict[str, Any]] = {}
+    for label, entry in section.items():
+        at = f"{where}: compare.{label}"
+        if not isinstance(label, str) or not label:
+            raise SpecError(f"{where}: compare: label {label!r} must be a non-empty string")
+        if entry is None:
+            entry = {}
+        if not isinstance(entry, dict):
+            raise SpecError(f"{at}: {entry!r} must be a mapping of key.path: value")
+        for key in entry:
+            if not isinstance(key, str):
+                raise SpecError(f"{at}: key {key!r} must be a dotted key path")
+            if key.split(".")[0] in SHARED_KEYS:
+                raise SpecError(
+                    f"{at}: {key}: the entries share the base spec's "
+                    f"{', '.join(SHARED_KEYS[:-1])}; set it outside compare: (or with --set)"
+                )
+        out[label] = entry
+    return out
+
+
+def compare_specs(
+    spec_data: Mapping[str, Any],
+    where: str,
+    base_dir: Path,
+    overrides: Sequence[str] = (),
+    only: Sequence[str] | None = None,
+) -> tuple[dict[str, Any], dict[str, ExperimentSpec]]:
+    """The base (``--set`` applied, ``compare:`` still in it) and, per selected
+    label in the spec's order, its resolved spec. Every selected entry is
+    validated, its scheduler included, before anything runs; errors name the
+    entry as ``compare.LABEL``."""
+    base = copy.deepcopy(dict(spec_data))
+    apply_overrides(base, overrides)
+    entries = compare_entries(base, where)
+    labels = list(entries)
+    if only is not None:
+        for label in only:
+            if label not in entries:
+                raise SpecError(
+                    f"{where}: compare: no entry {label!r}; the entries are {', '.join(labels)}"
+                )
+        labels = [label for label in labels if label in set(only)]
+    name = str(base.get("name", Path(where).stem))
+    specs: dict[str, ExperimentSpec] = {}
+    for label in labels:
+        at = f"{where}: compare.{label}"
+        data = {k: copy.deepcopy(v) for k, v in base.items() if k != "compare"}
+        for key, value in entries[label].items():
+            _set_path(data, key, value, at)
+        data["name"] = f"{name}/{label}"
+        spec = resolve_spec(data, at, base_dir)
+        try:
+            build_scheduler(spec.scheduler, spec.scheduler_params, where=f"{at}: scheduler")
+        except SpecError:
+            raise
+        except TwinError as e:  # an unknown name: keep the registry's suggestion
+            others = [x for x in entries if x != label]
+            hint = f" (--only {','.join(others)} runs the others)" if others else ""
+            raise SpecError(f"{at}: scheduler: {e}{hint}") from None
+        specs[label] = spec
+    return base, specs
+
+
+def run_compare(
+    spec_data: Mapping[str, Any],
+    where: str,
+    base_dir: Path,
+    overrides: Sequence[str] = (),
+    only: Sequence[str] | None = None,
+) -> CompareResult:
+    """Run every entry of the spec's ``compare:`` section (or those in ``only``),
+    one after the other, on the base spec's workload and seed.
+
+    ``spec_data`` is the parsed YAML (left unchanged), ``where`` names it in
+    messages, ``base_dir`` anchors relative paths, ``overrides`` are
+    ``key.path=value`` strings applied to the base before the entries.
+    """
+    base, specs = compare_specs(spec_data, where, base_dir, overrides, only)
+    runs = {label: Simulation(spec).run() for label, spec in specs.items()}
+    first = next(iter(specs.values()))
+    traces: dict[str, str] = {}
+    for r in runs.values():
+        traces.update(r.header["trace_sha256"])
+    header = {
+        "tool": "pd-twin",
+        "version": twin.__version__,
+        "name": str(base.get("name", Path(where).stem)),
+        "model": first.model.name,
+        "seed": first.seed,
+        "workload": first.resolved["workload"],
+        "slo": first.resolved["slo"],
+        "spec": base,
+        "spec_sha256": hashlib.sha256(canonical_json(base).encode()).hexdigest(),
+        "trace_sha256": traces,
+        "labels": list(runs),
+    }
+    return CompareResult(header, runs)
