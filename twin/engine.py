@@ -446,7 +446,7 @@ class Engine:
         # about twice the length arrivals have been leaving (only speed depends
         # on this, never a result).
         if st.ended < len(st.ends):
-            self._stretch_cap = max(2 * MIN_STRETCH, 2 * st.ended)
+            self._stretch_cap = max(2 * MIN_STRETCH, st.ended + st.ended // 2 + 2)
         else:
             self._stretch_cap = min(MAX_STRETCH, 2 * self._stretch_cap)
         self._stretch = None
