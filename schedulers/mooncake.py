@@ -1,17 +1,20 @@
 """Mooncake's conductor: KV-cache-centric routing with early rejection.
 
-Follows Mooncake (Qin et al., FAST 2025; arXiv 2407.00079):
+Follows Mooncake (Qin et al., FAST 2025; arXiv 2407.00079; section numbers of
+the arXiv version):
 
-- KVCache-centric scheduling (the conductor's algorithm for choosing the
-  prefill instance): for every prefill instance, estimate the request's TTFT
+- Section 6, KVCache-centric scheduling (6.1, prefill global scheduling, the
+  conductor's Algorithm 1; 6.2, cache load balancing): for every prefill
+  instance, estimate the request's TTFT
   as the instance's queue time, plus the prefill of the tokens it cannot
   reuse, plus, when a node's DRAM KV pool holds a longer prefix than the
   instance's own cache, the time to load that prefix over the network; take
   the minimum. The prefix then travels from the pool (``Route.fetch_from``)
   and the prefill computes only the rest. The decode instance is the one
   whose predicted time between tokens, with this request added, is lowest.
-- Overload-oriented scheduling: requests are rejected at arrival, before any
-  prefill work is spent on them, when they would break the SLO.
+- Section 7, overload-oriented scheduling (7.2, early rejection; 7.4,
+  early rejection based on prediction): requests are rejected at arrival,
+  before any prefill work is spent on them, when they would break the SLO.
   ``early_rejection``: ``off``; ``arrival``, on the TTFT estimate and the
   decode load seen now; ``predicted`` (the paper's prediction-based early
   rejection), on the decode load predicted for the moment the request would
