@@ -1,0 +1,32 @@
+"""The notebooks run headless, top to bottom, with a small workload."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+
+nbformat = pytest.importorskip("nbformat", reason="the notebooks extra is not installed")
+nbclient = pytest.importorskip("nbclient", reason="the notebooks extra is not installed")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_without_error(path, tmp_path, monkeypatch):
+    monkeypatch.setenv("TWIN_NOTEBOOK_SMALL", "1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    client.execute()  # raises CellExecutionError on any error
+    errors = [
+        o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+        if o.get("output_type") == "error"
+    ]  # fmt: skip
+    assert not errors, errors
+
+
+def test_there_are_notebooks():
+    assert {p.stem for p in NOTEBOOKS} >= {"03-topology-whatif", "04-your-own-scheduler"}
