@@ -330,7 +330,7 @@ def handoff_estimate(
         t = net.start(flows)
         env.run()
         total = t.end_s
-    first = flows[0].path if flows else ()
+    first = topology.path(src[0], dst[0])  # the path shard 0 takes
     return {
         "model": model.name,
         "tokens": tokens,
