@@ -106,7 +106,11 @@ def cmd_compare(args: argparse.Namespace, data: dict[str, Any], where: str, base
     """``twin run`` on a spec with a ``compare:`` section (see twin/compare.py)."""
     from twin.compare import run_compare
 
-    for flag, value in (("--requests-csv", args.requests_csv), ("--links-csv", args.links_csv)):
+    for flag, value in (
+        ("--requests-csv", args.requests_csv),
+        ("--links-csv", args.links_csv),
+        ("--trace-out", args.trace_out),
+    ):
         if value:
             raise TwinError(
                 f"{flag}: not available for a compare spec ({where} has compare:); "
@@ -142,6 +146,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise TwinError(f"--link-bucket: {e}") from None
         if bucket <= 0:
             raise TwinError(f"--link-bucket: {args.link_bucket!r} must be > 0")
+    recorder = None
+    if args.trace_out:
+        from twin.trace import TraceRecorder
+
+        _open_out(args.trace_out).close()  # fail before the run, not after it
+        recorder = TraceRecorder()
     csv_file = _open_out(args.requests_csv) if args.requests_csv else None
     try:
         on_row = None
@@ -149,10 +159,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             writer = csv.DictWriter(csv_file, fieldnames=REQUEST_COLUMNS, lineterminator="\n")
             writer.writeheader()
             on_row = writer.writerow
-        result = Simulation(spec, on_row=on_row, link_series_s=bucket).run().to_dict()
+        sim = Simulation(spec, on_row=on_row, link_series_s=bucket, trace=recorder)
+        result = sim.run().to_dict()
     finally:
         if csv_file is not None:
             csv_file.close()
+    if recorder is not None:
+        from twin.trace import write_chrome_trace
+
+        write_chrome_trace(recorder, args.trace_out)
     if args.links_csv:
         with _open_out(args.links_csv) as f:
             w = csv.writer(f, lineterminator="\n")
@@ -313,6 +328,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument(
         "--link-bucket", default="1 s", metavar="DURATION", help="time bucket of --links-csv"
+    )
+    r.add_argument(
+        "--trace-out",
+        metavar="FILE",
+        help="write a Chrome/Perfetto trace (iterations and KV transfers) to FILE",
     )
     r.add_argument("-q", "--quiet", action="store_true", help="print nothing")
     r.set_defaults(func=cmd_run)
