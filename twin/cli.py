@@ -296,6 +296,30 @@ def cmd_topo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    from twin.plots import plot_cdfs, plot_dir, plot_timeline
+
+    if args.dir is None and not args.requests and not args.trace:
+        raise TwinError("twin plot: give a sweep folder, --requests CSV ... or --trace FILE")
+    out = Path(args.out) if args.out else (Path(args.dir) / "plots" if args.dir else Path("."))
+    written: list[Path] = []
+    if args.dir is not None:
+        written += plot_dir(args.dir, out)
+    if args.requests:
+        runs: dict[str, str] = {}
+        for path in args.requests:
+            label = Path(path).stem
+            while label in runs:
+                label += "'"
+            runs[label] = path
+        written += plot_cdfs(runs, out / "requests-cdf")
+    if args.trace:
+        written += plot_timeline(args.trace, out / f"{Path(args.trace).stem}-timeline")
+    for path in written:
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="twin", description="pd-twin: a digital twin of an LLM serving cluster"
@@ -398,6 +422,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--nodes", type=int, help="scale a single-template topology to N nodes")
     t.add_argument("--png", metavar="FILE", help="draw the graph to FILE")
     t.set_defaults(func=cmd_topo)
+
+    pt = sub.add_parser(
+        "plot", help="plot a sweep folder, per-request CSVs or a trace; PNG and SVG"
+    )
+    pt.add_argument("dir", nargs="?", help="a sweep folder (runs.csv, goodput.csv, requests/)")
+    pt.add_argument(
+        "--requests", nargs="+", metavar="CSV", help="TTFT/TPOT CDFs of these --requests-csv files"
+    )
+    pt.add_argument("--trace", metavar="FILE", help="a timeline of this --trace-out file")
+    pt.add_argument("--out", metavar="DIR", help="where to write (default: DIR/plots, else .)")
+    pt.set_defaults(func=cmd_plot)
 
     b = sub.add_parser(
         "bench", help="measure simulation speed and memory on the Azure conversation trace"
