@@ -221,6 +221,10 @@ def test_twin_plot_cli(tmp_path, two_runs, capsys):
     trace = write_chrome_trace(rec, tmp_path / "run.json")
     assert main(["plot", "--trace", str(trace), "--out", str(out)]) == 0
     assert capsys.readouterr().out.split()[0] == str(out / "run-timeline.png")
+    assert main(["plot", "--trace", str(trace), "--window", "0.5,1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["plot", "--trace", str(trace), "--window", "1,0.5"]) == 2
+    assert "expected START,END seconds" in capsys.readouterr().err
     assert main(["plot"]) == 2
     assert "give a sweep folder" in capsys.readouterr().err
     assert main(["plot", str(tmp_path / "nowhere")]) == 2

@@ -313,8 +313,23 @@ def cmd_plot(args: argparse.Namespace) -> int:
                 label += "'"
             runs[label] = path
         written += plot_cdfs(runs, out / "requests-cdf")
+    if args.window and not args.trace:
+        raise TwinError("twin plot: --window: applies to --trace")
     if args.trace:
-        written += plot_timeline(args.trace, out / f"{Path(args.trace).stem}-timeline")
+        window = None
+        if args.window:
+            try:
+                a, b = (float(x) for x in args.window.split(","))
+            except ValueError:
+                a = b = math.nan
+            if not 0 <= a < b < math.inf:
+                raise TwinError(
+                    f"twin plot: --window: {args.window!r}; expected START,END seconds, "
+                    "0 <= START < END"
+                )
+            window = (a, b)
+        stem = Path(args.trace).stem
+        written += plot_timeline(args.trace, out / f"{stem}-timeline", window_s=window)
     for path in written:
         print(path)
     return 0
@@ -431,6 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--requests", nargs="+", metavar="CSV", help="TTFT/TPOT CDFs of these --requests-csv files"
     )
     pt.add_argument("--trace", metavar="FILE", help="a timeline of this --trace-out file")
+    pt.add_argument(
+        "--window", metavar="START,END", help="the --trace timeline from START to END seconds"
+    )
     pt.add_argument("--out", metavar="DIR", help="where to write (default: DIR/plots, else .)")
     pt.set_defaults(func=cmd_plot)
 

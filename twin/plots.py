@@ -57,8 +57,8 @@ SPAN_COLORS = {
     "kv": "#9467bd",
     "fetch": "#8c564b",
 }
-# Fixed SVG ids and no dates: the same data gives the same files.
-RC = {"svg.hashsalt": "pd-twin", "font.size": 10, "axes.titlesize": 11}
+# Fixed SVG ids (and no dates, see _save): the same data gives the same files.
+SVG_HASHSALT = "pd-twin"
 
 
 # -- helpers --------------------------------------------------------------------------------
@@ -110,7 +110,7 @@ def _save(fig: Figure, out_base: str | Path) -> list[Path]:
     except OSError as e:
         raise TwinError(f"{base.parent}: cannot create: {e.strerror}") from None
     png, svg = Path(f"{base}.png"), Path(f"{base}.svg")
-    with matplotlib.rc_context(RC):
+    with matplotlib.rc_context({"svg.hashsalt": SVG_HASHSALT}):
         try:
             fig.savefig(png, dpi=150, metadata={"Software": None})
             fig.savefig(svg, metadata={"Date": None, "Creator": None})
@@ -164,7 +164,8 @@ def plot_attainment(
         raise TwinError(f"{runs_csv}: no run has both a rate and an SLO attainment")
     if target is None:
         targets = {_float(r.get("slo.target")) for r in rows} - {None}
-        target = targets.pop() if len(targets) == 1 else DEFAULT_TARGET
+        one = targets.pop() if len(targets) == 1 else None
+        target = one if one is not None else DEFAULT_TARGET
     colors = label_colors(series)
     fig = _figure(8.5, 4.8)
     ax = fig.add_subplot()
@@ -340,7 +341,7 @@ def load_trace(trace: TraceRecorder | Mapping[str, Any] | str | Path) -> dict[st
 def _span_color(e: dict[str, Any]) -> str:
     if e.get("cat") == "transfer":
         return SPAN_COLORS["fetch" if str(e["name"]).startswith("fetch") else "kv"]
-    return SPAN_COLORS.get(str(e["name"]), "0.5")
+    return SPAN_COLORS.get(str(e["name"]), "#7f7f7f")
 
 
 def plot_timeline(
@@ -356,6 +357,7 @@ def plot_timeline(
     names: dict[tuple[int, int], str] = {}
     spans: dict[tuple[int, int], dict[str, list[tuple[float, float]]]] = {}
     instants: dict[tuple[int, int], list[float]] = {}
+    parity: dict[tuple[int, int], int] = {}
     t_max = 0.0
     for e in doc["traceEvents"]:
         key = (e.get("pid", 0), e.get("tid", 0))
@@ -366,7 +368,10 @@ def plot_timeline(
             t_max = max(t_max, a + d)
             if window_s is not None and (a + d < window_s[0] or a > window_s[1]):
                 continue
-            spans.setdefault(key, {}).setdefault(_span_color(e), []).append((a, d))
+            # consecutive spans of a row alternate two shades, so steps show when zoomed in
+            n = parity[key] = parity.get(key, -1) + 1
+            color = _span_color(e) + ("" if n % 2 == 0 else "b0")
+            spans.setdefault(key, {}).setdefault(color, []).append((a, d))
         elif e.get("ph") == "i" and str(e.get("name", "")).startswith("preempt"):
             instants.setdefault(key, []).append(e["ts"] / 1e6)
     rows = sorted(set(names) | set(spans))
@@ -391,7 +396,7 @@ def plot_timeline(
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    used = {c for d in spans.values() for c in d}
+    used = {c[:7] for d in spans.values() for c in d}
     handles: list[Any] = [
         Patch(color=c, label={"kv": "KV transfer", "fetch": "KV pool fetch"}.get(k, k))
         for k, c in SPAN_COLORS.items()
@@ -402,7 +407,8 @@ def plot_timeline(
     if handles:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     name = doc.get("otherData", {}).get("name") or "run"
-    ax.set_title(f"Timeline of {name}: iterations per instance, KV transfers per instance pair")
+    when = f", {window_s[0]:g} to {window_s[1]:g} s" if window_s else ""
+    ax.set_title(f"Timeline of {name}{when}: iterations per instance, KV transfers per pair")
     return _save(fig, out_base)
 
 

@@ -267,10 +267,10 @@ def chrome_trace(rec: TraceRecorder) -> dict[str, Any]:
                 },
             }
         )
-    for t, inst, name in rec.instants:
-        body.append(_instant(t, inst, name))
-    for t, inst, old, new in rec.role_changes:
-        body.append(_instant(t, inst, f"role {old} -> {new}"))
+    for t_s, i, what in rec.instants:
+        body.append(_instant(t_s, i, what))
+    for t_s, i, old, new in rec.role_changes:
+        body.append(_instant(t_s, i, f"role {old} -> {new}"))
     lanes = _lanes(rec.transfers)
     if lanes:
         meta(PID_LINKS, 0, "process_name", "links", PID_LINKS)
