@@ -106,7 +106,11 @@ def cmd_compare(args: argparse.Namespace, data: dict[str, Any], where: str, base
     """``twin run`` on a spec with a ``compare:`` section (see twin/compare.py)."""
     from twin.compare import run_compare
 
-    for flag, value in (("--requests-csv", args.requests_csv), ("--links-csv", args.links_csv)):
+    for flag, value in (
+        ("--requests-csv", args.requests_csv),
+        ("--links-csv", args.links_csv),
+        ("--trace-out", args.trace_out),
+    ):
         if value:
             raise TwinError(
                 f"{flag}: not available for a compare spec ({where} has compare:); "
@@ -142,6 +146,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise TwinError(f"--link-bucket: {e}") from None
         if bucket <= 0:
             raise TwinError(f"--link-bucket: {args.link_bucket!r} must be > 0")
+    recorder = None
+    if args.trace_out:
+        from twin.trace import TraceRecorder
+
+        _open_out(args.trace_out).close()  # fail before the run, not after it
+        recorder = TraceRecorder()
     csv_file = _open_out(args.requests_csv) if args.requests_csv else None
     try:
         on_row = None
@@ -149,10 +159,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             writer = csv.DictWriter(csv_file, fieldnames=REQUEST_COLUMNS, lineterminator="\n")
             writer.writeheader()
             on_row = writer.writerow
-        result = Simulation(spec, on_row=on_row, link_series_s=bucket).run().to_dict()
+        sim = Simulation(spec, on_row=on_row, link_series_s=bucket, trace=recorder)
+        result = sim.run().to_dict()
     finally:
         if csv_file is not None:
             csv_file.close()
+    if recorder is not None:
+        from twin.trace import write_chrome_trace
+
+        write_chrome_trace(recorder, args.trace_out)
     if args.links_csv:
         with _open_out(args.links_csv) as f:
             w = csv.writer(f, lineterminator="\n")
@@ -281,6 +296,45 @@ def cmd_topo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    from twin.plots import plot_cdfs, plot_dir, plot_timeline
+
+    if args.dir is None and not args.requests and not args.trace:
+        raise TwinError("twin plot: give a sweep folder, --requests CSV ... or --trace FILE")
+    out = Path(args.out) if args.out else (Path(args.dir) / "plots" if args.dir else Path("."))
+    written: list[Path] = []
+    if args.dir is not None:
+        written += plot_dir(args.dir, out)
+    if args.requests:
+        runs: dict[str, str] = {}
+        for path in args.requests:
+            label = Path(path).stem
+            while label in runs:
+                label += "'"
+            runs[label] = path
+        written += plot_cdfs(runs, out / "requests-cdf")
+    if args.window and not args.trace:
+        raise TwinError("twin plot: --window: applies to --trace")
+    if args.trace:
+        window = None
+        if args.window:
+            try:
+                a, b = (float(x) for x in args.window.split(","))
+            except ValueError:
+                a = b = math.nan
+            if not 0 <= a < b < math.inf:
+                raise TwinError(
+                    f"twin plot: --window: {args.window!r}; expected START,END seconds, "
+                    "0 <= START < END"
+                )
+            window = (a, b)
+        stem = Path(args.trace).stem
+        written += plot_timeline(args.trace, out / f"{stem}-timeline", window_s=window)
+    for path in written:
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="twin", description="pd-twin: a digital twin of an LLM serving cluster"
@@ -313,6 +367,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument(
         "--link-bucket", default="1 s", metavar="DURATION", help="time bucket of --links-csv"
+    )
+    r.add_argument(
+        "--trace-out",
+        metavar="FILE",
+        help="write a Chrome/Perfetto trace (iterations and KV transfers) to FILE",
     )
     r.add_argument("-q", "--quiet", action="store_true", help="print nothing")
     r.set_defaults(func=cmd_run)
@@ -378,6 +437,20 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--nodes", type=int, help="scale a single-template topology to N nodes")
     t.add_argument("--png", metavar="FILE", help="draw the graph to FILE")
     t.set_defaults(func=cmd_topo)
+
+    pt = sub.add_parser(
+        "plot", help="plot a sweep folder, per-request CSVs or a trace; PNG and SVG"
+    )
+    pt.add_argument("dir", nargs="?", help="a sweep folder (runs.csv, goodput.csv, requests/)")
+    pt.add_argument(
+        "--requests", nargs="+", metavar="CSV", help="TTFT/TPOT CDFs of these --requests-csv files"
+    )
+    pt.add_argument("--trace", metavar="FILE", help="a timeline of this --trace-out file")
+    pt.add_argument(
+        "--window", metavar="START,END", help="the --trace timeline from START to END seconds"
+    )
+    pt.add_argument("--out", metavar="DIR", help="where to write (default: DIR/plots, else .)")
+    pt.set_defaults(func=cmd_plot)
 
     b = sub.add_parser(
         "bench", help="measure simulation speed and memory on the Azure conversation trace"

@@ -288,6 +288,12 @@ class Transfer:
         self._flows: list[_Flow] = []
         self._left = 0  # flows not yet delivered
 
+    @property
+    def flow_ends(self) -> tuple[tuple[str, str], ...]:
+        """(first vertex, last vertex) of each flow's path, in flow order (a
+        local flow, with no links, is left out)."""
+        return tuple((f.keys[0][0], f.keys[-1][1]) for f in self._flows if f.keys)
+
     def set_cap(self, cap_bytes_s: float | None) -> None:
         """Cap every flow still sending at ``cap_bytes_s`` from now (None lifts
         the cap), and re-share. Layer-wise streaming caps a KV transfer at the
@@ -302,16 +308,29 @@ class Transfer:
         )
 
 
+class TransferRecorder(Protocol):
+    """Told of each transfer once it is done (``twin.trace.TraceRecorder`` fits)."""
+
+    def transfer_done(self, t: Transfer) -> None: ...
+
+
 class Network:
     """The flows in flight on one environment and the links they have used."""
 
-    def __init__(self, env: simpy.Environment, series_bucket_s: float | None = None) -> None:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        series_bucket_s: float | None = None,
+        recorder: TransferRecorder | None = None,
+    ) -> None:
         """``series_bucket_s``: also keep each link's bytes per time bucket of
-        this width (seconds), for utilization over time."""
+        this width (seconds), for utilization over time. ``recorder``: told of
+        each transfer when it is done."""
         if series_bucket_s is not None and not series_bucket_s > 0.0:
             raise SpecError(f"series bucket (={series_bucket_s!r} s) must be > 0")
         self.env = env
         self.series_bucket_s = series_bucket_s
+        self.recorder = recorder
         self._flows: dict[int, _Flow] = {}  # sending, in creation order
         self._links: dict[tuple[str, str], _LinkState] = {}
         self._used: list[_LinkState] = []  # links under the flows now sending
@@ -522,4 +541,6 @@ class Network:
         t.end_s = now
         self._in_flight -= 1
         self._last_end = now if self._last_end is None else max(self._last_end, now)
+        if self.recorder is not None:
+            self.recorder.transfer_done(t)
         t.done.succeed(t)

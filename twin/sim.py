@@ -12,7 +12,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
@@ -41,6 +41,9 @@ from twin.scheduler import (
 from twin.spec import ExperimentSpec
 from twin.workload import file_sha256, iter_requests
 
+if TYPE_CHECKING:
+    from twin.trace import TraceRecorder
+
 
 @dataclass(frozen=True)
 class Result:
@@ -66,7 +69,9 @@ class Simulation:
     tools); ``on_row`` receives one dict per ended request; ``log`` collects an
     event trace ``(time, kind, instance, ...)`` when given; ``scheduler`` is a
     policy object to use instead of the spec's (an unregistered one, say);
-    ``link_series_s`` keeps each link's bytes per time bucket of that width."""
+    ``link_series_s`` keeps each link's bytes per time bucket of that width;
+    ``trace`` (a :class:`twin.trace.TraceRecorder`) records iteration and
+    transfer spans, and, like ``log``, turns the engines' fast-forward off."""
 
     def __init__(
         self,
@@ -78,6 +83,7 @@ class Simulation:
         perf: PerfModel | None = None,
         scheduler: Any | None = None,
         link_series_s: float | None = None,
+        trace: TraceRecorder | None = None,
     ) -> None:
         self.spec = spec
         self.env = simpy.Environment()
@@ -99,7 +105,7 @@ class Simulation:
             order = placement_order(roles, spec.placement)
             placements = place_on_topology(topo, sizes, order, where=f"{spec.source}: cluster")
             gpus = [get_gpu(topo.gpu_type(p.gpus[0])) for p in placements]
-            self.network: Network | None = Network(self.env, link_series_s)
+            self.network: Network | None = Network(self.env, link_series_s, trace)
         else:
             placements = place_instances(len(roles), sizes[0], spec.gpus_per_node)
             gpus = [spec.gpu] * len(roles)
@@ -128,8 +134,12 @@ class Simulation:
             )
             watermark = int(spec.engine.watermark * blocks)
             kv = BlockManager(blocks, spec.engine.block_size, watermark)
+            eng_perf: Any = perfs[key]
+            eng_log: Any = log
+            if trace is not None:  # prices and logs for the engine, and records spans
+                eng_perf = eng_log = trace.tap(self.env, p.instance, perfs[key], log)
             eng = Engine(
-                self.env, p.instance, perfs[key], kv, spec.engine, self._finished, log, role=role
+                self.env, p.instance, eng_perf, kv, spec.engine, self._finished, eng_log, role=role
             )
             self.engines.append(eng)
             self.capacity.append(blocks - watermark)
@@ -172,6 +182,8 @@ class Simulation:
         self._moves = 0
         self.role_changes: list[tuple[float, int, str, str]] = []
         self._update_limits()
+        if trace is not None:
+            trace.attach(self)
 
     def _update_limits(self) -> None:
         """Longest sequences that can always finish, even alone on an instance
