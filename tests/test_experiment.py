@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from twin.cli import main
-from twin.errors import SpecError
+from twin.errors import SpecError, TwinError
 from twin.experiment import Executor, apply_sweep_overrides, expand, parse_sweep, run_sweep
 from twin.goodput import ci95, find_max_rate, goodput
 from twin.spec import parse_yaml, read_spec_text
@@ -236,6 +236,12 @@ def test_dask_gives_identical_bytes(tmp_path):
     assert _tree(tmp_path / "local") == _tree(tmp_path / "dask")
 
 
+def test_an_address_means_dask():
+    assert Executor("local", address="tcp://127.0.0.1:8786").kind == "dask"
+    with pytest.raises(TwinError, match="--executor: 'ray'; expected one of local, dask"):
+        Executor("ray")
+
+
 def test_progress_is_quiet_off_a_terminal(tmp_path, capsys):
     run_sweep(sweep_spec(**{"slo.ttft": ["1 s"]}), "x.yaml", Path.cwd(), tmp_path / "o")
     assert capsys.readouterr().err == ""
@@ -323,7 +329,6 @@ def _write(tmp_path, data) -> str:
         (["sweep", "{spec_nosweep}"], "sweep: missing; twin sweep runs a spec with a sweep:"),
         (["sweep", "{spec}", "-j", "0"], "-j: 0 must be a positive integer"),
         (["sweep", "{spec}", "--set", "sweep.engine.x=[1]"], "sweep run 0"),
-        (["sweep", "{spec}", "--address", "tcp://h:1"], "--address: names a Dask scheduler"),
         (["goodput", "{spec}", "--seeds", "0"], "--seeds: 0 must be a positive integer"),
         (["goodput", "{spec}", "--target", "2"], "--target: 2.0 must be in (0, 1]"),
     ],

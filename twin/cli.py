@@ -258,8 +258,6 @@ def _sweep_input(args: argparse.Namespace) -> tuple[dict[str, Any], str, Path, A
     text, where, base_dir = read_spec_text(args.spec)
     data = parse_yaml(text, where)
     apply_sweep_overrides(data, args.set or [])
-    if args.executor == "local" and args.address:
-        raise TwinError("--address: names a Dask scheduler; it goes with --executor dask")
     executor = Executor(args.executor, args.jobs, args.address)
     out = Path(args.out) if args.out else Path("out") / str(data.get("name", Path(where).stem))
     return data, where, base_dir, executor, out
@@ -321,8 +319,12 @@ def _executor_args(p: argparse.ArgumentParser) -> None:
         default="local",
         help="local processes (default) or a Dask cluster (needs pd-twin[dask])",
     )
-    p.add_argument("--address", metavar="tcp://HOST:PORT", help="an existing Dask scheduler")
-    p.add_argument("--out", metavar="DIR", help="output folder (default: out/NAME)")  # fmt: skip
+    p.add_argument(
+        "--address",
+        metavar="tcp://HOST:PORT",
+        help="an existing Dask scheduler (implies --executor dask)",
+    )
+    p.add_argument("--out", metavar="DIR", help="output folder (default: out/NAME)")
 
 
 def cmd_schedulers(args: argparse.Namespace) -> int:
