@@ -265,6 +265,83 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sweep_input(args: argparse.Namespace) -> tuple[dict[str, Any], str, Path, Any, Path]:
+    """The spec (--set applied), its name and folder, the executor and --out."""
+    from twin.experiment import Executor, apply_sweep_overrides
+    from twin.spec import parse_yaml, read_spec_text
+
+    text, where, base_dir = read_spec_text(args.spec)
+    data = parse_yaml(text, where)
+    apply_sweep_overrides(data, args.set or [])
+    executor = Executor(args.executor, args.jobs, args.address)
+    out = Path(args.out) if args.out else Path("out") / str(data.get("name", Path(where).stem))
+    return data, where, base_dir, executor, out
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from twin.experiment import run_sweep
+
+    data, where, base_dir, executor, out = _sweep_input(args)
+    if "sweep" not in data:
+        raise TwinError(f"{where}: sweep: missing; twin sweep runs a spec with a sweep: section")
+    done = run_sweep(data, where, base_dir, out, executor=executor)
+    print(
+        f"{len(done.runs)} runs ({done.ran} run, {done.skipped} already done): {out / 'runs.csv'}"
+    )
+    return 0
+
+
+def cmd_goodput(args: argparse.Namespace) -> int:
+    from twin.goodput import goodput
+
+    data, where, base_dir, executor, out = _sweep_input(args)
+    if args.rel_tol is not None and not 0 < args.rel_tol < 1:
+        raise TwinError(f"--rel-tol: {args.rel_tol} must be in (0, 1)")
+    if args.target is not None and not 0 < args.target <= 1:
+        raise TwinError(f"--target: {args.target} must be in (0, 1]")
+    result = goodput(
+        data, where, base_dir, rate_key=args.rate_key, seeds=args.seeds, target=args.target,
+        rel_tol=args.rel_tol or 0.05, executor=executor,
+    )  # fmt: skip
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        result.write_csv(out / "goodput.csv")
+    except OSError as e:
+        raise TwinError(f"{out}: cannot write: {e.strerror}") from None
+    print(result.format_table())
+    print(f"written: {out / 'goodput.csv'}")
+    return 0
+
+
+def _executor_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", help="spec path or bundled name")
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY.PATH=VALUE",
+        help="override a value; sweep.KEY=[...] replaces a swept key's values",
+    )
+    p.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="parallel runs (default: CPU count; 2 Dask workers with --executor dask)",
+    )
+    p.add_argument(
+        "--executor",
+        choices=["local", "dask"],
+        default="local",
+        help="local processes (default) or a Dask cluster (needs pd-twin[dask])",
+    )
+    p.add_argument(
+        "--address",
+        metavar="tcp://HOST:PORT",
+        help="an existing Dask scheduler (implies --executor dask)",
+    )
+    p.add_argument("--out", metavar="DIR", help="output folder (default: out/NAME)")
+
+
 def cmd_schedulers(args: argparse.Namespace) -> int:
     from twin.scheduler import describe, get_scheduler, scheduler_names
 
@@ -426,6 +503,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--target-rate", type=float, metavar="RPS", help="replicate to this rate, not to fill"
     )
     pl.set_defaults(func=cmd_plan)
+
+    sw = sub.add_parser("sweep", help="run every combination of a spec's sweep: section")
+    _executor_args(sw)
+    sw.set_defaults(func=cmd_sweep)
+
+    gp = sub.add_parser("goodput", help="the largest rate meeting the SLO target, per config")
+    _executor_args(gp)
+    gp.add_argument("--seeds", type=int, metavar="K", help="seeds per configuration (default 3)")
+    gp.add_argument("--rate-key", choices=["workload.rate_scale", "workload.arrival.rate"])
+    gp.add_argument("--target", type=float, help="SLO attainment to meet (default slo.target)")
+    gp.add_argument("--rel-tol", type=float, help="relative tolerance of the bisection (0.05)")
+    gp.set_defaults(func=cmd_goodput)
 
     s = sub.add_parser("schedulers", help="list the registered scheduling policies")
     s.set_defaults(func=cmd_schedulers)

@@ -411,34 +411,19 @@ class _Planner:
     def goodput(self, attain: Callable[[float], float]) -> float:
         """Largest rate with ``attain(rate) >= target``: bracket by doubling or
         halving from the sample's own rate, then bisect geometrically."""
+        from twin.goodput import find_max_rate
+
         target = self.spec.slo.target
-        r = self.base_rate
-        if attain(r) >= target:
-            lo = r
-            for _ in range(_MAX_BRACKET):
-                if attain(lo * 2) < target:
-                    break
-                lo *= 2
-            else:
-                self.unbounded = True
-                return lo  # meets the target at every rate tried: the sample never queues
-            hi = lo * 2
-        else:
-            hi = r
-            for _ in range(_MAX_BRACKET):
-                if attain(hi / 2) >= target:
-                    break
-                hi /= 2
-            else:
-                return 0.0
-            lo = hi / 2
-        for _ in range(self.iterations):
-            mid = math.sqrt(lo * hi)
-            if attain(mid) >= target:
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        rate, bounded = find_max_rate(
+            lambda r: attain(r) >= target,
+            self.base_rate,
+            iterations=self.iterations,
+            up=_MAX_BRACKET,
+            down=_MAX_BRACKET,
+        )
+        if not bounded:
+            self.unbounded = True  # meets the target at every rate tried: the sample never queues
+        return rate
 
     def configs(self) -> list[tuple[int, int, str]]:
         """(tp, pp, note) inside a node; the note says why a config cannot run."""

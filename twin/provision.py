@@ -140,32 +140,17 @@ def goodput(
 ) -> float:
     """The largest rate (req/s) whose attainment reaches ``spec.slo.target``,
     to a relative tolerance ``tol``; 0 when even 1/1024 req/s misses it."""
+    from twin.goodput import find_max_rate
+
     target = spec.slo.target
-    lo, hi = 0.0, 1.0
-    if attainment(spec, reqs, hi) >= target:
-        lo = hi
-        for _ in range(max_doublings):
-            hi = lo * 2
-            if attainment(spec, reqs, hi) < target:
-                break
-            lo = hi
-        else:
-            return lo
-    else:
-        for _ in range(10):
-            hi /= 2
-            if attainment(spec, reqs, hi) >= target:
-                lo, hi = hi, hi * 2
-                break
-        else:
-            return 0.0
-    while hi / lo > 1 + tol:
-        mid = math.sqrt(lo * hi)
-        if attainment(spec, reqs, mid) >= target:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    rate, _ = find_max_rate(
+        lambda r: attainment(spec, reqs, r) >= target,
+        1.0,
+        rel_tol=tol,
+        up=max_doublings,
+        down=10,
+    )
+    return rate
 
 
 def _candidate_spec(

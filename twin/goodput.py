@@ -1,0 +1,366 @@
+"""Goodput: the largest request rate whose SLO attainment meets the target.
+
+For each configuration of a spec (the cartesian product of its ``sweep:``
+keys other than the rate key and ``seed``; one configuration without a
+sweep), and for each of K seeds, the rate key (``workload.rate_scale``, or
+``workload.arrival.rate``) is searched: doubled or halved from a start until
+one rate meets the target and its double does not, then bisected
+geometrically to a relative tolerance. The K searches of every configuration
+advance in lockstep, each round's probes run together on the executor.
+
+A seed's goodput in requests/s is the rate offered at the rate found: the
+arrival process's rate x ``rate_scale``, or, for a trace replayed at its own
+times, (n - 1) / (last arrival - first arrival) of the requests the run
+replays. The table gives the mean over seeds, the half-width of its 95%
+confidence interval (Student t, K - 1 degrees of freedom; NaN for one seed),
+and the mean per GPU. ``goodput.csv`` holds the same (layout in
+``twin/experiment.py``).
+
+NOTE: attainment need not fall monotonically with the rate (a small sample,
+a burst); the search returns a rate that meets the target next to one twice
+(then 1 + tolerance times) as fast that does not, not necessarily the largest.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import itertools
+import math
+import sys
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from twin.compare import _set_path
+from twin.errors import SpecError
+from twin.experiment import (
+    RATE_KEYS,
+    Axis,
+    Executor,
+    Job,
+    _cell,
+    _gpus,
+    _params_text,
+    make_label,
+    parse_sweep,
+)
+from twin.spec import ExperimentSpec, resolve_spec
+
+DEFAULT_SEEDS = 3
+RateSearch = Generator[float, bool, tuple[float, bool]]
+
+
+# -- the search ----------------------------------------------------------------------
+def rate_search(
+    start: float,
+    *,
+    rel_tol: float | None = 0.05,
+    iterations: int | None = None,
+    up: int = 12,
+    down: int = 12,
+) -> RateSearch:
+    """A coroutine: yields the rates to try, is sent whether each met the
+    target, and returns ``(rate, bounded)``. From ``start`` it doubles (at
+    most ``up`` times) or halves (at most ``down`` times) to a bracket, then
+    bisects geometrically ``iterations`` times or until hi / lo <= 1 + rel_tol.
+    ``bounded`` is False when every rate tried met the target (the rate is
+    then the largest tried); the rate is 0 when none did."""
+    if not start > 0:
+        raise SpecError(f"goodput search: start rate {start!r} must be > 0")
+    if (yield start):
+        lo = start
+        for _ in range(up):
+            if not (yield lo * 2):
+                break
+            lo *= 2
+        else:
+            return lo, False
+        hi = lo * 2
+    else:
+        hi = start
+        for _ in range(down):
+            if (yield hi / 2):
+                break
+            hi /= 2
+        else:
+            return 0.0, True
+        lo = hi / 2
+    steps = itertools.count() if iterations is None else range(iterations)
+    for _ in steps:
+        if iterations is None and hi / lo <= 1 + (rel_tol or 0.0):
+            break
+        mid = math.sqrt(lo * hi)
+        if (yield mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, True
+
+
+def find_max_rate(meets: Callable[[float], bool], start: float, **kw: Any) -> tuple[float, bool]:
+    """Drive :func:`rate_search` with ``meets(rate)``, one probe at a time."""
+    search = rate_search(start, **kw)
+    rate = next(search)
+    while True:
+        try:
+            rate = search.send(bool(meets(rate)))
+        except StopIteration as stop:
+            return stop.value
+
+
+# -- a sweep spec's goodput ----------------------------------------------------------
+def probe_attainment(data: Mapping[str, Any], where: str, base_dir: str) -> float:
+    """SLO attainment of one run (a worker's job)."""
+    from twin.experiment import run_spec
+
+    att = run_spec(data, where, base_dir)["summary"]["slo_attainment"]
+    return 0.0 if att is None else float(att)
+
+
+def offered_rps(spec: ExperimentSpec) -> float:
+    """Requests/s the spec's workload offers (see the module docstring)."""
+    from twin.workload import iter_requests
+
+    w = spec.workload
+    rate = getattr(w.arrival, "rate_per_s", None)
+    if rate is not None:
+        return float(rate) * w.rate_scale
+    first = last = None
+    n = 0
+    for req in iter_requests(w, np.random.default_rng(0)):
+        first = req.arrival_s if first is None else first
+        last = req.arrival_s
+        n += 1
+    if n < 2 or last == first:
+        return 0.0
+    return (n - 1) / (last - first)
+
+
+def ci95(values: Sequence[float]) -> float:
+    """Half-width of the 95% confidence interval of the mean (Student t)."""
+    k = len(values)
+    if k < 2:
+        return math.nan
+    from scipy.stats import t
+
+    sd = float(np.std(values, ddof=1))
+    return float(t.ppf(0.975, k - 1)) * sd / math.sqrt(k)
+
+
+@dataclass(frozen=True)
+class GoodputRow:
+    """One configuration: its swept values, per-seed rates (the rate key's
+    value) and goodputs (req/s), and their summary."""
+
+    label: str
+    params: dict[str, Any]
+    seeds: tuple[int, ...]
+    rates: tuple[float, ...]
+    goodputs_rps: tuple[float, ...]
+    bounded: bool
+    gpus: int
+
+    @property
+    def mean_rps(self) -> float:
+        return float(np.mean(self.goodputs_rps))
+
+    @property
+    def ci95_rps(self) -> float:
+        return ci95(self.goodputs_rps)
+
+    @property
+    def per_gpu(self) -> float:
+        return self.mean_rps / self.gpus
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """Every configuration's goodput, in the sweep's order."""
+
+    rate_key: str
+    keys: list[str]
+    rows: list[GoodputRow]
+    probes: int
+
+    def csv_rows(self) -> list[list[str]]:
+        head = ["label", *self.keys, "goodput_rps_mean", "goodput_rps_ci95"]
+        out = [[*head, "goodput_per_gpu", "seeds", "gpus"]]
+        for r in self.rows:
+            out.append(
+                [r.label, *(_cell(r.params[k]) for k in self.keys)]
+                + [_cell(r.mean_rps), _cell(r.ci95_rps), _cell(r.per_gpu)]
+                + [str(len(r.seeds)), str(r.gpus)]
+            )
+        return out
+
+    def write_csv(self, path: Path) -> None:
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            csv.writer(f, lineterminator="\n").writerows(self.csv_rows())
+
+    def format_table(self) -> str:
+        width = max([len("configuration"), *(len(r.label) for r in self.rows)])
+        head = (
+            f"{'configuration':<{width}}  {'GPUs':>5} {'seeds':>5} {'goodput req/s':>14} "
+            f"{'+- 95% CI':>10} {'per GPU':>9}"
+        )
+        lines = [head, "-" * len(head)]
+        for r in self.rows:
+            mark = "" if r.bounded else "  (met the target at every rate tried)"
+            ci = r.ci95_rps
+            lines.append(
+                f"{r.label or '(base)':<{width}}  {r.gpus:>5} {len(r.seeds):>5} "
+                f"{r.mean_rps:>14.3f} {'-' if math.isnan(ci) else f'{ci:.3f}':>10} "
+                f"{r.per_gpu:>9.4f}{mark}"
+            )
+        lines.append(f"rate key {self.rate_key}; {self.probes} simulation runs")
+        return "\n".join(lines)
+
+
+def _rate_key(data: Mapping[str, Any], axes: Sequence[Axis], rate_key: str | None) -> str:
+    if rate_key is not None:
+        return rate_key
+    keys = {k for a in axes for k in a.keys}
+    for key in RATE_KEYS:
+        if key in keys:
+            return key
+    wl = data.get("workload")
+    if isinstance(wl, dict) and isinstance(wl.get("arrival"), dict) and "rate_scale" not in wl:
+        return "workload.arrival.rate"
+    return "workload.rate_scale"
+
+
+def _get_path(data: Mapping[str, Any], path: str) -> Any:
+    node: Any = data
+    for part in path.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _config_axes(axes: Sequence[Axis], drop: set[str]) -> list[Axis]:
+    out = []
+    for a in axes:
+        keep = [i for i, k in enumerate(a.keys) if k not in drop]
+        if not keep:
+            continue
+        rows = list(dict.fromkeys(tuple(row[i] for i in keep) for row in a.rows))
+        out.append(Axis(tuple(a.keys[i] for i in keep), tuple(rows), a.zipped))
+    return out
+
+
+def goodput(
+    data: Mapping[str, Any],
+    where: str,
+    base_dir: Path,
+    *,
+    rate_key: str | None = None,
+    seeds: int | None = None,
+    target: float | None = None,
+    start: float | None = None,
+    rel_tol: float = 0.05,
+    max_steps: int = 12,
+    executor: Executor | None = None,
+    runner: Callable[..., float] = probe_attainment,
+) -> Goodput:
+    """The goodput of every configuration of the spec ``data`` (parsed YAML,
+    overrides applied). ``seeds``: K seeds from the spec's seed on (default:
+    the swept ``seed:`` values, else 3); ``target``: the attainment to meet
+    (default each configuration's ``slo.target``); ``start``: the first rate
+    tried (default the rate key's value in the spec, else 1)."""
+    axes = parse_sweep(data["sweep"], where) if "sweep" in data else []
+    key = _rate_key(data, axes, rate_key)
+    if key not in RATE_KEYS:
+        raise SpecError(f"{where}: rate key {key!r}; expected one of {', '.join(RATE_KEYS)}")
+    base = {k: copy.deepcopy(v) for k, v in data.items() if k != "sweep"}
+    seed0 = base.get("seed", 0)
+    swept_seeds = next((a.rows for a in axes if a.keys == ("seed",)), None)
+    if seeds is not None:
+        if seeds < 1:
+            raise SpecError(f"--seeds: {seeds} must be a positive integer")
+        seed_list = [seed0 + k for k in range(seeds)] if isinstance(seed0, int) else []
+    elif swept_seeds is not None:
+        seed_list = [row[0] for row in swept_seeds]
+    else:
+        seed_list = [seed0 + k for k in range(DEFAULT_SEEDS)] if isinstance(seed0, int) else []
+    if not seed_list:
+        raise SpecError(f"{where}: seed: {seed0!r} must be a non-negative integer")
+    if start is None:
+        first = next((a.rows[0][a.keys.index(key)] for a in axes if key in a.keys), None)
+        given = _get_path(base, key)
+        start = given if isinstance(given, int | float) else first
+        start = float(start) if isinstance(start, int | float) else 1.0
+    caxes = _config_axes(axes, {key, "seed"})
+    keys = [k for a in caxes for k in a.keys]
+
+    configs = []  # (params, label, target, gpus, {seed: data})
+    for n, combo in enumerate(itertools.product(*(a.rows for a in caxes))):
+        params: dict[str, Any] = {}
+        for axis, row in zip(caxes, combo, strict=True):
+            params.update(zip(axis.keys, row, strict=True))
+        at = f"{where}: configuration {n} ({_params_text(params)})"
+        per_seed = {}
+        for seed in seed_list:
+            d = copy.deepcopy(base)
+            for k, v in params.items():
+                if not k.startswith("tag."):
+                    _set_path(d, k, v, at)
+            d["seed"] = seed
+            _set_path(d, key, start, at)
+            per_seed[seed] = d
+        spec = resolve_spec(per_seed[seed_list[0]], at, base_dir)
+        tgt = spec.slo.target if target is None else target
+        label = make_label(params, caxes, ())
+        configs.append((params, label, tgt, _gpus(spec.resolved), per_seed, at))
+
+    searches = {
+        (c, s): rate_search(start, rel_tol=rel_tol, up=max_steps, down=max_steps)
+        for c in range(len(configs))
+        for s in seed_list
+    }
+    pending = {cs: next(g) for cs, g in searches.items()}
+    found: dict[tuple[int, int], tuple[float, bool]] = {}
+    probes = 0
+    with executor if executor is not None else Executor(jobs=1) as ex:
+        while pending:
+            order = list(pending)
+            jobs: list[Job] = []
+            for c, s in order:
+                d = copy.deepcopy(configs[c][4][s])
+                _set_path(d, key, pending[(c, s)], configs[c][5])
+                jobs.append((runner, (d, configs[c][5], str(base_dir))))
+            results = dict(ex.run(jobs))
+            probes += len(jobs)
+            if sys.stderr.isatty():
+                sys.stderr.write(f"\r{probes} runs, {len(found)}/{len(searches)} searches done")
+                sys.stderr.flush()
+            for i, cs in enumerate(order):
+                try:
+                    pending[cs] = searches[cs].send(results[i] >= configs[cs[0]][2])
+                except StopIteration as stop:
+                    found[cs] = stop.value
+                    del pending[cs]
+    if sys.stderr.isatty():
+        sys.stderr.write("\n")
+
+    rows = []
+    for c, (params, label, _tgt, gpus, per_seed, at) in enumerate(configs):
+        rates, rps = [], []
+        for s in seed_list:
+            rate, _ = found[(c, s)]
+            rates.append(rate)
+            if rate > 0:
+                d = copy.deepcopy(per_seed[s])
+                _set_path(d, key, rate, at)
+                rps.append(offered_rps(resolve_spec(d, at, base_dir)))
+            else:
+                rps.append(0.0)
+        bounded = all(found[(c, s)][1] for s in seed_list)
+        rows.append(
+            GoodputRow(label, params, tuple(seed_list), tuple(rates), tuple(rps), bounded, gpus)
+        )
+    return Goodput(key, keys, rows, probes)
