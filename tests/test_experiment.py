@@ -354,6 +354,9 @@ def test_cli_sweep_and_goodput(tmp_path, capsys):
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "slo.ttft=1 s" in text and (out / "goodput.csv").is_file()
+    # the folder is plotted afterwards (goodput bars; no rate axis, so no attainment curve)
+    assert (out / "plots" / "goodput.png").is_file() and str(out / "plots" / "goodput.svg") in text
+    assert main([*args, "--no-plots"]) == 0 and "goodput.png" not in capsys.readouterr().out
 
 
 def test_bundled_pool_ratio_expands():

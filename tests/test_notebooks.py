@@ -29,4 +29,9 @@ def test_notebook_runs_without_error(path, tmp_path, monkeypatch):
 
 
 def test_there_are_notebooks():
-    assert {p.stem for p in NOTEBOOKS} >= {"03-topology-whatif", "04-your-own-scheduler"}
+    assert {p.stem for p in NOTEBOOKS} == {
+        "01-quickstart",
+        "02-pool-ratio",
+        "03-topology-whatif",
+        "04-your-own-scheduler",
+    }

@@ -288,7 +288,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(
         f"{len(done.runs)} runs ({done.ran} run, {done.skipped} already done): {out / 'runs.csv'}"
     )
+    _plot_after(args, out)
     return 0
+
+
+def _plot_after(args: argparse.Namespace, out: Any) -> None:
+    """Plots of a sweep or goodput folder, unless --no-plots."""
+    if getattr(args, "no_plots", False):
+        return
+    from twin.plots import plot_dir
+
+    for path in plot_dir(out, note=lambda msg: print(f"twin: {msg}", file=sys.stderr)):
+        print(path)
 
 
 def cmd_goodput(args: argparse.Namespace) -> int:
@@ -309,6 +320,7 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     except OSError as e:
         raise TwinError(f"{out}: cannot write: {e.strerror}") from None
     print(result.format_table())
+    _plot_after(args, out)
     print(f"written: {out / 'goodput.csv'}")
     return 0
 
@@ -506,6 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sw = sub.add_parser("sweep", help="run every combination of a spec's sweep: section")
     _executor_args(sw)
+    sw.add_argument("--no-plots", action="store_true", help="do not plot the folder afterwards")
     sw.set_defaults(func=cmd_sweep)
 
     gp = sub.add_parser("goodput", help="the largest rate meeting the SLO target, per config")
@@ -514,6 +527,7 @@ def build_parser() -> argparse.ArgumentParser:
     gp.add_argument("--rate-key", choices=["workload.rate_scale", "workload.arrival.rate"])
     gp.add_argument("--target", type=float, help="SLO attainment to meet (default slo.target)")
     gp.add_argument("--rel-tol", type=float, help="relative tolerance of the bisection (0.05)")
+    gp.add_argument("--no-plots", action="store_true", help="do not plot the folder afterwards")
     gp.set_defaults(func=cmd_goodput)
 
     s = sub.add_parser("schedulers", help="list the registered scheduling policies")
