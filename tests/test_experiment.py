@@ -350,6 +350,11 @@ def test_cli_sweep_and_goodput(tmp_path, capsys):
     assert "2 runs (2 run, 0 already done)" in capsys.readouterr().out
     assert main(["sweep", spec, "-j", "1", "--out", str(out)]) == 0
     assert "(0 run, 2 already done)" in capsys.readouterr().out
+    # per-request rows on request, and the CDFs drawn from them
+    more = tmp_path / "with-requests"
+    assert main(["sweep", spec, "-j", "1", "--out", str(more), "--requests"]) == 0
+    assert len(list((more / "requests").glob("*.csv"))) == 2
+    assert (more / "plots" / "cdf.png").is_file(), capsys.readouterr()
     args = ["goodput", spec, "-j", "1", "--seeds", "1", "--rel-tol", "0.5", "--out", str(out)]
     assert main(args) == 0
     text = capsys.readouterr().out

@@ -284,7 +284,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     data, where, base_dir, executor, out = _sweep_input(args)
     if "sweep" not in data:
         raise TwinError(f"{where}: sweep: missing; twin sweep runs a spec with a sweep: section")
-    done = run_sweep(data, where, base_dir, out, executor=executor)
+    done = run_sweep(data, where, base_dir, out, executor=executor, requests=args.requests)
     print(
         f"{len(done.runs)} runs ({done.ran} run, {done.skipped} already done): {out / 'runs.csv'}"
     )
@@ -519,6 +519,9 @@ def build_parser() -> argparse.ArgumentParser:
     sw = sub.add_parser("sweep", help="run every combination of a spec's sweep: section")
     _executor_args(sw)
     sw.add_argument("--no-plots", action="store_true", help="do not plot the folder afterwards")
+    sw.add_argument(
+        "--requests", action="store_true", help="keep per-request rows (DIR/requests/) for CDFs"
+    )
     sw.set_defaults(func=cmd_sweep)
 
     gp = sub.add_parser("goodput", help="the largest rate meeting the SLO target, per config")

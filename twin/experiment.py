@@ -262,6 +262,24 @@ def run_spec(data: Mapping[str, Any], where: str, base_dir: str) -> dict[str, An
     return Simulation(resolve_spec(data, where, Path(base_dir))).run().to_dict()
 
 
+def run_spec_with_requests(data: Mapping[str, Any], where: str, base_dir: str) -> dict[str, Any]:
+    """:func:`run_spec`, plus the per-request rows as CSV text under the key
+    ``"requests_csv"`` (written by the caller, so remote workers need no shared disk)."""
+    import csv
+    import io
+
+    from twin.metrics import REQUEST_COLUMNS
+    from twin.sim import Simulation
+
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=REQUEST_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    spec = resolve_spec(data, where, Path(base_dir))
+    result = Simulation(spec, on_row=writer.writerow).run().to_dict()
+    result["requests_csv"] = buf.getvalue()
+    return result
+
+
 # -- executors -----------------------------------------------------------------------
 Job = tuple[Callable[..., Any], tuple[Any, ...]]
 
@@ -455,12 +473,17 @@ def run_sweep(
     out: Path,
     *,
     executor: Executor | None = None,
-    runner: Callable[..., dict[str, Any]] = run_spec,
+    runner: Callable[..., dict[str, Any]] | None = None,
+    requests: bool = False,
 ) -> SweepOutcome:
     """Run every run of the sweep spec ``data`` (parsed YAML, overrides applied)
     not already done in ``out`` and write the layout described at the top of
     this module. ``executor`` defaults to one local process; ``runner`` is the
-    function a worker calls with ``(data, where, base_dir)`` (tests swap it)."""
+    function a worker calls with ``(data, where, base_dir)`` (tests swap it);
+    ``requests`` also writes each run's per-request rows to
+    ``out/requests/<run_id>.csv`` (for latency CDFs)."""
+    if runner is None:
+        runner = run_spec_with_requests if requests else run_spec
     axes, runs = expand(data, where, base_dir)
     out = Path(out)
     try:
@@ -485,6 +508,10 @@ def run_sweep(
         with executor if executor is not None else Executor(jobs=1) as ex:
             for i, result in ex.run(jobs):
                 run = todo[i]
+                rows = result.pop("requests_csv", None)
+                if rows is not None:
+                    (out / "requests").mkdir(exist_ok=True)
+                    _write_whole(out / "requests" / f"{run.run_id}.csv", rows)
                 _write_whole(out / "runs" / f"{run.run_id}.json", run_document(run, result))
                 table.add(run, result["summary"])
                 progress.step()
