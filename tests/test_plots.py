@@ -28,7 +28,8 @@ from twin.spec import resolve_spec
 from twin.trace import TraceRecorder, write_chrome_trace
 
 
-def written(paths: list[Path], *bases: Path) -> None:
+def check_written(paths: list[Path], *bases: Path) -> None:
+    """A PNG and an SVG per base, each a real image of some size."""
     assert sorted(paths) == sorted(Path(f"{b}.{ext}") for b in bases for ext in ("png", "svg"))
     for p in paths:
         assert p.stat().st_size > 1000, p
@@ -102,8 +103,8 @@ def test_attainment_is_averaged_over_seeds_per_label_and_rate(tmp_path):
 
 def test_attainment_and_goodput_plots(tmp_path):
     write_sweep(tmp_path)
-    written(plot_attainment(tmp_path / "runs.csv", tmp_path / "a", 0.9), tmp_path / "a")
-    written(plot_goodput(tmp_path / "goodput.csv", tmp_path / "g"), tmp_path / "g")
+    check_written(plot_attainment(tmp_path / "runs.csv", tmp_path / "a", 0.9), tmp_path / "a")
+    check_written(plot_goodput(tmp_path / "goodput.csv", tmp_path / "g"), tmp_path / "g")
 
 
 def test_the_same_data_gives_the_same_svg(tmp_path):
@@ -161,7 +162,7 @@ def two_runs(tmp_path_factory) -> dict[str, Path]:
 
 def test_cdfs_of_two_runs(tmp_path, two_runs):
     out = plot_cdfs(two_runs, tmp_path / "cdf", ttft_slo_s=1.0, tpot_slo_s=0.05)
-    written(out, tmp_path / "cdf")
+    check_written(out, tmp_path / "cdf")
 
 
 def test_a_csv_that_is_not_a_requests_csv_is_refused(tmp_path):
@@ -173,9 +174,9 @@ def test_a_csv_that_is_not_a_requests_csv_is_refused(tmp_path):
 def test_timeline_from_a_recorder_and_from_its_json(tmp_path):
     rec = TraceRecorder()
     Simulation(tiny_spec(**SPLIT), trace=rec).run()
-    written(plot_timeline(rec, tmp_path / "t1"), tmp_path / "t1")
+    check_written(plot_timeline(rec, tmp_path / "t1"), tmp_path / "t1")
     path = write_chrome_trace(rec, tmp_path / "trace.json")
-    written(plot_timeline(path, tmp_path / "t2", window_s=(0.0, 1.0)), tmp_path / "t2")
+    check_written(plot_timeline(path, tmp_path / "t2", window_s=(0.0, 1.0)), tmp_path / "t2")
     with pytest.raises(TwinError, match="needs iteration durations"):
         plot_timeline([(0.0, "iteration", 0, (), 1)], tmp_path / "t3")
 
@@ -185,7 +186,7 @@ def test_plot_dir_makes_every_plot_the_folder_allows(tmp_path, two_runs):
     notes: list[str] = []
     out = plot_dir(tmp_path, note=notes.append)
     plots = tmp_path / "plots"
-    written(out, plots / "attainment", plots / "goodput")
+    check_written(out, plots / "attainment", plots / "goodput")
     assert any("no CDFs" in n for n in notes) and any("no timeline" in n for n in notes)
     # per-request CSVs for some runs, and a trace: CDFs and a timeline too
     (tmp_path / "requests").mkdir()
@@ -201,7 +202,7 @@ def test_plot_dir_makes_every_plot_the_folder_allows(tmp_path, two_runs):
     notes.clear()
     out = plot_dir(tmp_path, tmp_path / "elsewhere", note=notes.append)
     o = tmp_path / "elsewhere"
-    written(out, o / "attainment", o / "goodput", o / "cdf", o / "timeline")
+    check_written(out, o / "attainment", o / "goodput", o / "cdf", o / "timeline")
     assert notes == []
 
 
