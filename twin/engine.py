@@ -108,14 +108,13 @@ def _at(env: simpy.Environment, when: float) -> simpy.Event:
 
 class Stretch:
     """Decode steps covered by one event: step ``i`` runs ``dts[i]`` seconds and
-    ends at ``ends[i]`` (its start is the previous end, or ``start``). ``begun``
-    and ``ended`` count the steps applied so far; the first is planned (begun)
-    before the stretch is made."""
+    ends at ``ends[i]`` (it starts at the previous end, the first when the
+    stretch is made). ``begun`` and ``ended`` count the steps applied so far;
+    the first is planned (begun) before the stretch is made."""
 
-    __slots__ = ("start", "dts", "ends", "begun", "ended")
+    __slots__ = ("dts", "ends", "begun", "ended")
 
-    def __init__(self, start: float, dts: list[float], ends: list[float]) -> None:
-        self.start = start
+    def __init__(self, dts: list[float], ends: list[float]) -> None:
         self.dts = dts
         self.ends = ends
         self.begun = 1
@@ -281,10 +280,6 @@ class Engine:
 
     # -- what a router may look at -------------------------------------------------
     @property
-    def queue_requests(self) -> int:
-        return len(self.waiting)
-
-    @property
     def running_requests(self) -> int:
         """Admitted sequences, and KV hand-offs this instance has reserved blocks for."""
         return len(self.running) + len(self.reserved)
@@ -431,7 +426,7 @@ class Engine:
             t += d  # the same float sum stepping makes: now + dt, one step at a time
             dts.append(d)
             ends.append(t)
-        return Stretch(self.env.now, dts, ends)
+        return Stretch(dts, ends)
 
     def _run_stretch(self, st: Stretch):  # noqa: ANN202 - part of the serve process
         env = self.env
