@@ -341,3 +341,15 @@ def test_profile_and_fit_rows_are_found_under_catalog_spellings(shared_data):
         base_dir=shared_data,
     )
     assert ds.iteration_time(Batch(((512, 0),))) > 0
+
+
+def test_defaults_within_plausible_bounds() -> None:
+    # every hard-coded fitted default lies within the bounds the calibration enforces
+    from twin.calibrate import _BOUNDS, _EFF, _LINK, ENGINES, GPUS
+    from twin.perf import ENGINE_OVERHEADS, ENGINE_TERMS, GPU_EFFICIENCY
+
+    values = [(k, v) for g in GPUS for k, v in zip((*_EFF, *_LINK), GPU_EFFICIENCY[g], strict=True)]
+    values += [(k, ENGINE_OVERHEADS[e][k]) for e in ENGINES for k in ENGINE_TERMS]
+    for k, v in values:
+        lo, hi, _ = _BOUNDS[k]
+        assert v <= hi and (v == 0.0 or v >= lo), (k, v)
