@@ -67,12 +67,66 @@ def test_more_tokens_never_faster(n: int, extra: int, cached: int, dec: int, ctx
 
 
 def test_per_gpu_efficiency_defaults_and_override() -> None:
-    from twin.perf import DEFAULT_MFU, GPU_EFFICIENCY
+    from twin.perf import DEFAULT_HOP_LATENCY_S, DEFAULT_MFU, GPU_EFFICIENCY
 
     r = Roofline(L70, H100, 4)
-    assert (r.mfu, r.mbu, r.attn_mfu) == GPU_EFFICIENCY["h100-sxm"]
+    eff = (r.mfu, r.mbu, r.attn_mfu, r.throttle, r.throttle_knee_s, r.hop_latency_s)
+    assert eff == GPU_EFFICIENCY["h100-sxm"]
+    assert r.hop_latency_s < Roofline(L70, A100, 4).hop_latency_s  # NVLink 4 against NVLink 3
     assert Roofline(L70, H100, 4, mfu=0.5).mfu == 0.5
-    assert Roofline(L70, get_gpu("l40s"), 4).mfu == DEFAULT_MFU
+    assert Roofline(L70, H100, 4, hop_latency_s=1e-5).hop_latency_s == 1e-5
+    other = Roofline(L70, get_gpu("l40s"), 4)
+    assert other.mfu == DEFAULT_MFU and other.throttle == 0.0  # no throttle without data
+    assert other.hop_latency_s == DEFAULT_HOP_LATENCY_S
+
+
+def test_sustained_power_throttle() -> None:
+    # compute-bound prefill: compute time past the knee runs 1 + throttle times slower
+    # (compute + throttle x max(compute - knee, 0)), so long GEMM phases cost more per token
+    kw = {"mfu": 0.5, "overhead_s": 0.0, "layer_overhead_s": 0.0, "seq_overhead_s": 0.0,
+          "seq_shard_overhead_s": 0.0, "hop_latency_s": 0.0, "act_traffic": 0.0,
+          "no_overlap": 0.0, "attn_mfu": 1.0}  # fmt: skip
+    free = Roofline(L70, A100, 1, throttle=0.0, **kw)
+    hot = Roofline(L70, A100, 1, throttle=0.5, throttle_knee_s=1.0, **kw)
+    b = prefill(16384)
+    c = free.iteration_time(b)
+    assert c > 1.0  # compute-bound, longer than the knee
+    assert hot.iteration_time(b) == pytest.approx(c + 0.5 * (c - 1.0))
+    # per-token cost rises with the iteration's work, whether one prompt or many
+    per_tok = [hot.iteration_time(prefill(*[512] * k)) / (512 * k) for k in (1, 4, 16, 64)]
+    assert per_tok == sorted(per_tok) and per_tok[0] < per_tok[-1]
+    # an iteration under the knee, e.g. a decode step, is untouched
+    d = Batch(decode_count=8, decode_context_sum=8 * 1000)
+    assert hot.iteration_time(d) == free.iteration_time(d)
+    short = prefill(512)
+    assert free.iteration_time(short) < 1.0
+    assert hot.iteration_time(short) == free.iteration_time(short)
+    # a knee of 0 throttles all compute: the same as a lower mfu
+    always = Roofline(L70, A100, 1, throttle=1.0, throttle_knee_s=0.0, **kw)
+    assert always.iteration_time(b) == pytest.approx(2 * c)
+    with pytest.raises(SpecError, match="throttle_knee_s=-1"):
+        Roofline(L70, A100, throttle_knee_s=-1)
+    with pytest.raises(SpecError, match="throttle=-1"):
+        Roofline(L70, A100, throttle=-1)
+    r = build_perf_model({"kind": "roofline", "throttle": 0.2, "throttle_knee": "300 ms"},
+                         L70, A100, 4)  # fmt: skip
+    assert isinstance(r, Roofline)
+    assert (r.throttle, r.throttle_knee_s) == (0.2, pytest.approx(0.3))
+    with pytest.raises(SpecError, match="throttle_knee"):
+        build_perf_model({"kind": "roofline", "throttle_knee": "-1 s"}, L70, A100, 4)
+
+
+def test_default_preset_decode_sanity() -> None:
+    # the default (distserve) preset stays close to what current engines reach
+    h100 = get_gpu("h100-sxm")
+    big = Roofline(L70, h100, 8).iteration_time(
+        Batch(decode_count=64, decode_context_sum=64 * 1024)
+    )
+    assert 0.025 <= big <= 0.045, big
+    small = Roofline(get_model("llama-3.1-8b"), h100, 1).iteration_time(
+        Batch(decode_count=64, decode_context_sum=64 * 1024)
+    )
+    assert 0.010 <= small <= 0.025, small
 
 
 def test_attention_efficiency_makes_long_prompts_superlinear() -> None:
@@ -122,7 +176,9 @@ def test_engine_presets_default_override_and_unknown() -> None:
     assert {k: getattr(d, k) for k in ENGINE_TERMS} == dict(ENGINE_OVERHEADS["splitwise-sim"])
     assert d.name.endswith(":splitwise-sim")
     # GPU efficiencies are shared by the engines
-    assert (d.mfu, d.mbu, d.attn_mfu) == (r.mfu, r.mbu, r.attn_mfu) == GPU_EFFICIENCY["a100-80gb"]
+    eff = (d.mfu, d.mbu, d.attn_mfu, d.throttle, d.throttle_knee_s, d.hop_latency_s)
+    assert eff == (r.mfu, r.mbu, r.attn_mfu, r.throttle, r.throttle_knee_s, r.hop_latency_s)
+    assert eff == GPU_EFFICIENCY["a100-80gb"]
     b = Batch(decode_count=32, decode_context_sum=32 * 1000)
     assert d.iteration_time(b) != r.iteration_time(b)
     # one term overridden, the others from the preset
@@ -285,3 +341,15 @@ def test_profile_and_fit_rows_are_found_under_catalog_spellings(shared_data):
         base_dir=shared_data,
     )
     assert ds.iteration_time(Batch(((512, 0),))) > 0
+
+
+def test_defaults_within_plausible_bounds() -> None:
+    # every hard-coded fitted default lies within the bounds the calibration enforces
+    from twin.calibrate import _BOUNDS, _EFF, _LINK, ENGINES, GPUS
+    from twin.perf import ENGINE_OVERHEADS, ENGINE_TERMS, GPU_EFFICIENCY
+
+    values = [(k, v) for g in GPUS for k, v in zip((*_EFF, *_LINK), GPU_EFFICIENCY[g], strict=True)]
+    values += [(k, ENGINE_OVERHEADS[e][k]) for e in ENGINES for k in ENGINE_TERMS]
+    for k, v in values:
+        lo, hi, _ = _BOUNDS[k]
+        assert v <= hi and (v == 0.0 or v >= lo), (k, v)

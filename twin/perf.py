@@ -63,26 +63,48 @@ class PerfModel(Protocol):
 
 
 # Calibrated defaults: fitted by twin.calibrate (``python -m twin.calibrate --data DIR``), jointly
-# over the 13 sources of twin.validate with the GPU efficiencies shared and the software terms per
-# serving engine (ENGINE_OVERHEADS): least squares on log(predicted / measured), then Powell and
-# Nelder-Mead on the per-source loss max(worst error / 35%, median error / 15%) (mean of
-# max(loss, 0.97) plus 0.3 x the largest; see twin.calibrate), three starts; rounded here.
-# twin.validate.validate_perf reproduces the resulting errors.
+# over the 13 sources of twin.validate with the GPU efficiencies, throttles and hop latencies per
+# GPU and the software terms per serving engine (ENGINE_OVERHEADS), every parameter held within
+# physically plausible bounds (twin.calibrate._BOUNDS: mfu <= 0.85, mbu <= 0.92, attn_mfu in
+# [0.1, 0.8], throttle <= 1, overheads <= 10 ms per iteration, 100 us per layer, 0.6 ms per
+# sequence): least squares on log(predicted / measured), then Powell and Nelder-Mead on the
+# per-source loss max(worst error / 35%, median error / 15%) (mean of max(loss, 0.97) plus 0.3 x
+# the largest; see twin.calibrate), three starts; rounded here. twin.validate.validate_perf
+# reproduces the resulting errors (all 13 sources within the target).
+# DEFAULT_MFU / DEFAULT_MBU / DEFAULT_ATTN_MFU are for GPUs without fitted values, which get no
+# throttle either: they are the A100 values of the earlier fit without a throttle term, which
+# average over short and long iterations. DEFAULT_HOP_LATENCY_S is the A100 value.
 DEFAULT_MFU = 0.82
 DEFAULT_MBU = 0.86
 DEFAULT_ATTN_MFU = 0.57
-DEFAULT_HOP_LATENCY_S = 7.3e-06
+DEFAULT_HOP_LATENCY_S = 7.4e-06
 DEFAULT_TP_MFU_EXPONENT = 0.0
 DEFAULT_ENGINE = "distserve"
 
-# Achieved efficiencies (mfu, mbu, attn_mfu) per GPU, properties of the silicon and shared by
-# every engine preset: A100 fitted on splitwise-sim and DistServe (A100-80GB), H100 on
+# Per GPU, shared by every engine preset: achieved efficiencies (mfu, mbu, attn_mfu), properties
+# of the silicon; sustained-power throttle (throttle, throttle_knee_s), a property of its
+# power/cooling envelope; and the all-reduce hop latency (hop_latency_s), a property of its
+# NVLink/NVSwitch generation. A100 fitted on splitwise-sim and DistServe (A100-80GB), H100 on
 # splitwise-sim (H100-80GB SXM). GPUs of the same generation reuse them (same kernels, same share
-# of peak assumed); any other GPU gets DEFAULT_MFU / DEFAULT_MBU / DEFAULT_ATTN_MFU (the A100
-# values). A Roofline argument or a YAML ``perf`` key overrides both.
-_A100_EFF = (DEFAULT_MFU, DEFAULT_MBU, DEFAULT_ATTN_MFU)
-_H100_EFF = (0.75, 0.84, 0.18)
-GPU_EFFICIENCY: Mapping[str, tuple[float, float, float]] = MappingProxyType(
+# of peak assumed); any other GPU gets DEFAULT_MFU / DEFAULT_MBU / DEFAULT_ATTN_MFU, no throttle
+# and DEFAULT_HOP_LATENCY_S. A Roofline argument or a YAML ``perf`` key overrides all of them.
+# NOTE: the throttle prices an iteration whose roofline compute time is ``compute`` seconds at
+# compute + throttle x max(compute - throttle_knee_s, 0): the first ``throttle_knee_s`` of
+# sustained tensor-core load run at the clocks that ``mfu`` describes, the rest at the
+# power-capped sustained clock, 1 / (1 + throttle) as fast. Physically the board's power limit
+# (400 W on A100, 700 W on H100) is enforced over an averaging window, so a short burst of GEMMs
+# runs at boost clock and a long one settles lower; the measured sign is splitwise-sim's prompt
+# time per token rising with a batch's total tokens whether they come as one prompt or many (A100
+# TP 4: 0.20 ms at 2,048 tokens, 0.33 ms at 32,768; H100 TP 8: 0.065 ms at 2,048, 0.09 ms from
+# 4,096). Consequence: long prefill iterations (and big chunked-prefill batches) cost more per
+# token than short ones; decode steps, far under the knee, are unaffected. The model is per
+# iteration and memoryless: it does not carry heat from one iteration to the next, so
+# back-to-back long iterations under sustained load may throttle more than priced here.
+# Fitted: A100 (a 142 ms window, then 1 / 1.30 of the clock), H100 (43 ms, then 1 / 1.52); hop
+# latency 7.4 us on A100 (NVLink 3), 5.9 us on H100 (NVLink 4).
+_A100_EFF = (0.795, 0.907, 0.799, 0.296, 0.142, 7.4e-06)
+_H100_EFF = (0.831, 0.832, 0.646, 0.522, 0.0427, 5.9e-06)
+GPU_EFFICIENCY: Mapping[str, tuple[float, float, float, float, float, float]] = MappingProxyType(
     {
         "a100-80gb": _A100_EFF,
         "a100-40gb": _A100_EFF,
@@ -91,20 +113,21 @@ GPU_EFFICIENCY: Mapping[str, tuple[float, float, float]] = MappingProxyType(
         "h200": _H100_EFF,
     }
 )
+_NO_THROTTLE = (0.0, 0.0)
 
 # Software terms of the Roofline per serving engine: what the serving software adds on top of the
 # GPU's roofline (per-iteration, per-layer and per-sequence CPU/launch costs, activation-sized
 # element-wise memory passes, how much compute and memory time fail to overlap). Fitted jointly
 # with GPU_EFFICIENCY by twin.calibrate:
 # - "splitwise-sim": splitwise-sim's perf_model.csv (llama2-70b on A100-80GB and H100-80GB at
-#   TP 2, 4, 8). That profiling stack pays ~0.5 ms per sequence per iteration, several times what
+#   TP 2, 4, 8). That profiling stack pays ~0.25 ms per sequence per iteration, several times what
 #   current serving engines spend: extrapolated to other models and to batches beyond 64 it makes
-#   decode far too slow (Llama-3.1-8B on one H100 at batch 64: 53 ms a step), so it is a preset
+#   decode far too slow (Llama-3.1-8B on one H100 at batch 64: 34 ms a step), so it is a preset
 #   for replaying that data, not the default.
 # - "distserve": DistServe's fitted A100-80GB latency models (OPT-13B at TP 1, 2, 4; OPT-66B at
 #   TP 2, 3, 4, 8), profiled on DistServe's own engine, whose light per-sequence costs match
-#   current engines (Llama-2-70B TP8 H100 at batch 64: 33 ms a step; Llama-3.1-8B on one H100:
-#   16 ms): the default.
+#   current engines (Llama-2-70B TP8 H100 at batch 64: 31 ms a step; Llama-3.1-8B on one H100:
+#   18 ms): the default.
 # ``seq_overhead_s`` is paid per sequence per iteration whatever the TP; ``seq_shard_overhead_s``
 # per sequence divided by TP (per-sequence work that the TP ranks split).
 ENGINE_TERMS = ("overhead_s", "layer_overhead_s", "seq_overhead_s", "seq_shard_overhead_s",
@@ -113,22 +136,22 @@ ENGINE_OVERHEADS: Mapping[str, Mapping[str, float]] = MappingProxyType(
     {
         "splitwise-sim": MappingProxyType(
             {
-                "overhead_s": 0.0078,
-                "layer_overhead_s": 3.5e-05,
-                "seq_overhead_s": 0.00053,
-                "seq_shard_overhead_s": 1.7e-05,
-                "act_traffic": 93.0,
+                "overhead_s": 0.0075,
+                "layer_overhead_s": 5.8e-05,
+                "seq_overhead_s": 0.00024,
+                "seq_shard_overhead_s": 0.0,
+                "act_traffic": 91.0,
                 "no_overlap": 0.0,
             }
         ),
         "distserve": MappingProxyType(
             {
-                "overhead_s": 0.0031,
-                "layer_overhead_s": 9e-07,
-                "seq_overhead_s": 3.9e-05,
+                "overhead_s": 0.0040,
+                "layer_overhead_s": 0.0,
+                "seq_overhead_s": 7.0e-05,
                 "seq_shard_overhead_s": 0.0,
-                "act_traffic": 73.0,
-                "no_overlap": 0.48,
+                "act_traffic": 28.0,
+                "no_overlap": 0.73,
             }
         ),
     }
@@ -169,7 +192,10 @@ class Roofline:
       sequence, run at ``attn_mfu`` (attention kernels reach a much lower share
       of peak than GEMMs, which makes long prompts grow faster than linearly).
       compute = dense / (peak x mfu) + attention / (peak x attn_mfu), both
-      times ``TP^tp_mfu_exponent``.
+      times ``TP^tp_mfu_exponent``; then the sustained-power throttle: compute
+      time beyond ``throttle_knee_s`` runs ``1 + throttle`` times slower
+      (compute += throttle x max(compute - throttle_knee_s, 0); per GPU, see
+      ``GPU_EFFICIENCY``; none for a GPU without a fitted throttle).
     - bytes per GPU = [weights + KV bytes/token x (decode contexts + cached
       prefill context read + T written)] / TP; memory = bytes / (HBM x mbu).
     - time = max(compute, memory) + no_overlap x min(compute, memory)
@@ -186,8 +212,10 @@ class Roofline:
     term does not shrink with TP; ``no_overlap`` is the share of the shorter
     of compute and memory time that does not hide under the longer one.
 
-    ``mfu``, ``mbu`` and ``attn_mfu`` are properties of the GPU and default per
-    GPU (``GPU_EFFICIENCY``), else to ``DEFAULT_*``. ``overhead_s``,
+    ``mfu``, ``mbu``, ``attn_mfu``, ``throttle``, ``throttle_knee_s`` and
+    ``hop_latency_s`` are properties of the GPU (and its NVLink generation) and
+    default per GPU (``GPU_EFFICIENCY``), else to ``DEFAULT_*`` and no
+    throttle. ``overhead_s``,
     ``layer_overhead_s``, ``seq_overhead_s``, ``seq_shard_overhead_s``,
     ``act_traffic`` and ``no_overlap`` are properties of the serving software
     and default to the preset of ``engine`` (``ENGINE_OVERHEADS``: ``"distserve"``,
@@ -209,17 +237,16 @@ class Roofline:
     Defaults were fitted by :mod:`twin.calibrate` to the measured profiles in
     shared data (splitwise-sim llama2-70b on A100/H100 at TP 2/4/8 with the
     ``splitwise-sim`` preset, DistServe's OPT-13B/66B A100 fits with ``distserve``),
-    GPU efficiencies shared. Fitted ``act_traffic`` (tens of passes) is more
-    than a count of kernels gives; it also absorbs per-token costs of the
-    measured engines that have no term here. Not every source meets the 15%
-    median / 35% worst target: splitwise-sim's A100 prompt time per token
-    rises with the batch's total tokens whether they come as one prompt or
-    many (TP 4: 0.20 ms at 2,048 tokens, 0.33 ms at 32,768; 16 x 512 tokens
-    take 2,893 ms against 2,278 ms for 1 x 8,192), which no term here
-    reproduces (H100 at TP 4 stays at 0.10 to 0.12 ms), and its H100 TP 8
-    decode time rises with batch size (30 -> 50 ms from batch 1 to 64) more
-    than the other TPs' per-sequence cost allows. Use a ProfileTable where
-    accuracy matters; :func:`twin.validate.validate_perf` prints the errors.
+    GPU terms shared, every parameter held within a physically plausible
+    bound (``twin.calibrate._BOUNDS``: mfu <= 0.85, mbu <= 0.92, attn_mfu in
+    [0.1, 0.8], throttle <= 1, overheads <= 10 ms per iteration, 100 us per
+    layer, 0.6 ms per sequence). All 13 sources meet the 15% median / 35%
+    worst target, several with little margin (A100 TP 8 and H100 TP 8 prompt
+    worst ~34%, A100 attn_mfu at its 0.8 bound). Fitted ``act_traffic`` (tens
+    of passes) is more than a count of kernels gives; it also absorbs
+    per-token costs of the measured engines that have no term here. Use a
+    ProfileTable where accuracy matters; :func:`twin.validate.validate_perf`
+    prints the errors.
 
     ``iteration_time`` is a pure function of the batch; everything that does
     not depend on it is precomputed here.
@@ -228,9 +255,9 @@ class Roofline:
     __slots__ = (
         "name", "sha256", "model", "gpu", "tp", "pp", "engine", "mfu", "mbu", "attn_mfu",
         "overhead_s", "layer_overhead_s", "seq_overhead_s", "seq_shard_overhead_s",
-        "hop_latency_s", "tp_mfu_exponent", "act_traffic", "no_overlap",
-        "_flop_token", "_flop_seq", "_flop_attn", "_kv_b", "_w_b", "_inv_compute",
-        "_inv_attn", "_inv_mem", "_fixed", "_seq", "_comm_token", "_comm_fixed",
+        "hop_latency_s", "tp_mfu_exponent", "act_traffic", "no_overlap", "throttle",
+        "throttle_knee_s", "_flop_token", "_flop_seq", "_flop_attn", "_kv_b", "_w_b",
+        "_inv_compute", "_inv_attn", "_inv_mem", "_fixed", "_seq", "_comm_token", "_comm_fixed",
     )  # fmt: skip
 
     def __init__(
@@ -248,10 +275,12 @@ class Roofline:
         layer_overhead_s: float | None = None,
         seq_overhead_s: float | None = None,
         seq_shard_overhead_s: float | None = None,
-        hop_latency_s: float = DEFAULT_HOP_LATENCY_S,
+        hop_latency_s: float | None = None,
         tp_mfu_exponent: float = DEFAULT_TP_MFU_EXPONENT,
         act_traffic: float | None = None,
         no_overlap: float | None = None,
+        throttle: float | None = None,
+        throttle_knee_s: float | None = None,
     ) -> None:
         for label, v in (("tp", tp), ("pp", pp)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -270,7 +299,13 @@ class Roofline:
             seq_shard_overhead_s = sw["seq_shard_overhead_s"]
         act_traffic = sw["act_traffic"] if act_traffic is None else act_traffic
         no_overlap = sw["no_overlap"] if no_overlap is None else no_overlap
-        eff = GPU_EFFICIENCY.get(gpu.name, (DEFAULT_MFU, DEFAULT_MBU, DEFAULT_ATTN_MFU))
+        eff = GPU_EFFICIENCY.get(
+            gpu.name,
+            (DEFAULT_MFU, DEFAULT_MBU, DEFAULT_ATTN_MFU, *_NO_THROTTLE, DEFAULT_HOP_LATENCY_S),
+        )
+        self.throttle = _check_nonneg("throttle", eff[3] if throttle is None else throttle)
+        knee = eff[4] if throttle_knee_s is None else throttle_knee_s
+        self.throttle_knee_s = _check_nonneg("throttle_knee_s", knee)
         self.mfu = _check_fraction("mfu", eff[0] if mfu is None else mfu)
         self.mbu = _check_fraction("mbu", eff[1] if mbu is None else mbu)
         self.attn_mfu = _check_fraction("attn_mfu", eff[2] if attn_mfu is None else attn_mfu)
@@ -278,6 +313,8 @@ class Roofline:
         self.layer_overhead_s = _check_nonneg("layer_overhead_s", layer_overhead_s)
         self.seq_overhead_s = _check_nonneg("seq_overhead_s", seq_overhead_s)
         self.seq_shard_overhead_s = _check_nonneg("seq_shard_overhead_s", seq_shard_overhead_s)
+        if hop_latency_s is None:
+            hop_latency_s = eff[5]
         self.hop_latency_s = _check_nonneg("hop_latency_s", hop_latency_s)
         self.tp_mfu_exponent = _check_nonneg("tp_mfu_exponent", tp_mfu_exponent)
         self.act_traffic = _check_nonneg("act_traffic", act_traffic)
@@ -334,6 +371,8 @@ class Roofline:
         compute_s = (self._flop_token * tokens + self._flop_seq * seqs) * self._inv_compute + (
             self._flop_attn * attn * self._inv_attn
         )
+        if compute_s > self.throttle_knee_s:  # sustained-power clock throttle (GPU_EFFICIENCY)
+            compute_s += self.throttle * (compute_s - self.throttle_knee_s)
         mem_s = (self._w_b + self._kv_b * (kv_read + tokens)) * self._inv_mem
         if compute_s > mem_s:
             roof = compute_s + self.no_overlap * mem_s
@@ -643,7 +682,7 @@ class DistServeFit:
 
 _ROOFLINE_KEYS = ("kind", "mfu", "mbu", "attn_mfu", "overhead", "layer_overhead",
                   "seq_overhead", "seq_shard_overhead", "hop_latency", "tp_mfu_exponent",
-                  "act_traffic", "no_overlap", "engine")  # fmt: skip
+                  "act_traffic", "no_overlap", "throttle", "throttle_knee", "engine")  # fmt: skip
 _PROFILE_KEYS = ("kind", "path", "format", "model", "hardware", "tp")
 _DISTSERVE_KEYS = ("kind", "path", "model", "tp")
 _KINDS = {"roofline": _ROOFLINE_KEYS, "profile": _PROFILE_KEYS, "distserve": _DISTSERVE_KEYS}
@@ -662,7 +701,8 @@ def build_perf_model(
 
     ``{kind: roofline, engine: distserve|splitwise-sim, mfu: 0.5, mbu: 0.8, attn_mfu: 0.3,
     overhead: "4 ms", layer_overhead, seq_overhead, seq_shard_overhead,
-    hop_latency, tp_mfu_exponent, act_traffic, no_overlap}`` (durations with
+    hop_latency, tp_mfu_exponent, act_traffic, no_overlap, throttle,
+    throttle_knee}`` (durations with
     units; unset efficiencies default per GPU, unset software terms to the
     ``engine`` preset, itself ``distserve`` by default);
     ``{kind: profile, path, format: splitwise|native, model, hardware, tp}``
@@ -708,13 +748,18 @@ def build_perf_model(
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e4:
                 raise SpecError(f"{w}.act_traffic: {v!r} must be a number in [0, 10000)")
             kw["act_traffic"] = float(v)
+        if "throttle" in spec:
+            v = spec["throttle"]
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 10:
+                raise SpecError(f"{w}.throttle: {v!r} must be a number in [0, 10]")
+            kw["throttle"] = float(v)
         if "no_overlap" in spec:
             v = spec["no_overlap"]
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1:
                 raise SpecError(f"{w}.no_overlap: {v!r} must be a number in [0, 1]")
             kw["no_overlap"] = float(v)
         for key in ("overhead", "layer_overhead", "seq_overhead", "seq_shard_overhead",
-                    "hop_latency"):  # fmt: skip
+                    "hop_latency", "throttle_knee"):  # fmt: skip
             if key in spec:
                 try:
                     kw[f"{key}_s"] = parse_duration(spec[key])
