@@ -195,6 +195,24 @@ def test_resume_skips_finished_runs(tmp_path):
     assert (out / "runs.csv").read_bytes() == first
 
 
+def test_results_of_other_code_are_not_reused(tmp_path, monkeypatch):
+    import twin
+    from twin.experiment import run_spec
+
+    calls = []
+
+    def counting(data, where, base_dir):
+        calls.append(1)
+        return run_spec(data, where, base_dir)
+
+    d = sweep_spec(**{"slo.ttft": ["1 s", "2 s"]})
+    out = tmp_path / "o"
+    run_sweep(d, "x.yaml", Path.cwd(), out, runner=counting)
+    monkeypatch.setattr(twin, "_code_sha", "0" * 64)  # as if the model had changed
+    run_sweep(d, "x.yaml", Path.cwd(), out, runner=counting)
+    assert len(calls) == 4
+
+
 def test_a_failing_run_keeps_the_finished_ones(tmp_path):
     from twin.experiment import run_spec
 

@@ -59,6 +59,7 @@ from typing import IO, Any
 
 import yaml
 
+import twin
 from twin.compare import _set_path
 from twin.errors import SpecError, TwinError
 from twin.spec import apply_overrides, resolve_spec
@@ -396,12 +397,16 @@ def run_document(run: Run, result: Mapping[str, Any]) -> str:
 
 
 def _done(path: Path, sha: str) -> dict[str, Any] | None:
-    """The stored result at ``path`` if it is whole and of the spec ``sha``."""
+    """The stored result at ``path`` if it is whole, of the spec ``sha`` and
+    made by this very code (a changed model must not reuse old results)."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(doc, dict) or doc.get("header", {}).get("spec_sha256") != sha:
+    if not isinstance(doc, dict):
+        return None
+    header = doc.get("header", {})
+    if header.get("spec_sha256") != sha or header.get("code_sha256") != twin.code_sha256():
         return None
     return doc
 

@@ -527,6 +527,7 @@ class Simulation:
         return {
             "tool": "pd-twin",
             "version": twin.__version__,
+            "code_sha256": twin.code_sha256(),
             "spec": dict(spec.resolved),
             "spec_sha256": spec.sha256,
             "trace_sha256": sources,
