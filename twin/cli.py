@@ -509,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", action="append", metavar="KEY.PATH=VALUE", help="override a spec value"
     )
     pl.add_argument(
-        "--sample", type=int, default=300, help="requests of the workload to simulate (300)"
+        "--sample", type=int, default=1000, help="requests of the workload to simulate (1000)"
     )
     pl.add_argument(
         "--target-rate", type=float, metavar="RPS", help="replicate to this rate, not to fill"

@@ -464,7 +464,7 @@ def plan_distserve(
     spec: ExperimentSpec,
     *,
     sample: list[Request] | None = None,
-    sample_size: int = 300,
+    sample_size: int = 1000,
     max_gpus_per_instance: int = 8,
     target_rate: float | None = None,
     affinity_fraction: float = 0.05,
