@@ -32,6 +32,7 @@ import argparse
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from scipy.optimize import least_squares, minimize
@@ -242,7 +243,8 @@ def check(data_dir: Path, p: dict[str, float]) -> tuple[float, int, int]:
     worst, passing, n = 0.0, 0, 0
     for s in load_sources(Path(data_dir)):
         g = get_gpu(s.gpu)
-        r = score(s, Roofline(get_model(s.model), g, s.tp, **roofline_kwargs(p, g.name, s.engine)))
+        kwargs: dict[str, Any] = dict(roofline_kwargs(p, g.name, s.engine))
+        r = score(s, Roofline(get_model(s.model), g, s.tp, **kwargs))
         loss = max(r.prompt_worst / TARGET_WORST, r.tpot_worst / TARGET_WORST,
                    r.prompt_median / TARGET_MEDIAN, r.tpot_median / TARGET_MEDIAN)  # fmt: skip
         worst, passing, n = max(worst, loss), passing + (loss <= 1.0), n + 1

@@ -161,13 +161,14 @@ def apply_sweep_overrides(data: dict[str, Any], overrides: Sequence[str]) -> Non
             plain.append(item)
             continue
         target = key[len("sweep.") :]
-        holder = {}
+        holder: dict[str, Any] = {}
         apply_overrides(holder, [f"v={raw}"], where="--set")
         value = holder["v"]
         section = data.get("sweep")
         if not isinstance(section, dict):
             raise SpecError(f"--set {item!r}: the spec has no sweep: section")
-        groups = section.get("zip") if isinstance(section.get("zip"), list) else []
+        zipped = section.get("zip")
+        groups: list[Any] = zipped if isinstance(zipped, list) else []
         for group in groups:
             if isinstance(group, dict) and target in group:
                 group[target] = value
@@ -224,7 +225,7 @@ def expand(
     runs: list[Run] = []
     seen: dict[str, int] = {}
     for index, combo in enumerate(itertools.product(*(a.rows for a in axes))):
-        params = {}
+        params: dict[str, Any] = {}
         for axis, row in zip(axes, combo, strict=True):
             params.update(zip(axis.keys, row, strict=True))
         at = f"{where}: sweep run {index} ({_params_text(params)})"
@@ -342,12 +343,12 @@ class Executor:
         """Yield ``(index into jobs, result)`` in the order they finish; a job's
         exception is raised here (the finished ones have been yielded)."""
         if self._client is not None:
-            from dask.distributed import as_completed
+            from dask.distributed import as_completed as dask_completed
 
             futures = {
                 self._client.submit(fn, *args, pure=False): i for i, (fn, args) in enumerate(jobs)
             }
-            for fut in as_completed(futures):
+            for fut in dask_completed(futures):
                 yield futures[fut], fut.result()
         elif self._pool is not None:
             from concurrent.futures import as_completed

@@ -129,10 +129,11 @@ def offered_rps(spec: ExperimentSpec) -> float:
     rate = getattr(w.arrival, "rate_per_s", None)
     if rate is not None:
         return float(rate) * w.rate_scale
-    first = last = None
+    first = last = 0.0
     n = 0
     for req in iter_requests(w, np.random.default_rng(0)):
-        first = req.arrival_s if first is None else first
+        if n == 0:
+            first = req.arrival_s
         last = req.arrival_s
         n += 1
     if n < 2 or last == first:

@@ -504,26 +504,22 @@ def plan_distserve(
             note = "meets the SLO at every rate tried: the sample is too small to queue"
         return Candidate(role, tp, pp, rate, note)
 
-    prefills = [
-        score("prefill", tp, pp, note, lambda r, tp=tp, pp=pp: pl.prefill_attainment(tp, pp, r))
-        for tp, pp, note in configs
-    ]
+    def prefill_probe(tp: int, pp: int) -> Callable[[float], float]:
+        return lambda r: pl.prefill_attainment(tp, pp, r)
+
+    prefills = [score("prefill", tp, pp, note, prefill_probe(tp, pp)) for tp, pp, note in configs]
     best_p = _best(prefills)
     if best_p is None:
         raise SpecError(
             f"{spec.source}: no prefill configuration within a node meets the TTFT SLO "
             f"({_s(spec.slo.ttft_s)}) for {spec.slo.target:.0%} of the sample at any rate"
         )
-    decodes = [
-        score(
-            "decode",
-            tp,
-            pp,
-            note,
-            lambda r, tp=tp, pp=pp: pl.decode_attainment(tp, pp, best_p, r),
-        )  # fmt: skip
-        for tp, pp, note in configs
-    ]
+    feeder = best_p
+
+    def decode_probe(tp: int, pp: int) -> Callable[[float], float]:
+        return lambda r: pl.decode_attainment(tp, pp, feeder, r)
+
+    decodes = [score("decode", tp, pp, note, decode_probe(tp, pp)) for tp, pp, note in configs]
     best_d = _best(decodes)
     if best_d is None:
         raise SpecError(

@@ -216,7 +216,8 @@ class Simulation:
                         f"{value!r}; expected a positive integer"
                     )
                 eng = self.engines[inst_id]
-                eng.config = dataclasses.replace(eng.config, **{key: value})
+                limits: dict[str, Any] = {key: value}
+                eng.config = dataclasses.replace(eng.config, **limits)
         self._check_roles(name)
 
     def _check_roles(self, name: str) -> None:

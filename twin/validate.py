@@ -33,6 +33,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from twin.errors import TwinError
 from twin.hardware import get_gpu
@@ -232,7 +233,7 @@ def score(source: Source, model: PerfModel) -> ValidationRow:
     )
 
 
-def default_roofline(source: Source, **params: float) -> Roofline:
+def default_roofline(source: Source, **params: Any) -> Roofline:
     """The Roofline a source is compared with: the defaults with the preset of the
     engine the source was measured on, unless ``params`` override."""
     params.setdefault("engine", source.engine)
