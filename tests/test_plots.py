@@ -7,6 +7,7 @@ import csv
 import math
 from pathlib import Path
 
+import helpers
 import pytest
 
 import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
@@ -24,7 +25,6 @@ from twin.plots import (
     plot_timeline,
 )
 from twin.sim import Simulation
-from twin.spec import resolve_spec
 from twin.trace import TraceRecorder, write_chrome_trace
 
 
@@ -122,19 +122,7 @@ def test_a_runs_csv_without_a_rate_column_is_refused(tmp_path):
 
 # -- real tiny runs -----------------------------------------------------------------------
 def tiny_spec(**over):
-    data = {
-        "model": "llama-3.1-8b",
-        "gpu": "h100-sxm",
-        "cluster": {"instances": 2, "tp": 1},
-        "workload": {
-            "lengths": "azure-conv",
-            "arrival": {"process": "poisson", "rate": 6.0},
-            "max_requests": 60,
-        },
-        "slo": {"ttft": "1 s", "tpot": "50 ms"},
-        **over,
-    }
-    return resolve_spec(data, "tiny.yaml", Path.cwd())
+    return helpers.small_spec(rate=6.0, requests=60, **over)
 
 
 def requests_csv(path: Path, spec) -> Path:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
+import helpers
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,7 +13,6 @@ import schedulers.colocated  # noqa: F401 - registers the built-ins when not ins
 from twin.errors import CapacityError
 from twin.request import Request
 from twin.sim import Simulation
-from twin.spec import resolve_spec
 
 SUMMARY_KEYS = {
     "requests",
@@ -30,20 +29,7 @@ SUMMARY_KEYS = {
 
 
 def small_spec(**over):
-    data = {
-        "model": "llama-3.1-8b",
-        "gpu": "h100-sxm",
-        "cluster": {"instances": 2, "tp": 1},
-        "workload": {
-            "lengths": "azure-conv",
-            "arrival": {"process": "poisson", "rate": 4.0},
-            "max_requests": 200,
-        },
-        "slo": {"ttft": "1 s", "tpot": "50 ms"},
-    }
-    for key, value in over.items():
-        data[key] = value
-    return resolve_spec(data, "test.yaml", Path.cwd())
+    return helpers.small_spec(**over)
 
 
 def test_summary_has_the_stable_keys_and_conserves_requests():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
+import helpers
 import pytest
 import simpy
 
@@ -14,24 +14,11 @@ import schedulers.disagg  # noqa: F401
 from twin.cli import main
 from twin.network import FlowSpec, Network
 from twin.sim import Simulation
-from twin.spec import resolve_spec
 from twin.trace import TraceRecorder, TransferSpan, chrome_trace, write_chrome_trace
 
 
 def colocated_spec(**over):
-    data = {
-        "model": "llama-3.1-8b",
-        "gpu": "h100-sxm",
-        "cluster": {"instances": 2, "tp": 1},
-        "workload": {
-            "lengths": "azure-conv",
-            "arrival": {"process": "poisson", "rate": 6.0},
-            "max_requests": 60,
-        },
-        "slo": {"ttft": "1 s", "tpot": "50 ms"},
-        **over,
-    }
-    return resolve_spec(data, "test.yaml", Path.cwd())
+    return helpers.small_spec(rate=6.0, requests=60, **over)
 
 
 def split_spec():

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from twin import yamlio
-from twin._check import check_keys
+from twin._check import check_keys, positive_int
 from twin.bundled import bundled_names, bundled_text
 from twin.engine import EngineConfig
 from twin.errors import SpecError, UnitError, UnknownNameError
@@ -198,12 +198,6 @@ def _check_keys(m: Mapping[str, Any], allowed: Sequence[str], where: str) -> Non
     check_keys(m, where, (), allowed)
 
 
-def _positive_int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise SpecError(f"{where}: {value!r} must be a positive integer")
-    return value
-
-
 def _fraction(value: Any, where: str, *, closed: bool = True) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SpecError(f"{where}: {value!r} must be a number in (0, 1]")
@@ -225,21 +219,21 @@ def _duration(value: Any, where: str) -> float:
 
 def _group(value: Any, role: str, tp: int, pp: int, where: str) -> InstanceGroup:
     if isinstance(value, int) and not isinstance(value, bool):
-        return InstanceGroup(role, _positive_int(value, where), tp, pp)
+        return InstanceGroup(role, positive_int(value, where), tp, pp)
     m = _mapping(value, where)
     _check_keys(m, GROUP_KEYS, where)
     return InstanceGroup(
         role,
-        _positive_int(m.get("instances", 1), f"{where}.instances"),
-        _positive_int(m.get("tp", tp), f"{where}.tp"),
-        _positive_int(m.get("pp", pp), f"{where}.pp"),
+        positive_int(m.get("instances", 1), f"{where}.instances"),
+        positive_int(m.get("tp", tp), f"{where}.tp"),
+        positive_int(m.get("pp", pp), f"{where}.pp"),
     )
 
 
 def _cluster(cl: Mapping[str, Any], where: str) -> tuple[tuple[InstanceGroup, ...], int, int, dict]:
     """Instance groups (prefill first, then decode, then mixed), default tp/pp, resolved form."""
-    tp = _positive_int(cl.get("tp", 1), f"{where}.tp")
-    pp = _positive_int(cl.get("pp", 1), f"{where}.pp")
+    tp = positive_int(cl.get("tp", 1), f"{where}.tp")
+    pp = positive_int(cl.get("pp", 1), f"{where}.pp")
     if "instances" in cl and "gpus" in cl:
         raise SpecError(f"{where}: give instances or gpus, not both")
     groups: list[InstanceGroup] = []
@@ -250,14 +244,14 @@ def _cluster(cl: Mapping[str, Any], where: str) -> tuple[tuple[InstanceGroup, ..
         missing = "decode" if "prefill" in cl else "prefill"
         raise SpecError(f"{where}.{missing}: missing; a split cluster needs both roles")
     if "gpus" in cl:
-        gpus = _positive_int(cl["gpus"], f"{where}.gpus")
+        gpus = positive_int(cl["gpus"], f"{where}.gpus")
         if gpus % (tp * pp):
             raise SpecError(f"{where}.gpus: {gpus} is not a multiple of tp x pp = {tp * pp}")
         groups.append(InstanceGroup("mixed", gpus // (tp * pp), tp, pp))
     elif "instances" in cl or not groups:
         groups.append(
             InstanceGroup(
-                "mixed", _positive_int(cl.get("instances", 1), f"{where}.instances"), tp, pp
+                "mixed", positive_int(cl.get("instances", 1), f"{where}.instances"), tp, pp
             )
         )
     out: dict[str, Any] = {
@@ -300,7 +294,7 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
 
         nodes = cl.get("nodes")
         if nodes is not None:
-            nodes = _positive_int(nodes, f"{where}: cluster.nodes")
+            nodes = positive_int(nodes, f"{where}: cluster.nodes")
         topology = load_topology(
             cl["topology"], nodes=nodes, where=f"{where}: cluster.topology", base_dir=base_dir
         )
@@ -314,7 +308,7 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
             f"{where}: cluster.topology: missing; prefill and decode instances need one, "
             "since the KV cache travels between them (e.g. topology: dgx-h100-ib400)"
         )
-    per_node = _positive_int(cl.get("gpus_per_node", 8), f"{where}: cluster.gpus_per_node")
+    per_node = positive_int(cl.get("gpus_per_node", 8), f"{where}: cluster.gpus_per_node")
     kv_pool = None
     if "kv_pool" in cl:
         if topology is None:
@@ -376,7 +370,7 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
     if eng["max_batched_tokens"] is None:
         eng["max_batched_tokens"] = 2048 if eng["chunked_prefill"] else 8192
     for key in ("block_size", "max_num_seqs", "max_batched_tokens"):
-        _positive_int(eng[key], f"{where}: engine.{key}")
+        positive_int(eng[key], f"{where}: engine.{key}")
     watermark = _fraction(eng["watermark"], f"{where}: engine.watermark", closed=False)
     util = _fraction(eng["gpu_memory_utilization"], f"{where}: engine.gpu_memory_utilization")
     try:

@@ -1,0 +1,26 @@
+"""Spec builders shared by the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from twin.spec import ExperimentSpec, resolve_spec
+
+
+def small_spec(*, rate: float = 4.0, requests: int = 200, **over: Any) -> ExperimentSpec:
+    """Two colocated Llama-3.1-8B instances on H100, Azure-conversation lengths,
+    Poisson arrivals; top-level keys in ``over`` replace the defaults."""
+    data: dict[str, Any] = {
+        "model": "llama-3.1-8b",
+        "gpu": "h100-sxm",
+        "cluster": {"instances": 2, "tp": 1},
+        "workload": {
+            "lengths": "azure-conv",
+            "arrival": {"process": "poisson", "rate": rate},
+            "max_requests": requests,
+        },
+        "slo": {"ttft": "1 s", "tpot": "50 ms"},
+    }
+    data.update(over)
+    return resolve_spec(data, "test.yaml", Path.cwd())
