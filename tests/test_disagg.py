@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
 import schedulers.disagg  # noqa: F401
 from twin.errors import SpecError
-from twin.models import get_model
+from twin.perf.llm import get_model
 from twin.request import Request
 from twin.sim import Simulation
 from twin.spec import resolve_spec

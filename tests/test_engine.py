@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from twin.engine import Arrival, Engine, EngineConfig, Sequence
 from twin.kvcache import BlockManager, blocks_for
-from twin.perf import Batch
+from twin.perf.iteration import Batch
 from twin.request import Request
 
 

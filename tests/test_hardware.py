@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from twin.errors import SpecError, UnknownNameError
-from twin.hardware import GPUS, get_gpu
+from twin.perf.gpus import GPUS, get_gpu
 
 
 @pytest.mark.parametrize("alias", ["h100", "H100-80GB", "h100-sxm"])

@@ -5,7 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from twin.errors import SpecError, UnknownNameError
-from twin.models import MODELS, dtype_bytes, get_model, kv_blocks, kv_bytes, kv_report
+from twin.perf.llm import MODELS, dtype_bytes, get_model, kv_blocks, kv_bytes, kv_report
 
 USER = {
     "name": "tiny",

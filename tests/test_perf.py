@@ -9,9 +9,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from twin.errors import ProfileError, SpecError
-from twin.hardware import get_gpu
-from twin.models import get_model
-from twin.perf import Batch, DistServeFit, ProfileTable, Roofline, build_perf_model
+from twin.perf.build import build_perf_model
+from twin.perf.gpus import get_gpu
+from twin.perf.iteration import Batch
+from twin.perf.llm import get_model
+from twin.perf.roofline import Roofline
+from twin.perf.tables import DistServeFit, ProfileTable
 
 L70 = get_model("llama-2-70b")
 A100 = get_gpu("a100-80gb")
@@ -67,7 +70,7 @@ def test_more_tokens_never_faster(n: int, extra: int, cached: int, dec: int, ctx
 
 
 def test_per_gpu_efficiency_defaults_and_override() -> None:
-    from twin.perf import DEFAULT_HOP_LATENCY_S, DEFAULT_MFU, GPU_EFFICIENCY
+    from twin.perf.roofline import DEFAULT_HOP_LATENCY_S, DEFAULT_MFU, GPU_EFFICIENCY
 
     r = Roofline(L70, H100, 4)
     eff = (r.mfu, r.mbu, r.attn_mfu, r.throttle, r.throttle_knee_s, r.hop_latency_s)
@@ -161,7 +164,7 @@ def test_build_perf_model_accepts_new_roofline_keys() -> None:
 
 def test_engine_presets_default_override_and_unknown() -> None:
     from twin.errors import UnknownNameError
-    from twin.perf import ENGINE_OVERHEADS, ENGINE_TERMS, GPU_EFFICIENCY
+    from twin.perf.roofline import ENGINE_OVERHEADS, ENGINE_TERMS, GPU_EFFICIENCY
 
     assert set(ENGINE_OVERHEADS) == {"splitwise-sim", "distserve"}
     for preset in ENGINE_OVERHEADS.values():
@@ -196,7 +199,7 @@ def test_engine_presets_default_override_and_unknown() -> None:
 
 def test_build_perf_model_engine_key() -> None:
     from twin.errors import UnknownNameError
-    from twin.perf import ENGINE_OVERHEADS
+    from twin.perf.roofline import ENGINE_OVERHEADS
 
     r = build_perf_model({"kind": "roofline", "engine": "distserve"}, L70, A100, 4)
     assert isinstance(r, Roofline) and r.engine == "distserve"
@@ -321,9 +324,9 @@ def test_build_perf_model(tmp_path: Path) -> None:
 
 
 def test_profile_and_fit_rows_are_found_under_catalog_spellings(shared_data):
-    from twin.hardware import get_gpu
-    from twin.models import get_model
-    from twin.perf import build_perf_model
+    from twin.perf.build import build_perf_model
+    from twin.perf.gpus import get_gpu
+    from twin.perf.llm import get_model
 
     sw = build_perf_model(
         {"kind": "profile", "path": "profiles/splitwise_sim/perf_model.csv"},
@@ -345,8 +348,8 @@ def test_profile_and_fit_rows_are_found_under_catalog_spellings(shared_data):
 
 def test_defaults_within_plausible_bounds() -> None:
     # every hard-coded fitted default lies within the bounds the calibration enforces
-    from twin.calibrate import _BOUNDS, _EFF, _LINK, ENGINES, GPUS
-    from twin.perf import ENGINE_OVERHEADS, ENGINE_TERMS, GPU_EFFICIENCY
+    from twin.perf.calibrate import _BOUNDS, _EFF, _LINK, ENGINES, GPUS
+    from twin.perf.roofline import ENGINE_OVERHEADS, ENGINE_TERMS, GPU_EFFICIENCY
 
     values = [(k, v) for g in GPUS for k, v in zip((*_EFF, *_LINK), GPU_EFFICIENCY[g], strict=True)]
     values += [(k, ENGINE_OVERHEADS[e][k]) for e in ENGINES for k in ENGINE_TERMS]

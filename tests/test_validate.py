@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from twin.errors import TwinError
-from twin.validate import (
+from twin.perf.validate import (
     TARGET_MEDIAN,
     TARGET_WORST,
     ValidationRow,
@@ -40,7 +40,7 @@ def test_validation_on_real_data(shared_data: Path) -> None:
     assert sum(r.excluded for r in rows.values()) == 4
     assert {r.engine for n, r in rows.items() if n.startswith("splitwise")} == {"splitwise-sim"}
     assert {r.engine for n, r in rows.items() if n.startswith("distserve")} == {"distserve"}
-    # What the calibrated defaults reach today (see twin/perf.py and twin/calibrate.py): every
+    # What the calibrated defaults reach today (see twin/perf/roofline.py and calibrate.py): every
     # source meets the target, with every fitted parameter within its plausible bound.
     for r in rows.values():
         assert max(r.prompt_median, r.tpot_median) <= TARGET_MEDIAN, r

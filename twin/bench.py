@@ -63,7 +63,7 @@ def resolve_trace(trace: str | None, data: str | None) -> Path:
     if trace:
         path = Path(trace)
     else:
-        from twin.validate import find_data_dir
+        from twin.perf.validate import find_data_dir
 
         path = find_data_dir(data) / TRACE
     if not path.is_file():

@@ -183,7 +183,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_kv(args: argparse.Namespace) -> int:
-    from twin.models import dtype_bytes, get_model, kv_report
+    from twin.perf.llm import dtype_bytes, get_model, kv_report
 
     model = get_model(args.model, where="twin kv: MODEL")
     nbytes = dtype_bytes(args.dtype) if args.dtype else None
@@ -196,7 +196,7 @@ def cmd_kv(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from twin.validate import find_data_dir, format_validation, validate_perf
+    from twin.perf.validate import find_data_dir, format_validation, validate_perf
 
     rows = validate_perf(find_data_dir(args.data))
     print(format_validation(rows))
@@ -205,7 +205,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_handoff(args: argparse.Namespace) -> int:
     from twin.handoff import handoff_estimate
-    from twin.models import get_model
+    from twin.perf.llm import get_model
     from twin.topology import load_topology
 
     model = get_model(args.model, where="twin handoff: MODEL")

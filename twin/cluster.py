@@ -15,7 +15,7 @@ from typing import Any
 
 from twin.engine import Engine
 from twin.errors import SpecError
-from twin.perf import Batch
+from twin.perf.iteration import Batch
 from twin.request import Request
 
 

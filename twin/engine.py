@@ -30,7 +30,7 @@ import simpy
 
 from twin.errors import SpecError
 from twin.kvcache import BlockManager, PrefixCache, blocks_for
-from twin.perf import Batch, PerfModel
+from twin.perf.iteration import Batch, PerfModel
 from twin.request import Request
 
 

@@ -276,8 +276,9 @@ def handoff_estimate(
     the Roofline's time for this prompt on the source GPU) and reports only the
     residual after the prefill ends.
     """
-    from twin.hardware import get_gpu
-    from twin.perf import Batch, Roofline
+    from twin.perf.gpus import get_gpu
+    from twin.perf.iteration import Batch
+    from twin.perf.roofline import Roofline
 
     if placement not in PLACEMENTS:
         raise SpecError(f"placement: {placement!r}; expected one of {', '.join(PLACEMENTS)}")

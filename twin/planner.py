@@ -427,8 +427,8 @@ class _Planner:
 
     def configs(self) -> list[tuple[int, int, str]]:
         """(tp, pp, note) inside a node; the note says why a config cannot run."""
-        from twin.hardware import get_gpu
         from twin.kvcache import kv_capacity_blocks
+        from twin.perf.gpus import get_gpu
 
         model, spec = self.spec.model, self.spec
         gpu = get_gpu(self.topo.gpu_type(0))

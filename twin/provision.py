@@ -39,7 +39,7 @@ import numpy as np
 
 from twin.cluster import place_on_topology, placement_order
 from twin.errors import SpecError
-from twin.hardware import get_gpu
+from twin.perf.gpus import get_gpu
 from twin.request import Request
 from twin.spec import ExperimentSpec, InstanceGroup, resolve_spec
 from twin.workload import iter_requests

@@ -22,12 +22,13 @@ from twin.cluster import EngineView, place_instances, place_on_topology, placeme
 from twin.engine import ROLES, Arrival, Engine, Sequence
 from twin.errors import CapacityError, SpecError
 from twin.handoff import KVHandoff, pick_decode_with, shard_flows
-from twin.hardware import get_gpu
 from twin.kvcache import BlockManager, blocks_for, kv_capacity_blocks
 from twin.kvpool import KVPool
 from twin.metrics import Metrics
 from twin.network import Network
-from twin.perf import PerfModel, build_perf_model
+from twin.perf.build import build_perf_model
+from twin.perf.gpus import get_gpu
+from twin.perf.iteration import PerfModel
 from twin.request import Request
 from twin.scheduler import (
     ClusterView,

@@ -25,9 +25,9 @@ from twin.bundled import bundled_names, bundled_text
 from twin.engine import EngineConfig
 from twin.errors import SpecError, UnitError, UnknownNameError
 from twin.handoff import TransferConfig
-from twin.hardware import GPUSpec, get_gpu
 from twin.metrics import SLO
-from twin.models import ModelSpec, get_model
+from twin.perf.gpus import GPUSpec, get_gpu
+from twin.perf.llm import ModelSpec, get_model
 from twin.units import parse_bytes, parse_duration
 from twin.workload import WorkloadSpec
 

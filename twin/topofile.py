@@ -21,7 +21,7 @@ from typing import Any
 
 from twin._check import check_keys, entry, fraction, nonneg_float, positive_float, positive_int
 from twin.errors import SpecError, UnitError, UnknownNameError
-from twin.hardware import get_gpu
+from twin.perf.gpus import get_gpu
 from twin.units import parse_bandwidth, parse_duration
 
 LINK_KINDS = ("nvlink", "pcie", "infiniband", "roce", "ethernet")

@@ -157,7 +157,7 @@ class Topology:
         return self._node[gpu]
 
     def gpu_type(self, gpu: int) -> str:
-        """The GPU catalog name (:func:`twin.hardware.get_gpu`) of global GPU ``gpu``."""
+        """The GPU catalog name (:func:`twin.perf.gpus.get_gpu`) of global GPU ``gpu``."""
         return self._type[gpu]
 
     def gpus_of_node(self, node: int) -> tuple[int, ...]:

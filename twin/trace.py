@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     import simpy
 
     from twin.network import Transfer
-    from twin.perf import Batch, PerfModel
+    from twin.perf.iteration import Batch, PerfModel
     from twin.sim import Simulation
 
 PID_INSTANCES = 1

@@ -1,4 +1,4 @@
-"""Check the analytical :class:`~twin.perf.Roofline` against measured profiles.
+"""Check the analytical :class:`~twin.perf.roofline.Roofline` against measured profiles.
 
 Sources (all under the shared data directory, ``profiles/``):
 
@@ -16,7 +16,7 @@ Sources (all under the shared data directory, ``profiles/``):
 
 Each source is compared with the Roofline under the software preset of the
 engine it was measured on (``Source.engine``, a key of
-:data:`twin.perf.ENGINE_OVERHEADS`): ``splitwise-sim`` for splitwise-sim, ``distserve``
+:data:`twin.perf.roofline.ENGINE_OVERHEADS`): ``splitwise-sim`` for splitwise-sim, ``distserve``
 for DistServe; GPU efficiencies are the same for both.
 
 Error = |predicted - measured| / measured, per point; each source reports the
@@ -36,9 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from twin.errors import TwinError
-from twin.hardware import get_gpu
-from twin.models import get_model
-from twin.perf import Batch, DistServeFit, PerfModel, Roofline
+from twin.perf.gpus import get_gpu
+from twin.perf.iteration import Batch, PerfModel
+from twin.perf.llm import get_model
+from twin.perf.roofline import Roofline
+from twin.perf.tables import DistServeFit
 
 TARGET_MEDIAN = 0.15
 TARGET_WORST = 0.35
@@ -66,9 +68,7 @@ class Source:
     tp: int
     points: tuple[Point, ...]
     excluded: int = 0  # points dropped as physically inconsistent (see splitwise_sources)
-    engine: str = (
-        "splitwise-sim"  # the serving engine measured (a key of twin.perf.ENGINE_OVERHEADS)
-    )
+    engine: str = "splitwise-sim"  # the serving engine measured (a key of ENGINE_OVERHEADS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,11 @@
-"""Fit the :class:`~twin.perf.Roofline` defaults to the measured profiles.
+"""Fit the :class:`~twin.perf.roofline.Roofline` defaults to the measured profiles.
 
 ``fit_roofline(data_dir)`` fits, jointly over the sources of
-:mod:`twin.validate`, the GPU terms (``mfu``, ``mbu``, ``attn_mfu``, the
+:mod:`twin.perf.validate`, the GPU terms (``mfu``, ``mbu``, ``attn_mfu``, the
 sustained-power ``throttle`` and ``throttle_knee_s``, and the all-reduce
 ``hop_latency_s``, per GPU family and shared by every engine) and the software
-terms of each serving engine (:data:`twin.perf.ENGINE_TERMS` per key of
-:data:`twin.perf.ENGINE_OVERHEADS`; each source is priced with the terms of the
+terms of each serving engine (:data:`twin.perf.roofline.ENGINE_TERMS` per key of
+:data:`twin.perf.roofline.ENGINE_OVERHEADS`; each source is priced with the terms of the
 engine it was measured on), every parameter held within the physically
 plausible bounds of ``_BOUNDS`` by every optimizer step. A source's loss is the
 largest of ``worst error / 35%`` and ``median error / 15%`` (prompt and TPOT
@@ -13,7 +13,7 @@ alike): <= 1 means it meets the target. The objective is the mean over sources
 of ``max(loss, 0.97)`` plus 0.3 x the largest loss (see ``_FLOOR``). The
 Roofline formula is re-implemented here with numpy over all points at once (the
 per-batch Python one is too slow to sit inside an optimizer); the result is
-checked against the real :class:`~twin.perf.Roofline` at the end.
+checked against the real :class:`~twin.perf.roofline.Roofline` at the end.
 ``tp_mfu_exponent`` stays at 0 (fits that free it land there). Variants tried
 and dropped: a constant per-collective all-reduce latency (fitted to ~0), hops
 growing as ``2 log2(TP)`` (tree / NVLink SHARP) instead of ``2 (TP - 1)``
@@ -21,8 +21,8 @@ growing as ``2 log2(TP)`` (tree / NVLink SHARP) instead of ``2 (TP - 1)``
 hinge at the knee (11 of 13 sources within bounds), and an attention efficiency
 per engine (fitted to the shared one).
 
-Run ``python -m twin.calibrate --data DIR`` (about three minutes on two cores) to
-print the fitted values; the rounded ones are hard-coded in :mod:`twin.perf`
+Run ``python -m twin.perf.calibrate --data DIR`` (about three minutes on two cores) to
+print the fitted values; the rounded ones are hard-coded in :mod:`twin.perf.iteration`
 (``DEFAULT_*``, ``GPU_EFFICIENCY`` and ``ENGINE_OVERHEADS``).
 """
 
@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares, minimize
 
-from twin.hardware import get_gpu
-from twin.models import get_model
-from twin.perf import ENGINE_OVERHEADS, ENGINE_TERMS, GPU_EFFICIENCY, Roofline
-from twin.validate import TARGET_MEDIAN, TARGET_WORST, Source, load_sources, score
+from twin.perf.gpus import get_gpu
+from twin.perf.llm import get_model
+from twin.perf.roofline import ENGINE_OVERHEADS, ENGINE_TERMS, GPU_EFFICIENCY, Roofline
+from twin.perf.validate import TARGET_MEDIAN, TARGET_WORST, Source, load_sources, score
 
 # Parameters fitted in log space, in this order: efficiencies and throttle per GPU family, the
 # all-reduce hop latency per GPU family (its NVLink/NVSwitch generation), then the software terms
@@ -175,7 +175,7 @@ def _residuals(x: np.ndarray, sources: list[_Source], power: int) -> np.ndarray:
 
 
 def _defaults() -> np.ndarray:
-    """The hard-coded defaults of :mod:`twin.perf` as a parameter vector, within the bounds."""
+    """The hard-coded defaults of :mod:`twin.perf.roofline` as a vector, within the bounds."""
     eff = {f"{k}@{g}": GPU_EFFICIENCY[g][i] for g in GPUS for i, k in enumerate((*_EFF, *_LINK))}
     eff.update({f"{k}@{e}": ENGINE_OVERHEADS[e][k] for e in ENGINES for k in ENGINE_TERMS})
     return np.clip(np.log(np.maximum([eff[n] for n in NAMES], 1e-300)), _LO, _HI)
@@ -205,7 +205,7 @@ def fit_roofline(data_dir: Path, starts: int = 3, seed: int = 0) -> dict[str, fl
     error), then refines the minimax objective with Powell and Nelder-Mead, each
     restarted from the other's optimum; the best of ``starts`` (the first from
     the built-in guess, the others perturbed at random with ``seed``) and of the
-    current defaults of :mod:`twin.perf` refined the same way wins (the fit is
+    current defaults of :mod:`twin.perf.iteration` refined the same way wins (the fit is
     sensitive to rounding: the same starts on another machine or numpy build can
     end elsewhere). Every step keeps the parameters within ``_BOUNDS``.
     """
@@ -229,7 +229,7 @@ def fit_roofline(data_dir: Path, starts: int = 3, seed: int = 0) -> dict[str, fl
 
 
 def roofline_kwargs(p: dict[str, float], gpu: str, engine: str) -> dict[str, object]:
-    """Keyword arguments of :class:`~twin.perf.Roofline` for fitted parameters ``p``."""
+    """Keyword arguments of :class:`~twin.perf.roofline.Roofline` for fitted parameters ``p``."""
     kw: dict[str, object] = {k: p[f"{k}@{gpu}"] for k in _EFF}
     kw.update({k: p[f"{k}@{gpu}"] for k in _LINK})
     kw.update({k: p[f"{k}@{engine}"] for k in ENGINE_TERMS})
@@ -238,8 +238,8 @@ def roofline_kwargs(p: dict[str, float], gpu: str, engine: str) -> dict[str, obj
 
 
 def check(data_dir: Path, p: dict[str, float]) -> tuple[float, int, int]:
-    """The largest per-source loss recomputed with the real :class:`~twin.perf.Roofline`, the
-    number of sources within the target and the number of sources."""
+    """The largest per-source loss recomputed with the real :class:`~twin.perf.roofline.Roofline`,
+    the number of sources within the target and the number of sources."""
     worst, passing, n = 0.0, 0, 0
     for s in load_sources(Path(data_dir)):
         g = get_gpu(s.gpu)
@@ -252,7 +252,7 @@ def check(data_dir: Path, p: dict[str, float]) -> tuple[float, int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m twin.calibrate", description=__doc__)
+    ap = argparse.ArgumentParser(prog="python -m twin.perf.calibrate", description=__doc__)
     ap.add_argument("--data", required=True, help="shared data directory")
     ap.add_argument("--starts", type=int, default=3)
     args = ap.parse_args(argv)

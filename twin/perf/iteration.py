@@ -1,0 +1,48 @@
+"""Iteration-time models: how long one forward pass of a batch takes.
+
+One interface, :class:`PerfModel`: ``iteration_time(batch) -> seconds`` for
+the set of prefill chunks and decode sequences that run together in one
+forward pass on one instance (with its tensor/pipeline parallelism fixed at
+construction). The implementations: :mod:`twin.perf.roofline` and the measured
+tables of :mod:`twin.perf.tables`; :mod:`twin.perf.build` makes one from a spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """What runs in one iteration.
+
+    ``prefill`` holds one ``(new_tokens, cached_tokens)`` pair per prefill
+    chunk: the tokens computed in this pass and the tokens of the same
+    sequence already in the KV cache (earlier chunks, or a prefix-cache hit).
+    Decode sequences are summarized by their count and the sum of their
+    context lengths (tokens whose KV each one reads), which is all a model
+    needs and keeps the engine's per-iteration work O(1) in the batch size.
+    """
+
+    prefill: tuple[tuple[int, int], ...] = ()
+    decode_count: int = 0
+    decode_context_sum: int = 0
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(n for n, _ in self.prefill)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefill and self.decode_count == 0
+
+
+class PerfModel(Protocol):
+    """Anything that prices an iteration. ``sha256`` names the data it was built
+    from (a profile table), or is ``None`` for an analytical model."""
+
+    name: str
+    sha256: str | None
+
+    def iteration_time(self, batch: Batch) -> float: ...

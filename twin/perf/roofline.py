@@ -1,0 +1,341 @@
+"""The Roofline: iteration time from the model's FLOPs and bytes on the GPU's peaks,
+at efficiencies calibrated against measured profiles (``python -m twin.perf.calibrate``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from twin.errors import SpecError, UnknownNameError
+from twin.perf.gpus import GPUSpec
+from twin.perf.iteration import Batch
+from twin.perf.llm import ModelSpec
+
+# Calibrated defaults: fitted by twin.perf.calibrate (``python -m twin.perf.calibrate --data
+# DIR``), jointly over the 13 sources of twin.perf.validate with the GPU efficiencies, throttles
+# and hop latencies per GPU and the software terms per serving engine (ENGINE_OVERHEADS),
+# every parameter held within
+# physically plausible bounds (twin.perf.calibrate._BOUNDS: mfu <= 0.85, mbu <= 0.92, attn_mfu in
+# [0.1, 0.8], throttle <= 1, overheads <= 10 ms per iteration, 100 us per layer, 0.6 ms per
+# sequence): least squares on log(predicted / measured), then Powell and Nelder-Mead on the
+# per-source loss max(worst error / 35%, median error / 15%) (mean of max(loss, 0.97) plus 0.3 x
+# the largest; see twin.perf.calibrate), three starts; rounded here.
+# twin.perf.validate.validate_perf reproduces the resulting errors (all 13 sources within
+# the target).
+# DEFAULT_MFU / DEFAULT_MBU / DEFAULT_ATTN_MFU are for GPUs without fitted values, which get no
+# throttle either: they are the A100 values of the earlier fit without a throttle term, which
+# average over short and long iterations. DEFAULT_HOP_LATENCY_S is the A100 value.
+DEFAULT_MFU = 0.82
+
+
+DEFAULT_MBU = 0.86
+DEFAULT_ATTN_MFU = 0.57
+DEFAULT_HOP_LATENCY_S = 7.4e-06
+DEFAULT_TP_MFU_EXPONENT = 0.0
+DEFAULT_ENGINE = "distserve"
+
+
+# Per GPU, shared by every engine preset: achieved efficiencies (mfu, mbu, attn_mfu), properties
+# of the silicon; sustained-power throttle (throttle, throttle_knee_s), a property of its
+# power/cooling envelope; and the all-reduce hop latency (hop_latency_s), a property of its
+# NVLink/NVSwitch generation. A100 fitted on splitwise-sim and DistServe (A100-80GB), H100 on
+# splitwise-sim (H100-80GB SXM). GPUs of the same generation reuse them (same kernels, same share
+# of peak assumed); any other GPU gets DEFAULT_MFU / DEFAULT_MBU / DEFAULT_ATTN_MFU, no throttle
+# and DEFAULT_HOP_LATENCY_S. A Roofline argument or a YAML ``perf`` key overrides all of them.
+# NOTE: the throttle prices an iteration whose roofline compute time is ``compute`` seconds at
+# compute + throttle x max(compute - throttle_knee_s, 0): the first ``throttle_knee_s`` of
+# sustained tensor-core load run at the clocks that ``mfu`` describes, the rest at the
+# power-capped sustained clock, 1 / (1 + throttle) as fast. Physically the board's power limit
+# (400 W on A100, 700 W on H100) is enforced over an averaging window, so a short burst of GEMMs
+# runs at boost clock and a long one settles lower; the measured sign is splitwise-sim's prompt
+# time per token rising with a batch's total tokens whether they come as one prompt or many (A100
+# TP 4: 0.20 ms at 2,048 tokens, 0.33 ms at 32,768; H100 TP 8: 0.065 ms at 2,048, 0.09 ms from
+# 4,096). Consequence: long prefill iterations (and big chunked-prefill batches) cost more per
+# token than short ones; decode steps, far under the knee, are unaffected. The model is per
+# iteration and memoryless: it does not carry heat from one iteration to the next, so
+# back-to-back long iterations under sustained load may throttle more than priced here.
+# Fitted: A100 (a 142 ms window, then 1 / 1.30 of the clock), H100 (43 ms, then 1 / 1.52); hop
+# latency 7.4 us on A100 (NVLink 3), 5.9 us on H100 (NVLink 4).
+_A100_EFF = (0.795, 0.907, 0.799, 0.296, 0.142, 7.4e-06)
+
+
+_H100_EFF = (0.831, 0.832, 0.646, 0.522, 0.0427, 5.9e-06)
+GPU_EFFICIENCY: Mapping[str, tuple[float, float, float, float, float, float]] = MappingProxyType(
+    {
+        "a100-80gb": _A100_EFF,
+        "a100-40gb": _A100_EFF,
+        "h100-sxm": _H100_EFF,
+        "h100-80gb-pcap": _H100_EFF,
+        "h200": _H100_EFF,
+    }
+)
+_NO_THROTTLE = (0.0, 0.0)
+
+
+# Software terms of the Roofline per serving engine: what the serving software adds on top of the
+# GPU's roofline (per-iteration, per-layer and per-sequence CPU/launch costs, activation-sized
+# element-wise memory passes, how much compute and memory time fail to overlap). Fitted jointly
+# with GPU_EFFICIENCY by twin.perf.calibrate:
+# - "splitwise-sim": splitwise-sim's perf_model.csv (llama2-70b on A100-80GB and H100-80GB at
+#   TP 2, 4, 8). That profiling stack pays ~0.25 ms per sequence per iteration, several times what
+#   current serving engines spend: extrapolated to other models and to batches beyond 64 it makes
+#   decode far too slow (Llama-3.1-8B on one H100 at batch 64: 34 ms a step), so it is a preset
+#   for replaying that data, not the default.
+# - "distserve": DistServe's fitted A100-80GB latency models (OPT-13B at TP 1, 2, 4; OPT-66B at
+#   TP 2, 3, 4, 8), profiled on DistServe's own engine, whose light per-sequence costs match
+#   current engines (Llama-2-70B TP8 H100 at batch 64: 31 ms a step; Llama-3.1-8B on one H100:
+#   18 ms): the default.
+# ``seq_overhead_s`` is paid per sequence per iteration whatever the TP; ``seq_shard_overhead_s``
+# per sequence divided by TP (per-sequence work that the TP ranks split).
+ENGINE_TERMS = ("overhead_s", "layer_overhead_s", "seq_overhead_s", "seq_shard_overhead_s",
+                "act_traffic", "no_overlap")  # fmt: skip
+
+
+ENGINE_OVERHEADS: Mapping[str, Mapping[str, float]] = MappingProxyType(
+    {
+        "splitwise-sim": MappingProxyType(
+            {
+                "overhead_s": 0.0075,
+                "layer_overhead_s": 5.8e-05,
+                "seq_overhead_s": 0.00024,
+                "seq_shard_overhead_s": 0.0,
+                "act_traffic": 91.0,
+                "no_overlap": 0.0,
+            }
+        ),
+        "distserve": MappingProxyType(
+            {
+                "overhead_s": 0.0040,
+                "layer_overhead_s": 0.0,
+                "seq_overhead_s": 7.0e-05,
+                "seq_shard_overhead_s": 0.0,
+                "act_traffic": 28.0,
+                "no_overlap": 0.73,
+            }
+        ),
+    }
+)
+
+
+def engine_overheads(engine: str) -> Mapping[str, float]:
+    """The software terms of serving engine ``engine`` (a key of :data:`ENGINE_OVERHEADS`)."""
+    try:
+        return ENGINE_OVERHEADS[engine]
+    except (KeyError, TypeError):
+        raise UnknownNameError("serving engine", str(engine), ENGINE_OVERHEADS) from None
+
+
+def _check_fraction(name: str, v: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 < v <= 1.0:
+        raise SpecError(f"roofline: {name}={v!r} must be a number in (0, 1]")
+    return float(v)
+
+
+def _check_nonneg(name: str, v: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v < float("inf"):
+        raise SpecError(f"roofline: {name}={v!r} must be a finite number >= 0")
+    return float(v)
+
+
+class Roofline:
+    """Analytical iteration time from the model's shapes and the GPU's peaks.
+
+    Per iteration on one instance of ``tp x pp`` GPUs, with ``T`` new tokens
+    (prefill chunk tokens plus one per decode sequence) and ``S`` sequences:
+
+    - dense FLOPs per GPU = [2 T x (linear weights per layer) x layers
+      + 2 S x hidden x vocab (LM head, once per sequence)] / TP, run at
+      ``mfu``; attention FLOPs per GPU = 4 x layers x heads x head_dim x A / TP,
+      where A is ``n (c + (n + 1) / 2)`` for a prefill chunk of ``n`` new
+      tokens after ``c`` cached ones and the context length for each decode
+      sequence, run at ``attn_mfu`` (attention kernels reach a much lower share
+      of peak than GEMMs, which makes long prompts grow faster than linearly).
+      compute = dense / (peak x mfu) + attention / (peak x attn_mfu), both
+      times ``TP^tp_mfu_exponent``; then the sustained-power throttle: compute
+      time beyond ``throttle_knee_s`` runs ``1 + throttle`` times slower
+      (compute += throttle x max(compute - throttle_knee_s, 0); per GPU, see
+      ``GPU_EFFICIENCY``; none for a GPU without a fitted throttle).
+    - bytes per GPU = [weights + KV bytes/token x (decode contexts + cached
+      prefill context read + T written)] / TP; memory = bytes / (HBM x mbu).
+    - time = max(compute, memory) + no_overlap x min(compute, memory)
+      + T x act_traffic x layers x hidden x dtype / (HBM x mbu)
+      + overhead_s + layers x layer_overhead_s
+      + S x (seq_overhead_s + seq_shard_overhead_s / TP)
+      + 2 x layers ring all-reduces of ``T x hidden x dtype`` bytes, each
+      ``2 (TP-1)/TP x bytes / link + 2 (TP-1) x hop_latency_s`` (link = NVLink,
+      or PCIe when the GPU has none).
+
+    ``act_traffic`` counts the activation-sized memory passes per token per
+    layer of the element-wise kernels (norms, residual adds, rotary, the
+    all-reduce buffer copies) that TP replicates rather than splits, so that
+    term does not shrink with TP; ``no_overlap`` is the share of the shorter
+    of compute and memory time that does not hide under the longer one.
+
+    ``mfu``, ``mbu``, ``attn_mfu``, ``throttle``, ``throttle_knee_s`` and
+    ``hop_latency_s`` are properties of the GPU (and its NVLink generation) and
+    default per GPU (``GPU_EFFICIENCY``), else to ``DEFAULT_*`` and no
+    throttle. ``overhead_s``,
+    ``layer_overhead_s``, ``seq_overhead_s``, ``seq_shard_overhead_s``,
+    ``act_traffic`` and ``no_overlap`` are properties of the serving software
+    and default to the preset of ``engine`` (``ENGINE_OVERHEADS``: ``"distserve"``,
+    the default, fitted to DistServe's engine; ``"splitwise-sim"``, fitted to
+    splitwise-sim's profiles). Passing a value overrides either kind, one term at
+    a time; an unknown ``engine`` raises :class:`~twin.errors.UnknownNameError`.
+
+    NOTE: pipeline parallelism is modeled as one batch traversing the ``pp``
+    stages one after another with no micro-batch overlap: the stage times add
+    up to the TP-only time, plus ``pp - 1`` point-to-point activation sends
+    (``T x hidden x dtype`` bytes over the link, plus one hop latency). So PP
+    never shortens an iteration here, and an engine that pipelines micro-batches
+    gets about ``pp`` times more throughput than this model credits.
+
+    NOTE: ``tp_mfu_exponent`` is empirical (compute efficiency falling with
+    TP); the current fit puts it at 0, the TP-replicated ``act_traffic`` term
+    carrying the poor TP scaling of the measured sources instead.
+
+    Defaults were fitted by :mod:`twin.perf.calibrate` to the measured profiles in
+    shared data (splitwise-sim llama2-70b on A100/H100 at TP 2/4/8 with the
+    ``splitwise-sim`` preset, DistServe's OPT-13B/66B A100 fits with ``distserve``),
+    GPU terms shared, every parameter held within a physically plausible
+    bound (``twin.perf.calibrate._BOUNDS``: mfu <= 0.85, mbu <= 0.92, attn_mfu in
+    [0.1, 0.8], throttle <= 1, overheads <= 10 ms per iteration, 100 us per
+    layer, 0.6 ms per sequence). All 13 sources meet the 15% median / 35%
+    worst target, several with little margin (A100 TP 8 and H100 TP 8 prompt
+    worst ~34%, A100 attn_mfu at its 0.8 bound). Fitted ``act_traffic`` (tens
+    of passes) is more than a count of kernels gives; it also absorbs
+    per-token costs of the measured engines that have no term here. Use a
+    ProfileTable where accuracy matters; :func:`twin.perf.validate.validate_perf`
+    prints the errors.
+
+    ``iteration_time`` is a pure function of the batch; everything that does
+    not depend on it is precomputed here.
+    """
+
+    __slots__ = (
+        "name", "sha256", "model", "gpu", "tp", "pp", "engine", "mfu", "mbu", "attn_mfu",
+        "overhead_s", "layer_overhead_s", "seq_overhead_s", "seq_shard_overhead_s",
+        "hop_latency_s", "tp_mfu_exponent", "act_traffic", "no_overlap", "throttle",
+        "throttle_knee_s", "_flop_token", "_flop_seq", "_flop_attn", "_kv_b", "_w_b",
+        "_inv_compute", "_inv_attn", "_inv_mem", "_fixed", "_seq", "_comm_token", "_comm_fixed",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GPUSpec,
+        tp: int = 1,
+        pp: int = 1,
+        *,
+        mfu: float | None = None,
+        mbu: float | None = None,
+        attn_mfu: float | None = None,
+        engine: str = DEFAULT_ENGINE,
+        overhead_s: float | None = None,
+        layer_overhead_s: float | None = None,
+        seq_overhead_s: float | None = None,
+        seq_shard_overhead_s: float | None = None,
+        hop_latency_s: float | None = None,
+        tp_mfu_exponent: float = DEFAULT_TP_MFU_EXPONENT,
+        act_traffic: float | None = None,
+        no_overlap: float | None = None,
+        throttle: float | None = None,
+        throttle_knee_s: float | None = None,
+    ) -> None:
+        for label, v in (("tp", tp), ("pp", pp)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise SpecError(f"roofline: {label}={v!r} must be a positive integer")
+        if model.layers % pp:
+            raise SpecError(
+                f"roofline: pp={pp} does not divide {model.name}'s {model.layers} layers"
+            )
+        self.model, self.gpu, self.tp, self.pp = model, gpu, tp, pp
+        sw = engine_overheads(engine)
+        self.engine = engine
+        overhead_s = sw["overhead_s"] if overhead_s is None else overhead_s
+        layer_overhead_s = sw["layer_overhead_s"] if layer_overhead_s is None else layer_overhead_s
+        seq_overhead_s = sw["seq_overhead_s"] if seq_overhead_s is None else seq_overhead_s
+        if seq_shard_overhead_s is None:
+            seq_shard_overhead_s = sw["seq_shard_overhead_s"]
+        act_traffic = sw["act_traffic"] if act_traffic is None else act_traffic
+        no_overlap = sw["no_overlap"] if no_overlap is None else no_overlap
+        eff = GPU_EFFICIENCY.get(
+            gpu.name,
+            (DEFAULT_MFU, DEFAULT_MBU, DEFAULT_ATTN_MFU, *_NO_THROTTLE, DEFAULT_HOP_LATENCY_S),
+        )
+        self.throttle = _check_nonneg("throttle", eff[3] if throttle is None else throttle)
+        knee = eff[4] if throttle_knee_s is None else throttle_knee_s
+        self.throttle_knee_s = _check_nonneg("throttle_knee_s", knee)
+        self.mfu = _check_fraction("mfu", eff[0] if mfu is None else mfu)
+        self.mbu = _check_fraction("mbu", eff[1] if mbu is None else mbu)
+        self.attn_mfu = _check_fraction("attn_mfu", eff[2] if attn_mfu is None else attn_mfu)
+        self.overhead_s = _check_nonneg("overhead_s", overhead_s)
+        self.layer_overhead_s = _check_nonneg("layer_overhead_s", layer_overhead_s)
+        self.seq_overhead_s = _check_nonneg("seq_overhead_s", seq_overhead_s)
+        self.seq_shard_overhead_s = _check_nonneg("seq_shard_overhead_s", seq_shard_overhead_s)
+        if hop_latency_s is None:
+            hop_latency_s = eff[5]
+        self.hop_latency_s = _check_nonneg("hop_latency_s", hop_latency_s)
+        self.tp_mfu_exponent = _check_nonneg("tp_mfu_exponent", tp_mfu_exponent)
+        self.act_traffic = _check_nonneg("act_traffic", act_traffic)
+        if (
+            isinstance(no_overlap, bool)
+            or not isinstance(no_overlap, int | float)
+            or not (0.0 <= no_overlap <= 1.0)
+        ):
+            raise SpecError(f"roofline: no_overlap={no_overlap!r} must be a number in [0, 1]")
+        self.no_overlap = float(no_overlap)
+        self.name = f"roofline:{model.name}@{gpu.name}x{tp}" + (f"pp{pp}" if pp > 1 else "")
+        if engine != DEFAULT_ENGINE:
+            self.name += f":{engine}"
+        self.sha256: str | None = None
+
+        m = model
+        self._flop_token = 2.0 * m.layers * m.linear_params_per_layer / tp
+        self._flop_seq = 2.0 * m.hidden * m.vocab / tp
+        self._flop_attn = 4.0 * m.layers * m.heads * m.head_dim / tp
+        self._kv_b = m.kv_bytes_per_token() / tp
+        self._w_b = m.weight_bytes / tp
+        self._inv_compute = tp**self.tp_mfu_exponent / (gpu.flops_bf16 * self.mfu)
+        self._inv_attn = tp**self.tp_mfu_exponent / (gpu.flops_bf16 * self.attn_mfu)
+        self._inv_mem = 1.0 / (gpu.hbm_bytes_s * self.mbu)
+        self._fixed = self.overhead_s + m.layers * self.layer_overhead_s
+        self._seq = self.seq_overhead_s + self.seq_shard_overhead_s / tp
+        link = gpu.nvlink_bytes_s if gpu.nvlink_bytes_s > 0 else gpu.pcie_bytes_s
+        act = m.hidden * m.dtype_bytes  # activation bytes per token
+        comm_token = self.act_traffic * m.layers * act * self._inv_mem
+        comm_fixed = 0.0
+        if tp > 1:
+            n_ar = 2 * m.layers
+            comm_token += n_ar * 2.0 * (tp - 1) / tp * act / link
+            comm_fixed += n_ar * 2 * (tp - 1) * self.hop_latency_s
+        if pp > 1:
+            comm_token += (pp - 1) * act / link
+            comm_fixed += (pp - 1) * self.hop_latency_s
+        self._comm_token = comm_token  # per-token time outside the roofline max()
+        self._comm_fixed = comm_fixed
+
+    def iteration_time(self, batch: Batch) -> float:
+        """Seconds for one forward pass of ``batch``; 0.0 for an empty batch."""
+        n_dec = batch.decode_count
+        tokens = n_dec
+        attn = float(batch.decode_context_sum)
+        kv_read = batch.decode_context_sum
+        for n, c in batch.prefill:
+            tokens += n
+            attn += n * (c + (n + 1) * 0.5)
+            kv_read += c
+        if tokens == 0:
+            return 0.0
+        seqs = n_dec + len(batch.prefill)
+        compute_s = (self._flop_token * tokens + self._flop_seq * seqs) * self._inv_compute + (
+            self._flop_attn * attn * self._inv_attn
+        )
+        if compute_s > self.throttle_knee_s:  # sustained-power clock throttle (GPU_EFFICIENCY)
+            compute_s += self.throttle * (compute_s - self.throttle_knee_s)
+        mem_s = (self._w_b + self._kv_b * (kv_read + tokens)) * self._inv_mem
+        if compute_s > mem_s:
+            roof = compute_s + self.no_overlap * mem_s
+        else:
+            roof = mem_s + self.no_overlap * compute_s
+        return roof + self._fixed + self._seq * seqs + self._comm_fixed + self._comm_token * tokens

@@ -1,0 +1,319 @@
+"""Measured iteration times: a profile table (splitwise-sim's ``perf_model.csv``
+or the native CSV) interpolated, and DistServe's fitted latency model.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import statistics
+from bisect import bisect_right
+from collections.abc import Callable
+from pathlib import Path
+
+from twin.errors import ProfileError, TwinError
+from twin.perf.gpus import get_gpu
+from twin.perf.iteration import Batch
+from twin.perf.llm import get_model
+
+
+class _Grid:
+    """Piecewise-linear interpolation over rows ``k -> (xs, ys)``.
+
+    Inside a row: linear in ``x``; below the first ``x``: clamped to the first
+    value; above the last: ``above="proportional"`` scales the last value by
+    ``x / x_last`` (time per token stays at the last measured rate),
+    ``above="clamp"`` holds it. Across rows: linear in ``k`` between the two
+    bracketing rows; below the first row clamped; above the last row
+    ``extrapolate_k`` continues the slope of the last two rows (else clamps).
+    """
+
+    __slots__ = ("_ks", "_rows", "_above", "_extra_k")
+
+    def __init__(
+        self, points: dict[tuple[int, int], float], above: str, extrapolate_k: bool
+    ) -> None:
+        rows: dict[int, list[tuple[int, float]]] = {}
+        for (k, x), y in points.items():
+            rows.setdefault(k, []).append((x, y))
+        self._ks = sorted(rows)
+        self._rows = [
+            ([float(x) for x, _ in sorted(rows[k])], [y for _, y in sorted(rows[k])])
+            for k in self._ks
+        ]
+        self._above = above
+        self._extra_k = extrapolate_k
+
+    def _row(self, i: int, x: float) -> float:
+        xs, ys = self._rows[i]
+        if x <= xs[0]:
+            return ys[0]
+        if x >= xs[-1]:
+            return ys[-1] * x / xs[-1] if self._above == "proportional" else ys[-1]
+        j = bisect_right(xs, x)
+        x0, x1, y0, y1 = xs[j - 1], xs[j], ys[j - 1], ys[j]
+        return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+    def __call__(self, k: float, x: float) -> float:
+        ks = self._ks
+        if k <= ks[0]:
+            return self._row(0, x)
+        if k >= ks[-1]:
+            if not self._extra_k or len(ks) == 1 or k == ks[-1]:
+                return self._row(len(ks) - 1, x)
+            i = len(ks) - 1
+        else:
+            i = bisect_right(ks, k)
+            if ks[i - 1] == k:
+                return self._row(i - 1, x)
+        y0, y1 = self._row(i - 1, x), self._row(i, x)
+        return y0 + (y1 - y0) * (k - ks[i - 1]) / (ks[i] - ks[i - 1])
+
+
+def _same_name(a: str, b: str, lookup: Callable[[str], object]) -> bool:
+    """Whether two spellings name the same catalog entry (``llama2-70b`` and
+    ``llama-2-70b``, ``h100-80gb`` and ``h100-sxm``); names outside the catalog
+    must match exactly."""
+    if a == b:
+        return True
+    try:
+        return lookup(a) == lookup(b)
+    except TwinError:
+        return False
+
+
+class ProfileTable:
+    """Iteration times interpolated from a measured table.
+
+    Prefill: the time of ``B`` prompts of ``P`` tokens each, by ``(B, B x P)``;
+    decode: the time of one step of ``B`` sequences at context ``C`` each,
+    by ``(B, C)``. Interpolation is piecewise linear (see :class:`_Grid`):
+
+    - prefill: linear in total tokens within a batch size; above the largest
+      measured total, the last per-token rate continues (proportional); below
+      the smallest, clamped. Linear between measured batch sizes; above the
+      largest, that batch size's curve over total tokens is used.
+    - decode: linear in mean context, clamped at both ends; linear between
+      batch sizes, continuing the slope of the last two beyond the largest.
+
+    A batch's prefill chunks ``(n, c)`` count as ``len(prefill)`` prompts of
+    ``sum(n)`` tokens in all. NOTE: cached context ``c`` is ignored, since
+    the tables are measured without prefix caching; a long cached prefix
+    makes real chunks slower than priced here.
+
+    NOTE: a mixed batch (prefill chunks and decode sequences together) is
+    priced as the prefill part plus the extra a decode batch of ``B`` costs
+    over a decode batch of one, ``prefill + decode(B) - decode(1)``: the
+    weights are read once, so the decode part adds only its marginal cost.
+
+    Formats (``fmt``):
+
+    - ``splitwise``: splitwise-sim's ``perf_model.csv`` (times in ms), rows
+      selected by ``model``, ``hardware`` and ``tp``; repeated runs reduced to
+      their median; decode context = ``prompt_size + token_size // 2``.
+    - ``native``: CSV with header ``phase,batch_size,tokens,context,time_s``;
+      ``prefill`` rows give ``B`` prompts of ``tokens`` each (context 0),
+      ``decode`` rows ``B`` sequences at ``context`` each (tokens 1); times in
+      seconds; repeated keys reduced to their median.
+    """
+
+    __slots__ = ("name", "sha256", "_prefill", "_decode", "_decode1")
+
+    def __init__(
+        self,
+        name: str,
+        sha256: str | None,
+        prefill: dict[tuple[int, int], float],
+        decode: dict[tuple[int, int], float],
+    ) -> None:
+        """``prefill`` maps ``(batch size, prompt tokens each)`` and ``decode``
+        maps ``(batch size, context each)`` to seconds; each needs >= 1 point."""
+        if not prefill or not decode:
+            raise ProfileError(
+                f"profile {name}: needs both prefill and decode points "
+                f"(got {len(prefill)} prefill, {len(decode)} decode)"
+            )
+        for (b, x), t in (*prefill.items(), *decode.items()):
+            if b < 1 or x < 0 or not t > 0 or not math.isfinite(t):
+                raise ProfileError(
+                    f"profile {name}: bad point batch_size={b}, tokens/context={x}, time={t!r}"
+                )
+        self.name = name
+        self.sha256 = sha256
+        self._prefill = _Grid({(b, b * p): t for (b, p), t in prefill.items()},
+                              "proportional", extrapolate_k=False)  # fmt: skip
+        self._decode = _Grid(dict(decode), "clamp", extrapolate_k=True)
+        self._decode1 = 0.0
+        self._decode1 = self._decode(1, min(c for _, c in decode))
+
+    def prefill_time(self, batch_size: int, total_tokens: int) -> float:
+        """Seconds for ``batch_size`` prompts of ``total_tokens`` tokens in all."""
+        return self._prefill(batch_size, total_tokens)
+
+    def decode_time(self, batch_size: int, context_sum: int) -> float:
+        """Seconds for one decode step of ``batch_size`` sequences, ``context_sum`` in all."""
+        return self._decode(batch_size, context_sum / batch_size)
+
+    def iteration_time(self, batch: Batch) -> float:
+        """Seconds for ``batch`` (see the class docstring for mixed batches)."""
+        n = batch.decode_count
+        if not batch.prefill:
+            return self._decode(n, batch.decode_context_sum / n) if n else 0.0
+        t = self._prefill(len(batch.prefill), batch.prefill_tokens)
+        if n:
+            d = self._decode(n, batch.decode_context_sum / n) - self._decode(
+                1, batch.decode_context_sum / n
+            )
+            t += d if d > 0.0 else 0.0
+        return t
+
+    @classmethod
+    def from_splitwise(
+        cls, path: Path, model: str, hardware: str, tp: int, *, where: str = ""
+    ) -> ProfileTable:
+        """Rows of splitwise-sim's ``perf_model.csv`` for one (model, hardware, TP)."""
+        data = path.read_bytes()
+        where = where or str(path)
+        prefill: dict[tuple[int, int], list[float]] = {}
+        decode: dict[tuple[int, int], list[float]] = {}
+        combos: set[tuple[str, str, int]] = set()
+        try:
+            for r in csv.DictReader(io.StringIO(data.decode())):
+                combo = (r["model"], r["hardware"], int(r["tensor_parallel"]))
+                combos.add(combo)
+                same = _same_name(combo[0], model, get_model) and _same_name(
+                    combo[1], hardware, get_gpu
+                )
+                if combo[2] != tp or not same:
+                    continue
+                p, b, t = int(r["prompt_size"]), int(r["batch_size"]), int(r["token_size"])
+                prefill.setdefault((b, p), []).append(float(r["prompt_time"]) / 1e3)
+                decode.setdefault((b, p + t // 2), []).append(float(r["token_time"]) / 1e3)
+        except (KeyError, ValueError, TypeError) as e:
+            raise ProfileError(f"{where}: not a splitwise-sim perf_model.csv ({e!r})") from None
+        if not prefill:
+            known = ", ".join(f"{m}/{h}/tp{t}" for m, h, t in sorted(combos))
+            raise ProfileError(
+                f"{where}: no rows for model={model!r} hardware={hardware!r} tp={tp}; "
+                f"available: {known or '(none)'}"
+            )
+        return cls(
+            f"profile:{Path(path).name}:{model}@{hardware}x{tp}",
+            hashlib.sha256(data).hexdigest(),
+            {k: statistics.median(v) for k, v in prefill.items()},
+            {k: statistics.median(v) for k, v in decode.items()},
+        )
+
+    @classmethod
+    def from_native(cls, path: Path, *, where: str = "") -> ProfileTable:
+        """A native CSV (``phase,batch_size,tokens,context,time_s``; see the class docstring)."""
+        data = path.read_bytes()
+        where = where or str(path)
+        cols = ["phase", "batch_size", "tokens", "context", "time_s"]
+        prefill: dict[tuple[int, int], list[float]] = {}
+        decode: dict[tuple[int, int], list[float]] = {}
+        reader = csv.DictReader(io.StringIO(data.decode()))
+        if reader.fieldnames is None or list(reader.fieldnames) != cols:
+            raise ProfileError(f"{where}: header {reader.fieldnames!r}; expected {','.join(cols)}")
+        for line, r in enumerate(reader, start=2):
+            try:
+                b, n, c, t = (int(r["batch_size"]), int(r["tokens"]), int(r["context"]),
+                              float(r["time_s"]))  # fmt: skip
+            except (ValueError, TypeError):
+                raise ProfileError(f"{where}: line {line}: bad number in {r!r}") from None
+            if r["phase"] == "prefill":
+                prefill.setdefault((b, n), []).append(t)
+            elif r["phase"] == "decode":
+                decode.setdefault((b, c), []).append(t)
+            else:
+                raise ProfileError(
+                    f"{where}: line {line}: phase {r['phase']!r}; expected prefill or decode"
+                )
+        return cls(
+            f"profile:{Path(path).name}",
+            hashlib.sha256(data).hexdigest(),
+            {k: statistics.median(v) for k, v in prefill.items()},
+            {k: statistics.median(v) for k, v in decode.items()},
+        )
+
+
+class DistServeFit:
+    """DistServe's fitted latency model (``simdistserve``), coefficients in ms.
+
+    prefill = A + B x sum(len) + C x sum(len^2); decode = A + B x sum(context)
+    + C x batch, with the small-batch coefficients when batch < threshold and
+    the large-batch ones otherwise. A prefill chunk ``(n, c)`` contributes
+    ``n`` to sum(len) and ``n (n + 2c)`` to sum(len^2) (the attention work of
+    ``n`` new tokens after ``c`` cached ones, which is ``n^2`` without cache).
+    NOTE: a mixed batch is priced as prefill + decode, as if run back to back;
+    DistServe itself never mixes phases.
+    """
+
+    __slots__ = ("name", "sha256", "prefill", "decode_small", "decode_large", "threshold")
+
+    def __init__(
+        self,
+        name: str,
+        sha256: str | None,
+        prefill: tuple[float, float, float],
+        decode_small: tuple[float, float, float],
+        decode_large: tuple[float, float, float],
+        threshold: int,
+    ) -> None:
+        self.name, self.sha256 = name, sha256
+        self.prefill = tuple(float(x) for x in prefill)
+        self.decode_small = tuple(float(x) for x in decode_small)
+        self.decode_large = tuple(float(x) for x in decode_large)
+        self.threshold = int(threshold)
+
+    @classmethod
+    def from_json(cls, path: Path, model: str, tp: int, *, where: str = "") -> DistServeFit:
+        """Coefficients of ``model`` (as keyed in the file, e.g. ``facebook/opt-13b``) at TP."""
+        data = Path(path).read_bytes()
+        where = where or str(path)
+        try:
+            doc = json.loads(data)
+        except ValueError as e:
+            raise ProfileError(f"{where}: not JSON ({e})") from None
+        entry = None
+        if isinstance(doc, dict):
+            key = next((k for k in doc if _same_name(k, model, get_model)), model)
+            entry = doc.get(key, {}).get(str(tp)) if isinstance(doc.get(key), dict) else None
+        if entry is None:
+            known = ", ".join(
+                f"{m} tp{t}" for m in sorted(doc) if isinstance(doc[m], dict) for t in doc[m]
+            )
+            raise ProfileError(
+                f"{where}: no fit for model={model!r} tp={tp}; available: {known or '(none)'}"
+            )
+        try:
+            return cls(
+                f"distserve:{Path(path).name}:{model}x{tp}",
+                hashlib.sha256(data).hexdigest(),
+                tuple(entry["prefill"]),
+                tuple(entry["decoding_smallbs"]),
+                tuple(entry["decoding_largebs"]),
+                entry["decoding_large_small_bs_threshold"],
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ProfileError(f"{where}: {model} tp{tp}: malformed fit ({e!r})") from None
+
+    def iteration_time(self, batch: Batch) -> float:
+        """Seconds for ``batch`` per the fitted formulas."""
+        ms = 0.0
+        if batch.prefill:
+            a, b, c = self.prefill
+            s1 = 0
+            s2 = 0
+            for n, cached in batch.prefill:
+                s1 += n
+                s2 += n * (n + 2 * cached)
+            ms += a + b * s1 + c * s2
+        n = batch.decode_count
+        if n:
+            a, b, c = self.decode_small if n < self.threshold else self.decode_large
+            ms += a + b * batch.decode_context_sum + c * n
+        return ms * 1e-3
