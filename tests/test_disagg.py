@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
 import schedulers.disagg  # noqa: F401
 from twin.errors import SpecError
+from twin.net.topology import load_topology
 from twin.perf.llm import get_model
 from twin.request import Request
 from twin.sim import Simulation
 from twin.spec import resolve_spec
-from twin.topology import load_topology
 
 L8 = get_model("llama-3.1-8b")
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twin.errors import SpecError
-from twin.network import FlowSpec, Network, max_min_rates
+from twin.net.flows import FlowSpec, Network, max_min_rates
 
 
 @dataclass(frozen=True)

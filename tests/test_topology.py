@@ -8,7 +8,7 @@ import pytest
 
 from twin.cli import main
 from twin.errors import SpecError, UnknownNameError
-from twin.topology import LINK_KINDS, Link, load_topology, topology_names
+from twin.net.topology import LINK_KINDS, Link, load_topology, topology_names
 
 # name -> (nodes, GPUs, intra-node link kind, per-direction intra rate, NICs per node)
 BUNDLED = {

@@ -12,7 +12,7 @@ import simpy
 import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
 import schedulers.disagg  # noqa: F401
 from twin.cli import main
-from twin.network import FlowSpec, Network
+from twin.net.flows import FlowSpec, Network
 from twin.sim import Simulation
 from twin.trace import TraceRecorder, TransferSpan, chrome_trace, write_chrome_trace
 

@@ -205,8 +205,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_handoff(args: argparse.Namespace) -> int:
     from twin.handoff import handoff_estimate
+    from twin.net.topology import load_topology
     from twin.perf.llm import get_model
-    from twin.topology import load_topology
 
     model = get_model(args.model, where="twin handoff: MODEL")
     where = "twin handoff: --topology"
@@ -373,14 +373,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_topo(args: argparse.Namespace) -> int:
-    from twin.topology import draw_topology, load_topology
+    from twin.net.report import summary
+    from twin.net.topology import load_topology
+    from twin.topodraw import draw
 
     if args.nodes is not None and args.nodes <= 0:
         raise TwinError(f"twin topo: --nodes: {args.nodes} must be a positive integer")
     topo = load_topology(args.topology, nodes=args.nodes)
-    print(topo.summary())
+    print(summary(topo))
     if args.png:
-        draw_topology(topo, args.png)
+        draw(topo, args.png)
         print(f"drawing written to {args.png}")
     return 0
 

@@ -5,7 +5,7 @@ blocks until it has moved. It moves as flows over the topology, one per GPU
 that holds a shard (each source GPU sends its share to a GPU of the decode
 instance; with ``multi_nic`` a cross-node share is spread over every NIC of
 the source node, as Mooncake's transfer engine does), sharing links with
-every other transfer (twin.network).
+every other transfer (twin.net.flows).
 
 When the decode side takes its blocks decides the protocol:
 
@@ -38,9 +38,9 @@ import simpy
 
 from twin.engine import Engine, Sequence
 from twin.errors import SpecError
-from twin.network import FlowSpec, Network
+from twin.net.flows import FlowSpec, Network
+from twin.net.topology import Topology
 from twin.scheduler import ClusterView
-from twin.topology import Topology
 
 MODES = ("serialized", "layerwise")
 PROTOCOLS = ("push", "pull")

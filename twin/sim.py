@@ -25,7 +25,7 @@ from twin.handoff import KVHandoff, pick_decode_with, shard_flows
 from twin.kvcache import BlockManager, blocks_for, kv_capacity_blocks
 from twin.kvpool import KVPool
 from twin.metrics import Metrics
-from twin.network import Network
+from twin.net.flows import Network
 from twin.perf.build import build_perf_model
 from twin.perf.gpus import get_gpu
 from twin.perf.iteration import PerfModel

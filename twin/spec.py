@@ -101,7 +101,7 @@ class ExperimentSpec:
     pp: int
     gpus_per_node: int
     groups: tuple[InstanceGroup, ...]
-    topology: Any  # a twin.topology.Topology, or None: nodes of gpus_per_node GPUs, no network
+    topology: Any  # a twin.net.topology.Topology, or None: nodes of gpus_per_node GPUs, no network
     placement: str
     kv_pool_bytes: float | None  # host-memory KV pool per node (Mooncake's store), or None
     transfer: TransferConfig
@@ -290,7 +290,7 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
     groups, tp, pp, cluster_out = _cluster(cl, f"{where}: cluster")
     topology = None
     if "topology" in cl:
-        from twin.topology import load_topology
+        from twin.net.topology import load_topology
 
         nodes = cl.get("nodes")
         if nodes is not None:

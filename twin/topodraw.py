@@ -1,4 +1,4 @@
-"""A picture of a :class:`twin.topology.Topology` (matplotlib, Agg backend).
+"""A picture of a :class:`twin.net.topology.Topology` (matplotlib, Agg backend).
 
 Nodes are boxes side by side; in each, GPUs on a row, the node's switches
 below and its NICs above; fabric switches on top (leaves, then the spine).
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from twin.errors import TwinError
 
 if TYPE_CHECKING:
-    from twin.topology import Topology
+    from twin.net.topology import Topology
 
 COLORS = {
     "nvlink": "#76b900",

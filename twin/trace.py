@@ -48,7 +48,7 @@ from twin.errors import TwinError
 if TYPE_CHECKING:
     import simpy
 
-    from twin.network import Transfer
+    from twin.net.flows import Transfer
     from twin.perf.iteration import Batch, PerfModel
     from twin.sim import Simulation
 

@@ -63,7 +63,7 @@ ABS_DONE = 1e-6  # bytes
 
 
 class LinkLike(Protocol):
-    """A directed link as the network sees it (``twin.topology.Link`` fits)."""
+    """A directed link as the network sees it (``twin.net.topology.Link`` fits)."""
 
     @property
     def src(self) -> str: ...

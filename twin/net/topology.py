@@ -2,7 +2,7 @@
 
 A :class:`Topology` is loaded from YAML (a bundled name, a path, or an inline
 mapping from an experiment spec; the schema is in ``topologies/README.md``
-and parsed by :mod:`twin.topofile`). Vertices have ``type`` gpu | nic |
+and parsed by :mod:`twin.net.topofile`). Vertices have ``type`` gpu | nic |
 switch; every edge carries a :class:`Link`, one direction of a physical
 link, with its line rate, latency and protocol efficiency.
 
@@ -28,13 +28,13 @@ import networkx as nx
 from twin import yamlio
 from twin.bundled import bundled_names, bundled_text
 from twin.errors import SpecError, UnknownNameError
-from twin.topofile import LINK_KINDS, TopoDef, parse_topology
+from twin.net.topodef import LINK_KINDS, TopoDef
+from twin.net.topofile import parse_topology
 
 __all__ = [
     "LINK_KINDS",
     "Link",
     "Topology",
-    "draw_topology",
     "load_topology",
     "topology_names",
 ]
@@ -338,13 +338,6 @@ class Topology:
                 self._bisection = float(nx.maximum_flow_value(f, "__source__", "__sink__"))
         return self._bisection
 
-    # -- description -------------------------------------------------------------------
-    def summary(self) -> str:
-        """The readable description ``twin topo`` prints (see :mod:`twin.toporeport`)."""
-        from twin.toporeport import summary
-
-        return summary(self)
-
     def __repr__(self) -> str:
         return f"Topology({self.name!r}, nodes={self.num_nodes}, gpus={len(self.gpus)})"
 
@@ -400,10 +393,3 @@ def load_topology(
     else:
         raise SpecError(f"{where or 'topology'}: {spec!r} is not a topology name, path or mapping")
     return Topology(parse_topology(data, label, default, nodes))
-
-
-def draw_topology(topo: Topology, path: str | Path) -> None:
-    """Draw ``topo`` to an image file (PNG by extension) with matplotlib."""
-    from twin.topodraw import draw
-
-    draw(topo, path)

@@ -1,13 +1,13 @@
-"""The text ``twin topo`` prints for a :class:`twin.topology.Topology`."""
+"""The text ``twin topo`` prints for a :class:`twin.net.topology.Topology`."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from twin.topofile import LINK_KINDS
+from twin.net.topodef import LINK_KINDS
 
 if TYPE_CHECKING:
-    from twin.topology import Topology
+    from twin.net.topology import Topology
 
 
 def _gbs(x: float) -> str:

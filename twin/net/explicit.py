@@ -11,7 +11,7 @@ from typing import Any
 
 from twin._check import check_keys, entry
 from twin.errors import SpecError
-from twin.topofile import (
+from twin.net.topodef import (
     LINK_KINDS,
     NIC_KINDS,
     SWITCH_FABRICS,

@@ -1,0 +1,4 @@
+"""The network: the topology graph (:mod:`.topology`) read from its two file forms
+(:mod:`.topofile`, :mod:`.explicit`, over the shared definitions of
+:mod:`.topodef`), its description (:mod:`.report`), and flows sharing links
+max-min fairly in time (:mod:`.flows`)."""
