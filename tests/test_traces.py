@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from twin.errors import TraceError, UnknownNameError
-from twin.traces import (
+from twin.workload.traces import (
     detect_format,
     file_sha256,
     read_azure,

@@ -13,7 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twin.errors import SpecError, TraceError
-from twin.lengths import (
+from twin.request import Request
+from twin.workload.arrivals import GammaArrivals, PoissonArrivals
+from twin.workload.lengths import (
     BUNDLED_TABLES,
     EmpiricalLengths,
     FixedLength,
@@ -22,15 +24,7 @@ from twin.lengths import (
     bundled_table_path,
     fit_lengths,
 )
-from twin.request import Request
-from twin.workload import (
-    EmpiricalFile,
-    GammaArrivals,
-    PoissonArrivals,
-    WorkloadSpec,
-    file_sha256,
-    iter_requests,
-)
+from twin.workload.stream import EmpiricalFile, WorkloadSpec, file_sha256, iter_requests
 
 SPLITWISE = (
     "request_id,request_type,application_id,arrival_timestamp,batch_size,prompt_size,token_size\n"

@@ -123,7 +123,7 @@ def probe_attainment(data: Mapping[str, Any], where: str, base_dir: str) -> floa
 
 def offered_rps(spec: ExperimentSpec) -> float:
     """Requests/s the spec's workload offers (see the module docstring)."""
-    from twin.workload import iter_requests
+    from twin.workload.stream import iter_requests
 
     w = spec.workload
     rate = getattr(w.arrival, "rate_per_s", None)

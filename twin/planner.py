@@ -254,7 +254,7 @@ def _unit_repeats(cp: Candidate, kp: int, cd: Candidate, kd: int, per_node: int)
 
 
 def _sample(spec: ExperimentSpec, n: int) -> list[Request]:
-    from twin.workload import iter_requests
+    from twin.workload.stream import iter_requests
 
     rng = np.random.default_rng(np.random.SeedSequence(spec.seed).spawn(2)[0])
     return list(itertools.islice(iter_requests(spec.workload, rng), n))

@@ -42,7 +42,7 @@ from twin.errors import SpecError
 from twin.perf.gpus import get_gpu
 from twin.request import Request
 from twin.spec import ExperimentSpec, InstanceGroup, resolve_spec
-from twin.workload import iter_requests
+from twin.workload.stream import iter_requests
 
 
 @dataclass(frozen=True)

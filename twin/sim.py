@@ -40,7 +40,7 @@ from twin.scheduler import (
     build_scheduler,
 )
 from twin.spec import ExperimentSpec
-from twin.workload import file_sha256, iter_requests
+from twin.workload.stream import file_sha256, iter_requests
 
 if TYPE_CHECKING:
     from twin.trace import TraceRecorder

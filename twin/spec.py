@@ -29,7 +29,7 @@ from twin.metrics import SLO
 from twin.perf.gpus import GPUSpec, get_gpu
 from twin.perf.llm import ModelSpec, get_model
 from twin.units import parse_bytes, parse_duration
-from twin.workload import WorkloadSpec
+from twin.workload.stream import WorkloadSpec
 
 TOP_KEYS = (
     "name",

@@ -30,13 +30,11 @@ YAML (the mapping under ``workload:``)::
 
 ``arrival`` is required for ``lengths:`` and for length-only traces; for a
 timed trace it replaces the trace's times (lengths keep the file order).
-Relative paths resolve against ``base_dir`` (the spec file's folder).
-"""
+Relative paths resolve against ``base_dir`` (the spec file's folder)."""
 
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +45,17 @@ import numpy as np
 from twin import yamlio
 from twin._check import check_keys
 from twin.errors import SpecError, TraceError
-from twin.lengths import (
+from twin.request import Request
+from twin.units import parse_duration
+from twin.workload.arrivals import (
+    _CHUNK,
+    ArrivalProcess,
+    GammaArrivals,
+    PoissonArrivals,
+    _positive,
+    arrival_times,
+)
+from twin.workload.lengths import (
     BUNDLED_TABLES,
     EmpiricalLengths,
     FixedLength,
@@ -58,8 +66,7 @@ from twin.lengths import (
     bundled_table,
     bundled_table_path,
 )
-from twin.request import Request
-from twin.traces import (
+from twin.workload.traces import (
     MOONCAKE_BLOCK_TOKENS,
     READERS,
     TIMED_FORMATS,
@@ -69,76 +76,15 @@ from twin.traces import (
     read_mooncake,
     read_trace,
 )
-from twin.units import parse_duration
 
 __all__ = [
     "EmpiricalFile",
-    "GammaArrivals",
-    "PoissonArrivals",
     "WorkloadSpec",
-    "arrival_times",
     "file_sha256",
     "iter_requests",
 ]
 
 T = TypeVar("T")
-
-_CHUNK = 4096  # draws per numpy call; fixed so that a seed gives one stream
-
-# --------------------------------------------------------------------------- arrivals
-
-
-def _positive(name: str, x: object) -> float:
-    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x) or x <= 0:
-        raise SpecError(f"{name}(={x!r}) must be a number > 0")
-    return float(x)
-
-
-@dataclass(frozen=True, slots=True)
-class PoissonArrivals:
-    """Exponential inter-arrival gaps with mean ``1 / rate_per_s``."""
-
-    rate_per_s: float
-
-    def __post_init__(self) -> None:
-        _positive("rate", self.rate_per_s)
-
-    def gaps(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return rng.standard_exponential(n) / self.rate_per_s
-
-
-@dataclass(frozen=True, slots=True)
-class GammaArrivals:
-    """Gamma inter-arrival gaps with mean ``1 / rate_per_s`` and coefficient of variation ``cv``.
-
-    Shape ``k = 1 / cv^2``; ``cv = 1`` is Poisson, ``cv > 1`` burstier, ``cv < 1`` smoother.
-    """
-
-    rate_per_s: float
-    cv: float
-
-    def __post_init__(self) -> None:
-        _positive("rate", self.rate_per_s)
-        _positive("cv", self.cv)
-
-    def gaps(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        k = 1.0 / (self.cv * self.cv)
-        return rng.standard_gamma(k, n) / (k * self.rate_per_s)
-
-
-ArrivalProcess = PoissonArrivals | GammaArrivals
-
-
-def arrival_times(process: ArrivalProcess, rng: np.random.Generator) -> Iterator[float]:
-    """Endless arrival times in seconds, the first one gap after 0."""
-    t = 0.0
-    while True:
-        times = t + np.cumsum(process.gaps(rng, _CHUNK))
-        yield from times.tolist()
-        t = float(times[-1])
-
-
-# --------------------------------------------------------------------------- spec
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +96,6 @@ class EmpiricalFile:
 
 
 Lengths = str | IndependentLengths | EmpiricalFile
-
 _KEYS = (
     "trace",
     "format",
@@ -170,7 +115,7 @@ class WorkloadSpec:
     """What arrives: a trace file or synthetic lengths, an arrival process, bounds.
 
     Exactly one of ``trace`` and ``lengths``. ``lengths`` is a bundled table name
-    (``azure-conv``), an :class:`~twin.lengths.IndependentLengths` or an
+    (``azure-conv``), an :class:`~twin.workload.lengths.IndependentLengths` or an
     :class:`EmpiricalFile`. ``duration_s`` and ``max_requests`` bound the
     stream; a synthetic or repeated workload must have at least one of them.
     """
@@ -388,9 +333,6 @@ def _marginal(value: object, where: str) -> Marginal:
     if "median" in value:
         return LogNormalLength.from_median(_positive("median", value["median"]), sigma, lo, hi)
     return LogNormalLength.from_mean(_positive("mean", value["mean"]), sigma, lo, hi)
-
-
-# --------------------------------------------------------------------------- the stream
 
 
 def _sampler(lengths: Lengths) -> LengthSampler:

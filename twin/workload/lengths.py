@@ -16,7 +16,8 @@ linearly between the stored quantiles, then rounds. So marginals match the
 trace to within interpolation between table points, and the prompt/output
 dependence is kept to first order. To reproduce a table from the trace::
 
-    python -m twin.lengths shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv \\
+    python -m twin.workload.lengths \\
+        shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv \\
         azure-conv twin/data/lengths_azure_conv.csv
 
 which calls :func:`fit_lengths` and :meth:`LengthTable.write_csv`; a test
@@ -37,7 +38,7 @@ from scipy.special import ndtr, ndtri
 from scipy.stats import rankdata
 
 from twin.errors import SpecError, TraceError, UnknownNameError
-from twin.traces import file_sha256, read_trace
+from twin.workload.traces import file_sha256, read_trace
 
 _HARD_MAX_TOKENS = 1 << 40  # keeps a heavy lognormal tail finite before the int cast
 
@@ -142,7 +143,7 @@ class EmpiricalLengths:
 
     @classmethod
     def from_file(cls, path: str | Path, format: str = "auto") -> EmpiricalLengths:
-        """Pairs from any trace :func:`twin.traces.read_trace` reads (times are ignored)."""
+        """Pairs from any trace :func:`~twin.workload.traces.read_trace` reads (times ignored)."""
         records = read_trace(path, format)
         return cls(
             np.array([r.prompt_tokens for r in records], dtype=np.int64),
@@ -283,10 +284,10 @@ def bundled_table(name: str) -> LengthTable:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m twin.lengths TRACE NAME OUT.csv``: fit a table and write it."""
+    """``python -m twin.workload.lengths TRACE NAME OUT.csv``: fit a table and write it."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 3:
-        print("usage: python -m twin.lengths TRACE NAME OUT.csv", file=sys.stderr)
+        print("usage: python -m twin.workload.lengths TRACE NAME OUT.csv", file=sys.stderr)
         return 2
     fit_lengths(args[0], name=args[1]).write_csv(args[2])
     return 0

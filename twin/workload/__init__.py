@@ -1,0 +1,3 @@
+"""What arrives: trace readers (:mod:`.traces`), length distributions and the bundled
+length tables (:mod:`.lengths`), arrival processes (:mod:`.arrivals`), and the
+``workload:`` section turned into a request stream (:mod:`.stream`)."""
