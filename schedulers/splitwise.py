@@ -22,7 +22,7 @@ Follows "Splitwise: Efficient Generative LLM Inference Using Phase Splitting"
   sequences as their KV memory holds. Mixed machines keep their own limits and
   the engine's prefill-first policy.
 - KV-cache transfer (IV-D): serialized or layer-wise, from the spec's
-  ``transfer.mode``; the hand-off itself is the core's (twin.handoff).
+  ``transfer.mode``; the hand-off itself is the core's (twin.serving.handoff).
 
 The provisioning study (section VI, iso-power and iso-cost clusters) is
 ``twin provision`` (twin.provision), which works with any split policy.

@@ -11,10 +11,10 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from twin.engine import Arrival, Engine, EngineConfig, Sequence
-from twin.kvcache import BlockManager, blocks_for
 from twin.perf.iteration import Batch
 from twin.request import Request
+from twin.serving.engine import Arrival, Engine, EngineConfig, Sequence
+from twin.serving.kvcache import BlockManager, blocks_for
 
 
 class Linear:

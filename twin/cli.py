@@ -204,9 +204,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_handoff(args: argparse.Namespace) -> int:
-    from twin.handoff import handoff_estimate
     from twin.net.topology import load_topology
     from twin.perf.llm import get_model
+    from twin.serving.handoff import handoff_estimate
 
     model = get_model(args.model, where="twin handoff: MODEL")
     where = "twin handoff: --topology"

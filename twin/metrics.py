@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from twin.engine import Sequence
 from twin.request import Request
+from twin.serving.engine import Sequence
 
 QUANTILES = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99))
 

@@ -217,7 +217,7 @@ def _divisors(n: int) -> list[int]:
 
 def _first_fit(sizes: Sequence[int], per_node: int) -> list[int]:
     """The node each instance lands on when taken in order, each on the first
-    node with room (as :func:`twin.cluster.place_on_topology` places them)."""
+    node with room (as :func:`twin.serving.cluster.place_on_topology` places them)."""
     free: list[int] = []
     out = []
     for s in sizes:
@@ -240,7 +240,7 @@ def _nodes_needed(sizes: Sequence[int], per_node: int) -> int:
 def _unit_repeats(cp: Candidate, kp: int, cd: Candidate, kd: int, per_node: int) -> bool:
     """Whether ``interleaved`` placement (P0, D0, P1, D1, ...) of this unit
     replicated on a few nodes puts exactly one unit on every node."""
-    from twin.cluster import placement_order
+    from twin.serving.cluster import placement_order
 
     nodes = 3
     roles = ["prefill"] * (kp * nodes) + ["decode"] * (kd * nodes)
@@ -427,8 +427,8 @@ class _Planner:
 
     def configs(self) -> list[tuple[int, int, str]]:
         """(tp, pp, note) inside a node; the note says why a config cannot run."""
-        from twin.kvcache import kv_capacity_blocks
         from twin.perf.gpus import get_gpu
+        from twin.serving.kvcache import kv_capacity_blocks
 
         model, spec = self.spec.model, self.spec
         gpu = get_gpu(self.topo.gpu_type(0))
@@ -541,7 +541,7 @@ def plan_distserve(
     handoff_s: float | None = None
     affinity = "single-node"
     if nodes > 1:
-        from twin.handoff import handoff_estimate
+        from twin.serving.handoff import handoff_estimate
 
         est = handoff_estimate(
             spec.model, max(1, typical), topo, tp=best_p.tp, placement="cross-node",

@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from twin.cluster import place_on_topology, placement_order
 from twin.errors import SpecError
 from twin.perf.gpus import get_gpu
 from twin.request import Request
+from twin.serving.cluster import place_on_topology, placement_order
 from twin.spec import ExperimentSpec, InstanceGroup, resolve_spec
 from twin.workload.stream import iter_requests
 

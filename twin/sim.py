@@ -18,12 +18,7 @@ import numpy as np
 import simpy
 
 import twin
-from twin.cluster import EngineView, place_instances, place_on_topology, placement_order
-from twin.engine import ROLES, Arrival, Engine, Sequence
 from twin.errors import CapacityError, SpecError
-from twin.handoff import KVHandoff, pick_decode_with, shard_flows
-from twin.kvcache import BlockManager, blocks_for, kv_capacity_blocks
-from twin.kvpool import KVPool
 from twin.metrics import Metrics
 from twin.net.flows import Network
 from twin.perf.build import build_perf_model
@@ -39,6 +34,11 @@ from twin.scheduler import (
     SetRole,
     build_scheduler,
 )
+from twin.serving.cluster import EngineView, place_instances, place_on_topology, placement_order
+from twin.serving.engine import ROLES, Arrival, Engine, Sequence
+from twin.serving.handoff import KVHandoff, pick_decode_with, shard_flows
+from twin.serving.kvcache import BlockManager, blocks_for, kv_capacity_blocks
+from twin.serving.kvpool import KVPool
 from twin.spec import ExperimentSpec
 from twin.workload.stream import file_sha256, iter_requests
 

@@ -22,12 +22,12 @@ import yaml
 from twin import yamlio
 from twin._check import check_keys, positive_int
 from twin.bundled import bundled_names, bundled_text
-from twin.engine import EngineConfig
 from twin.errors import SpecError, UnitError, UnknownNameError
-from twin.handoff import TransferConfig
 from twin.metrics import SLO
 from twin.perf.gpus import GPUSpec, get_gpu
 from twin.perf.llm import ModelSpec, get_model
+from twin.serving.engine import EngineConfig
+from twin.serving.handoff import TransferConfig
 from twin.units import parse_bytes, parse_duration
 from twin.workload.stream import WorkloadSpec
 

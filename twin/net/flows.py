@@ -205,7 +205,7 @@ def _at(env: simpy.Environment, when: float, callback: Callable[[simpy.Event], N
 
     NOTE: SimPy schedules only by delay, and ``now + (when - now)`` can miss
     ``when`` by one ulp; an idle path must take exactly latency + size / rate,
-    so this pushes onto SimPy's queue directly (as ``twin.engine._at`` does).
+    so this pushes onto SimPy's queue directly (as ``twin.serving.engine._at`` does).
     """
     ev = simpy.Event(env)
     ev._ok = True

@@ -36,11 +36,11 @@ from typing import Any
 
 import simpy
 
-from twin.engine import Engine, Sequence
 from twin.errors import SpecError
 from twin.net.flows import FlowSpec, Network
 from twin.net.topology import Topology
 from twin.scheduler import ClusterView
+from twin.serving.engine import Engine, Sequence
 
 MODES = ("serialized", "layerwise")
 PROTOCOLS = ("push", "pull")

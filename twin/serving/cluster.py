@@ -13,10 +13,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from twin.engine import Engine
 from twin.errors import SpecError
 from twin.perf.iteration import Batch
 from twin.request import Request
+from twin.serving.engine import Engine
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,9 +29,9 @@ from typing import Protocol
 import simpy
 
 from twin.errors import SpecError
-from twin.kvcache import BlockManager, PrefixCache, blocks_for
 from twin.perf.iteration import Batch, PerfModel
 from twin.request import Request
+from twin.serving.kvcache import BlockManager, PrefixCache, blocks_for
 
 
 class Arrival(simpy.events.Event):
@@ -65,7 +65,7 @@ class EngineConfig:
     ``chunked_prefill``, all tokens of one iteration (decodes count one each).
     ``watermark`` is the share of blocks kept back from new admissions.
     ``prefix_caching`` keeps finished prompts' KV for reuse by later requests
-    with the same leading prefix hashes (see :class:`~twin.kvcache.PrefixCache`).
+    with the same leading prefix hashes (see :class:`~twin.serving.kvcache.PrefixCache`).
     ``fast_forward`` lets the engine cover a stretch of decode steps in which
     nothing can change with one event (see :class:`Stretch`); the results are
     those of stepping.

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from twin.kvcache import leading_run
+from twin.serving.kvcache import leading_run
 
 
 class KVPool:
