@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from twin.spec import ExperimentSpec, resolve_spec
+from twin.sim.spec import ExperimentSpec, resolve_spec
 
 
 def small_spec(*, rate: float = 4.0, requests: int = 200, **over: Any) -> ExperimentSpec:

@@ -16,7 +16,7 @@ import schedulers.splitwise  # noqa: F401
 from twin.cli import main
 from twin.compare import compare_entries, compare_specs, run_compare
 from twin.scheduler import scheduler_names
-from twin.spec import parse_yaml, read_spec_text
+from twin.sim.spec import parse_yaml, read_spec_text
 
 REPO = Path(__file__).resolve().parent.parent
 LABELS = ["colocated", "disagg", "distserve", "splitwise"]

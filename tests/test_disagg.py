@@ -14,8 +14,8 @@ from twin.errors import SpecError
 from twin.net.topology import load_topology
 from twin.perf.llm import get_model
 from twin.request import Request
-from twin.sim import Simulation
-from twin.spec import resolve_spec
+from twin.sim.simulation import Simulation
+from twin.sim.spec import resolve_spec
 
 L8 = get_model("llama-3.1-8b")
 

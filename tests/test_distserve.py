@@ -74,7 +74,7 @@ def test_distserve_keeps_the_contract_on_a_split_cluster():
 def _spec(topology="dgx-h100-ib400", nodes=1, **slo):
     from pathlib import Path
 
-    from twin.spec import resolve_spec
+    from twin.sim.spec import resolve_spec
 
     data = {
         "model": "llama-3.1-8b",
@@ -131,8 +131,8 @@ def test_a_slow_fabric_keeps_pairs_inside_a_node_and_a_fast_one_places_freely():
 def test_the_plan_is_deterministic_and_its_overrides_run():
     from pathlib import Path
 
-    from twin.sim import Simulation
-    from twin.spec import resolve_spec
+    from twin.sim.simulation import Simulation
+    from twin.sim.spec import resolve_spec
 
     spec = _spec()
     sample = _fixed(800, 64)
@@ -160,7 +160,7 @@ def test_plan_needs_a_topology():
     from pathlib import Path
 
     from twin.planner import plan_distserve
-    from twin.spec import resolve_spec
+    from twin.sim.spec import resolve_spec
 
     data = {"model": "llama-3.1-8b", "workload": {"lengths": "azure-conv", "max_requests": 1,
             "arrival": {"process": "poisson", "rate": 1}}}  # fmt: skip

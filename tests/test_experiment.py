@@ -15,7 +15,7 @@ from twin.cli import main
 from twin.errors import SpecError, TwinError
 from twin.experiment import Executor, apply_sweep_overrides, expand, parse_sweep, run_sweep
 from twin.goodput import ci95, find_max_rate, goodput
-from twin.spec import parse_yaml, read_spec_text
+from twin.sim.spec import parse_yaml, read_spec_text
 
 BASE = {
     "name": "tiny",

@@ -10,8 +10,8 @@ import pytest
 import schedulers.mooncake  # noqa: F401 - registers the policy when not installed
 from twin.request import Request
 from twin.scheduler import ClusterView, InstanceSnapshot, Objectives, Route, build_scheduler
-from twin.sim import Simulation
-from twin.spec import resolve_spec
+from twin.sim.simulation import Simulation
+from twin.sim.spec import resolve_spec
 
 REQ = Request(0, 0.0, 4096, 100, tuple(range(8)), 512)
 

@@ -14,7 +14,6 @@ import schedulers.colocated  # noqa: F401 - registers the built-ins when not ins
 import schedulers.disagg  # noqa: F401
 from twin.cli import main
 from twin.errors import TwinError
-from twin.metrics import REQUEST_COLUMNS
 from twin.plots import (
     attainment_series,
     knee,
@@ -24,8 +23,9 @@ from twin.plots import (
     plot_goodput,
     plot_timeline,
 )
-from twin.sim import Simulation
-from twin.trace import TraceRecorder, write_chrome_trace
+from twin.sim.metrics import REQUEST_COLUMNS
+from twin.sim.simulation import Simulation
+from twin.sim.trace import TraceRecorder, write_chrome_trace
 
 
 def check_written(paths: list[Path], *bases: Path) -> None:

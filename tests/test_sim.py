@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
 from twin.errors import CapacityError
 from twin.request import Request
-from twin.sim import Simulation
+from twin.sim.simulation import Simulation
 
 SUMMARY_KEYS = {
     "requests",

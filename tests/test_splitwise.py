@@ -11,8 +11,8 @@ from schedulers.splitwise import Splitwise
 from twin.errors import SpecError
 from twin.request import Request
 from twin.scheduler import Route, SetRole, build_scheduler
-from twin.sim import Simulation
-from twin.spec import resolve_spec
+from twin.sim.simulation import Simulation
+from twin.sim.spec import resolve_spec
 from twin.testing import check_scheduler, instance, make_view
 
 REQ = Request(0, 0.0, 1000, 50)

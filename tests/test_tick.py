@@ -11,8 +11,8 @@ import schedulers.disagg  # noqa: F401 - registers the built-ins when not instal
 from twin.errors import SpecError
 from twin.request import Request
 from twin.scheduler import Plan, Route, SetRole
-from twin.sim import Simulation
-from twin.spec import resolve_spec
+from twin.sim.simulation import Simulation
+from twin.sim.spec import resolve_spec
 
 
 def spec(prefill=1, decode=1):

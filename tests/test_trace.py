@@ -13,8 +13,8 @@ import schedulers.colocated  # noqa: F401 - registers the built-ins when not ins
 import schedulers.disagg  # noqa: F401
 from twin.cli import main
 from twin.net.flows import FlowSpec, Network
-from twin.sim import Simulation
-from twin.trace import TraceRecorder, TransferSpan, chrome_trace, write_chrome_trace
+from twin.sim.simulation import Simulation
+from twin.sim.trace import TraceRecorder, TransferSpan, chrome_trace, write_chrome_trace
 
 
 def colocated_spec(**over):

@@ -41,8 +41,8 @@ def bench_spec(trace: Path, requests: int) -> dict[str, Any]:
 
 def run_one(trace: Path, requests: int) -> dict[str, Any]:
     """Run one size in this process; wall time covers building and running."""
-    from twin.sim import Simulation
-    from twin.spec import resolve_spec
+    from twin.sim.simulation import Simulation
+    from twin.sim.spec import resolve_spec
 
     t0 = time.perf_counter()
     spec = resolve_spec(bench_spec(trace, requests), "bench", Path.cwd())

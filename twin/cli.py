@@ -126,9 +126,9 @@ def cmd_compare(args: argparse.Namespace, data: dict[str, Any], where: str, base
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from twin.metrics import REQUEST_COLUMNS
-    from twin.sim import Simulation
-    from twin.spec import apply_overrides, parse_yaml, read_spec_text, resolve_spec
+    from twin.sim.metrics import REQUEST_COLUMNS
+    from twin.sim.simulation import Simulation
+    from twin.sim.spec import apply_overrides, parse_yaml, read_spec_text, resolve_spec
 
     text, where, base_dir = read_spec_text(args.spec)
     data = parse_yaml(text, where)
@@ -148,7 +148,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise TwinError(f"--link-bucket: {args.link_bucket!r} must be > 0")
     recorder = None
     if args.trace_out:
-        from twin.trace import TraceRecorder
+        from twin.sim.trace import TraceRecorder
 
         _open_out(args.trace_out).close()  # fail before the run, not after it
         recorder = TraceRecorder()
@@ -165,7 +165,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if csv_file is not None:
             csv_file.close()
     if recorder is not None:
-        from twin.trace import write_chrome_trace
+        from twin.sim.trace import write_chrome_trace
 
         write_chrome_trace(recorder, args.trace_out)
     if args.links_csv:
@@ -236,7 +236,7 @@ def cmd_handoff(args: argparse.Namespace) -> int:
 
 def cmd_provision(args: argparse.Namespace) -> int:
     from twin.provision import format_provision, parse_watts, provision
-    from twin.spec import apply_overrides, parse_yaml, read_spec_text
+    from twin.sim.spec import apply_overrides, parse_yaml, read_spec_text
 
     text, where, base_dir = read_spec_text(args.spec)
     data = parse_yaml(text, where)
@@ -251,7 +251,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     import yaml
 
     from twin.planner import plan_distserve
-    from twin.spec import load_spec
+    from twin.sim.spec import load_spec
 
     if args.sample <= 0:
         raise TwinError(f"twin plan: --sample: {args.sample} must be a positive integer")
@@ -268,7 +268,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _sweep_input(args: argparse.Namespace) -> tuple[dict[str, Any], str, Path, Any, Path]:
     """The spec (--set applied), its name and folder, the executor and --out."""
     from twin.experiment import Executor, apply_sweep_overrides
-    from twin.spec import parse_yaml, read_spec_text
+    from twin.sim.spec import parse_yaml, read_spec_text
 
     text, where, base_dir = read_spec_text(args.spec)
     data = parse_yaml(text, where)

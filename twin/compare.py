@@ -28,8 +28,8 @@ from typing import Any
 import twin
 from twin.errors import SpecError, TwinError
 from twin.scheduler import build_scheduler
-from twin.sim import Result, Simulation
-from twin.spec import ExperimentSpec, apply_overrides, canonical_json, resolve_spec
+from twin.sim.simulation import Result, Simulation
+from twin.sim.spec import ExperimentSpec, apply_overrides, canonical_json, resolve_spec
 
 SHARED_KEYS = ("name", "seed", "workload", "slo", "compare")
 COLUMNS = (
@@ -53,7 +53,7 @@ COLUMNS = (
 @dataclass(frozen=True)
 class CompareResult:
     """The runs of a compare spec: ``header`` (what they share) and ``runs``
-    (label -> :class:`twin.sim.Result`, in the order the spec lists them)."""
+    (label -> :class:`twin.sim.simulation.Result`, in the order the spec lists them)."""
 
     header: dict[str, Any]
     runs: dict[str, Result]

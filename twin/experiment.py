@@ -14,7 +14,7 @@ first axis varies slowest; each ``zip:`` group is one axis, placed where
 ``zip:`` stands). Keys under ``tag.`` are labels, not spec keys: they name a
 value in the table and the label (``tag.trace: [code, conv]`` beside the
 trace paths), and the keys zipped with a tag stay out of the label. Every run
-is resolved (``twin.spec.resolve_spec``, its scheduler built) before any runs.
+is resolved (``twin.sim.spec.resolve_spec``, its scheduler built) before any runs.
 
 Output layout (``twin sweep SPEC --out DIR``; ``twin.plots`` relies on it)::
 
@@ -62,7 +62,7 @@ import yaml
 import twin
 from twin.compare import _set_path
 from twin.errors import SpecError, TwinError
-from twin.spec import apply_overrides, resolve_spec
+from twin.sim.spec import apply_overrides, resolve_spec
 
 RATE_KEYS = ("workload.rate_scale", "workload.arrival.rate")
 EXECUTORS = ("local", "dask")
@@ -259,7 +259,7 @@ def _params_text(params: Mapping[str, Any]) -> str:
 def run_spec(data: Mapping[str, Any], where: str, base_dir: str) -> dict[str, Any]:
     """Resolve and run one spec; the result as ``Result.to_dict()``. A top-level
     function so that process pools and Dask workers can call it."""
-    from twin.sim import Simulation
+    from twin.sim.simulation import Simulation
 
     return Simulation(resolve_spec(data, where, Path(base_dir))).run().to_dict()
 
@@ -270,8 +270,8 @@ def run_spec_with_requests(data: Mapping[str, Any], where: str, base_dir: str) -
     import csv
     import io
 
-    from twin.metrics import REQUEST_COLUMNS
-    from twin.sim import Simulation
+    from twin.sim.metrics import REQUEST_COLUMNS
+    from twin.sim.simulation import Simulation
 
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=REQUEST_COLUMNS, lineterminator="\n")

@@ -48,7 +48,7 @@ from twin.experiment import (
     make_label,
     parse_sweep,
 )
-from twin.spec import ExperimentSpec, resolve_spec
+from twin.sim.spec import ExperimentSpec, resolve_spec
 
 DEFAULT_SEEDS = 3
 RateSearch = Generator[float, bool, tuple[float, bool]]

@@ -55,7 +55,7 @@ import numpy as np
 from twin.errors import CapacityError, SpecError
 from twin.request import Request
 from twin.scheduler import ClusterView, Plan, Route
-from twin.spec import ExperimentSpec, resolve_spec
+from twin.sim.spec import ExperimentSpec, resolve_spec
 
 __all__ = ["Candidate", "DistServePlan", "plan_distserve"]
 
@@ -347,7 +347,7 @@ class _Planner:
         """Attainment of both SLOs over the requests arriving at or after the
         warm-up time that ``make`` returns beside the spec and the requests."""
         if key not in self.cache:
-            from twin.sim import Simulation
+            from twin.sim.simulation import Simulation
 
             spec, reqs, warm_s = make()
             self.simulations += 1

@@ -7,7 +7,7 @@
 - :func:`plot_goodput`: goodput per configuration, bars with the 95% CI;
 - :func:`plot_cdfs`: TTFT and TPOT CDFs of single runs (per-request CSVs);
 - :func:`plot_timeline`: one run's iterations per instance and its KV
-  transfers per instance pair (from a :class:`~twin.trace.TraceRecorder` or
+  transfers per instance pair (from a :class:`~twin.sim.trace.TraceRecorder` or
   a trace JSON of ``twin run --trace-out``);
 - :func:`plot_dir`: every plot a sweep folder allows.
 
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from twin.trace import TraceRecorder
+    from twin.sim.trace import TraceRecorder
 
 RATE_COLUMNS = ("workload.rate_scale", "workload.arrival.rate")
 RATE_AXIS = {
@@ -316,7 +316,7 @@ def plot_cdfs(
 # -- timeline ---------------------------------------------------------------------------------
 def load_trace(trace: TraceRecorder | Mapping[str, Any] | str | Path) -> dict[str, Any]:
     """A Chrome trace document from a recorder, a loaded document or a file."""
-    from twin.trace import TraceRecorder, chrome_trace
+    from twin.sim.trace import TraceRecorder, chrome_trace
 
     if isinstance(trace, TraceRecorder):
         return chrome_trace(trace)

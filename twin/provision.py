@@ -41,7 +41,7 @@ from twin.errors import SpecError
 from twin.perf.gpus import get_gpu
 from twin.request import Request
 from twin.serving.cluster import place_on_topology, placement_order
-from twin.spec import ExperimentSpec, InstanceGroup, resolve_spec
+from twin.sim.spec import ExperimentSpec, InstanceGroup, resolve_spec
 from twin.workload.stream import iter_requests
 
 
@@ -129,7 +129,7 @@ def sample_requests(spec: ExperimentSpec, sample: int) -> list[Request]:
 
 
 def attainment(spec: ExperimentSpec, reqs: list[Request], rate: float) -> float:
-    from twin.sim import Simulation
+    from twin.sim.simulation import Simulation
 
     scaled = [dataclasses.replace(r, arrival_s=r.arrival_s / rate) for r in reqs]
     return float(Simulation(spec, requests=scaled).run().summary["slo_attainment"])
@@ -194,7 +194,7 @@ def provision(
 ) -> Provision:
     """Search prefill:decode instance counts within a budget of ``power_w``
     watts or ``gpus`` GPUs (default: the spec's own GPU count) for the best
-    goodput; ``data`` is a parsed spec (as ``twin.spec.load_spec`` reads it)."""
+    goodput; ``data`` is a parsed spec (as ``twin.sim.spec.load_spec`` reads it)."""
     base = resolve_spec(data, where, base_dir)
     pg, dg = _groups(base)
     if power_w is not None and gpus is not None:

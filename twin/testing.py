@@ -64,7 +64,7 @@ def scenario_requests(seed: int, n: int = 60) -> list[Request]:
 
 
 def _spec(split: bool) -> Any:
-    from twin.spec import resolve_spec
+    from twin.sim.spec import resolve_spec
 
     cluster: dict[str, Any] = {"topology": "dgx-h100-ib400", "nodes": 2, "tp": 4}
     if split:
@@ -93,7 +93,7 @@ def _factory(policy: Any, params: dict[str, Any] | None) -> Callable[[], Any]:
 
 
 def _run(make: Callable[[], Any], split: bool, seed: int) -> tuple[str, list[dict[str, Any]]]:
-    from twin.sim import Simulation
+    from twin.sim.simulation import Simulation
 
     reqs = scenario_requests(seed)
     rows: list[dict[str, Any]] = []

@@ -309,7 +309,7 @@ class Transfer:
 
 
 class TransferRecorder(Protocol):
-    """Told of each transfer once it is done (``twin.trace.TraceRecorder`` fits)."""
+    """Told of each transfer once it is done (``twin.sim.trace.TraceRecorder`` fits)."""
 
     def transfer_done(self, t: Transfer) -> None: ...
 

@@ -1,7 +1,7 @@
 """What ran where and when, for a timeline: iterations per instance, KV
 transfers per instance pair, written as a Chrome trace (ui.perfetto.dev).
 
-A :class:`TraceRecorder` is handed to :class:`twin.sim.Simulation` as
+A :class:`TraceRecorder` is handed to :class:`twin.sim.simulation.Simulation` as
 ``trace=``; after the run, :func:`write_chrome_trace` writes it::
 
     rec = TraceRecorder()
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
     from twin.net.flows import Transfer
     from twin.perf.iteration import Batch, PerfModel
-    from twin.sim import Simulation
+    from twin.sim.simulation import Simulation
 
 PID_INSTANCES = 1
 PID_LINKS = 2
@@ -142,7 +142,7 @@ class _EngineTap:
 
 class TraceRecorder:
     """Collects iteration and transfer spans of one run (see the module
-    docstring). Give it to one :class:`~twin.sim.Simulation` only."""
+    docstring). Give it to one :class:`~twin.sim.simulation.Simulation` only."""
 
     def __init__(self) -> None:
         self.iterations: list[IterationSpan] = []

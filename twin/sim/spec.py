@@ -23,11 +23,11 @@ from twin import yamlio
 from twin._check import check_keys, positive_int
 from twin.bundled import bundled_names, bundled_text
 from twin.errors import SpecError, UnitError, UnknownNameError
-from twin.metrics import SLO
 from twin.perf.gpus import GPUSpec, get_gpu
 from twin.perf.llm import ModelSpec, get_model
 from twin.serving.engine import EngineConfig
 from twin.serving.handoff import TransferConfig
+from twin.sim.metrics import SLO
 from twin.units import parse_bytes, parse_duration
 from twin.workload.stream import WorkloadSpec
 

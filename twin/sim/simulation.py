@@ -19,7 +19,6 @@ import simpy
 
 import twin
 from twin.errors import CapacityError, SpecError
-from twin.metrics import Metrics
 from twin.net.flows import Network
 from twin.perf.build import build_perf_model
 from twin.perf.gpus import get_gpu
@@ -39,17 +38,18 @@ from twin.serving.engine import ROLES, Arrival, Engine, Sequence
 from twin.serving.handoff import KVHandoff, pick_decode_with, shard_flows
 from twin.serving.kvcache import BlockManager, blocks_for, kv_capacity_blocks
 from twin.serving.kvpool import KVPool
-from twin.spec import ExperimentSpec
+from twin.sim.metrics import Metrics
+from twin.sim.spec import ExperimentSpec
 from twin.workload.stream import file_sha256, iter_requests
 
 if TYPE_CHECKING:
-    from twin.trace import TraceRecorder
+    from twin.sim.trace import TraceRecorder
 
 
 @dataclass(frozen=True)
 class Result:
     """What a run produced: ``header`` (version, resolved spec, hashes) and
-    ``summary`` (the stable keys of :meth:`twin.metrics.Metrics.summary`)."""
+    ``summary`` (the stable keys of :meth:`twin.sim.metrics.Metrics.summary`)."""
 
     header: dict[str, Any]
     summary: dict[str, Any]
@@ -71,7 +71,7 @@ class Simulation:
     event trace ``(time, kind, instance, ...)`` when given; ``scheduler`` is a
     policy object to use instead of the spec's (an unregistered one, say);
     ``link_series_s`` keeps each link's bytes per time bucket of that width;
-    ``trace`` (a :class:`twin.trace.TraceRecorder`) records iteration and
+    ``trace`` (a :class:`twin.sim.trace.TraceRecorder`) records iteration and
     transfer spans, and, like ``log``, turns the engines' fast-forward off."""
 
     def __init__(
