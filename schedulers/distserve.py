@@ -14,7 +14,7 @@ that node has a decode instance, as the low node-affinity placement
 (section 4.2, Algorithm 2) needs: the KV then moves over NVLink only.
 
 The planner that picks parallelism, instance counts and placement
-(sections 4.1 and 4.2) lives in :mod:`twin.planner` and ``twin plan``.
+(sections 4.1 and 4.2) lives in :mod:`twin.studies.planner` and ``twin plan``.
 
 NOTE: section 4.3's batching refinements (prefill batches of about L_m
 tokens to even out pipeline stages, periodic replanning) are not modelled;

@@ -25,7 +25,7 @@ Follows "Splitwise: Efficient Generative LLM Inference Using Phase Splitting"
   ``transfer.mode``; the hand-off itself is the core's (twin.serving.handoff).
 
 The provisioning study (section VI, iso-power and iso-cost clusters) is
-``twin provision`` (twin.provision), which works with any split policy.
+``twin provision`` (twin.studies.provision), which works with any split policy.
 
 NOTE: machine flow runs on a periodic ``tick`` (every ``tick_interval``),
 not at each routing decision as in splitwise-sim, so a burst shorter than a

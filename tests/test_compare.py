@@ -14,9 +14,9 @@ import schedulers.disagg  # noqa: F401
 import schedulers.distserve  # noqa: F401
 import schedulers.splitwise  # noqa: F401
 from twin.cli import main
-from twin.compare import compare_entries, compare_specs, run_compare
 from twin.scheduler import scheduler_names
 from twin.sim.spec import parse_yaml, read_spec_text
+from twin.studies.compare import compare_entries, compare_specs, run_compare
 
 REPO = Path(__file__).resolve().parent.parent
 LABELS = ["colocated", "disagg", "distserve", "splitwise"]

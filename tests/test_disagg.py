@@ -205,7 +205,7 @@ def test_mixed_node_templates_give_each_instance_its_gpu(tmp_path):
 
 
 def test_handoff_estimate_matches_the_formula_and_layerwise_leaves_one_layer():
-    from twin.serving.handoff import handoff_estimate
+    from twin.studies.handoff import handoff_estimate
 
     l70 = get_model("llama-2-70b")
     topo = load_topology("a100-eth25")

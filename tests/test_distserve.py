@@ -93,7 +93,7 @@ def _fixed(prompt, output, n=40):
 
 
 def _plan(spec, sample, **kw):
-    from twin.planner import plan_distserve
+    from twin.studies.planner import plan_distserve
 
     kw.setdefault("max_gpus_per_instance", 2)
     kw.setdefault("max_decode_requests", 200)
@@ -159,8 +159,8 @@ def test_target_rate_replicates_to_reach_it():
 def test_plan_needs_a_topology():
     from pathlib import Path
 
-    from twin.planner import plan_distserve
     from twin.sim.spec import resolve_spec
+    from twin.studies.planner import plan_distserve
 
     data = {"model": "llama-3.1-8b", "workload": {"lengths": "azure-conv", "max_requests": 1,
             "arrival": {"process": "poisson", "rate": 1}}}  # fmt: skip

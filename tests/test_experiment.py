@@ -13,9 +13,9 @@ import yaml
 
 from twin.cli import main
 from twin.errors import SpecError, TwinError
-from twin.experiment import Executor, apply_sweep_overrides, expand, parse_sweep, run_sweep
-from twin.goodput import ci95, find_max_rate, goodput
 from twin.sim.spec import parse_yaml, read_spec_text
+from twin.studies.goodput import ci95, find_max_rate, goodput
+from twin.studies.sweep import Executor, apply_sweep_overrides, expand, parse_sweep, run_sweep
 
 BASE = {
     "name": "tiny",
@@ -170,7 +170,7 @@ def test_output_layout(tmp_path):
 
 
 def test_resume_skips_finished_runs(tmp_path):
-    from twin.experiment import run_spec
+    from twin.studies.sweep import run_spec
 
     calls = []
 
@@ -197,7 +197,7 @@ def test_resume_skips_finished_runs(tmp_path):
 
 def test_results_of_other_code_are_not_reused(tmp_path, monkeypatch):
     import twin
-    from twin.experiment import run_spec
+    from twin.studies.sweep import run_spec
 
     calls = []
 
@@ -214,7 +214,7 @@ def test_results_of_other_code_are_not_reused(tmp_path, monkeypatch):
 
 
 def test_a_failing_run_keeps_the_finished_ones(tmp_path):
-    from twin.experiment import run_spec
+    from twin.studies.sweep import run_spec
 
     def flaky(data, where, base_dir):
         if data["slo"]["ttft"] == "2 s":

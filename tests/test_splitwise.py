@@ -155,7 +155,7 @@ PROVISION_SPEC = {
 
 
 def test_provisioning_finds_the_best_split_and_is_deterministic():
-    from twin.provision import provision
+    from twin.studies.provision import provision
 
     a = provision(PROVISION_SPEC, "p.yaml", Path.cwd(), gpus=12, sample=80)
     assert [(c.prefill, c.decode, c.gpus) for c in a.candidates] == [(1, 2, 12), (2, 1, 12)]

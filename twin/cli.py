@@ -103,8 +103,8 @@ def _write_json(path: str, doc: dict[str, Any]) -> None:
 
 
 def cmd_compare(args: argparse.Namespace, data: dict[str, Any], where: str, base_dir: Path) -> int:
-    """``twin run`` on a spec with a ``compare:`` section (see twin/compare.py)."""
-    from twin.compare import run_compare
+    """``twin run`` on a spec with a ``compare:`` section (see twin/studies/compare.py)."""
+    from twin.studies.compare import run_compare
 
     for flag, value in (
         ("--requests-csv", args.requests_csv),
@@ -206,7 +206,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_handoff(args: argparse.Namespace) -> int:
     from twin.net.topology import load_topology
     from twin.perf.llm import get_model
-    from twin.serving.handoff import handoff_estimate
+    from twin.studies.handoff import handoff_estimate
 
     model = get_model(args.model, where="twin handoff: MODEL")
     where = "twin handoff: --topology"
@@ -235,8 +235,8 @@ def cmd_handoff(args: argparse.Namespace) -> int:
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
-    from twin.provision import format_provision, parse_watts, provision
     from twin.sim.spec import apply_overrides, parse_yaml, read_spec_text
+    from twin.studies.provision import format_provision, parse_watts, provision
 
     text, where, base_dir = read_spec_text(args.spec)
     data = parse_yaml(text, where)
@@ -250,8 +250,8 @@ def cmd_provision(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     import yaml
 
-    from twin.planner import plan_distserve
     from twin.sim.spec import load_spec
+    from twin.studies.planner import plan_distserve
 
     if args.sample <= 0:
         raise TwinError(f"twin plan: --sample: {args.sample} must be a positive integer")
@@ -267,8 +267,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _sweep_input(args: argparse.Namespace) -> tuple[dict[str, Any], str, Path, Any, Path]:
     """The spec (--set applied), its name and folder, the executor and --out."""
-    from twin.experiment import Executor, apply_sweep_overrides
     from twin.sim.spec import parse_yaml, read_spec_text
+    from twin.studies.sweep import Executor, apply_sweep_overrides
 
     text, where, base_dir = read_spec_text(args.spec)
     data = parse_yaml(text, where)
@@ -279,7 +279,7 @@ def _sweep_input(args: argparse.Namespace) -> tuple[dict[str, Any], str, Path, A
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from twin.experiment import run_sweep
+    from twin.studies.sweep import run_sweep
 
     data, where, base_dir, executor, out = _sweep_input(args)
     if "sweep" not in data:
@@ -303,7 +303,7 @@ def _plot_after(args: argparse.Namespace, out: Any) -> None:
 
 
 def cmd_goodput(args: argparse.Namespace) -> int:
-    from twin.goodput import goodput
+    from twin.studies.goodput import goodput
 
     data, where, base_dir, executor, out = _sweep_input(args)
     if args.rel_tol is not None and not 0 < args.rel_tol < 1:
@@ -365,7 +365,7 @@ def cmd_schedulers(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from twin.bench import run_bench
+    from twin.studies.bench import run_bench
 
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     print(run_bench(sizes, args.trace, args.data))

@@ -140,7 +140,7 @@ def goodput(
 ) -> float:
     """The largest rate (req/s) whose attainment reaches ``spec.slo.target``,
     to a relative tolerance ``tol``; 0 when even 1/1024 req/s misses it."""
-    from twin.goodput import find_max_rate
+    from twin.studies.goodput import find_max_rate
 
     target = spec.slo.target
     rate, _ = find_max_rate(

@@ -411,7 +411,7 @@ class _Planner:
     def goodput(self, attain: Callable[[float], float]) -> float:
         """Largest rate with ``attain(rate) >= target``: bracket by doubling or
         halving from the sample's own rate, then bisect geometrically."""
-        from twin.goodput import find_max_rate
+        from twin.studies.goodput import find_max_rate
 
         target = self.spec.slo.target
         rate, bounded = find_max_rate(
@@ -541,7 +541,7 @@ def plan_distserve(
     handoff_s: float | None = None
     affinity = "single-node"
     if nodes > 1:
-        from twin.serving.handoff import handoff_estimate
+        from twin.studies.handoff import handoff_estimate
 
         est = handoff_estimate(
             spec.model, max(1, typical), topo, tp=best_p.tp, placement="cross-node",

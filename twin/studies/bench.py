@@ -78,7 +78,7 @@ def run_bench(sizes: list[int], trace: str | None, data: str | None) -> str:
         if n <= 0:
             raise TwinError(f"twin bench: --sizes: {n} must be > 0")
         out = subprocess.run(
-            [sys.executable, "-m", "twin.bench", str(path), str(n)],
+            [sys.executable, "-m", "twin.studies.bench", str(path), str(n)],
             capture_output=True,
             text=True,
             check=False,

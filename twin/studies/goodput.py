@@ -14,7 +14,7 @@ times, (n - 1) / (last arrival - first arrival) of the requests the run
 replays. The table gives the mean over seeds, the half-width of its 95%
 confidence interval (Student t, K - 1 degrees of freedom; NaN for one seed),
 and the mean per GPU. ``goodput.csv`` holds the same (layout in
-``twin/experiment.py``).
+``twin/studies/sweep.py``).
 
 NOTE: attainment need not fall monotonically with the rate (a small sample,
 a burst); the search returns a rate that meets the target next to one twice
@@ -35,9 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from twin.compare import _set_path
 from twin.errors import SpecError
-from twin.experiment import (
+from twin.sim.spec import ExperimentSpec, resolve_spec
+from twin.studies.compare import _set_path
+from twin.studies.sweep import (
     RATE_KEYS,
     Axis,
     Executor,
@@ -48,7 +49,6 @@ from twin.experiment import (
     make_label,
     parse_sweep,
 )
-from twin.sim.spec import ExperimentSpec, resolve_spec
 
 DEFAULT_SEEDS = 3
 RateSearch = Generator[float, bool, tuple[float, bool]]
@@ -115,7 +115,7 @@ def find_max_rate(meets: Callable[[float], bool], start: float, **kw: Any) -> tu
 # -- a sweep spec's goodput ----------------------------------------------------------
 def probe_attainment(data: Mapping[str, Any], where: str, base_dir: str) -> float:
     """SLO attainment of one run (a worker's job)."""
-    from twin.experiment import run_spec
+    from twin.studies.sweep import run_spec
 
     att = run_spec(data, where, base_dir)["summary"]["slo_attainment"]
     return 0.0 if att is None else float(att)

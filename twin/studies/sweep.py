@@ -60,9 +60,9 @@ from typing import IO, Any
 import yaml
 
 import twin
-from twin.compare import _set_path
 from twin.errors import SpecError, TwinError
 from twin.sim.spec import apply_overrides, resolve_spec
+from twin.studies.compare import _set_path
 
 RATE_KEYS = ("workload.rate_scale", "workload.arrival.rate")
 EXECUTORS = ("local", "dask")
