@@ -1,4 +1,4 @@
-"""Sweeps, executors, the output layout twin.plots reads, and the goodput search."""
+"""Sweeps, executors, the output layout twin.viz.plots reads, and the goodput search."""
 
 from __future__ import annotations
 

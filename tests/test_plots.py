@@ -14,7 +14,10 @@ import schedulers.colocated  # noqa: F401 - registers the built-ins when not ins
 import schedulers.disagg  # noqa: F401
 from twin.cli import main
 from twin.errors import TwinError
-from twin.plots import (
+from twin.sim.metrics import REQUEST_COLUMNS
+from twin.sim.simulation import Simulation
+from twin.sim.trace import TraceRecorder, write_chrome_trace
+from twin.viz.plots import (
     attainment_series,
     knee,
     plot_attainment,
@@ -23,9 +26,6 @@ from twin.plots import (
     plot_goodput,
     plot_timeline,
 )
-from twin.sim.metrics import REQUEST_COLUMNS
-from twin.sim.simulation import Simulation
-from twin.sim.trace import TraceRecorder, write_chrome_trace
 
 
 def check_written(paths: list[Path], *bases: Path) -> None:

@@ -296,7 +296,7 @@ def _plot_after(args: argparse.Namespace, out: Any) -> None:
     """Plots of a sweep or goodput folder, unless --no-plots."""
     if getattr(args, "no_plots", False):
         return
-    from twin.plots import plot_dir
+    from twin.viz.plots import plot_dir
 
     for path in plot_dir(out, note=lambda msg: print(f"twin: {msg}", file=sys.stderr)):
         print(path)
@@ -375,7 +375,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_topo(args: argparse.Namespace) -> int:
     from twin.net.report import summary
     from twin.net.topology import load_topology
-    from twin.topodraw import draw
+    from twin.viz.topology import draw
 
     if args.nodes is not None and args.nodes <= 0:
         raise TwinError(f"twin topo: --nodes: {args.nodes} must be a positive integer")
@@ -388,7 +388,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from twin.plots import plot_cdfs, plot_dir, plot_timeline
+    from twin.viz.plots import plot_cdfs, plot_dir, plot_timeline
 
     if args.dir is None and not args.requests and not args.trace:
         raise TwinError("twin plot: give a sweep folder, --requests CSV ... or --trace FILE")

@@ -16,7 +16,7 @@ value in the table and the label (``tag.trace: [code, conv]`` beside the
 trace paths), and the keys zipped with a tag stay out of the label. Every run
 is resolved (``twin.sim.spec.resolve_spec``, its scheduler built) before any runs.
 
-Output layout (``twin sweep SPEC --out DIR``; ``twin.plots`` relies on it)::
+Output layout (``twin sweep SPEC --out DIR``; ``twin.viz.plots`` relies on it)::
 
     DIR/spec.yaml          the sweep spec as given, --set overrides applied
     DIR/runs/<run_id>.json one run: Result.to_dict() (header, summary,
