@@ -11,9 +11,10 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from twin._clock import Arrival
 from twin.perf.iteration import Batch
 from twin.request import Request
-from twin.serving.engine import Arrival, Engine, EngineConfig, Sequence
+from twin.serving.engine import Engine, EngineConfig, Sequence
 from twin.serving.kvcache import BlockManager, blocks_for
 
 
@@ -325,3 +326,31 @@ def test_cached_prefixes_are_evicted_before_anyone_is_preempted():
     eng, done = run_engine(reqs, blocks=10, config=cfg, perf=Auditing())
     assert len(done) == 6 and eng.preemptions == 0
     assert eng.cache.cached_blocks <= 10 and eng.kv.free + eng.cache.cached_blocks == 10
+
+
+def test_only_the_clock_touches_simpys_private_queue():
+    from pathlib import Path
+
+    import twin
+
+    root = Path(twin.__file__).parent
+    users = sorted(
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*.py")
+        if "._queue" in p.read_text() or "._eid" in p.read_text()
+    )
+    assert users == ["_clock.py"]
+
+
+def test_an_arrival_is_seen_before_an_iteration_ending_at_the_same_instant():
+    import simpy
+
+    from twin._clock import Arrival, at
+
+    env = simpy.Environment()
+    seen: list[str] = []
+    at(env, 1.0, lambda _ev: seen.append("iteration end"))
+    env.timeout(1.0).callbacks.append(lambda _ev: seen.append("timer"))
+    Arrival(env, 1.0).callbacks.append(lambda _ev: seen.append("arrival"))
+    env.run()
+    assert seen == ["arrival", "iteration end", "timer"]

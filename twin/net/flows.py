@@ -47,15 +47,15 @@ re-share with 400 flows on a two-tier fabric).
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 import simpy
 
+from twin._clock import at
 from twin.errors import SpecError
 
 REL_DONE = 1e-9  # remaining / size below which a flow is done
@@ -198,20 +198,6 @@ def max_min_rates(
         open_links = [k for k in open_links if count[k]]
         capped = [i for i in capped if not frozen[i]]
     return rate
-
-
-def _at(env: simpy.Environment, when: float, callback: Callable[[simpy.Event], None]) -> None:
-    """Call ``callback`` at the absolute time ``when``.
-
-    NOTE: SimPy schedules only by delay, and ``now + (when - now)`` can miss
-    ``when`` by one ulp; an idle path must take exactly latency + size / rate,
-    so this pushes onto SimPy's queue directly (as ``twin.serving.engine._at`` does).
-    """
-    ev = simpy.Event(env)
-    ev._ok = True
-    ev._value = None
-    ev.callbacks.append(callback)  # type: ignore[union-attr]
-    heapq.heappush(env._queue, (when, simpy.core.NORMAL, next(env._eid), ev))  # type: ignore[attr-defined]
 
 
 def _spread(series: dict[int, float], t0: float, t1: float, rate: float, width: float) -> None:
@@ -512,7 +498,7 @@ class Network:
                 self.max_link_load_ratio = max(self.max_link_load_ratio, s.load / s.usable)
         if earliest < math.inf:
             gen = self._gen
-            _at(self.env, earliest, lambda _ev: self._on_finish(gen))
+            at(self.env, earliest, lambda _ev: self._on_finish(gen))
 
     def _on_finish(self, gen: int) -> None:
         if gen != self._gen:
@@ -527,7 +513,7 @@ class Network:
         f.sending = False
         f.rate = 0.0
         f.remaining = 0.0
-        _at(self.env, now + f.latency, lambda _ev: self._deliver(f))
+        at(self.env, now + f.latency, lambda _ev: self._deliver(f))
 
     def _deliver(self, f: _Flow) -> None:
         self.bytes_delivered += f.size

@@ -28,26 +28,11 @@ from typing import Protocol
 
 import simpy
 
+from twin._clock import at
 from twin.errors import SpecError
 from twin.perf.iteration import Batch, PerfModel
 from twin.request import Request
 from twin.serving.kvcache import BlockManager, PrefixCache, blocks_for
-
-
-class Arrival(simpy.events.Event):
-    """A timeout that fires before ordinary events scheduled for the same instant.
-
-    Same-time events: an arrival is seen before an iteration that ends at the
-    same instant (a plain ``env.timeout``), so the request can join the batch
-    formed at that instant. Ties among arrivals keep their scheduling order.
-    """
-
-    def __init__(self, env: simpy.Environment, delay: float) -> None:
-        super().__init__(env)
-        self._ok = True
-        self._value = None
-        env.schedule(self, simpy.core.URGENT, delay)
-
 
 WAITING, PREFILL, DECODE, DONE = "waiting", "prefill", "decode", "done"
 # Disaggregated serving: prompt done, KV held here until it has moved (prefill
@@ -90,20 +75,6 @@ class EngineConfig:
 
 MIN_STRETCH = 3  # steps; shorter stretches are stepped
 MAX_STRETCH = 4096
-
-
-def _at(env: simpy.Environment, when: float) -> simpy.Event:
-    """An event at the absolute time ``when``.
-
-    NOTE: SimPy schedules only by delay (``now + delay``), and ``now + (when -
-    now)`` can miss ``when`` by one ulp; fast-forward must land exactly on the
-    times stepping would reach, so this pushes onto SimPy's queue directly.
-    """
-    ev = simpy.Event(env)
-    ev._ok = True
-    ev._value = None
-    heapq.heappush(env._queue, (when, simpy.core.NORMAL, next(env._eid), ev))  # type: ignore[attr-defined]
-    return ev
 
 
 class Stretch:
@@ -432,10 +403,10 @@ class Engine:
         env = self.env
         self._stretch = st
         self._stretch_cut = env.event()
-        yield env.any_of([_at(env, st.ends[-1]), self._stretch_cut])
+        yield env.any_of([at(env, st.ends[-1]), self._stretch_cut])
         if env.now < st.ends[-1]:
             # An arrival: run on to the end of the step in progress, then replan.
-            yield _at(env, st.ends[bisect_left(st.ends, env.now)])
+            yield at(env, st.ends[bisect_left(st.ends, env.now)])
         self._advance_stretch(env.now, inclusive=True)
         # Steps computed past an arrival are wasted: aim the next stretch at
         # about twice the length arrivals have been leaving (only speed depends

@@ -18,6 +18,7 @@ import numpy as np
 import simpy
 
 import twin
+from twin._clock import Arrival
 from twin.errors import CapacityError, SpecError
 from twin.net.flows import Network
 from twin.perf.build import build_perf_model
@@ -34,7 +35,7 @@ from twin.scheduler import (
     build_scheduler,
 )
 from twin.serving.cluster import EngineView, place_instances, place_on_topology, placement_order
-from twin.serving.engine import ROLES, Arrival, Engine, Sequence
+from twin.serving.engine import ROLES, Engine, Sequence
 from twin.serving.handoff import KVHandoff, pick_decode_with, shard_flows
 from twin.serving.kvcache import BlockManager, blocks_for, kv_capacity_blocks
 from twin.serving.kvpool import KVPool

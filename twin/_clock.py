@@ -1,0 +1,56 @@
+"""Time in the model: events at an absolute instant, and the order of events that
+fall on the same instant.
+
+SimPy orders its queue by ``(time, priority, event id)``. Two priorities name
+what the model needs of that order:
+
+- :data:`ARRIVAL`: a request's arrival is seen before anything else that falls
+  on the same instant, so that it can join the batch formed then;
+- :data:`ORDINARY`: everything else (iteration ends, transfers landing, timers);
+  ties among them keep the order in which they were scheduled.
+
+SimPy schedules by delay only (``now + delay``), and ``now + (when - now)`` can
+miss ``when`` by one ulp. Fast-forward must land exactly on the instants that
+stepping reaches, and an idle path must take exactly latency + size / rate, so
+:func:`at` pushes onto SimPy's queue directly. This module is the one place
+that touches SimPy's private ``Environment._queue`` and ``_eid`` (SimPy 4.x;
+the dependency is pinned to that major version).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+import simpy
+
+__all__ = ["ARRIVAL", "ORDINARY", "Arrival", "at"]
+
+ARRIVAL = simpy.core.URGENT
+ORDINARY = simpy.core.NORMAL
+
+
+class Arrival(simpy.events.Event):
+    """A timeout of ``delay`` seconds at :data:`ARRIVAL` priority."""
+
+    def __init__(self, env: simpy.Environment, delay: float) -> None:
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        env.schedule(self, ARRIVAL, delay)
+
+
+def at(
+    env: simpy.Environment,
+    when: float,
+    callback: Callable[[simpy.Event], None] | None = None,
+) -> simpy.Event:
+    """An event that fires at the absolute time ``when`` (:data:`ORDINARY`
+    priority), calling ``callback`` if one is given."""
+    ev = simpy.Event(env)
+    ev._ok = True
+    ev._value = None
+    if callback is not None:
+        ev.callbacks.append(callback)  # type: ignore[union-attr]
+    heapq.heappush(env._queue, (when, ORDINARY, next(env._eid), ev))  # type: ignore[attr-defined]
+    return ev
