@@ -14,8 +14,11 @@ from hypothesis import strategies as st
 from twin._clock import Arrival
 from twin.perf.iteration import Batch
 from twin.request import Request
-from twin.serving.engine import Engine, EngineConfig, Sequence
+from twin.serving.engine import Engine, EngineConfig
 from twin.serving.kvcache import BlockManager, blocks_for
+from twin.serving.observer import Observer, broadcast
+from twin.serving.sequence import Sequence
+from twin.sim.trace import EventLog
 
 
 class Linear:
@@ -70,6 +73,20 @@ class Auditing(Linear):
         return super().iteration_time(b)
 
 
+class Done(Observer):
+    """Collects the sequences that end, in the order they end."""
+
+    def __init__(self, done: list[Sequence]) -> None:
+        self.done = done
+
+    def request_ended(self, now, instance, req, seq, outcome, reason):
+        self.done.append(seq)
+
+
+def observing(done: list[Sequence], log: list[tuple] | None = None) -> Observer:
+    return broadcast([Done(done)] + ([EventLog(log)] if log is not None else []))
+
+
 def run_engine(reqs, *, blocks=1000, config=None, perf=None, log=None, probe=None):
     env = simpy.Environment()
     done: list[Sequence] = []
@@ -80,8 +97,7 @@ def run_engine(reqs, *, blocks=1000, config=None, perf=None, log=None, probe=Non
         perf,
         BlockManager(blocks, (config or EngineConfig()).block_size),
         config or EngineConfig(),
-        done.append,
-        log,
+        observing(done, log),
     )
     if isinstance(perf, Auditing):
         perf.engine = eng
@@ -285,7 +301,8 @@ def test_fast_forward_covers_long_decodes_with_few_events():
         env = simpy.Environment()
         done: list[Sequence] = []
         cfg = EngineConfig(fast_forward=ff)
-        eng = Engine(env, 0, Linear(per_context=1e-6), BlockManager(1000, 16), cfg, done.append)
+        perf = Linear(per_context=1e-6)
+        eng = Engine(env, 0, perf, BlockManager(1000, 16), cfg, observing(done))
 
         def arrive(env=env, eng=eng):
             for r in reqs:

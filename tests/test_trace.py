@@ -146,19 +146,26 @@ class Link:
     latency_s: float = 1e-6
 
 
-def test_the_network_tells_its_recorder_when_a_transfer_is_done():
-    done = []
+def test_the_network_tells_its_observer_when_a_transfer_starts_and_is_done():
+    seen = []
 
     class Rec:
-        def transfer_done(self, t):
-            done.append((t.label, t.end_s, t.flow_ends, t.size_bytes))
+        def transfer_started(self, now, t):
+            seen.append(("start", now, t.label, t.flow_ends))
+
+        def transfer_ended(self, now, t):
+            seen.append(("end", now, t.label, t.end_s, t.flow_ends, t.size_bytes))
 
     env = simpy.Environment()
-    net = Network(env, recorder=Rec())
+    net = Network(env, observer=Rec())
     ab, bc = Link("a", "b"), Link("b", "c")
     net.start([FlowSpec((ab, bc), 1e6), FlowSpec((), 5.0)], label="kv 1")
     env.run()
-    assert done == [("kv 1", pytest.approx(1e-3 + 2e-6), (("a", "c"),), 1e6 + 5.0)]
+    end = pytest.approx(1e-3 + 2e-6)
+    assert seen == [
+        ("start", 0.0, "kv 1", (("a", "c"),)),
+        ("end", end, "kv 1", end, (("a", "c"),), 1e6 + 5.0),
+    ]
 
 
 def test_twin_run_trace_out(tmp_path, capsys):

@@ -294,10 +294,13 @@ class Transfer:
         )
 
 
-class TransferRecorder(Protocol):
-    """Told of each transfer once it is done (``twin.sim.trace.TraceRecorder`` fits)."""
+class TransferObserver(Protocol):
+    """Told of each transfer as it starts and once it is done
+    (``twin.serving.observer.Observer`` fits)."""
 
-    def transfer_done(self, t: Transfer) -> None: ...
+    def transfer_started(self, now: float, transfer: Transfer) -> None: ...
+
+    def transfer_ended(self, now: float, transfer: Transfer) -> None: ...
 
 
 class Network:
@@ -307,16 +310,16 @@ class Network:
         self,
         env: simpy.Environment,
         series_bucket_s: float | None = None,
-        recorder: TransferRecorder | None = None,
+        observer: TransferObserver | None = None,
     ) -> None:
         """``series_bucket_s``: also keep each link's bytes per time bucket of
-        this width (seconds), for utilization over time. ``recorder``: told of
-        each transfer when it is done."""
+        this width (seconds), for utilization over time. ``observer``: told of
+        each transfer as it starts and when it is done."""
         if series_bucket_s is not None and not series_bucket_s > 0.0:
             raise SpecError(f"series bucket (={series_bucket_s!r} s) must be > 0")
         self.env = env
         self.series_bucket_s = series_bucket_s
-        self.recorder = recorder
+        self.observer = observer
         self._flows: dict[int, _Flow] = {}  # sending, in creation order
         self._links: dict[tuple[str, str], _LinkState] = {}
         self._used: list[_LinkState] = []  # links under the flows now sending
@@ -345,6 +348,8 @@ class Network:
             self._first_start = now
         self._in_flight += 1
         if not flows:
+            if self.observer is not None:
+                self.observer.transfer_started(now, t)
             self._finish_transfer(t)
             return t
         self._advance(now)
@@ -357,6 +362,8 @@ class Network:
                 self._drain(f, now)
             else:
                 self._flows[f.fid] = f
+        if self.observer is not None:
+            self.observer.transfer_started(now, t)
         self._settle(now)
         return t
 
@@ -527,6 +534,6 @@ class Network:
         t.end_s = now
         self._in_flight -= 1
         self._last_end = now if self._last_end is None else max(self._last_end, now)
-        if self.recorder is not None:
-            self.recorder.transfer_done(t)
+        if self.observer is not None:
+            self.observer.transfer_ended(now, t)
         t.done.succeed(t)

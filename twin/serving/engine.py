@@ -19,7 +19,7 @@ decode steps in which nothing changes.
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Sequence_
@@ -28,16 +28,14 @@ from typing import Protocol
 
 import simpy
 
-from twin._clock import at
 from twin.errors import SpecError
 from twin.perf.iteration import Batch, PerfModel
 from twin.request import Request
-from twin.serving.kvcache import BlockManager, PrefixCache, blocks_for
+from twin.serving.fastforward import FastForward
+from twin.serving.kvcache import BlockManager, PrefixCache, blocks_for, cacheable
+from twin.serving.observer import Observer
+from twin.serving.sequence import DECODE, DONE, HANDOFF, INCOMING, PREFILL, WAITING, Sequence
 
-WAITING, PREFILL, DECODE, DONE = "waiting", "prefill", "decode", "done"
-# Disaggregated serving: prompt done, KV held here until it has moved (prefill
-# side); blocks reserved here, KV on its way (decode side).
-HANDOFF, INCOMING = "handoff", "incoming"
 ROLES = ("mixed", "prefill", "decode")
 
 
@@ -52,7 +50,7 @@ class EngineConfig:
     ``prefix_caching`` keeps finished prompts' KV for reuse by later requests
     with the same leading prefix hashes (see :class:`~twin.serving.kvcache.PrefixCache`).
     ``fast_forward`` lets the engine cover a stretch of decode steps in which
-    nothing can change with one event (see :class:`Stretch`); the results are
+    nothing can change with one event (see :mod:`twin.serving.fastforward`); the results are
     those of stepping.
     """
 
@@ -73,107 +71,6 @@ class EngineConfig:
             raise SpecError(f"engine.watermark: {self.watermark!r} must be in [0, 1)")
 
 
-MIN_STRETCH = 3  # steps; shorter stretches are stepped
-MAX_STRETCH = 4096
-
-
-class Stretch:
-    """Decode steps covered by one event: step ``i`` runs ``dts[i]`` seconds and
-    ends at ``ends[i]`` (it starts at the previous end, the first when the
-    stretch is made). ``begun`` and ``ended`` count the steps applied so far;
-    the first is planned (begun) before the stretch is made."""
-
-    __slots__ = ("dts", "ends", "begun", "ended")
-
-    def __init__(self, dts: list[float], ends: list[float]) -> None:
-        self.dts = dts
-        self.ends = ends
-        self.begun = 1
-        self.ended = 0
-
-
-class Sequence:
-    """The life of one request on one instance: its state and timestamps (s)."""
-
-    __slots__ = (
-        "req",
-        "state",
-        "prefill_len",
-        "prefilled",
-        "generated",
-        "blocks",
-        "t_arrival",
-        "t_scheduled",
-        "t_prefill_done",
-        "t_first_token",
-        "t_finish",
-        "t_last_token",
-        "max_gap",
-        "preemptions",
-        "d_join",
-        "g_join",
-        "epoch",
-        "instance",
-        "handoff",
-        "prefill_instance",
-        "decode_instance",
-        "t_transfer_start",
-        "t_transfer_end",
-        "t_first_decode",
-        "first_token_at_decode",
-        "transfer",
-        "units",
-        "shared_blocks",
-        "cached_tokens",
-        "preloaded_tokens",
-    )
-
-    def __init__(self, req: Request, now: float) -> None:
-        self.req = req
-        self.state = WAITING
-        self.prefill_len = req.prompt_tokens
-        self.prefilled = 0
-        self.generated = 0
-        self.blocks = 0
-        self.t_arrival = now
-        self.t_scheduled = -1.0
-        self.t_prefill_done = -1.0
-        self.t_first_token = -1.0
-        self.t_finish = -1.0
-        self.t_last_token = -1.0
-        self.max_gap = 0.0
-        self.preemptions = 0
-        self.d_join = 0
-        self.g_join = 0
-        self.epoch = 0
-        self.instance = -1
-        # Disaggregated serving: whether the KV moves after the prefill, where,
-        # and when (-1 = not yet / never).
-        self.handoff = False
-        self.prefill_instance = -1
-        self.decode_instance: int | None = None
-        self.t_transfer_start = -1.0
-        self.t_transfer_end = -1.0
-        self.t_first_decode = -1.0
-        self.first_token_at_decode = False
-        self.transfer: object | None = None
-        # Prefix caching: the cached units (hashes) this sequence holds here,
-        # their blocks (not in ``blocks``), and the prompt tokens it reused.
-        self.units: list[int] = []
-        self.shared_blocks = 0
-        self.cached_tokens = 0
-        self.preloaded_tokens = 0  # prompt tokens whose KV was loaded from a KV pool
-
-    @property
-    def held_blocks(self) -> int:
-        """Blocks whose KV this sequence reads: its own and the cached ones it shares."""
-        return self.blocks + self.shared_blocks
-
-    def length_at(self, step: int) -> int:
-        """Tokens in the sequence (its KV context) when decode step ``step`` runs."""
-        return self.prefill_len + 1 + (step - self.d_join)
-
-
 class EngineHooks(Protocol):
     """What an engine tells the KV hand-off of a disaggregated cluster."""
 
@@ -188,8 +85,10 @@ class EngineHooks(Protocol):
 
 
 class Engine:
-    """A serving instance. ``submit`` hands it a request; ``on_finish`` is called
-    once per sequence when its last token is out."""
+    """A serving instance. ``submit`` hands it a request; what happens is reported
+    to ``observer`` (a sequence's end among it, once, when its last token is out);
+    ``hooks`` are the hand-off's (split serving), and ``on_prompt`` is called as
+    each prompt is computed (a KV pool keeps it). All are given at construction."""
 
     def __init__(
         self,
@@ -198,11 +97,11 @@ class Engine:
         perf: PerfModel,
         blocks: BlockManager,
         config: EngineConfig,
-        on_finish: Callable[[Sequence], None],
-        log: list[tuple] | None = None,
+        observer: Observer,
         *,
         role: str = "mixed",
         hooks: EngineHooks | None = None,
+        on_prompt: Callable[[Engine, Sequence], None] | None = None,
     ) -> None:
         if role not in ROLES:
             raise SpecError(
@@ -220,10 +119,9 @@ class Engine:
         self.kv = blocks
         self.cache = PrefixCache(blocks) if config.prefix_caching else None
         self.config = config
-        self.on_finish = on_finish
-        # called when a sequence's prompt is computed (a KV pool keeps it)
-        self.on_prompt: Callable[[Engine, Sequence], None] | None = None
-        self.log = log
+        self.observer = observer
+        self._iter_observer = observer if observer.wants_iterations else None
+        self.on_prompt = on_prompt
         self.waiting: deque[Sequence] = deque()
         self.waiting_tokens = 0
         # Every admitted sequence, in admission order (the last is the first victim).
@@ -239,11 +137,10 @@ class Engine:
         self._gap_vals: list[float] = []  # ... their gaps, decreasing
         self._last_decode_end = -1.0
         self._wake: simpy.Event | None = None
-        self._fast_forward = config.fast_forward and log is None
-        self._stretch: Stretch | None = None
-        self._stretch_cap = MAX_STRETCH
+        self._ff = (
+            FastForward(self) if config.fast_forward and self._iter_observer is None else None
+        )
         self._preempted = False  # a preemption happened while planning this step
-        self._stretch_cut: simpy.Event = env.event()
         self.iterations = 0
         self.busy_s = 0.0
         self.preemptions = 0
@@ -302,10 +199,8 @@ class Engine:
 
     def _interrupt(self) -> None:
         """A change from outside: end a fast-forwarded stretch at the step in progress."""
-        if self._stretch is not None:
-            self.sync()
-            if not self._stretch_cut.triggered:
-                self._stretch_cut.succeed()
+        if self._ff is not None:
+            self._ff.interrupt()
 
     def _poke(self) -> None:
         if self._wake is not None and not self._wake.triggered:
@@ -320,8 +215,8 @@ class Engine:
     def sync(self) -> None:
         """Bring the state up to now inside a fast-forwarded stretch, so that a
         reader sees what stepping would show at this instant."""
-        if self._stretch is not None:
-            self._advance_stretch(self.env.now, inclusive=False)
+        if self._ff is not None:
+            self._ff.sync()
 
     # -- the loop --------------------------------------------------------------------
     def serve(self):  # noqa: ANN201 - a SimPy process
@@ -337,151 +232,26 @@ class Engine:
             dt = self.perf.iteration_time(batch)
             if not dt > 0.0:
                 raise SpecError(f"perf model {self.perf.name!r} gave iteration time {dt!r} <= 0")
-            if self.log is not None:
-                self.log.append(
-                    (
-                        round(env.now, 9),
-                        "iteration",
-                        self.id,
-                        tuple(s.req.id for s, _ in chunks),
-                        batch.decode_count,
-                    )
+            obs = self._iter_observer
+            if obs is not None:
+                obs.iteration_started(
+                    env.now, self.id, dt, tuple(s.req.id for s, _ in chunks), batch
                 )
             if self.hooks is not None:
                 for seq, n in chunks:
                     if seq.handoff and seq.prefilled + n >= seq.prefill_len:
                         self.hooks.on_prefill_start(self, seq, dt)
-            if decoding and not chunks and self._fast_forward:
-                stretch = self._try_stretch(dt, batch)
+            if decoding and not chunks and self._ff is not None:
+                stretch = self._ff.plan(dt, batch)
                 if stretch is not None:
-                    yield from self._run_stretch(stretch)
+                    yield from self._ff.run(stretch)
                     continue
             yield env.timeout(dt)
             self.iterations += 1
             self.busy_s += dt
+            if obs is not None:
+                obs.iteration_ended(env.now, self.id)
             self._complete(chunks, decoding)
-
-    # -- fast-forward over decode steps ----------------------------------------------
-    def _try_stretch(self, dt: float, batch: Batch) -> Stretch | None:
-        """A stretch of the decode steps from the one just planned up to, not
-        including, the next step in which a sequence finishes, when every block
-        those steps need is free (so no preemption can happen) and it is long
-        enough to be worth it. Arrivals, the only other change, cut it short."""
-        if self._preempted:
-            return None  # the preempted may be admitted again at the next step
-        heap = self._finish_heap
-        while heap and (heap[0][2] != heap[0][3].epoch or heap[0][3].state != DECODE):
-            heapq.heappop(heap)
-        if not heap:
-            return None
-        first = self.steps + 1
-        last = min(heap[0][0] - 1, first + self._stretch_cap - 1)
-        if last - first < MIN_STRETCH - 1:
-            return None
-        bs = self.kv.block_size
-        # Each sequence takes at most one block per block_size steps; count
-        # exactly only when that bound does not fit.
-        if self.decode_count * ((last - first) // bs + 1) > self.kv.free:
-            need = 0
-            for s in self.running.values():
-                if s.state == DECODE:
-                    need += max(0, blocks_for(s.length_at(last), bs) - s.held_blocks)
-            if need > self.kv.free:
-                return None
-        count, ctx = batch.decode_count, batch.decode_context_sum
-        t = self.env.now + dt
-        dts, ends = [dt], [t]
-        for _ in range(last - first):
-            ctx += count
-            d = self.perf.iteration_time(Batch((), count, ctx))
-            t += d  # the same float sum stepping makes: now + dt, one step at a time
-            dts.append(d)
-            ends.append(t)
-        return Stretch(dts, ends)
-
-    def _run_stretch(self, st: Stretch):  # noqa: ANN202 - part of the serve process
-        env = self.env
-        self._stretch = st
-        self._stretch_cut = env.event()
-        yield env.any_of([at(env, st.ends[-1]), self._stretch_cut])
-        if env.now < st.ends[-1]:
-            # An arrival: run on to the end of the step in progress, then replan.
-            yield at(env, st.ends[bisect_left(st.ends, env.now)])
-        self._advance_stretch(env.now, inclusive=True)
-        # Steps computed past an arrival are wasted: aim the next stretch at
-        # about twice the length arrivals have been leaving (only speed depends
-        # on this, never a result).
-        if st.ended < len(st.ends):
-            self._stretch_cap = max(2 * MIN_STRETCH, st.ended + st.ended // 2 + 2)
-        else:
-            self._stretch_cap = min(MAX_STRETCH, 2 * self._stretch_cap)
-        self._stretch = None
-
-    def _advance_stretch(self, now: float, *, inclusive: bool) -> None:
-        """Apply the stretch's steps that stepping would have applied by ``now``:
-        a step begins (takes its blocks) at its start and ends (tokens out) at
-        its end. Events at ``now`` itself are applied only when ``inclusive``
-        (same-time arrivals see the state before them, as when stepping).
-
-        Steps are applied in bulk: nothing in a stretch can fail or finish, so
-        only the totals, and the gaps in the order stepping pushes them, matter.
-        """
-        st = self._stretch
-        assert st is not None
-        ends = st.ends
-        begin_to = min(len(ends), bisect_left(ends, now) + 1)
-        if begin_to > st.begun:
-            self._allocate_through(self.steps + 1 + (begin_to - 1 - st.ended))
-            st.begun = begin_to
-        end_to = bisect_right(ends, now) if inclusive else bisect_left(ends, now)
-        if end_to <= st.ended:
-            return
-        if st.ended == 0:
-            self.iterations += 1
-            self.busy_s += st.dts[0]
-            self._complete_decode_step(ends[0])
-            st.ended = 1
-        k0 = st.ended
-        if end_to <= k0:
-            return
-        gap_steps, gap_vals = self._gap_steps, self._gap_vals
-        dts = st.dts
-        busy = self.busy_s
-        step = self.steps
-        prev = ends[k0 - 1]
-        for k in range(k0, end_to):
-            e = ends[k]
-            gap = e - prev
-            prev = e
-            step += 1
-            while gap_vals and gap_vals[-1] <= gap:
-                gap_vals.pop()
-                gap_steps.pop()
-            gap_steps.append(step)
-            gap_vals.append(gap)
-            busy += dts[k]
-        n = end_to - k0
-        self.busy_s = busy
-        self.iterations += n
-        self.steps = step
-        self.decode_ctx_sum += self.decode_count * n
-        self._last_decode_end = prev
-        st.ended = end_to
-        if len(gap_steps) > 4096:
-            self._prune_gaps(step)
-
-    def _allocate_through(self, last: int) -> None:
-        """The blocks decode steps up to ``last`` take, all known to be free."""
-        heap = self._alloc_heap
-        kv = self.kv
-        bs = kv.block_size
-        while heap and heap[0][0] <= last:
-            need_at, _, epoch, s = heapq.heappop(heap)
-            if epoch != s.epoch or s.state != DECODE:
-                continue
-            kv.allocate(1)
-            s.blocks += 1
-            heapq.heappush(heap, (need_at + bs, s.req.id, s.epoch, s))
 
     # -- planning --------------------------------------------------------------------
     def _plan(self) -> tuple[Batch, list[tuple[Sequence, int]], bool]:
@@ -561,10 +331,7 @@ class Engine:
 
     def cacheable(self, req: Request) -> tuple[int, ...]:
         """The prefix hashes of ``req`` whose blocks are whole units of its prompt."""
-        unit = req.prefix_block_tokens
-        if unit <= 0 or unit % self.kv.block_size:
-            return ()
-        return req.prefix_hashes[: req.prompt_tokens // unit]
+        return cacheable(req, self.kv.block_size)
 
     def cached_prefix_tokens(self, req: Request) -> int:
         """Prompt tokens of ``req`` whose KV this instance's prefix cache holds."""
@@ -645,8 +412,7 @@ class Engine:
         s.prefilled = 0
         self.waiting.appendleft(s)
         self.waiting_tokens += s.prefill_len
-        if self.log is not None:
-            self.log.append((round(self.env.now, 9), "preempt", self.id, s.req.id))
+        self.observer.preempted(self.env.now, self.id, s.req)
 
     # -- applying an iteration -------------------------------------------------------
     def _complete(self, chunks: list[tuple[Sequence, int]], decoded: bool) -> None:
@@ -684,8 +450,7 @@ class Engine:
         s.shared_blocks = 0
         s.state = HANDOFF
         s.epoch += 1
-        if self.log is not None:
-            self.log.append((round(self.env.now, 9), "handoff", self.id, s.req.id))
+        self.observer.prefilled(self.env.now, self.id, s.req)
         assert self.hooks is not None, "a hand-off needs hooks"
         self.hooks.on_prefilled(self, s)
 
@@ -699,13 +464,15 @@ class Engine:
             if s.state == DECODE and s.d_join == step:
                 if s.t_first_decode < 0:
                     s.t_first_decode = now
-                if s.first_token_at_decode:
-                    # The client sees token 1 with the decode side's first step.
-                    s.first_token_at_decode = False
-                    s.t_first_token = now
-                    continue
                 gap = now - s.t_last_token
-                if gap > s.max_gap:
+                if s.landed:
+                    # The decode side's first step after the KV landed: the gap
+                    # spans the hand-off, and whether the client sees it as an
+                    # inter-token gap depends on where TTFT ends (metrics decide).
+                    s.landed = False
+                    if gap > s.landing_gap:
+                        s.landing_gap = gap
+                elif gap > s.max_gap:
                     s.max_gap = gap
         self._first_gap.clear()
         self.decode_ctx_sum += self.decode_count
@@ -742,9 +509,7 @@ class Engine:
         del self.running[s.req.id]
         self._drop_blocks(s)
         s.epoch += 1
-        if self.log is not None:
-            self.log.append((round(now, 9), "finish", self.id, s.req.id))
-        self.on_finish(s)
+        self.observer.request_ended(now, self.id, s.req, s, "completed", "")
         if self.hooks is not None:
             self.hooks.on_blocks_freed(self)
 

@@ -39,7 +39,8 @@ from twin.errors import SpecError
 from twin.net.flows import FlowSpec, Network
 from twin.net.topology import Topology
 from twin.scheduler import ClusterView
-from twin.serving.engine import Engine, Sequence
+from twin.serving.engine import Engine
+from twin.serving.sequence import Sequence
 
 MODES = ("serialized", "layerwise")
 PROTOCOLS = ("push", "pull")
@@ -101,7 +102,11 @@ def shard_flows(
 
 
 class KVHandoff:
-    """Moves KV between the engines of one simulation (the engines' hooks)."""
+    """Moves KV between the engines of one simulation (the engines' hooks).
+
+    It is made before the engines, which are built with it as their hooks:
+    ``engines`` is the cluster's list of engines by id, complete before the
+    run starts, and ``gpus`` the GPUs of each instance."""
 
     def __init__(
         self,
@@ -114,7 +119,6 @@ class KVHandoff:
         config: TransferConfig,
         pick_decode: Callable[[Sequence], int],
         *,
-        ttft_at_decode: bool,
         layers: int,
     ) -> None:
         self.env = env
@@ -125,9 +129,8 @@ class KVHandoff:
         self.kv_bytes_per_token = kv_bytes_per_token
         self.config = config
         self.pick_decode = pick_decode
-        self.ttft_at_decode = ttft_at_decode
         self.layers = layers
-        self.pending: list[deque[Sequence]] = [deque() for _ in engines]
+        self.pending: list[deque[Sequence]] = [deque() for _ in gpus]
         self.bytes_moved = 0.0
         self.transfers = 0
 
@@ -207,7 +210,7 @@ class KVHandoff:
     def _landed(self, seq: Sequence, src: int, dst: int) -> None:
         seq.t_transfer_end = self.env.now
         seq.transfer = None
-        seq.first_token_at_decode = self.ttft_at_decode
+        seq.landed = True
         self.engines[src].release(seq)
         self.engines[dst].receive(seq)
 

@@ -11,6 +11,7 @@ from collections import OrderedDict
 from collections.abc import Container, Sequence
 
 from twin.errors import CapacityError
+from twin.request import Request
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -90,6 +91,15 @@ class BlockManager:
         if self.free + blocks > self.total:
             raise AssertionError(f"release({blocks}) would exceed capacity {self.total}")
         self.free += blocks
+
+
+def cacheable(req: Request, block_size: int) -> tuple[int, ...]:
+    """The prefix hashes of ``req`` whose units are whole blocks of its prompt
+    (none when a unit is not a multiple of ``block_size``)."""
+    unit = req.prefix_block_tokens
+    if unit <= 0 or unit % block_size:
+        return ()
+    return req.prefix_hashes[: req.prompt_tokens // unit]
 
 
 def leading_run(hashes: Sequence[int], held: Container[int]) -> int:

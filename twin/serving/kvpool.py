@@ -17,7 +17,18 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from twin.serving.kvcache import leading_run
+import simpy
+
+from twin.errors import SpecError
+from twin.net.flows import Network
+from twin.net.topology import Topology
+from twin.perf.gpus import get_gpu
+from twin.request import Request
+from twin.serving.cluster import Placement
+from twin.serving.engine import Engine
+from twin.serving.handoff import shard_flows
+from twin.serving.kvcache import cacheable, leading_run
+from twin.serving.sequence import Sequence as Seq
 
 
 class KVPool:
@@ -54,3 +65,112 @@ class KVPool:
                 self.used_bytes -= b
             units[h] = unit_bytes
             self.used_bytes += unit_bytes
+
+
+class KVPools:
+    """The pools of one cluster, one per node, and the loads from them.
+
+    Engines hand every computed prompt to :meth:`keep_prompt`; the router's
+    view reads :meth:`prefix` (which node holds how many of a request's prompt
+    tokens) and :meth:`estimate_s`; a route with ``fetch_from`` goes through
+    :meth:`fetch_then_submit`, which loads the prefix (over PCIe inside the
+    node, else as flows over the network) and then submits the request.
+    """
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        capacity_bytes: float,
+        topology: Topology,
+        placements: Sequence[Placement],
+        network: Network,
+        kv_bytes_per_token: int,
+        block_size: int,
+    ) -> None:
+        self.env = env
+        self.pools = [KVPool(n, capacity_bytes) for n in range(topology.num_nodes)]
+        self.topology = topology
+        self.placements = placements
+        self.network = network
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.block_size = block_size
+        self.bytes_fetched = 0.0
+        self._rates: dict[tuple[int, int], tuple[float, float]] = {}
+
+    def keep_prompt(self, engine: Engine, seq: Seq) -> None:
+        """An engine computed ``seq``'s prompt: its node's pool keeps the prefix."""
+        hashes = cacheable(seq.req, self.block_size)
+        if hashes:
+            unit_bytes = seq.req.prefix_block_tokens * self.kv_bytes_per_token
+            self.pools[self.placements[engine.id].node].insert(hashes, unit_bytes)
+
+    def prefix(self, req: Request) -> dict[int, int]:
+        """Node -> prompt tokens of ``req`` whose KV that node's pool holds."""
+        hashes = cacheable(req, self.block_size)
+        out = {}
+        for pool in self.pools:
+            n = pool.match(hashes)
+            if n:
+                out[pool.node] = n * req.prefix_block_tokens
+        return out
+
+    def _rate(self, instance: int, node: int) -> tuple[float, float]:
+        """(latency s, bytes/s) of loading KV from ``node``'s pool to ``instance``
+        on an idle network: over PCIe inside the node (every GPU of the instance
+        in parallel), else from the pool node's NICs as flows, one per shard."""
+        key = (instance, node)
+        if key not in self._rates:
+            topo = self.topology
+            gpus = self.placements[instance].gpus
+            if node == self.placements[instance].node:
+                pcie = get_gpu(topo.gpu_type(gpus[0])).pcie_bytes_s
+                self._rates[key] = (0.0, pcie * len(gpus))
+            else:
+                src = topo.gpus_of_node(node)[: len(gpus)]
+                probe = 1e9
+                env = simpy.Environment()
+                t = Network(env).start(shard_flows(topo, src, gpus, probe))
+                env.run()
+                assert t.end_s is not None
+                lat = max(topo.latency_s(topo.path(a, b)) for a, b in zip(src, gpus, strict=False))
+                self._rates[key] = (lat, probe / max(t.end_s - lat, 1e-12))
+        return self._rates[key]
+
+    def estimate_s(self, instance: int, node: int, tokens: int) -> float:
+        """Time to load ``tokens`` tokens' KV from ``node``'s pool to ``instance``,
+        on an idle network."""
+        lat, rate = self._rate(instance, node)
+        return lat + tokens * self.kv_bytes_per_token / rate
+
+    def fetch_then_submit(self, seq: Seq, engine: Engine, node: int, policy: str) -> None:
+        """Load the prefix of ``seq`` that ``node``'s pool holds to ``engine``, then
+        submit it there (at once when the engine holds at least as much)."""
+        if not 0 <= node < len(self.pools):
+            raise SpecError(
+                f"scheduler {policy!r}: request {seq.req.id} fetches from node {node!r}; "
+                f"nodes are 0..{len(self.pools) - 1}"
+            )
+        req = seq.req
+        hashes = cacheable(req, self.block_size)
+        pool = self.pools[node]
+        n = pool.match(hashes)
+        tokens = min(n * req.prefix_block_tokens, req.prompt_tokens - 1)
+        if tokens <= engine.cached_prefix_tokens(req):
+            engine.submit(seq)  # nothing to load that the instance does not hold
+            return
+        pool.touch(hashes[:n])
+        nbytes = tokens * self.kv_bytes_per_token
+        self.bytes_fetched += nbytes
+        inst = engine.id
+
+        def landed(_ev: object) -> None:
+            seq.preloaded_tokens = tokens
+            engine.submit(seq)
+
+        if node == self.placements[inst].node:
+            lat, rate = self._rate(inst, node)
+            self.env.timeout(lat + nbytes / rate).callbacks.append(landed)
+        else:
+            src = self.topology.gpus_of_node(node)[: len(self.placements[inst].gpus)]
+            flows = shard_flows(self.topology, src, self.placements[inst].gpus, nbytes)
+            self.network.start(flows, label=f"fetch {req.id}").done.callbacks.append(landed)

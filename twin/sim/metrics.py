@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from twin.request import Request
-from twin.serving.engine import Sequence
+from twin.serving.observer import Observer, Outcome
+from twin.serving.sequence import Sequence
 
 QUANTILES = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99))
 
@@ -125,13 +126,26 @@ REQUEST_COLUMNS = (
 )
 
 
-class Metrics:
+class Metrics(Observer):
     """Folds ended requests into summaries; optionally streams one row each to
-    ``on_row`` (a dict keyed by :data:`REQUEST_COLUMNS`)."""
+    ``on_row`` (a dict keyed by :data:`REQUEST_COLUMNS`).
 
-    def __init__(self, slo: SLO, on_row: Callable[[dict[str, Any]], None] | None = None):
+    ``ttft_at`` is where a split deployment's TTFT ends (DESIGN.md, TTFT): at
+    ``decode``, the client sees token 1 with the decode side's first step, after
+    the KV has moved, so TTFT includes the hand-off and the gap across it is
+    not an inter-token gap; at ``prefill``, token 1 is seen when the prompt is
+    done and the hand-off shows as an inter-token gap. The engines record both
+    instants; the rule is applied here, and only here."""
+
+    def __init__(
+        self,
+        slo: SLO,
+        on_row: Callable[[dict[str, Any]], None] | None = None,
+        ttft_at: str = "decode",
+    ) -> None:
         self.slo = slo
         self.on_row = on_row
+        self.ttft_at_decode = ttft_at == "decode"
         self.completed = 0
         self.rejected = 0
         self.reject_reasons: Counter[str] = Counter()
@@ -155,20 +169,34 @@ class Metrics:
     def ended(self) -> int:
         return self.completed + self.rejected
 
+    def request_ended(
+        self, now: float, instance: int, req: Request, seq: Sequence | None, outcome: Outcome,
+        reason: str,
+    ) -> None:  # fmt: skip
+        if outcome == "completed":
+            assert seq is not None
+            self.complete(seq)
+        else:
+            self.reject(req, reason, now)
+
     def complete(self, s: Sequence) -> None:
         req = s.req
-        ttft = s.t_first_token - req.arrival_s
+        moved = s.t_transfer_end >= 0.0
+        if moved and self.ttft_at_decode:
+            first, max_gap = s.t_first_decode, s.max_gap
+        else:
+            first, max_gap = s.t_first_token, max(s.max_gap, s.landing_gap)
+        ttft = first - req.arrival_s
         e2e = s.t_finish - req.arrival_s
         queue = s.t_scheduled - req.arrival_s
         tpot: float | None = None
         if req.output_tokens > 1:
-            tpot = (s.t_finish - s.t_first_token) / (req.output_tokens - 1)
+            tpot = (s.t_finish - first) / (req.output_tokens - 1)
             self.tpot.add(tpot)
-            self.itl_max.add(s.max_gap)
+            self.itl_max.add(max_gap)
         self.ttft.add(ttft)
         self.e2e.add(e2e)
         self.queue.add(queue)
-        moved = s.t_transfer_end >= 0.0
         if moved:
             # What the hand-off adds after the prompt is done (a layer-wise
             # stream overlaps the prefill; only its residual shows).
@@ -202,7 +230,7 @@ class Metrics:
                     "output_tokens": req.output_tokens,
                     "scheduled_s": s.t_scheduled,
                     "prefill_done_s": s.t_prefill_done,
-                    "first_token_s": s.t_first_token,
+                    "first_token_s": first,
                     "finish_s": s.t_finish,
                     "queue_s": queue,
                     "prefill_s": s.t_prefill_done - s.t_scheduled,
@@ -218,7 +246,7 @@ class Metrics:
                     "ttft_s": ttft,
                     "tpot_s": "" if tpot is None else tpot,
                     "e2e_s": e2e,
-                    "max_itl_s": s.max_gap if req.output_tokens > 1 else "",
+                    "max_itl_s": max_gap if req.output_tokens > 1 else "",
                     "preemptions": s.preemptions,
                     "slo_met": int(ttft_ok and tpot_ok),
                 }

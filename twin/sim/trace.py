@@ -18,11 +18,12 @@ Recorded:
   for a pool fetch, the node) at its two ends;
 - preemptions and role changes as instants.
 
-NOTE: tracing turns the engine's fast-forward off (as ``log=`` does), so each
-decode step is a span of its own. Results are identical either way (a
+The recorder is an :class:`~twin.serving.observer.Observer` that wants every
+iteration: it turns the engines' fast-forward off (as the :class:`EventLog` of
+``log=`` does), so each decode step is a span of its own. Results are identical either way (a
 property test holds fast-forward to stepping); only the run is slower.
-Iteration times come from the instance's performance model as the engine
-prices the batch, so a span's duration is exactly the time the engine waits.
+A span's duration is the iteration time the engine reports as it starts the
+iteration, exactly the time it waits.
 
 The trace-event format: ``{"traceEvents": [...], "displayTimeUnit": "ms"}``;
 "X" (complete) events carry ``ts`` and ``dur`` in microseconds (rounded to
@@ -38,19 +39,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import twin
 from twin.errors import TwinError
-
-if TYPE_CHECKING:
-    import simpy
-
-    from twin.net.flows import Transfer
-    from twin.perf.iteration import Batch, PerfModel
-    from twin.sim.simulation import Simulation
+from twin.net.flows import Transfer
+from twin.net.topology import Topology
+from twin.perf.iteration import Batch
+from twin.request import Request
+from twin.serving.observer import InstanceInfo, Observer, Outcome
+from twin.serving.sequence import Sequence
 
 PID_INSTANCES = 1
 PID_LINKS = 2
@@ -89,60 +90,49 @@ class TransferSpan:
     flows: int
 
 
-class _EngineTap:
-    """Stands in for one engine's perf model and event log: remembers the
-    last batch priced, and turns the engine's ``iteration`` log entry (made
-    right after pricing, with nothing in between) into a span. Other entries
-    pass through to the caller's log, if any."""
+class EventLog(Observer):
+    """The run as a list of plain tuples ``(time s rounded to the ns, kind,
+    instance, ...)``, appended to ``entries`` as things happen: ``arrive`` and
+    ``reject`` (instance -1, request id), ``iteration`` (instance, the ids of
+    the requests whose prompt chunks ran, the decode count), ``preempt``,
+    ``handoff`` and ``finish`` (instance, request id), ``role`` (instance, new
+    role). Exact traces of tiny scenarios are compared against it in tests."""
 
-    __slots__ = ("_rec", "_env", "_perf", "_log", "_instance", "_last", "name", "sha256")
+    wants_iterations = True
 
-    def __init__(
-        self,
-        rec: TraceRecorder,
-        env: simpy.Environment,
-        instance: int,
-        perf: PerfModel,
-        log: list[tuple] | None,
+    def __init__(self, entries: list[tuple]) -> None:
+        self.entries = entries
+
+    def request_arrived(self, now: float, req: Request) -> None:
+        self.entries.append((round(now, 9), "arrive", -1, req.id))
+
+    def request_ended(
+        self, now: float, instance: int, req: Request, seq: Sequence | None, outcome: Outcome,
+        reason: str,
+    ) -> None:  # fmt: skip
+        kind = "finish" if outcome == "completed" else "reject" if outcome == "rejected" else "fail"
+        self.entries.append((round(now, 9), kind, instance, req.id))
+
+    def iteration_started(
+        self, now: float, instance: int, dt: float, prefill_ids: tuple[int, ...], batch: Batch
     ) -> None:
-        self._rec = rec
-        self._env = env
-        self._perf = perf
-        self._log = log
-        self._instance = instance
-        self._last: tuple[Batch, float] | None = None
-        self.name = perf.name
-        self.sha256 = perf.sha256
+        self.entries.append((round(now, 9), "iteration", instance, prefill_ids, batch.decode_count))
 
-    def iteration_time(self, batch: Batch) -> float:
-        dt = self._perf.iteration_time(batch)
-        self._last = (batch, dt)
-        return dt
+    def preempted(self, now: float, instance: int, req: Request) -> None:
+        self.entries.append((round(now, 9), "preempt", instance, req.id))
 
-    def append(self, entry: tuple) -> None:
-        if self._log is not None:
-            self._log.append(entry)
-        kind = entry[1]
-        if kind == "iteration":
-            assert self._last is not None
-            batch, dt = self._last
-            self._rec.iterations.append(
-                IterationSpan(
-                    self._instance,
-                    self._env.now,
-                    dt,
-                    tuple(entry[3]),
-                    batch.prefill_tokens,
-                    batch.decode_count,
-                )
-            )
-        elif kind == "preempt":
-            self._rec.instants.append((self._env.now, self._instance, f"preempt {entry[3]}"))
+    def prefilled(self, now: float, instance: int, req: Request) -> None:
+        self.entries.append((round(now, 9), "handoff", instance, req.id))
+
+    def role_changed(self, now: float, instance: int, old: str, new: str) -> None:
+        self.entries.append((round(now, 9), "role", instance, new))
 
 
-class TraceRecorder:
+class TraceRecorder(Observer):
     """Collects iteration and transfer spans of one run (see the module
     docstring). Give it to one :class:`~twin.sim.simulation.Simulation` only."""
+
+    wants_iterations = True
 
     def __init__(self) -> None:
         self.iterations: list[IterationSpan] = []
@@ -154,39 +144,43 @@ class TraceRecorder:
         self._gpu_owner: dict[str, str] = {}  # GPU name -> instance name
         self._gpu_node: dict[str, int] = {}
 
-    # -- hooks the simulation calls ----------------------------------------------------
-    def tap(
-        self,
-        env: simpy.Environment,
-        instance: int,
-        perf: PerfModel,
-        log: list[tuple] | None,
-    ) -> _EngineTap:
-        """The perf model and log to give engine ``instance``."""
-        return _EngineTap(self, env, instance, perf, log)
-
-    def attach(self, sim: Simulation) -> None:
-        """Learn the cluster's instances (names, roles after the policy's
-        setup, placement) from the simulation, before it runs."""
+    # -- what the run reports ------------------------------------------------------------
+    def run_started(
+        self, name: str, instances: Seq[InstanceInfo], topology: Topology | None
+    ) -> None:
+        """Learn the cluster's instances (names, roles after the policy's setup,
+        placement) before the run."""
         if self.instances:
             raise TwinError("a TraceRecorder records one simulation; make a new one per run")
-        self.name = sim.spec.name
-        topo = sim.spec.topology
-        for eng, p in zip(sim.engines, sim.placements, strict=True):
-            name = f"{ROLE_LETTER[eng.role]}{eng.id}"
+        self.name = name
+        for inst in instances:
+            label = f"{ROLE_LETTER[inst.role]}{inst.id}"
             self.instances.append(
-                {"id": eng.id, "name": name, "role": eng.role, "node": p.node, "gpus": p.gpus}
-            )
-            if topo is not None:
-                for g in p.gpus:
-                    self._gpu_owner[topo.gpus[g]] = name
-        if topo is not None:
-            for g, gname in enumerate(topo.gpus):
-                self._gpu_node[gname] = topo.node_of(g)
-        self._role_changes = sim.role_changes  # filled in as the run goes
+                {"id": inst.id, "name": label, "role": inst.role, "node": inst.node,
+                 "gpus": inst.gpus}
+            )  # fmt: skip
+            if topology is not None:
+                for g in inst.gpus:
+                    self._gpu_owner[topology.gpus[g]] = label
+        if topology is not None:
+            for g, gname in enumerate(topology.gpus):
+                self._gpu_node[gname] = topology.node_of(g)
 
-    def transfer_done(self, t: Transfer) -> None:
-        """Called by the network when transfer ``t`` is delivered."""
+    def iteration_started(
+        self, now: float, instance: int, dt: float, prefill_ids: tuple[int, ...], batch: Batch
+    ) -> None:
+        self.iterations.append(
+            IterationSpan(instance, now, dt, prefill_ids, batch.prefill_tokens, batch.decode_count)
+        )
+
+    def preempted(self, now: float, instance: int, req: Request) -> None:
+        self.instants.append((now, instance, f"preempt {req.id}"))
+
+    def role_changed(self, now: float, instance: int, old: str, new: str) -> None:
+        self._role_changes.append((now, instance, old, new))
+
+    def transfer_ended(self, now: float, transfer: Transfer) -> None:
+        t = transfer
         ends = t.flow_ends
         assert t.end_s is not None
         src_gpu, dst_gpu = ends[0] if ends else ("", "")

@@ -1,0 +1,101 @@
+"""One request's life on the instances that serve it: its state and timestamps.
+
+A :class:`Sequence` is what an engine batches, the hand-off moves and the
+metrics read when it ends. Times are simulated seconds; ``-1`` means not yet
+(or never).
+"""
+
+from __future__ import annotations
+
+from twin.request import Request
+
+WAITING, PREFILL, DECODE, DONE = "waiting", "prefill", "decode", "done"
+# Disaggregated serving: prompt done, KV held here until it has moved (prefill
+# side); blocks reserved here, KV on its way (decode side).
+HANDOFF, INCOMING = "handoff", "incoming"
+
+
+class Sequence:
+    """The life of one request on one instance: its state and timestamps (s)."""
+
+    __slots__ = (
+        "req",
+        "state",
+        "prefill_len",
+        "prefilled",
+        "generated",
+        "blocks",
+        "t_arrival",
+        "t_scheduled",
+        "t_prefill_done",
+        "t_first_token",
+        "t_finish",
+        "t_last_token",
+        "max_gap",
+        "preemptions",
+        "d_join",
+        "g_join",
+        "epoch",
+        "instance",
+        "handoff",
+        "prefill_instance",
+        "decode_instance",
+        "t_transfer_start",
+        "t_transfer_end",
+        "t_first_decode",
+        "landed",
+        "landing_gap",
+        "transfer",
+        "units",
+        "shared_blocks",
+        "cached_tokens",
+        "preloaded_tokens",
+    )
+
+    def __init__(self, req: Request, now: float) -> None:
+        self.req = req
+        self.state = WAITING
+        self.prefill_len = req.prompt_tokens
+        self.prefilled = 0
+        self.generated = 0
+        self.blocks = 0
+        self.t_arrival = now
+        self.t_scheduled = -1.0
+        self.t_prefill_done = -1.0
+        self.t_first_token = -1.0
+        self.t_finish = -1.0
+        self.t_last_token = -1.0
+        self.max_gap = 0.0
+        self.preemptions = 0
+        self.d_join = 0
+        self.g_join = 0
+        self.epoch = 0
+        self.instance = -1
+        # Disaggregated serving: whether the KV moves after the prefill, where,
+        # and when (-1 = not yet / never).
+        self.handoff = False
+        self.prefill_instance = -1
+        self.decode_instance: int | None = None
+        self.t_transfer_start = -1.0
+        self.t_transfer_end = -1.0
+        self.t_first_decode = -1.0
+        # Set when the KV lands, cleared by the decode side's first step, which
+        # records the gap since the last token seen (the hand-off's) apart.
+        self.landed = False
+        self.landing_gap = 0.0
+        self.transfer: object | None = None
+        # Prefix caching: the cached units (hashes) this sequence holds here,
+        # their blocks (not in ``blocks``), and the prompt tokens it reused.
+        self.units: list[int] = []
+        self.shared_blocks = 0
+        self.cached_tokens = 0
+        self.preloaded_tokens = 0  # prompt tokens whose KV was loaded from a KV pool
+
+    @property
+    def held_blocks(self) -> int:
+        """Blocks whose KV this sequence reads: its own and the cached ones it shares."""
+        return self.blocks + self.shared_blocks
+
+    def length_at(self, step: int) -> int:
+        """Tokens in the sequence (its KV context) when decode step ``step`` runs."""
+        return self.prefill_len + 1 + (step - self.d_join)

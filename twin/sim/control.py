@@ -1,0 +1,192 @@
+"""The control loop: the roles instances take at setup and as the run goes.
+
+A policy's :meth:`setup` returns a :class:`~twin.scheduler.Plan` (roles and
+per-instance limits), applied before anything arrives. A policy with a
+``tick`` hook is called every ``tick_s`` seconds while requests remain, and may
+return :class:`~twin.scheduler.SetRole` actions: an instance moves to another
+role after the action's start-up cost (``cost_s``), a later move of the same
+instance replacing one still on its way. Every role change is checked (the
+cluster keeps instances that prefill and instances that decode) and reported
+to the observer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Generator, Sequence
+from typing import Any
+
+import simpy
+
+from twin.errors import SpecError
+from twin.scheduler import ClusterView, Plan, SetRole
+from twin.serving.engine import ROLES, Engine
+from twin.serving.observer import Observer
+
+
+def check_roles(engines: Sequence[Engine], has_topology: bool, name: str) -> None:
+    """The roles instances have now can serve: a split needs a topology, and
+    some instance prefills while some instance decodes."""
+    roles = {e.role for e in engines}
+    if roles - {"mixed"} and not has_topology:
+        raise SpecError(
+            f"scheduler {name!r} splits prefill and decode; the cluster needs a topology "
+            "for the KV cache to travel over (cluster.topology)"
+        )
+    if not roles & {"prefill", "mixed"} or not roles & {"decode", "mixed"}:
+        raise SpecError(
+            f"scheduler {name!r}: the cluster has roles {sorted(roles)}; it needs instances "
+            "that prefill (prefill or mixed) and instances that decode (decode or mixed)"
+        )
+
+
+def apply_plan(plan: Plan, engines: Sequence[Engine], has_topology: bool, name: str) -> None:
+    """Give the instances the roles and limits of the policy's setup, checked."""
+    for inst_id, role in plan.roles.items():
+        if not 0 <= inst_id < len(engines):
+            raise SpecError(f"scheduler {name!r}: setup names instance {inst_id}")
+        if role not in ROLES:
+            raise SpecError(
+                f"scheduler {name!r}: setup gives instance {inst_id} role {role!r}; "
+                f"expected one of {', '.join(ROLES)}"
+            )
+        engines[inst_id].role = role
+    for key in ("max_batched_tokens", "max_num_seqs"):
+        for inst_id, value in getattr(plan, key).items():
+            if not (isinstance(inst_id, int) and 0 <= inst_id < len(engines)):
+                raise SpecError(f"scheduler {name!r}: setup sets {key} of instance {inst_id!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise SpecError(
+                    f"scheduler {name!r}: setup sets {key} of instance {inst_id} to "
+                    f"{value!r}; expected a positive integer"
+                )
+            eng = engines[inst_id]
+            limits: dict[str, Any] = {key: value}
+            eng.config = dataclasses.replace(eng.config, **limits)
+    check_roles(engines, has_topology, name)
+
+
+def tick_period(scheduler: object, name: str) -> float | None:
+    """``tick_s`` of a policy with a ``tick`` hook, checked; None without one."""
+    if not callable(getattr(scheduler, "tick", None)):
+        return None
+    tick_s = getattr(scheduler, "tick_s", None)
+    if (
+        isinstance(tick_s, bool)
+        or not isinstance(tick_s, int | float)
+        or not math.isfinite(tick_s)
+        or tick_s <= 0
+    ):
+        raise SpecError(
+            f"scheduler {name!r} has tick() but tick_s is {tick_s!r}; "
+            "expected the seconds between ticks, > 0"
+        )
+    return float(tick_s)
+
+
+class ControlLoop:
+    """Ticks the policy and carries out its role moves.
+
+    ``done()`` tells whether every request has arrived and ended (the loop
+    then stops); ``on_roles`` is called after each role change takes effect.
+    """
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        scheduler: Any,
+        name: str,
+        view: ClusterView,
+        engines: Sequence[Engine],
+        has_topology: bool,
+        observer: Observer,
+        *,
+        arrivals_done: Callable[[], bool],
+        all_ended: Callable[[], bool],
+        on_roles: Callable[[], None],
+    ) -> None:
+        self.env = env
+        self.scheduler = scheduler
+        self.name = name
+        self.view = view
+        self.engines = engines
+        self.has_topology = has_topology
+        self.observer = observer
+        self.tick_s = tick_period(scheduler, name)
+        self._arrivals_done = arrivals_done
+        self._all_ended = all_ended
+        self._on_roles = on_roles
+        # instance -> (role it is moving to, move number); role_changes lists
+        # (time, instance, old role, new role) as the moves take effect.
+        self.moving: dict[int, tuple[str, int]] = {}
+        self._moves = 0
+        self.role_changes: list[tuple[float, int, str, str]] = []
+
+    def start(self) -> None:
+        if self.tick_s is not None:
+            self.env.process(self._ticker())
+
+    def _ticker(self) -> Generator[simpy.Event, Any, None]:
+        """Call the policy's ``tick`` every ``tick_s`` while requests remain to
+        arrive or to end; stop once none do (or nothing else is scheduled, so a
+        stuck run still ends and fails its conservation check)."""
+        env = self.env
+        assert self.tick_s is not None
+        while True:
+            yield env.timeout(self.tick_s)
+            arrived = self._arrivals_done()
+            if (arrived and self._all_ended()) or (
+                arrived and env.peek() == math.inf and not self.moving
+            ):
+                return
+            actions = self.scheduler.tick(self.view)
+            for action in actions or ():
+                self.act(action)
+
+    def act(self, action: object) -> None:
+        name, n = self.name, len(self.engines)
+        if not isinstance(action, SetRole):
+            raise SpecError(f"scheduler {name!r}: tick() returned {action!r}; expected SetRole")
+        i, role, cost = action.instance, action.role, action.cost_s
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
+            raise SpecError(f"scheduler {name!r}: {action} names instance {i!r}; instances are "
+                            f"0..{n - 1}")  # fmt: skip
+        if role not in ROLES:
+            raise SpecError(
+                f"scheduler {name!r}: {action} gives role {role!r}; expected one of "
+                f"{', '.join(ROLES)}"
+            )
+        if isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 <= cost < math.inf:
+            raise SpecError(f"scheduler {name!r}: {action}: cost_s {cost!r} must be >= 0 seconds")
+        pending = self.moving.get(i)
+        if pending is not None and pending[0] == role:
+            return  # already on its way
+        if pending is None and self.engines[i].role == role:
+            return
+        self._moves += 1
+        move = self._moves
+        self.moving[i] = (role, move)
+        if cost == 0:
+            self._take_role(i, role, move)
+        else:
+            self.env.timeout(cost).callbacks.append(lambda _ev: self._take_role(i, role, move))
+
+    def _take_role(self, i: int, role: str, move: int) -> None:
+        if self.moving.get(i, (None, -1))[1] != move:
+            return  # replaced by a later move
+        del self.moving[i]
+        eng = self.engines[i]
+        old = eng.role
+        if old == role:
+            return
+        eng.role = role
+        try:
+            check_roles(self.engines, self.has_topology, self.name)
+        except SpecError as e:
+            eng.role = old
+            raise SpecError(f"{e} (after moving instance {i} from {old} to {role})") from None
+        self._on_roles()
+        now = self.env.now
+        self.role_changes.append((now, i, old, role))
+        self.observer.role_changed(now, i, old, role)
