@@ -196,7 +196,7 @@ def test_resume_skips_finished_runs(tmp_path):
 
 
 def test_results_of_other_code_are_not_reused(tmp_path, monkeypatch):
-    import twin
+    from twin import _version
     from twin.studies.sweep import run_spec
 
     calls = []
@@ -208,7 +208,7 @@ def test_results_of_other_code_are_not_reused(tmp_path, monkeypatch):
     d = sweep_spec(**{"slo.ttft": ["1 s", "2 s"]})
     out = tmp_path / "o"
     run_sweep(d, "x.yaml", Path.cwd(), out, runner=counting)
-    monkeypatch.setattr(twin, "_code_sha", "0" * 64)  # as if the model had changed
+    monkeypatch.setattr(_version, "_code_sha", "0" * 64)  # as if the model had changed
     run_sweep(d, "x.yaml", Path.cwd(), out, runner=counting)
     assert len(calls) == 4
 

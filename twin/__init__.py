@@ -1,29 +1,123 @@
-"""pd-twin: a digital twin of an LLM serving cluster."""
+"""pd-twin: a digital twin of an LLM serving cluster.
 
-from importlib.metadata import PackageNotFoundError, version
+Run an experiment and read its numbers::
 
-try:
-    __version__ = version("pd-twin")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0+source"
+    import twin
 
+    result = twin.run("quickstart")                     # a bundled name or a YAML path
+    result = twin.run({"model": "llama-3.1-8b",         # or a spec as a mapping
+                       "workload": {"lengths": "azure-conv",
+                                    "arrival": {"process": "poisson", "rate": 4}}})
+    result.summary["slo_attainment"]
 
-def code_sha256() -> str:
-    """sha256 of the simulator's own source (the ``twin`` and ``schedulers``
-    packages), so that a stored result is reused only by the code that made it."""
-    global _code_sha
-    if _code_sha is None:
-        import hashlib
-        from pathlib import Path
+Write a policy against :mod:`twin.scheduler` (``@twin.register("mine")``, the
+:class:`Route`/:class:`Reject` decisions, the read-only :class:`ClusterView`)
+and check it with :func:`twin.testing.check_scheduler`; listen to a run with an
+:class:`Observer` (``twin.run(spec, observers=[...])``).
 
-        h = hashlib.sha256()
-        root = Path(__file__).resolve().parent
-        for pkg in (root, root.parent / "schedulers"):
-            for path in sorted(pkg.rglob("*.py")):
-                h.update(path.relative_to(pkg.parent).as_posix().encode())
-                h.update(path.read_bytes())
-        _code_sha = h.hexdigest()
-    return _code_sha
+Reading guide: start with these files, in this order.
 
+1. ``twin/request.py`` and ``twin/scheduler.py``: what a request is and the
+   policy API (decisions, views, the registry); ``schedulers/`` holds the
+   bundled policies, written only against it.
+2. ``twin/sim/spec.py``: the experiment spec, YAML in, a resolved spec out.
+3. ``twin/sim/simulation.py``: how a run is wired (placements, network, KV
+   pools, hand-off, engines, the router's view) and driven (arrivals, routing,
+   the control loop of ``twin/sim/control.py``), and what it returns.
+4. ``twin/serving/engine.py``: one instance's continuous batching, one event
+   per iteration; ``twin/serving/fastforward.py`` jumps over quiet decode
+   stretches in closed form; ``twin/serving/handoff.py`` moves KV from prefill
+   to decode over ``twin/net/flows.py``'s max-min shared links.
+5. ``twin/perf/iteration.py``: the iteration-time interface, and its models in
+   ``twin/perf/roofline.py`` and ``twin/perf/tables.py``.
+6. ``twin/serving/observer.py``: what a run reports as it happens; the metrics
+   (``twin/sim/metrics.py``), the event log and the Chrome trace
+   (``twin/sim/trace.py``) subscribe to it.
 
-_code_sha: str | None = None
+The layers, each importing only those below it (checked by ``lint-imports``):
+``cli`` -> ``studies`` | ``viz`` -> ``sim`` -> ``serving`` -> ``net`` ->
+``perf`` | ``workload`` -> ``scheduler`` -> ``request`` -> base (``errors``,
+``units``, ``_check``, ``_clock``, ``yamlio``, ``bundled``).
+
+Extension points: a scheduling policy (``@register`` or the
+``twin.schedulers`` entry-point group), a performance model (any object with
+``iteration_time(batch) -> seconds``, ``name`` and ``sha256``, given as
+``Simulation(spec, perf=...)``), an observer, a topology file
+(``topologies/README.md``) and a trace file (``twin/workload/traces.py``).
+"""
+
+from twin._version import __version__, code_sha256
+from twin.errors import SpecError, TwinError
+from twin.net.topology import Topology, load_topology
+from twin.perf.gpus import get_gpu
+from twin.perf.llm import get_model
+from twin.perf.validate import find_data_dir
+from twin.request import Request
+from twin.scheduler import (
+    ClusterView,
+    InstanceView,
+    Objectives,
+    Plan,
+    Reject,
+    Role,
+    Route,
+    Scheduler,
+    SetRole,
+    register,
+)
+from twin.serving.observer import Observer
+from twin.sim.metrics import REQUEST_COLUMNS
+from twin.sim.simulation import Result, Simulation, run
+from twin.sim.spec import ExperimentSpec, load_spec, read_spec
+from twin.sim.summary import format_summary
+from twin.sim.trace import EventLog, TraceRecorder, write_chrome_trace
+from twin.studies.compare import run_compare
+from twin.studies.goodput import goodput
+from twin.studies.handoff import handoff_estimate
+from twin.studies.sweep import Executor, run_sweep
+
+__all__ = [
+    # running
+    "run",
+    "load_spec",
+    "read_spec",
+    "ExperimentSpec",
+    "Simulation",
+    "Result",
+    "format_summary",
+    "REQUEST_COLUMNS",
+    # policies
+    "register",
+    "Scheduler",
+    "Request",
+    "Route",
+    "Reject",
+    "Plan",
+    "SetRole",
+    "Role",
+    "ClusterView",
+    "InstanceView",
+    "Objectives",
+    # listening
+    "Observer",
+    "EventLog",
+    "TraceRecorder",
+    "write_chrome_trace",
+    # studies
+    "run_sweep",
+    "Executor",
+    "goodput",
+    "run_compare",
+    "handoff_estimate",
+    # catalogs and data
+    "get_model",
+    "get_gpu",
+    "load_topology",
+    "Topology",
+    "find_data_dir",
+    # errors and provenance
+    "TwinError",
+    "SpecError",
+    "__version__",
+    "code_sha256",
+]

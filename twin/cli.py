@@ -1,8 +1,7 @@
 """The ``twin`` command line.
 
 Every error a user can cause is printed on one line, ``twin: error: ...``,
-with exit status 2 and no traceback.
-"""
+with exit status 2 and no traceback."""
 
 from __future__ import annotations
 
@@ -15,78 +14,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-import twin
+from twin import _version
 from twin.errors import TwinError
+from twin.sim.summary import format_summary
 from twin.units import format_bytes, parse_duration
 
 EXIT_USAGE = 2
-
-
-def _fmt(x: float | None, scale: float = 1.0, digits: int = 3) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    return f"{x * scale:.{digits}f}"
-
-
-def _name(entry: Any) -> str:
-    return entry if isinstance(entry, str) else str(entry.get("name", "custom"))
-
-
-def _group_text(g: dict[str, Any]) -> str:
-    role = "" if g["role"] == "mixed" else f"{g['role']} "
-    pp = f" PP{g['pp']}" if g["pp"] > 1 else ""
-    return f"{g['instances']} x {role}TP{g['tp']}{pp}"
-
-
-def format_summary(result: dict[str, Any]) -> str:
-    """The readable table ``twin run`` prints."""
-    h, s = result["header"], result["summary"]
-    spec = h["spec"]
-    cl = spec["cluster"]
-    model = _name(spec["model"])
-    gpu = _name(spec["gpu"])
-    sched = spec["scheduler"]["name"]
-    shape = " + ".join(_group_text(g) for g in cl["groups"])
-    where = f" on {cl['topology']}" if "topology" in cl else ""
-    lines = [
-        f"pd-twin {h['version']} | {spec['name']} | {model}, {shape} on {gpu}{where} | "
-        f"scheduler {sched} | perf {h['perf_model']}",
-        f"requests {s['requests']:,}  completed {s['completed']:,}  rejected {s['rejected']:,}"
-        f"  simulated {s['simulated_s']:.1f} s  preemptions {s['preemptions']:,}",
-        "",
-        f"{'':14}{'mean':>10}{'p50':>10}{'p90':>10}{'p99':>10}",
-    ]
-    for key, label, scale in (
-        ("ttft_s", "TTFT (s)", 1.0),
-        ("tpot_s", "TPOT (ms)", 1e3),
-        ("max_itl_s", "max ITL (ms)", 1e3),
-        ("e2e_s", "E2E (s)", 1.0),
-        ("queue_s", "queue (s)", 1.0),
-    ):
-        d = s[key]
-        lines.append(
-            f"{label:14}"
-            + "".join(f"{_fmt(d[q], scale):>10}" for q in ("mean", "p50", "p90", "p99"))
-        )
-    slo = spec["slo"]
-    att = s["slo_attainment"]
-    lines += [
-        "",
-        f"SLO attainment {_fmt(att, 100, 1)}%  (TTFT <= {slo['ttft'] or 'inf'}, "
-        f"TPOT <= {slo['tpot'] or 'inf'}; target {slo['target'] * 100:.0f}%)",
-        f"throughput {_fmt(s['throughput_rps'], 1, 2)} req/s, "
-        f"{_fmt(s['output_tokens_per_s'], 1, 0)} output tokens/s",
-    ]
-    if s.get("kv_bytes_transferred"):
-        tr = s["transfer_s"]
-        lines.append(
-            f"KV hand-off: {format_bytes(s['kv_bytes_transferred'])} moved; transfer after "
-            f"prefill p50 {_fmt(tr['p50'], 1e3)} ms, p99 {_fmt(tr['p99'], 1e3)} ms"
-        )
-    if s["rejected_by_reason"]:
-        reasons = ", ".join(f"{k}: {v}" for k, v in s["rejected_by_reason"].items())
-        lines.append(f"rejected: {reasons}")
-    return "\n".join(lines)
 
 
 def _open_out(path: str) -> IO[str]:
@@ -430,7 +363,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="twin", description="pd-twin: a digital twin of an LLM serving cluster"
     )
-    p.add_argument("--version", action="version", version=f"pd-twin {twin.__version__}")
+    p.add_argument("--version", action="version", version=f"pd-twin {_version.__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     r = sub.add_parser("run", help="run one experiment and print its summary")

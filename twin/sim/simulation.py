@@ -8,16 +8,18 @@ environment, the engines, the scheduler instance and the random streams
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import copy
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import simpy
 
-import twin
+from twin import _version
 from twin._clock import Arrival
-from twin.errors import CapacityError, SpecError
+from twin.errors import CapacityError, SpecError, TwinError
 from twin.net.flows import Network
 from twin.perf.build import build_perf_model
 from twin.perf.gpus import get_gpu
@@ -39,7 +41,7 @@ from twin.serving.observer import InstanceInfo, Observer, broadcast
 from twin.serving.sequence import Sequence
 from twin.sim.control import ControlLoop, apply_plan
 from twin.sim.metrics import Metrics
-from twin.sim.spec import ExperimentSpec
+from twin.sim.spec import ExperimentSpec, apply_overrides, load_spec, resolve_spec
 from twin.sim.trace import EventLog, TraceRecorder
 from twin.workload.stream import file_sha256, iter_requests
 
@@ -361,8 +363,8 @@ class Simulation:
         )
         return {
             "tool": "pd-twin",
-            "version": twin.__version__,
-            "code_sha256": twin.code_sha256(),
+            "version": _version.__version__,
+            "code_sha256": _version.code_sha256(),
             "spec": dict(spec.resolved),
             "spec_sha256": spec.sha256,
             "trace_sha256": sources,
@@ -392,3 +394,31 @@ class Simulation:
             }
             for e, v in zip(self.engines, self.view.instances, strict=True)
         ]
+
+
+def run(
+    spec: str | Path | Mapping[str, Any] | ExperimentSpec = "quickstart",
+    *,
+    overrides: Iterable[str] = (),
+    **options: Any,
+) -> Result:
+    """Run one experiment and return its :class:`Result`.
+
+    ``spec`` is a YAML path, a bundled experiment's name, a mapping of the same
+    keys as a spec file (``{"model": "llama-3.1-8b", "workload": {...}}``; paths
+    in it are relative to the current folder), or an already loaded spec.
+    ``overrides`` are ``key.path=value`` strings, as ``twin run --set`` takes;
+    ``options`` go to :class:`Simulation` (``on_row``, ``trace``, ``observers``,
+    ``requests``, ...)."""
+    overrides = tuple(overrides)
+    if isinstance(spec, ExperimentSpec):
+        if overrides:
+            raise TwinError("overrides apply to a spec being loaded, not to a loaded one")
+        loaded = spec
+    elif isinstance(spec, Mapping):
+        data = copy.deepcopy(dict(spec))
+        apply_overrides(data, overrides)
+        loaded = resolve_spec(data, "<spec>", Path.cwd())
+    else:
+        loaded = load_spec(str(spec), overrides)
+    return Simulation(loaded, **options).run()

@@ -151,6 +151,14 @@ def parse_yaml(text: str, where: str) -> dict[str, Any]:
     return data
 
 
+def read_spec(spec: str) -> tuple[dict[str, Any], str, Path]:
+    """A spec file or bundled experiment as plain data, unresolved: ``(data, the
+    name errors give it, the folder its relative paths start from)``; what a
+    sweep, a goodput search or a comparison takes."""
+    text, where, base_dir = read_spec_text(spec)
+    return parse_yaml(text, where), where, base_dir
+
+
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str], where: str = "--set") -> None:
     """Apply ``key.path=value`` overrides in place; the value is parsed as YAML."""
     for item in overrides:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import twin
+from twin import _version
 from twin.errors import TwinError
 from twin.net.flows import Transfer
 from twin.net.topology import Topology
@@ -291,7 +291,7 @@ def chrome_trace(rec: TraceRecorder) -> dict[str, Any]:
     return {
         "traceEvents": events + body,
         "displayTimeUnit": "ms",
-        "otherData": {"tool": "pd-twin", "version": twin.__version__, "name": rec.name},
+        "otherData": {"tool": "pd-twin", "version": _version.__version__, "name": rec.name},
     }
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import twin
+from twin import _version
 from twin.errors import SpecError, TwinError
 from twin.scheduler import build_scheduler
 from twin.sim.simulation import Result, Simulation
@@ -234,7 +234,7 @@ def run_compare(
         traces.update(r.header["trace_sha256"])
     header = {
         "tool": "pd-twin",
-        "version": twin.__version__,
+        "version": _version.__version__,
         "name": str(base.get("name", Path(where).stem)),
         "model": first.model.name,
         "seed": first.seed,

@@ -59,7 +59,7 @@ from typing import IO, Any
 
 import yaml
 
-import twin
+from twin import _version
 from twin.errors import SpecError, TwinError
 from twin.sim.spec import apply_overrides, resolve_spec
 from twin.studies.compare import _set_path
@@ -407,7 +407,7 @@ def _done(path: Path, sha: str) -> dict[str, Any] | None:
     if not isinstance(doc, dict):
         return None
     header = doc.get("header", {})
-    if header.get("spec_sha256") != sha or header.get("code_sha256") != twin.code_sha256():
+    if header.get("spec_sha256") != sha or header.get("code_sha256") != _version.code_sha256():
         return None
     return doc
 

@@ -1,0 +1,92 @@
+"""The public face: what ``import twin`` offers, and the docs using only it."""
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+import twin
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ["workload.max_requests=20"]
+
+
+def test_every_public_name_is_there():
+    assert sorted(set(twin.__all__)) == sorted(twin.__all__)
+    for name in twin.__all__:
+        assert getattr(twin, name) is not None, name
+
+
+def test_run_takes_a_bundled_name_with_overrides():
+    result = twin.run("quickstart", overrides=SMALL)
+    assert isinstance(result, twin.Result)
+    assert result.summary["requests"] == 20
+    assert result.header["spec"]["workload"]["max_requests"] == 20
+
+
+def test_run_takes_a_mapping_without_further_arguments():
+    result = twin.run(
+        {
+            "model": "llama-3.1-8b",
+            "workload": {
+                "lengths": "azure-conv",
+                "arrival": {"process": "poisson", "rate": 4},
+                "max_requests": 30,
+            },
+        }
+    )
+    assert result.summary["completed"] == 30
+    assert result.header["spec"]["name"] == "<spec>"
+
+
+def test_run_of_a_loaded_spec_equals_the_simulation_of_it():
+    spec = twin.load_spec("quickstart", SMALL)
+    a = twin.run(spec).to_dict()
+    b = twin.Simulation(spec).run().to_dict()
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+    with pytest.raises(twin.TwinError):
+        twin.run(spec, overrides=SMALL)
+
+
+def test_an_observer_hears_every_request_end_exactly_once():
+    class Ends(twin.Observer):
+        def __init__(self):
+            self.ended = []
+
+        def request_ended(self, now, instance, req, seq, outcome, reason):
+            self.ended.append(req.id)
+
+    ends = Ends()
+    result = twin.run("disagg", overrides=SMALL, observers=[ends])
+    assert sorted(ends.ended) == list(range(20)) == sorted(set(ends.ended))
+    assert result.summary["completed"] + result.summary["rejected"] == 20
+
+
+def _twin_imports(tree: ast.AST) -> set[str]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("twin"):
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("twin"))
+    return out
+
+
+ALLOWED = {"twin", "twin.testing", "twin.viz"}
+
+
+@pytest.mark.parametrize("nb", sorted((ROOT / "notebooks").glob("*.ipynb")), ids=lambda p: p.name)
+def test_notebooks_import_only_the_public_face(nb: Path):
+    cells = json.loads(nb.read_text())["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    assert _twin_imports(ast.parse(code)) <= ALLOWED
+
+
+def test_the_readme_imports_only_the_public_face():
+    text = (ROOT / "README.md").read_text()
+    blocks = [b.split("\n", 1)[1] for b in text.split("```python")[1:]]
+    code = [b.split("```", 1)[0] for b in blocks]
+    assert code, "the README shows Python"
+    for c in code:
+        assert _twin_imports(ast.parse(c)) <= ALLOWED
