@@ -18,6 +18,7 @@ decode steps in which nothing changes.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from bisect import bisect_left
 from collections import deque
@@ -151,6 +152,26 @@ class Engine:
     def running_requests(self) -> int:
         """Admitted sequences, and KV hand-offs this instance has reserved blocks for."""
         return len(self.running) + len(self.reserved)
+
+    # -- what the control loop changes ------------------------------------------------
+    def set_role(self, role: str) -> None:
+        """Serve as ``role`` from now on (what the router sends here follows it)."""
+        if role not in ROLES:
+            raise SpecError(
+                f"instance {self.id}: role {role!r}; expected one of {', '.join(ROLES)}"
+            )
+        self.role = role
+
+    def set_limits(
+        self, *, max_batched_tokens: int | None = None, max_num_seqs: int | None = None
+    ) -> None:
+        """Per-instance batching limits a policy's setup gives."""
+        cfg = self.config
+        self.config = dataclasses.replace(
+            cfg,
+            max_batched_tokens=max_batched_tokens or cfg.max_batched_tokens,
+            max_num_seqs=max_num_seqs or cfg.max_num_seqs,
+        )
 
     # -- input -----------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:

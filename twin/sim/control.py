@@ -12,7 +12,6 @@ to the observer.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Generator, Sequence
 from typing import Any
@@ -51,7 +50,7 @@ def apply_plan(plan: Plan, engines: Sequence[Engine], has_topology: bool, name: 
                 f"scheduler {name!r}: setup gives instance {inst_id} role {role!r}; "
                 f"expected one of {', '.join(ROLES)}"
             )
-        engines[inst_id].role = role
+        engines[inst_id].set_role(role)
     for key in ("max_batched_tokens", "max_num_seqs"):
         for inst_id, value in getattr(plan, key).items():
             if not (isinstance(inst_id, int) and 0 <= inst_id < len(engines)):
@@ -61,9 +60,7 @@ def apply_plan(plan: Plan, engines: Sequence[Engine], has_topology: bool, name: 
                     f"scheduler {name!r}: setup sets {key} of instance {inst_id} to "
                     f"{value!r}; expected a positive integer"
                 )
-            eng = engines[inst_id]
-            limits: dict[str, Any] = {key: value}
-            eng.config = dataclasses.replace(eng.config, **limits)
+            engines[inst_id].set_limits(**{key: value})
     check_roles(engines, has_topology, name)
 
 
@@ -180,11 +177,11 @@ class ControlLoop:
         old = eng.role
         if old == role:
             return
-        eng.role = role
+        eng.set_role(role)
         try:
             check_roles(self.engines, self.has_topology, self.name)
         except SpecError as e:
-            eng.role = old
+            eng.set_role(old)
             raise SpecError(f"{e} (after moving instance {i} from {old} to {role})") from None
         self._on_roles()
         now = self.env.now
