@@ -20,14 +20,23 @@ from dataclasses import dataclass
 
 from twin.errors import SpecError
 from twin.request import Request
-from twin.scheduler import ClusterView, InstanceView, Plan, Reject, Route, register
+from twin.scheduler import (
+    ClusterView,
+    InstanceView,
+    PicksDecode,
+    Plan,
+    Reject,
+    Route,
+    Scheduler,
+    register,
+)
 
 DECODE_AT = ("prefill_end", "arrival")
 
 
 @register("disagg")
 @dataclass
-class Disagg:
+class Disagg(Scheduler, PicksDecode):
     """Disaggregated baseline: least-loaded prefill, least-loaded decode, fixed P:D."""
 
     decode_at: str = "prefill_end"

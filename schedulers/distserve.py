@@ -27,14 +27,23 @@ from dataclasses import dataclass, field
 
 from twin.errors import SpecError
 from twin.request import Request
-from twin.scheduler import ClusterView, InstanceView, Plan, Reject, Route, register
+from twin.scheduler import (
+    ClusterView,
+    InstanceView,
+    PicksDecode,
+    Plan,
+    Reject,
+    Route,
+    Scheduler,
+    register,
+)
 
 PAIRS = ("any", "node")
 
 
 @register("distserve")
 @dataclass
-class DistServe:
+class DistServe(Scheduler, PicksDecode):
     """DistServe runtime: FCFS, shortest-queue prefill, least-loaded decode, pull KV."""
 
     pair: str = "any"

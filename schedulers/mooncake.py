@@ -35,14 +35,23 @@ from dataclasses import dataclass, field
 
 from twin.errors import SpecError
 from twin.request import Request
-from twin.scheduler import ClusterView, InstanceView, Plan, Reject, Route, register
+from twin.scheduler import (
+    ClusterView,
+    InstanceView,
+    PicksDecode,
+    Plan,
+    Reject,
+    Route,
+    Scheduler,
+    register,
+)
 
 EARLY_REJECTION = ("off", "arrival", "predicted")
 
 
 @register("mooncake")
 @dataclass
-class Mooncake:
+class Mooncake(Scheduler, PicksDecode):
     """Mooncake: cache-aware TTFT-minimizing prefill choice, load-aware decode, early rejection."""
 
     early_rejection: str = "predicted"

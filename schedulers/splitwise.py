@@ -39,7 +39,19 @@ from dataclasses import dataclass, field
 
 from twin.errors import SpecError
 from twin.request import Request
-from twin.scheduler import ClusterView, InstanceView, Plan, Reject, Route, SetRole, register
+from twin.scheduler import (
+    ClusterView,
+    InstanceView,
+    PicksDecode,
+    Plan,
+    Reject,
+    Role,
+    Route,
+    Scheduler,
+    SetRole,
+    Ticks,
+    register,
+)
 from twin.units import parse_duration
 
 
@@ -55,7 +67,7 @@ def _seconds(value: float | str, name: str, *, positive: bool) -> float:
 
 @register("splitwise")
 @dataclass
-class Splitwise:
+class Splitwise(Scheduler, PicksDecode, Ticks):
     """Splitwise: JSQ over prompt/token/mixed pools, machine flow, per-phase batching."""
 
     prompt_token_limit: int = 2048
@@ -64,8 +76,8 @@ class Splitwise:
     move_cost: float | str = 0.0
     tick_interval: float | str = "50 ms"
     token_max_num_seqs: int | None = None
-    _home: dict[int, str] = field(default_factory=dict, init=False, repr=False)
-    _moving: dict[int, str] = field(default_factory=dict, init=False, repr=False)
+    _home: dict[int, Role] = field(default_factory=dict, init=False, repr=False)
+    _moving: dict[int, Role] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("prompt_token_limit", "mixed_threshold_tokens"):
@@ -89,7 +101,9 @@ class Splitwise:
                 "scheduler 'splitwise' needs prompt and token machines: give cluster.prefill "
                 "and cluster.decode"
             )
-        self._home = {i.id: i.role for i in cluster.instances}
+        # The pool each prompt and token machine goes back to; a mixed one has none.
+        self._home = {i.id: "prefill" for i in cluster.of_role("prefill")}
+        self._home |= {i.id: "decode" for i in cluster.of_role("decode")}
         self._moving = {}
         prompt = {i.id: self.prompt_token_limit for i in cluster.of_role("prefill")}
         # A sequence holds at least one block: memory, not a count, bounds the batch.
@@ -164,7 +178,7 @@ class Splitwise:
     def _full(self, pool: tuple[InstanceView, ...]) -> bool:
         return all(self._out_of_memory(i) for i in pool)
 
-    def _move(self, inst: InstanceView, role: str) -> SetRole:
+    def _move(self, inst: InstanceView, role: Role) -> SetRole:
         self._moving[inst.id] = role
         return SetRole(inst.id, role, self.move_cost_s)
 

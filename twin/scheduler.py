@@ -5,6 +5,13 @@ cluster (what a real router could know) and returns decision dataclasses; it
 never touches SimPy or engine internals, so it can be unit-tested against a
 hand-built :class:`ClusterView` with no simulation running.
 
+The hooks are Protocols: :class:`Scheduler` (``setup``, ``route``) is
+required; :class:`PicksDecode` (``pick_decode``) and :class:`Ticks` (``tick``
+every ``tick_s``) are optional, and a policy that has them says so by naming
+them among its bases, so that mypy checks their signatures.
+:func:`decode_hook` and :func:`tick_hook` find them on a policy object by
+name, as the simulation does.
+
 Policies register by name with :func:`register`; third-party packages add
 theirs through the ``twin.schedulers`` entry-point group, whose entries are
 imported on the first lookup (the built-in policies are listed there too).
@@ -13,6 +20,7 @@ imported on the first lookup (the built-in policies are listed there too).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -27,7 +35,9 @@ from twin.errors import (
 from twin.request import Request
 
 Role = Literal["mixed", "prefill", "decode"]
-ROLES: tuple[str, ...] = ("mixed", "prefill", "decode")
+"""What an instance does: both phases (``mixed``), prompts only (``prefill``)
+or token generation only (``decode``). Results carry these strings."""
+ROLES: tuple[Role, ...] = ("mixed", "prefill", "decode")
 ENTRY_POINT_GROUP = "twin.schedulers"
 
 
@@ -60,7 +70,7 @@ class Plan:
     on those instances (machine-level scheduling: a prompt machine batching up
     to 2,048 tokens, a token machine running as many sequences as fit)."""
 
-    roles: Mapping[int, str] = field(default_factory=dict)
+    roles: Mapping[int, Role] = field(default_factory=dict)
     max_batched_tokens: Mapping[int, int] = field(default_factory=dict)
     max_num_seqs: Mapping[int, int] = field(default_factory=dict)
 
@@ -79,7 +89,7 @@ class SetRole:
     """
 
     instance: int
-    role: str
+    role: Role
     cost_s: float = 0.0
 
 
@@ -88,7 +98,8 @@ class SetRole:
 class InstanceView(Protocol):
     """What a router may know about one serving instance. Read-only.
 
-    Token and block counts are integers; times are seconds.
+    Token and block counts are integers; times are seconds. ``role`` is one
+    of :data:`ROLES` (typed ``str`` so that the engine's own view fits).
     """
 
     @property
@@ -140,7 +151,7 @@ class InstanceSnapshot:
     """
 
     id: int
-    role: str = "mixed"
+    role: Role = "mixed"
     node: int = 0
     gpus: tuple[int, ...] = (0,)
     block_size: int = 16
@@ -208,7 +219,7 @@ class ClusterView:
     def now(self) -> float:
         return self._now() if callable(self._now) else self._now
 
-    def of_role(self, *roles: str) -> tuple[InstanceView, ...]:
+    def of_role(self, *roles: Role) -> tuple[InstanceView, ...]:
         return tuple(i for i in self.instances if i.role in roles)
 
     def __getitem__(self, instance_id: int) -> InstanceView:
@@ -218,47 +229,94 @@ class ClusterView:
         return len(self.instances)
 
 
-# -- the protocol --------------------------------------------------------------------
+# -- the protocols -------------------------------------------------------------------
 @runtime_checkable
 class Scheduler(Protocol):
-    """Required hooks. Optional ones, looked up by name when present:
-
-    - ``pick_decode(req, view) -> int``: the decode instance, asked when the
-      prefill is done and ``route`` left ``decode`` open;
-    - ``tick(view) -> list``: periodic actions (:class:`SetRole`), called every
-      ``tick_s`` seconds (an attribute, > 0) from the start of the run while
-      requests remain to arrive or to finish.
-    """
+    """The required hooks: ``setup`` once, before the first request, and
+    ``route`` at each arrival. The optional ones are :class:`PicksDecode` and
+    :class:`Ticks`."""
 
     def setup(self, cluster: ClusterView) -> Plan: ...
 
     def route(self, req: Request, view: ClusterView) -> Route | Reject: ...
 
 
+@runtime_checkable
+class PicksDecode(Protocol):
+    """Optional hook: the decode instance of ``req``, asked when its prefill is
+    done and ``route`` left ``decode`` open."""
+
+    def pick_decode(self, req: Request, view: ClusterView) -> int: ...
+
+
+@runtime_checkable
+class Ticks(Protocol):
+    """Optional hook: periodic actions (:class:`SetRole`), asked every
+    ``tick_s`` seconds (> 0) from the start of the run while requests remain
+    to arrive or to finish."""
+
+    tick_s: float
+
+    def tick(self, view: ClusterView) -> Sequence[SetRole]: ...
+
+
+def decode_hook(scheduler: object) -> PicksDecode | None:
+    """``scheduler`` as a :class:`PicksDecode` when it has ``pick_decode``, else None."""
+    return scheduler if isinstance(scheduler, PicksDecode) else None
+
+
+def tick_hook(scheduler: object, name: str) -> Ticks | None:
+    """``scheduler`` as a :class:`Ticks` when it has a ``tick`` hook, else None.
+
+    A policy with ``tick`` but no usable ``tick_s`` is an error, not a policy
+    that never ticks; ``name`` is how the message calls it.
+    """
+    if not callable(getattr(scheduler, "tick", None)):
+        return None
+    tick_s = getattr(scheduler, "tick_s", None)
+    if (
+        isinstance(tick_s, bool)
+        or not isinstance(tick_s, int | float)
+        or not math.isfinite(tick_s)
+        or tick_s <= 0
+    ):
+        raise SpecError(
+            f"scheduler {name!r} has tick() but tick_s is {tick_s!r}; "
+            "expected the seconds between ticks, > 0"
+        )
+    assert isinstance(scheduler, Ticks)
+    return scheduler
+
+
 # -- the registry --------------------------------------------------------------------
-_registry: dict[str, type] = {}
+_registry: dict[str, type[Scheduler]] = {}
 _entry_points_loaded = False
 
-T = TypeVar("T", bound=type)
+S = TypeVar("S", bound=Scheduler)
 
 
-def register(name: str) -> Callable[[T], T]:
+def register(name: str) -> Callable[[type[S]], type[S]]:
     """Class decorator: make the policy available as ``scheduler: {name: ...}``.
 
+    The class must be a :class:`Scheduler` (mypy checks it at the decorator).
     A second registration of the same name by another class is an error.
     """
 
-    def deco(cls: T) -> T:
-        other = _registry.get(name)
-        if other is not None and other is not cls and _qualname(other) != _qualname(cls):
-            raise DuplicateRegistrationError(
-                f"scheduler {name!r} is already registered by {_qualname(other)}; "
-                f"{_qualname(cls)} cannot take the name"
-            )
-        _registry[name] = cls
+    def deco(cls: type[S]) -> type[S]:
+        _add(name, cls)
         return cls
 
     return deco
+
+
+def _add(name: str, cls: type[Scheduler]) -> None:
+    other = _registry.get(name)
+    if other is not None and other is not cls and _qualname(other) != _qualname(cls):
+        raise DuplicateRegistrationError(
+            f"scheduler {name!r} is already registered by {_qualname(other)}; "
+            f"{_qualname(cls)} cannot take the name"
+        )
+    _registry[name] = cls
 
 
 def _qualname(cls: type) -> str:
@@ -279,7 +337,7 @@ def _load_entry_points() -> None:
                 f"{type(e).__name__}: {e}"
             ) from e
         if isinstance(obj, type) and ep.name not in _registry:
-            register(ep.name)(obj)
+            _add(ep.name, obj)
 
 
 def scheduler_names() -> list[str]:
@@ -288,7 +346,7 @@ def scheduler_names() -> list[str]:
     return sorted(_registry)
 
 
-def get_scheduler(name: str) -> type:
+def get_scheduler(name: str) -> type[Scheduler]:
     """The policy class registered as ``name``; a miss suggests close names."""
     _load_entry_points()
     try:
@@ -297,7 +355,7 @@ def get_scheduler(name: str) -> type:
         raise UnknownSchedulerError(name, _registry) from None
 
 
-def build_scheduler(name: str, params: Mapping[str, Any], where: str = "scheduler") -> Any:
+def build_scheduler(name: str, params: Mapping[str, Any], where: str = "scheduler") -> Scheduler:
     """Instantiate policy ``name`` with ``params``, checking the names of the
     parameters against the policy's dataclass fields."""
     cls = get_scheduler(name)

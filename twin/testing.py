@@ -28,12 +28,12 @@ from typing import Any
 
 from twin.errors import TwinError
 from twin.request import Request
-from twin.scheduler import ClusterView, InstanceSnapshot, get_scheduler
+from twin.scheduler import ClusterView, InstanceSnapshot, Role, Scheduler, get_scheduler
 
 __all__ = ["check_scheduler", "instance", "make_view", "scenario_requests"]
 
 
-def instance(id: int, role: str = "mixed", **fields: Any) -> InstanceSnapshot:
+def instance(id: int, role: Role = "mixed", **fields: Any) -> InstanceSnapshot:
     """One hand-built instance; any :class:`InstanceSnapshot` field may be given."""
     return InstanceSnapshot(id, role=role, **fields)
 
@@ -126,12 +126,18 @@ def check_scheduler(
     registered name). Returns the cluster kind it ran on, ``"colocated"`` or
     ``"split"``; raises ``AssertionError`` naming the broken promise.
 
-    The promises: setup accepts the cluster (a colocated one, or else a split
+    The promises: the policy has the required hooks (a :class:`Scheduler`);
+    setup accepts the cluster (a colocated one, or else a split
     one); every decision names existing instances whose roles fit; every
     request ends exactly once, completed or rejected with a reason; no KV block
     leaks; and two runs of the same inputs give identical results.
     """
     make = _factory(policy, params)
+    probe = make()
+    missing = [h for h in ("setup", "route") if not callable(getattr(probe, h, None))]
+    assert isinstance(probe, Scheduler) and not missing, (
+        f"{type(probe).__name__} has no {' or '.join(missing)}(); a scheduler needs setup and route"
+    )
     split = False
     try:
         _run(make, False, seeds[0])
