@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from twin.errors import SpecError
 from twin.request import Request
 from twin.scheduler import (
     ClusterView,
@@ -29,6 +28,7 @@ from twin.scheduler import (
     Route,
     Scheduler,
     register,
+    require_split,
 )
 
 DECODE_AT = ("prefill_end", "arrival")
@@ -48,11 +48,7 @@ class Disagg(Scheduler, PicksDecode):
             )
 
     def setup(self, cluster: ClusterView) -> Plan:
-        if not cluster.of_role("prefill") or not cluster.of_role("decode"):
-            raise SpecError(
-                "scheduler 'disagg' needs prefill and decode instances: give cluster.prefill "
-                "and cluster.decode"
-            )
+        require_split(cluster, "disagg")
         return Plan()
 
     def route(self, req: Request, view: ClusterView) -> Route | Reject:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from twin.errors import SpecError
 from twin.request import Request
 from twin.scheduler import (
     ClusterView,
@@ -44,6 +43,7 @@ from twin.scheduler import (
     Route,
     Scheduler,
     register,
+    require_split,
 )
 
 EARLY_REJECTION = ("off", "arrival", "predicted")
@@ -74,11 +74,7 @@ class Mooncake(Scheduler, PicksDecode):
                 raise ValueError(f"{name}: {v!r} must be a positive integer")
 
     def setup(self, cluster: ClusterView) -> Plan:
-        if not cluster.of_role("prefill") or not cluster.of_role("decode"):
-            raise SpecError(
-                "scheduler 'mooncake' needs prefill and decode instances: give cluster.prefill "
-                "and cluster.decode"
-            )
+        require_split(cluster, "mooncake")
         return Plan()
 
     # -- prefill ---------------------------------------------------------------------

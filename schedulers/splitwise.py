@@ -37,7 +37,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from twin.errors import SpecError
 from twin.request import Request
 from twin.scheduler import (
     ClusterView,
@@ -50,19 +49,10 @@ from twin.scheduler import (
     Scheduler,
     SetRole,
     Ticks,
+    duration_s,
     register,
+    require_split,
 )
-from twin.units import parse_duration
-
-
-def _seconds(value: float | str, name: str, *, positive: bool) -> float:
-    try:
-        s = parse_duration(value)
-    except Exception as e:  # the unit parser says what was wrong
-        raise ValueError(f"{name}: {e}") from None
-    if s < 0 or (positive and s == 0):
-        raise ValueError(f"{name}: {value!r} must be {'>' if positive else '>='} 0")
-    return s
 
 
 @register("splitwise")
@@ -91,16 +81,12 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
         v = self.token_max_num_seqs
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
             raise ValueError(f"token_max_num_seqs: {v!r} must be a positive integer or null")
-        self.move_cost_s = _seconds(self.move_cost, "move_cost", positive=False)
-        self.tick_s = _seconds(self.tick_interval, "tick_interval", positive=True)
+        self.move_cost_s = duration_s(self.move_cost, "move_cost")
+        self.tick_s = duration_s(self.tick_interval, "tick_interval", positive=True)
 
     # -- setup -----------------------------------------------------------------------
     def setup(self, cluster: ClusterView) -> Plan:
-        if not cluster.of_role("prefill") or not cluster.of_role("decode"):
-            raise SpecError(
-                "scheduler 'splitwise' needs prompt and token machines: give cluster.prefill "
-                "and cluster.decode"
-            )
+        require_split(cluster, "splitwise", " (its prompt and token machines)")
         # The pool each prompt and token machine goes back to; a mixed one has none.
         self._home = {i.id: "prefill" for i in cluster.of_role("prefill")}
         self._home |= {i.id: "decode" for i in cluster.of_role("decode")}

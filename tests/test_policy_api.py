@@ -1,9 +1,12 @@
-"""The policy API's types: the hook Protocols and roles."""
+"""The policy API's types: the hook Protocols, roles, the shared setup check and
+duration helper, and what schedulers/ import."""
 
 from __future__ import annotations
 
+import ast
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -22,12 +25,16 @@ from twin.scheduler import (
     Ticks,
     build_scheduler,
     decode_hook,
+    duration_s,
     get_scheduler,
+    require_split,
     scheduler_names,
     tick_hook,
 )
-from twin.testing import check_scheduler
+from twin.testing import check_scheduler, instance, make_view
 
+SCHEDULERS_DIR = Path(__file__).resolve().parent.parent / "schedulers"
+POLICY_API = {"twin.scheduler", "twin.request", "twin.errors", "twin.testing"}
 SPLIT = ("disagg", "distserve", "mooncake", "splitwise")
 
 
@@ -100,3 +107,78 @@ def test_check_scheduler_needs_setup_and_route():
 # -- roles ---------------------------------------------------------------------------
 def test_roles_are_the_role_type_values():
     assert ROLES == typing.get_args(Role) == ("mixed", "prefill", "decode")
+
+
+# -- the setup check -----------------------------------------------------------------
+def test_the_split_check_names_the_policy_and_the_roles_it_found():
+    mixed = make_view(instance(0), instance(1))
+    with pytest.raises(SpecError) as e:
+        require_split(mixed, "mine")
+    assert str(e.value) == (
+        "scheduler 'mine' needs prefill and decode instances, but the cluster has only "
+        "mixed instances; give cluster.prefill and cluster.decode"
+    )
+    half = make_view(instance(0, role="prefill"), instance(1))
+    with pytest.raises(SpecError, match=r"has only mixed and prefill instances; .* \(see X\)$"):
+        require_split(half, "mine", " (see X)")
+    require_split(make_view(instance(0, role="prefill"), instance(1, role="decode")), "mine")
+
+
+@pytest.mark.parametrize("name", SPLIT)
+def test_every_split_policy_refuses_a_colocated_cluster_with_the_shared_check(name):
+    with pytest.raises(SpecError) as e:
+        build_scheduler(name, {}).setup(make_view(instance(0), instance(1)))
+    assert str(e.value).startswith(
+        f"scheduler {name!r} needs prefill and decode instances, but the cluster has only "
+        "mixed instances; give cluster.prefill and cluster.decode"
+    )
+
+
+# -- durations -----------------------------------------------------------------------
+def test_duration_parameters():
+    assert duration_s("50 ms", "tick") == pytest.approx(0.05)
+    assert duration_s(2, "tick") == 2.0
+    assert duration_s(0, "cost") == 0.0
+    with pytest.raises(ValueError, match=r"^tick: 0 must be > 0$"):
+        duration_s(0, "tick", positive=True)
+    with pytest.raises(ValueError, match=r"^cost: '-1 s' must be >= 0$"):
+        duration_s("-1 s", "cost")
+    with pytest.raises(ValueError, match=r"^cost: 'soon' is not a duration"):
+        duration_s("soon", "cost")
+
+
+# -- what a policy module may import -------------------------------------------------
+def _twin_imports(path: Path) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == "twin":  # from twin import scheduler
+                found += [f"twin.{a.name}" for a in node.names]
+            else:
+                found.append(node.module)
+    return [m for m in found if m.split(".")[0] in ("twin", "simpy")]
+
+
+@pytest.mark.parametrize("path", sorted(SCHEDULERS_DIR.glob("*.py")), ids=lambda p: p.name)
+def test_schedulers_import_only_the_policy_api(path):
+    outside = [m for m in _twin_imports(path) if m not in POLICY_API]
+    assert outside == [], (
+        f"{path.name} imports {outside}; a policy imports only {sorted(POLICY_API)}"
+    )
+
+
+def test_the_import_check_sees_every_form(tmp_path):
+    f = tmp_path / "p.py"
+    f.write_text(
+        "import twin.units\nfrom twin import scheduler, sim\nfrom twin.sim.spec import x\n"
+        "import simpy\nfrom . import other\nimport numpy as np\n"
+    )
+    assert _twin_imports(f) == [
+        "twin.units",
+        "twin.scheduler",
+        "twin.sim",
+        "twin.sim.spec",
+        "simpy",
+    ]

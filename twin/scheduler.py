@@ -15,6 +15,10 @@ name, as the simulation does.
 Policies register by name with :func:`register`; third-party packages add
 theirs through the ``twin.schedulers`` entry-point group, whose entries are
 imported on the first lookup (the built-in policies are listed there too).
+
+A policy module needs nothing of twin beyond this module, ``twin.request``,
+``twin.errors`` and ``twin.testing``: the helpers it shares with others
+(:func:`require_split`, :func:`duration_s`) are here.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ from twin.errors import (
     DuplicateRegistrationError,
     PluginError,
     SpecError,
+    UnitError,
     UnknownSchedulerError,
 )
 from twin.request import Request
+from twin.units import parse_duration
 
 Role = Literal["mixed", "prefill", "decode"]
 """What an instance does: both phases (``mixed``), prompts only (``prefill``)
@@ -286,6 +292,34 @@ def tick_hook(scheduler: object, name: str) -> Ticks | None:
         )
     assert isinstance(scheduler, Ticks)
     return scheduler
+
+
+# -- helpers for policies ------------------------------------------------------------
+def require_split(cluster: ClusterView, scheduler: str, hint: str = "") -> None:
+    """The setup check of a policy that serves the two phases apart: raise
+    :class:`~twin.errors.SpecError` unless ``cluster`` has prefill and decode
+    instances. ``scheduler`` is the policy's registered name; ``hint`` ends
+    the message (a pointer to a tool, say)."""
+    if cluster.of_role("prefill") and cluster.of_role("decode"):
+        return
+    roles = " and ".join(sorted({i.role for i in cluster.instances})) or "no"
+    raise SpecError(
+        f"scheduler {scheduler!r} needs prefill and decode instances, but the cluster has "
+        f"only {roles} instances; give cluster.prefill and cluster.decode{hint}"
+    )
+
+
+def duration_s(value: float | str, name: str, *, positive: bool = False) -> float:
+    """Seconds from the policy parameter ``name``, a number of seconds or a
+    duration string (``0.05``, ``"50 ms"``). ``ValueError`` naming the
+    parameter when it is not a duration, is negative or, with ``positive``, zero."""
+    try:
+        s = parse_duration(value)
+    except UnitError as e:  # the unit parser says what was wrong
+        raise ValueError(f"{name}: {e}") from None
+    if s < 0 or (positive and s == 0):
+        raise ValueError(f"{name}: {value!r} must be {'>' if positive else '>='} 0")
+    return s
 
 
 # -- the registry --------------------------------------------------------------------
