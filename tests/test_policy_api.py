@@ -1,13 +1,15 @@
 """The policy API's types: the hook Protocols, roles, the shared setup check and
-duration helper, and what schedulers/ import."""
+duration helper, the scheduler's random stream, and what schedulers/ import."""
 
 from __future__ import annotations
 
 import ast
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import helpers
+import numpy as np
 import pytest
 
 import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
@@ -21,6 +23,7 @@ from twin.scheduler import (
     PicksDecode,
     Plan,
     Role,
+    Route,
     Scheduler,
     Ticks,
     build_scheduler,
@@ -31,6 +34,7 @@ from twin.scheduler import (
     scheduler_names,
     tick_hook,
 )
+from twin.sim.simulation import Simulation
 from twin.testing import check_scheduler, instance, make_view
 
 SCHEDULERS_DIR = Path(__file__).resolve().parent.parent / "schedulers"
@@ -145,6 +149,63 @@ def test_duration_parameters():
         duration_s("-1 s", "cost")
     with pytest.raises(ValueError, match=r"^cost: 'soon' is not a duration"):
         duration_s("soon", "cost")
+
+
+# -- the scheduler's random stream ---------------------------------------------------
+@dataclass
+class Draws:
+    """Colocated least-id routing that records the generator and one draw per request."""
+
+    rngs: list = field(default_factory=list)
+    draws: list = field(default_factory=list)
+
+    def setup(self, cluster):
+        self.rngs.append(cluster.rng)
+        return Plan()
+
+    def route(self, req, view):
+        self.rngs.append(view.rng)
+        self.draws.append(int(view.rng.integers(1 << 30)))
+        return Route(0, 0)
+
+
+def _run_draws(seed):
+    policy, rows = Draws(), []
+    spec = helpers.small_spec(requests=20, seed=seed)
+    Simulation(spec, scheduler=policy, on_row=rows.append).run()
+    return policy, [r["arrival_s"] for r in sorted(rows, key=lambda r: r["id"])]
+
+
+def test_the_policy_gets_the_scheduler_stream_spawned_from_the_seed():
+    policy, arrivals = _run_draws(7)
+    first = policy.rngs[0]
+    assert isinstance(first, np.random.Generator)
+    assert all(r is first for r in policy.rngs)  # one stream for the whole run
+    assert len(policy.draws) == 20
+    stream = np.random.default_rng(np.random.SeedSequence(7).spawn(2)[1])
+    assert policy.draws == [int(stream.integers(1 << 30)) for _ in range(20)]
+
+    again, arrivals_again = _run_draws(7)
+    assert again.draws == policy.draws and arrivals_again == arrivals
+    other, _ = _run_draws(8)
+    assert other.draws != policy.draws
+
+    # the workload has its own stream: a policy that draws does not move arrivals
+    rows = []
+    Simulation(helpers.small_spec(requests=20, seed=7), on_row=rows.append).run()
+    assert [r["arrival_s"] for r in sorted(rows, key=lambda r: r["id"])] == arrivals
+
+
+def test_hand_built_views_carry_a_seeded_generator():
+    def draw(**kw):
+        return make_view(instance(0), **kw).rng.random()
+
+    assert draw() == draw() == np.random.default_rng(0).random()
+    assert draw(seed=1) == np.random.default_rng(1).random() != draw()
+
+
+def test_check_scheduler_holds_a_drawing_policy_to_determinism():
+    assert check_scheduler(Draws) == "colocated"
 
 
 # -- what a policy module may import -------------------------------------------------

@@ -12,6 +12,9 @@ them among its bases, so that mypy checks their signatures.
 :func:`decode_hook` and :func:`tick_hook` find them on a policy object by
 name, as the simulation does.
 
+Each run hands the policy its own random stream, :attr:`ClusterView.rng`,
+spawned from the run's seed; a policy draws from it and never seeds its own.
+
 Policies register by name with :func:`register`; third-party packages add
 theirs through the ``twin.schedulers`` entry-point group, whose entries are
 imported on the first lookup (the built-in policies are listed there too).
@@ -29,6 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
+
+import numpy as np
 
 from twin.errors import (
     DuplicateRegistrationError,
@@ -200,9 +205,14 @@ class Objectives:
 
 class ClusterView:
     """The instances of a cluster, the current time, the latency objectives and
-    (with KV pools) where prompt prefixes are kept, as a policy sees them."""
+    (with KV pools) where prompt prefixes are kept, as a policy sees them.
 
-    __slots__ = ("instances", "_now", "slo", "_pools")
+    ``rng`` is the policy's own random stream: a simulation passes the
+    scheduler stream it spawns from the run's seed, so the same seed gives the
+    same draws; a view built without one gets ``default_rng(0)``.
+    """
+
+    __slots__ = ("instances", "_now", "slo", "_pools", "rng")
 
     def __init__(
         self,
@@ -210,11 +220,13 @@ class ClusterView:
         now: Callable[[], float] | float = 0.0,
         slo: Objectives | None = None,
         pools: Callable[[Request], dict[int, int]] | None = None,
+        rng: np.random.Generator | None = None,
     ):
         self.instances: tuple[InstanceView, ...] = tuple(instances)
         self._now = now
         self.slo = slo or Objectives()
         self._pools = pools
+        self.rng: np.random.Generator = rng if rng is not None else np.random.default_rng(0)
 
     def pool_prefix_tokens(self, req: Request) -> dict[int, int]:
         """Node -> prompt tokens of ``req`` whose KV that node's pool holds

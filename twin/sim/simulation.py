@@ -155,7 +155,7 @@ class Simulation:
         self._fetch_rates: dict[tuple[int, int], tuple[float, float]] = {}
         slo = Objectives(spec.slo.ttft_s, spec.slo.tpot_s)
         pools = self._pool_prefix if self.pools else None
-        self.view = ClusterView(views, lambda: self.env.now, slo, pools)
+        self.view = ClusterView(views, lambda: self.env.now, slo, pools, rng=self.rng_scheduler)
         self._apply_plan(self.scheduler.setup(self.view))
         if topo is not None and self.network is not None:
             self.handoff = KVHandoff(
