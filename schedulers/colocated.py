@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 
 from twin.errors import SpecError
 from twin.request import Request
-from twin.scheduler import ClusterView, Plan, Reject, Route, register
+from twin.scheduler import ClusterView, Plan, Reject, Route, Scheduler, register
 
 ROUTINGS = ("least_loaded", "round_robin")
 
 
 @register("colocated")
 @dataclass
-class Colocated:
+class Colocated(Scheduler):
     """vLLM-like baseline: every instance prefills and decodes; round-robin or least-loaded."""
 
     routing: str = "least_loaded"

@@ -18,16 +18,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from twin.errors import SpecError
 from twin.request import Request
-from twin.scheduler import ClusterView, InstanceView, Plan, Reject, Route, register
+from twin.scheduler import (
+    ClusterView,
+    InstanceView,
+    PicksDecode,
+    Plan,
+    Reject,
+    Route,
+    Scheduler,
+    register,
+    require_split,
+)
 
 DECODE_AT = ("prefill_end", "arrival")
 
 
 @register("disagg")
 @dataclass
-class Disagg:
+class Disagg(Scheduler, PicksDecode):
     """Disaggregated baseline: least-loaded prefill, least-loaded decode, fixed P:D."""
 
     decode_at: str = "prefill_end"
@@ -39,11 +48,7 @@ class Disagg:
             )
 
     def setup(self, cluster: ClusterView) -> Plan:
-        if not cluster.of_role("prefill") or not cluster.of_role("decode"):
-            raise SpecError(
-                "scheduler 'disagg' needs prefill and decode instances: give cluster.prefill "
-                "and cluster.decode"
-            )
+        require_split(cluster, "disagg")
         return Plan()
 
     def route(self, req: Request, view: ClusterView) -> Route | Reject:

@@ -25,16 +25,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from twin.errors import SpecError
 from twin.request import Request
-from twin.scheduler import ClusterView, InstanceView, Plan, Reject, Route, register
+from twin.scheduler import (
+    ClusterView,
+    InstanceView,
+    PicksDecode,
+    Plan,
+    Reject,
+    Route,
+    Scheduler,
+    register,
+    require_split,
+)
 
 PAIRS = ("any", "node")
 
 
 @register("distserve")
 @dataclass
-class DistServe:
+class DistServe(Scheduler, PicksDecode):
     """DistServe runtime: FCFS, shortest-queue prefill, least-loaded decode, pull KV."""
 
     pair: str = "any"
@@ -45,13 +54,7 @@ class DistServe:
             raise ValueError(f"pair: {self.pair!r}; expected one of {', '.join(PAIRS)}")
 
     def setup(self, cluster: ClusterView) -> Plan:
-        roles = sorted({i.role for i in cluster.instances})
-        if not cluster.of_role("prefill") or not cluster.of_role("decode"):
-            raise SpecError(
-                "scheduler 'distserve' disaggregates prefill and decode, but the cluster has "
-                f"only {' and '.join(roles)} instances; give cluster.prefill and cluster.decode "
-                "(`twin plan SPEC` suggests both)"
-            )
+        require_split(cluster, "distserve", " (`twin plan SPEC` suggests both)")
         self._prefill_node.clear()
         return Plan()
 

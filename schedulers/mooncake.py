@@ -33,16 +33,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from twin.errors import SpecError
 from twin.request import Request
-from twin.scheduler import ClusterView, InstanceView, Plan, Reject, Route, register
+from twin.scheduler import (
+    ClusterView,
+    InstanceView,
+    PicksDecode,
+    Plan,
+    Reject,
+    Route,
+    Scheduler,
+    register,
+    require_split,
+)
 
 EARLY_REJECTION = ("off", "arrival", "predicted")
 
 
 @register("mooncake")
 @dataclass
-class Mooncake:
+class Mooncake(Scheduler, PicksDecode):
     """Mooncake: cache-aware TTFT-minimizing prefill choice, load-aware decode, early rejection."""
 
     early_rejection: str = "predicted"
@@ -65,11 +74,7 @@ class Mooncake:
                 raise ValueError(f"{name}: {v!r} must be a positive integer")
 
     def setup(self, cluster: ClusterView) -> Plan:
-        if not cluster.of_role("prefill") or not cluster.of_role("decode"):
-            raise SpecError(
-                "scheduler 'mooncake' needs prefill and decode instances: give cluster.prefill "
-                "and cluster.decode"
-            )
+        require_split(cluster, "mooncake")
         return Plan()
 
     # -- prefill ---------------------------------------------------------------------

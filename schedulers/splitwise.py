@@ -37,25 +37,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from twin.errors import SpecError
 from twin.request import Request
-from twin.scheduler import ClusterView, InstanceView, Plan, Reject, Route, SetRole, register
-from twin.units import parse_duration
-
-
-def _seconds(value: float | str, name: str, *, positive: bool) -> float:
-    try:
-        s = parse_duration(value)
-    except Exception as e:  # the unit parser says what was wrong
-        raise ValueError(f"{name}: {e}") from None
-    if s < 0 or (positive and s == 0):
-        raise ValueError(f"{name}: {value!r} must be {'>' if positive else '>='} 0")
-    return s
+from twin.scheduler import (
+    ClusterView,
+    InstanceView,
+    PicksDecode,
+    Plan,
+    Reject,
+    Role,
+    Route,
+    Scheduler,
+    SetRole,
+    Ticks,
+    duration_s,
+    register,
+    require_split,
+)
 
 
 @register("splitwise")
 @dataclass
-class Splitwise:
+class Splitwise(Scheduler, PicksDecode, Ticks):
     """Splitwise: JSQ over prompt/token/mixed pools, machine flow, per-phase batching."""
 
     prompt_token_limit: int = 2048
@@ -64,8 +66,8 @@ class Splitwise:
     move_cost: float | str = 0.0
     tick_interval: float | str = "50 ms"
     token_max_num_seqs: int | None = None
-    _home: dict[int, str] = field(default_factory=dict, init=False, repr=False)
-    _moving: dict[int, str] = field(default_factory=dict, init=False, repr=False)
+    _home: dict[int, Role] = field(default_factory=dict, init=False, repr=False)
+    _moving: dict[int, Role] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("prompt_token_limit", "mixed_threshold_tokens"):
@@ -79,17 +81,15 @@ class Splitwise:
         v = self.token_max_num_seqs
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
             raise ValueError(f"token_max_num_seqs: {v!r} must be a positive integer or null")
-        self.move_cost_s = _seconds(self.move_cost, "move_cost", positive=False)
-        self.tick_s = _seconds(self.tick_interval, "tick_interval", positive=True)
+        self.move_cost_s = duration_s(self.move_cost, "move_cost")
+        self.tick_s = duration_s(self.tick_interval, "tick_interval", positive=True)
 
     # -- setup -----------------------------------------------------------------------
     def setup(self, cluster: ClusterView) -> Plan:
-        if not cluster.of_role("prefill") or not cluster.of_role("decode"):
-            raise SpecError(
-                "scheduler 'splitwise' needs prompt and token machines: give cluster.prefill "
-                "and cluster.decode"
-            )
-        self._home = {i.id: i.role for i in cluster.instances}
+        require_split(cluster, "splitwise", " (its prompt and token machines)")
+        # The pool each prompt and token machine goes back to; a mixed one has none.
+        self._home = {i.id: "prefill" for i in cluster.of_role("prefill")}
+        self._home |= {i.id: "decode" for i in cluster.of_role("decode")}
         self._moving = {}
         prompt = {i.id: self.prompt_token_limit for i in cluster.of_role("prefill")}
         # A sequence holds at least one block: memory, not a count, bounds the batch.
@@ -164,7 +164,7 @@ class Splitwise:
     def _full(self, pool: tuple[InstanceView, ...]) -> bool:
         return all(self._out_of_memory(i) for i in pool)
 
-    def _move(self, inst: InstanceView, role: str) -> SetRole:
+    def _move(self, inst: InstanceView, role: Role) -> SetRole:
         self._moving[inst.id] = role
         return SetRole(inst.id, role, self.move_cost_s)
 

@@ -98,7 +98,9 @@ def test_setup_keeps_the_pools_and_sets_per_phase_batching():
     assert plan.roles == {}
     assert plan.max_batched_tokens == {0: 1024, 1: 1024}
     assert plan.max_num_seqs == {2: 5000, 3: 7000}
-    with pytest.raises(SpecError, match="needs prompt and token machines"):
+    with pytest.raises(
+        SpecError, match=r"needs prefill and decode .*\(its prompt and token machines\)"
+    ):
         sw.setup(make_view(instance(0), instance(1)))
 
 

@@ -5,29 +5,50 @@ cluster (what a real router could know) and returns decision dataclasses; it
 never touches SimPy or engine internals, so it can be unit-tested against a
 hand-built :class:`ClusterView` with no simulation running.
 
+The hooks are Protocols: :class:`Scheduler` (``setup``, ``route``) is
+required; :class:`PicksDecode` (``pick_decode``) and :class:`Ticks` (``tick``
+every ``tick_s``) are optional, and a policy that has them says so by naming
+them among its bases, so that mypy checks their signatures.
+:func:`decode_hook` and :func:`tick_hook` find them on a policy object by
+name, as the simulation does.
+
+Each run hands the policy its own random stream, :attr:`ClusterView.rng`,
+spawned from the run's seed; a policy draws from it and never seeds its own.
+
 Policies register by name with :func:`register`; third-party packages add
 theirs through the ``twin.schedulers`` entry-point group, whose entries are
 imported on the first lookup (the built-in policies are listed there too).
+
+A policy module needs nothing of twin beyond this module, ``twin.request``,
+``twin.errors`` and ``twin.testing``: the helpers it shares with others
+(:func:`require_split`, :func:`duration_s`) are here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
+import numpy as np
+
 from twin.errors import (
     DuplicateRegistrationError,
     PluginError,
     SpecError,
+    UnitError,
     UnknownSchedulerError,
 )
 from twin.request import Request
+from twin.units import parse_duration
 
 Role = Literal["mixed", "prefill", "decode"]
-ROLES: tuple[str, ...] = ("mixed", "prefill", "decode")
+"""What an instance does: both phases (``mixed``), prompts only (``prefill``)
+or token generation only (``decode``). Results carry these strings."""
+ROLES: tuple[Role, ...] = ("mixed", "prefill", "decode")
 ENTRY_POINT_GROUP = "twin.schedulers"
 
 
@@ -60,7 +81,7 @@ class Plan:
     on those instances (machine-level scheduling: a prompt machine batching up
     to 2,048 tokens, a token machine running as many sequences as fit)."""
 
-    roles: Mapping[int, str] = field(default_factory=dict)
+    roles: Mapping[int, Role] = field(default_factory=dict)
     max_batched_tokens: Mapping[int, int] = field(default_factory=dict)
     max_num_seqs: Mapping[int, int] = field(default_factory=dict)
 
@@ -79,7 +100,7 @@ class SetRole:
     """
 
     instance: int
-    role: str
+    role: Role
     cost_s: float = 0.0
 
 
@@ -88,7 +109,8 @@ class SetRole:
 class InstanceView(Protocol):
     """What a router may know about one serving instance. Read-only.
 
-    Token and block counts are integers; times are seconds.
+    Token and block counts are integers; times are seconds. ``role`` is one
+    of :data:`ROLES` (typed ``str`` so that the engine's own view fits).
     """
 
     @property
@@ -140,7 +162,7 @@ class InstanceSnapshot:
     """
 
     id: int
-    role: str = "mixed"
+    role: Role = "mixed"
     node: int = 0
     gpus: tuple[int, ...] = (0,)
     block_size: int = 16
@@ -183,9 +205,14 @@ class Objectives:
 
 class ClusterView:
     """The instances of a cluster, the current time, the latency objectives and
-    (with KV pools) where prompt prefixes are kept, as a policy sees them."""
+    (with KV pools) where prompt prefixes are kept, as a policy sees them.
 
-    __slots__ = ("instances", "_now", "slo", "_pools")
+    ``rng`` is the policy's own random stream: a simulation passes the
+    scheduler stream it spawns from the run's seed, so the same seed gives the
+    same draws; a view built without one gets ``default_rng(0)``.
+    """
+
+    __slots__ = ("instances", "_now", "slo", "_pools", "rng")
 
     def __init__(
         self,
@@ -193,11 +220,13 @@ class ClusterView:
         now: Callable[[], float] | float = 0.0,
         slo: Objectives | None = None,
         pools: Callable[[Request], dict[int, int]] | None = None,
+        rng: np.random.Generator | None = None,
     ):
         self.instances: tuple[InstanceView, ...] = tuple(instances)
         self._now = now
         self.slo = slo or Objectives()
         self._pools = pools
+        self.rng: np.random.Generator = rng if rng is not None else np.random.default_rng(0)
 
     def pool_prefix_tokens(self, req: Request) -> dict[int, int]:
         """Node -> prompt tokens of ``req`` whose KV that node's pool holds
@@ -208,7 +237,7 @@ class ClusterView:
     def now(self) -> float:
         return self._now() if callable(self._now) else self._now
 
-    def of_role(self, *roles: str) -> tuple[InstanceView, ...]:
+    def of_role(self, *roles: Role) -> tuple[InstanceView, ...]:
         return tuple(i for i in self.instances if i.role in roles)
 
     def __getitem__(self, instance_id: int) -> InstanceView:
@@ -218,47 +247,122 @@ class ClusterView:
         return len(self.instances)
 
 
-# -- the protocol --------------------------------------------------------------------
+# -- the protocols -------------------------------------------------------------------
 @runtime_checkable
 class Scheduler(Protocol):
-    """Required hooks. Optional ones, looked up by name when present:
-
-    - ``pick_decode(req, view) -> int``: the decode instance, asked when the
-      prefill is done and ``route`` left ``decode`` open;
-    - ``tick(view) -> list``: periodic actions (:class:`SetRole`), called every
-      ``tick_s`` seconds (an attribute, > 0) from the start of the run while
-      requests remain to arrive or to finish.
-    """
+    """The required hooks: ``setup`` once, before the first request, and
+    ``route`` at each arrival. The optional ones are :class:`PicksDecode` and
+    :class:`Ticks`."""
 
     def setup(self, cluster: ClusterView) -> Plan: ...
 
     def route(self, req: Request, view: ClusterView) -> Route | Reject: ...
 
 
+@runtime_checkable
+class PicksDecode(Protocol):
+    """Optional hook: the decode instance of ``req``, asked when its prefill is
+    done and ``route`` left ``decode`` open."""
+
+    def pick_decode(self, req: Request, view: ClusterView) -> int: ...
+
+
+@runtime_checkable
+class Ticks(Protocol):
+    """Optional hook: periodic actions (:class:`SetRole`), asked every
+    ``tick_s`` seconds (> 0) from the start of the run while requests remain
+    to arrive or to finish."""
+
+    tick_s: float
+
+    def tick(self, view: ClusterView) -> Sequence[SetRole]: ...
+
+
+def decode_hook(scheduler: object) -> PicksDecode | None:
+    """``scheduler`` as a :class:`PicksDecode` when it has ``pick_decode``, else None."""
+    return scheduler if isinstance(scheduler, PicksDecode) else None
+
+
+def tick_hook(scheduler: object, name: str) -> Ticks | None:
+    """``scheduler`` as a :class:`Ticks` when it has a ``tick`` hook, else None.
+
+    A policy with ``tick`` but no usable ``tick_s`` is an error, not a policy
+    that never ticks; ``name`` is how the message calls it.
+    """
+    if not callable(getattr(scheduler, "tick", None)):
+        return None
+    tick_s = getattr(scheduler, "tick_s", None)
+    if (
+        isinstance(tick_s, bool)
+        or not isinstance(tick_s, int | float)
+        or not math.isfinite(tick_s)
+        or tick_s <= 0
+    ):
+        raise SpecError(
+            f"scheduler {name!r} has tick() but tick_s is {tick_s!r}; "
+            "expected the seconds between ticks, > 0"
+        )
+    assert isinstance(scheduler, Ticks)
+    return scheduler
+
+
+# -- helpers for policies ------------------------------------------------------------
+def require_split(cluster: ClusterView, scheduler: str, hint: str = "") -> None:
+    """The setup check of a policy that serves the two phases apart: raise
+    :class:`~twin.errors.SpecError` unless ``cluster`` has prefill and decode
+    instances. ``scheduler`` is the policy's registered name; ``hint`` ends
+    the message (a pointer to a tool, say)."""
+    if cluster.of_role("prefill") and cluster.of_role("decode"):
+        return
+    roles = " and ".join(sorted({i.role for i in cluster.instances})) or "no"
+    raise SpecError(
+        f"scheduler {scheduler!r} needs prefill and decode instances, but the cluster has "
+        f"only {roles} instances; give cluster.prefill and cluster.decode{hint}"
+    )
+
+
+def duration_s(value: float | str, name: str, *, positive: bool = False) -> float:
+    """Seconds from the policy parameter ``name``, a number of seconds or a
+    duration string (``0.05``, ``"50 ms"``). ``ValueError`` naming the
+    parameter when it is not a duration, is negative or, with ``positive``, zero."""
+    try:
+        s = parse_duration(value)
+    except UnitError as e:  # the unit parser says what was wrong
+        raise ValueError(f"{name}: {e}") from None
+    if s < 0 or (positive and s == 0):
+        raise ValueError(f"{name}: {value!r} must be {'>' if positive else '>='} 0")
+    return s
+
+
 # -- the registry --------------------------------------------------------------------
-_registry: dict[str, type] = {}
+_registry: dict[str, type[Scheduler]] = {}
 _entry_points_loaded = False
 
-T = TypeVar("T", bound=type)
+S = TypeVar("S", bound=Scheduler)
 
 
-def register(name: str) -> Callable[[T], T]:
+def register(name: str) -> Callable[[type[S]], type[S]]:
     """Class decorator: make the policy available as ``scheduler: {name: ...}``.
 
+    The class must be a :class:`Scheduler` (mypy checks it at the decorator).
     A second registration of the same name by another class is an error.
     """
 
-    def deco(cls: T) -> T:
-        other = _registry.get(name)
-        if other is not None and other is not cls and _qualname(other) != _qualname(cls):
-            raise DuplicateRegistrationError(
-                f"scheduler {name!r} is already registered by {_qualname(other)}; "
-                f"{_qualname(cls)} cannot take the name"
-            )
-        _registry[name] = cls
+    def deco(cls: type[S]) -> type[S]:
+        _add(name, cls)
         return cls
 
     return deco
+
+
+def _add(name: str, cls: type[Scheduler]) -> None:
+    other = _registry.get(name)
+    if other is not None and other is not cls and _qualname(other) != _qualname(cls):
+        raise DuplicateRegistrationError(
+            f"scheduler {name!r} is already registered by {_qualname(other)}; "
+            f"{_qualname(cls)} cannot take the name"
+        )
+    _registry[name] = cls
 
 
 def _qualname(cls: type) -> str:
@@ -279,7 +383,7 @@ def _load_entry_points() -> None:
                 f"{type(e).__name__}: {e}"
             ) from e
         if isinstance(obj, type) and ep.name not in _registry:
-            register(ep.name)(obj)
+            _add(ep.name, obj)
 
 
 def scheduler_names() -> list[str]:
@@ -288,7 +392,7 @@ def scheduler_names() -> list[str]:
     return sorted(_registry)
 
 
-def get_scheduler(name: str) -> type:
+def get_scheduler(name: str) -> type[Scheduler]:
     """The policy class registered as ``name``; a miss suggests close names."""
     _load_entry_points()
     try:
@@ -297,7 +401,7 @@ def get_scheduler(name: str) -> type:
         raise UnknownSchedulerError(name, _registry) from None
 
 
-def build_scheduler(name: str, params: Mapping[str, Any], where: str = "scheduler") -> Any:
+def build_scheduler(name: str, params: Mapping[str, Any], where: str = "scheduler") -> Scheduler:
     """Instantiate policy ``name`` with ``params``, checking the names of the
     parameters against the policy's dataclass fields."""
     cls = get_scheduler(name)

@@ -17,6 +17,9 @@ Gymnasium's ``check_env`` serves environment authors::
 ``check_scheduler`` runs the policy on small bursty workloads, on a colocated
 cluster and, when its setup refuses one, on a split cluster with a topology,
 and fails with an ``AssertionError`` that says which promise broke.
+
+A hand-built view carries a seeded generator, ``view.rng`` (``make_view(...,
+seed=1)`` picks another), as a simulation hands each policy its own stream.
 """
 
 from __future__ import annotations
@@ -26,31 +29,32 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from twin.errors import TwinError
 from twin.request import Request
-from twin.scheduler import ClusterView, InstanceSnapshot, get_scheduler
+from twin.scheduler import ClusterView, InstanceSnapshot, Role, Scheduler, get_scheduler
 
 __all__ = ["check_scheduler", "instance", "make_view", "scenario_requests"]
 
 
-def instance(id: int, role: str = "mixed", **fields: Any) -> InstanceSnapshot:
+def instance(id: int, role: Role = "mixed", **fields: Any) -> InstanceSnapshot:
     """One hand-built instance; any :class:`InstanceSnapshot` field may be given."""
     return InstanceSnapshot(id, role=role, **fields)
 
 
-def make_view(*instances: InstanceSnapshot, now: float = 0.0) -> ClusterView:
-    """A cluster view of the given instances at time ``now``; ids must be 0..n-1."""
+def make_view(*instances: InstanceSnapshot, now: float = 0.0, seed: int = 0) -> ClusterView:
+    """A cluster view of the given instances at time ``now``, its ``rng``
+    seeded with ``seed``; ids must be 0..n-1."""
     ids = [i.id for i in instances]
     if ids != list(range(len(instances))):
         raise ValueError(f"instance ids must be 0..{len(instances) - 1} in order, not {ids}")
-    return ClusterView(instances, now)
+    return ClusterView(instances, now, rng=np.random.default_rng(seed))
 
 
 def scenario_requests(seed: int, n: int = 60) -> list[Request]:
     """A small, bursty, seeded request stream with short and long prompts,
     one-token outputs and simultaneous arrivals: the cases policies get wrong."""
-    import numpy as np
-
     rng = np.random.default_rng(seed)
     t = 0.0
     out = []
@@ -126,12 +130,18 @@ def check_scheduler(
     registered name). Returns the cluster kind it ran on, ``"colocated"`` or
     ``"split"``; raises ``AssertionError`` naming the broken promise.
 
-    The promises: setup accepts the cluster (a colocated one, or else a split
+    The promises: the policy has the required hooks (a :class:`Scheduler`);
+    setup accepts the cluster (a colocated one, or else a split
     one); every decision names existing instances whose roles fit; every
     request ends exactly once, completed or rejected with a reason; no KV block
     leaks; and two runs of the same inputs give identical results.
     """
     make = _factory(policy, params)
+    probe = make()
+    missing = [h for h in ("setup", "route") if not callable(getattr(probe, h, None))]
+    assert isinstance(probe, Scheduler) and not missing, (
+        f"{type(probe).__name__} has no {' or '.join(missing)}(); a scheduler needs setup and route"
+    )
     split = False
     try:
         _run(make, False, seeds[0])

@@ -38,7 +38,7 @@ import simpy
 from twin.errors import SpecError
 from twin.net.flows import FlowSpec, Network
 from twin.net.topology import Topology
-from twin.scheduler import ClusterView
+from twin.scheduler import ClusterView, decode_hook
 from twin.serving.engine import Engine
 from twin.serving.sequence import Sequence
 
@@ -231,9 +231,9 @@ class _Stream:
             self.transfer.set_cap(None)
 
 
-def pick_decode_with(scheduler: Any, view: ClusterView) -> Callable[[Sequence], int]:
+def pick_decode_with(scheduler: object, view: ClusterView) -> Callable[[Sequence], int]:
     """``pick_decode`` of the scheduler as the hand-off calls it, checked."""
-    hook = getattr(scheduler, "pick_decode", None)
+    hook = decode_hook(scheduler)
 
     def pick(seq: Sequence) -> int:
         if hook is None:
@@ -241,7 +241,7 @@ def pick_decode_with(scheduler: Any, view: ClusterView) -> Callable[[Sequence], 
                 f"scheduler {type(scheduler).__name__}: route() left the decode instance "
                 "open but the policy has no pick_decode()"
             )
-        d = hook(seq.req, view)
+        d = hook.pick_decode(seq.req, view)
         if (
             not isinstance(d, int)
             or not 0 <= d < len(view)

@@ -19,7 +19,7 @@ from typing import Any
 import simpy
 
 from twin.errors import SpecError
-from twin.scheduler import ClusterView, Plan, SetRole
+from twin.scheduler import ClusterView, Plan, SetRole, tick_hook
 from twin.serving.engine import ROLES, Engine
 from twin.serving.observer import Observer
 
@@ -64,24 +64,6 @@ def apply_plan(plan: Plan, engines: Sequence[Engine], has_topology: bool, name: 
     check_roles(engines, has_topology, name)
 
 
-def tick_period(scheduler: object, name: str) -> float | None:
-    """``tick_s`` of a policy with a ``tick`` hook, checked; None without one."""
-    if not callable(getattr(scheduler, "tick", None)):
-        return None
-    tick_s = getattr(scheduler, "tick_s", None)
-    if (
-        isinstance(tick_s, bool)
-        or not isinstance(tick_s, int | float)
-        or not math.isfinite(tick_s)
-        or tick_s <= 0
-    ):
-        raise SpecError(
-            f"scheduler {name!r} has tick() but tick_s is {tick_s!r}; "
-            "expected the seconds between ticks, > 0"
-        )
-    return float(tick_s)
-
-
 class ControlLoop:
     """Ticks the policy and carries out its role moves.
 
@@ -92,7 +74,7 @@ class ControlLoop:
     def __init__(
         self,
         env: simpy.Environment,
-        scheduler: Any,
+        scheduler: object,
         name: str,
         view: ClusterView,
         engines: Sequence[Engine],
@@ -110,7 +92,8 @@ class ControlLoop:
         self.engines = engines
         self.has_topology = has_topology
         self.observer = observer
-        self.tick_s = tick_period(scheduler, name)
+        self.ticks = tick_hook(scheduler, name)
+        self.tick_s = None if self.ticks is None else float(self.ticks.tick_s)
         self._arrivals_done = arrivals_done
         self._all_ended = all_ended
         self._on_roles = on_roles
@@ -129,7 +112,7 @@ class ControlLoop:
         arrive or to end; stop once none do (or nothing else is scheduled, so a
         stuck run still ends and fails its conservation check)."""
         env = self.env
-        assert self.tick_s is not None
+        assert self.ticks is not None and self.tick_s is not None
         while True:
             yield env.timeout(self.tick_s)
             arrived = self._arrivals_done()
@@ -137,7 +120,7 @@ class ControlLoop:
                 arrived and env.peek() == math.inf and not self.moving
             ):
                 return
-            actions = self.scheduler.tick(self.view)
+            actions = self.ticks.tick(self.view)
             for action in actions or ():
                 self.act(action)
 

@@ -203,9 +203,8 @@ class Simulation:
             views.append(EngineView(eng, p, fetch_s))
         self.perfs = perfs
         slo = Objectives(spec.slo.ttft_s, spec.slo.tpot_s)
-        self.view = ClusterView(
-            views, lambda: self.env.now, slo, self.pools.prefix if self.pools else None
-        )
+        pools = self.pools.prefix if self.pools else None
+        self.view = ClusterView(views, lambda: self.env.now, slo, pools, rng=self.rng_scheduler)
         pick = pick_decode_with(self.scheduler, self.view)
 
     @property
