@@ -57,13 +57,16 @@ from twin.scheduler import (
     ClusterView,
     InstanceView,
     Objectives,
+    PicksDecode,
     Plan,
     Reject,
     Role,
     Route,
     Scheduler,
     SetRole,
+    Ticks,
     register,
+    require_split,
 )
 from twin.serving.observer import Observer
 from twin.sim.metrics import REQUEST_COLUMNS
@@ -89,6 +92,9 @@ __all__ = [
     # policies
     "register",
     "Scheduler",
+    "PicksDecode",
+    "Ticks",
+    "require_split",
     "Request",
     "Route",
     "Reject",
