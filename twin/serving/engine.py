@@ -28,6 +28,7 @@ from typing import Protocol
 
 import simpy
 
+from twin._check import is_int
 from twin.errors import SpecError
 from twin.perf.iteration import Batch, PerfModel
 from twin.request import Request
@@ -82,7 +83,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_batched_tokens"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            if not is_int(v) or v <= 0:
                 raise SpecError(f"engine.{name}: {v!r} must be a positive integer")
         if not 0.0 <= self.watermark < 1.0:
             raise SpecError(f"engine.watermark: {self.watermark!r} must be in [0, 1)")

@@ -43,7 +43,7 @@ from typing import TypeVar
 import numpy as np
 
 from twin import yamlio
-from twin._check import check_keys
+from twin._check import check_keys, is_int, is_number
 from twin.errors import SpecError, TraceError
 from twin.request import Request
 from twin.units import parse_duration
@@ -154,18 +154,12 @@ class WorkloadSpec:
         if self.duration_s is not None:
             _positive("duration", self.duration_s)
         if self.max_requests is not None and (
-            isinstance(self.max_requests, bool)
-            or not isinstance(self.max_requests, int)
-            or self.max_requests < 1
+            not is_int(self.max_requests) or self.max_requests < 1
         ):
             raise SpecError(f"max_requests(={self.max_requests!r}) must be an integer >= 1")
         if not isinstance(self.repeat, bool):
             raise SpecError(f"repeat(={self.repeat!r}) must be true or false")
-        if (
-            isinstance(self.prefix_block_tokens, bool)
-            or not isinstance(self.prefix_block_tokens, int)
-            or self.prefix_block_tokens < 1
-        ):
+        if not is_int(self.prefix_block_tokens) or self.prefix_block_tokens < 1:
             raise SpecError(
                 f"prefix_block_tokens(={self.prefix_block_tokens!r}) must be an integer >= 1"
             )
@@ -303,7 +297,7 @@ def _int_tokens(m: Mapping[str, object], key: str, where: str, default: int | No
     v = m.get(key, default)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+    if not is_int(v) or v < 1:
         raise SpecError(f"{where}.{key}: {v!r} is not an integer token count >= 1")
     return v
 
@@ -324,7 +318,7 @@ def _marginal(value: object, where: str) -> Marginal:
         raise SpecError("give exactly one of sigma and cv")
     if "sigma" in value:
         sigma = value["sigma"]
-        if isinstance(sigma, bool) or not isinstance(sigma, int | float):
+        if not is_number(sigma):
             raise SpecError(f"sigma(={sigma!r}) must be a number >= 0")
     else:
         sigma = LogNormalLength.sigma_from_cv(_positive("cv", value["cv"]))
