@@ -12,7 +12,8 @@ from collections.abc import Collection, Mapping
 from difflib import get_close_matches
 from typing import TypeGuard
 
-from twin.errors import SpecError
+from twin.errors import SpecError, UnitError
+from twin.units import parse_bytes, parse_duration
 
 
 def entry(where: str, key: str) -> str:
@@ -69,6 +70,14 @@ def positive_int(value: object, where: str) -> int:
     raise SpecError(f"{where}: {value!r} must be a positive integer")
 
 
+def nonneg_int(value: object, where: str) -> int:
+    """An ``int`` (not a bool) greater than or equal to zero; an integral float counts."""
+    value = _whole(value)
+    if is_int(value) and value >= 0:
+        return value
+    raise SpecError(f"{where}: {value!r} must be a non-negative integer")
+
+
 def positive_float(value: object, where: str) -> float:
     """A finite number greater than zero."""
     if not is_number(value):
@@ -117,3 +126,32 @@ def boolean(value: object, where: str) -> bool:
     if not isinstance(value, bool):
         raise SpecError(f"{where}: {value!r} must be true or false")
     return value
+
+
+def one_of(value: object, where: str, choices: Collection[object]) -> object:
+    """One of ``choices`` (compared with ``==``; a bool never matches a number)."""
+    if not any(value == c and isinstance(value, bool) == isinstance(c, bool) for c in choices):
+        raise SpecError(f"{where}: {value!r}; expected one of {', '.join(map(str, choices))}")
+    return value
+
+
+def duration(value: object, where: str, *, positive: bool = True) -> float:
+    """Seconds from a number or a string with a unit (``"50 ms"``); > 0, or >= 0."""
+    try:
+        x = parse_duration(value)
+    except UnitError as e:
+        raise SpecError(f"{where}: {e}") from None
+    if x < 0 or (positive and x == 0):
+        raise SpecError(f"{where}: {value!r} must be {'>' if positive else '>='} 0")
+    return x
+
+
+def size(value: object, where: str, *, positive: bool = False) -> float:
+    """Bytes from a number or a string with a unit (``"2 GiB"``); >= 0, or > 0."""
+    try:
+        x = parse_bytes(value)
+    except UnitError as e:
+        raise SpecError(f"{where}: {e}") from None
+    if x < 0 or (positive and x == 0):
+        raise SpecError(f"{where}: {value!r} must be {'>' if positive else '>='} 0")
+    return x

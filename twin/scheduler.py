@@ -299,7 +299,9 @@ def get_scheduler(name: str) -> type:
 
 def build_scheduler(name: str, params: Mapping[str, Any], where: str = "scheduler") -> Any:
     """Instantiate policy ``name`` with ``params``, checking the names of the
-    parameters against the policy's dataclass fields."""
+    parameters against the policy's dataclass fields. A policy refuses a value
+    with a ``ValueError("<param>: ...")``; the message then names
+    ``<where>.<param>``."""
     cls = get_scheduler(name)
     if dataclasses.is_dataclass(cls):
         known = [f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")]
@@ -312,6 +314,9 @@ def build_scheduler(name: str, params: Mapping[str, Any], where: str = "schedule
     try:
         return cls(**params)
     except (TypeError, ValueError) as e:
+        key, sep, rest = str(e).partition(": ")
+        if sep and key in params:
+            raise SpecError(f"{where}.{key}: {rest}") from None
         raise SpecError(f"{where}: scheduler {name!r}: {e}") from None
 
 

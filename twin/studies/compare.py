@@ -26,8 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import twin
-from twin.errors import SpecError, TwinError
-from twin.scheduler import build_scheduler
+from twin.errors import SpecError, UnknownSchedulerError
 from twin.sim.simulation import Result, Simulation
 from twin.sim.spec import ExperimentSpec, apply_overrides, canonical_json, resolve_spec
 
@@ -199,15 +198,12 @@ def compare_specs(
         for key, value in entries[label].items():
             _set_path(data, key, value, at)
         data["name"] = f"{name}/{label}"
-        spec = resolve_spec(data, at, base_dir)
         try:
-            build_scheduler(spec.scheduler, spec.scheduler_params, where=f"{at}: scheduler")
-        except SpecError:
-            raise
-        except TwinError as e:  # an unknown name: keep the registry's suggestion
+            spec = resolve_spec(data, at, base_dir)
+        except UnknownSchedulerError as e:  # keep the registry's suggestion, add --only's
             others = [x for x in entries if x != label]
             hint = f" (--only {','.join(others)} runs the others)" if others else ""
-            raise SpecError(f"{at}: scheduler: {e}{hint}") from None
+            raise SpecError(f"{e}{hint}") from None
         specs[label] = spec
     return base, specs
 

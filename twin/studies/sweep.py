@@ -217,8 +217,6 @@ def expand(
     ``sweep:`` section, overrides applied), each run resolved and its
     scheduler built; errors name the run by its swept values. ``leave_out``:
     keys kept out of the labels (besides the rate keys and ``seed``)."""
-    from twin.scheduler import build_scheduler
-
     axes = parse_sweep(data.get("sweep"), where)
     base = {k: copy.deepcopy(v) for k, v in data.items() if k != "sweep"}
     out_of_label = {*RATE_KEYS, "seed", *leave_out}
@@ -234,12 +232,6 @@ def expand(
             if not key.startswith(TAG):
                 _set_path(run_data, key, value, at)
         spec = resolve_spec(run_data, at, base_dir)
-        try:
-            build_scheduler(spec.scheduler, spec.scheduler_params, where=f"{at}: scheduler")
-        except SpecError:
-            raise
-        except TwinError as e:
-            raise SpecError(f"{at}: scheduler: {e}") from None
         sha = spec.sha256
         if sha in seen:
             raise SpecError(
