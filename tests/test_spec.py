@@ -26,6 +26,7 @@ from twin._declare import (
     schema,
     seconds,
 )
+from twin.cli import main
 from twin.errors import SpecError, TwinError, UnknownNameError
 from twin.serving.engine import EngineConfig
 from twin.serving.handoff import TransferConfig
@@ -296,3 +297,12 @@ def test_a_profile_table_is_found_at_load_and_read_at_build(tmp_path):
 
     with pytest.raises(TwinError, match="prof.csv"):  # the table itself is read here
         Simulation(loaded)
+
+
+def test_twin_spec_prints_the_resolved_spec_and_its_hash(capsys):
+    assert main(["spec", "quickstart", "--set", "seed=3"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    spec = load_spec("quickstart", ["seed=3"])
+    assert doc == {"spec": json.loads(json.dumps(spec.resolved)), "spec_sha256": spec.sha256}
+    assert main(["spec", "compare-mooncake"]) == 2
+    assert "has compare:" in capsys.readouterr().err

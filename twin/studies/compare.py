@@ -31,6 +31,13 @@ from twin.sim.simulation import Result, Simulation
 from twin.sim.spec import ExperimentSpec, apply_overrides, canonical_json, resolve_spec
 
 SHARED_KEYS = ("name", "seed", "workload", "slo", "compare")
+COMPARE_SCHEMA = {
+    "type": "object",
+    "minProperties": 1,
+    "description": "variants run side by side: label -> {key.path: value} overrides of the "
+    "rest of the spec (null deletes a key); see README, Comparing policies",
+    "additionalProperties": {"type": "object"},
+}
 COLUMNS = (
     # (title, width)
     ("label", 0),

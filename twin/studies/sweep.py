@@ -68,6 +68,17 @@ RATE_KEYS = ("workload.rate_scale", "workload.arrival.rate")
 EXECUTORS = ("local", "dask")
 TAG = "tag."
 RUN_ID_CHARS = 12
+_VALUES = {"type": "array", "minItems": 1}
+SWEEP_SCHEMA = {
+    "type": "object",
+    "minProperties": 1,
+    "description": "key.path -> [values], one axis each, run as a product; zip: groups keys "
+    "that vary together; see README, Sweeps",
+    "properties": {
+        "zip": {"type": "array", "items": {"type": "object", "additionalProperties": _VALUES}}
+    },
+    "additionalProperties": _VALUES,
+}
 
 
 # -- the sweep section ---------------------------------------------------------------
