@@ -42,6 +42,7 @@ from twin.scheduler import (
     Reject,
     Route,
     Scheduler,
+    is_int,
     register,
     require_split,
 )
@@ -70,7 +71,7 @@ class Mooncake(Scheduler, PicksDecode):
             )
         for name in ("expected_output_tokens", "min_fetch_tokens"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if not is_int(v) or v < 1:
                 raise ValueError(f"{name}: {v!r} must be a positive integer")
 
     def setup(self, cluster: ClusterView) -> Plan:

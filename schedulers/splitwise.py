@@ -50,6 +50,7 @@ from twin.scheduler import (
     SetRole,
     Ticks,
     duration_s,
+    is_int,
     register,
     require_split,
 )
@@ -72,14 +73,14 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
     def __post_init__(self) -> None:
         for name in ("prompt_token_limit", "mixed_threshold_tokens"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            if not is_int(v) or v <= 0:
                 raise ValueError(f"{name}: {v!r} must be a positive integer")
         if not 0.0 <= self.token_free_threshold < 1.0:
             raise ValueError(
                 f"token_free_threshold: {self.token_free_threshold!r} must be in [0, 1)"
             )
         v = self.token_max_num_seqs
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+        if v is not None and (not is_int(v) or v <= 0):
             raise ValueError(f"token_max_num_seqs: {v!r} must be a positive integer or null")
         self.move_cost_s = duration_s(self.move_cost, "move_cost")
         self.tick_s = duration_s(self.tick_interval, "tick_interval", positive=True)

@@ -37,7 +37,7 @@ Reading guide: start with these files, in this order.
 The layers, each importing only those below it (checked by ``lint-imports``):
 ``cli`` -> ``studies`` | ``viz`` -> ``sim`` -> ``serving`` -> ``net`` ->
 ``perf`` | ``workload`` -> ``scheduler`` -> ``request`` -> base (``errors``,
-``units``, ``_check``, ``_clock``, ``yamlio``, ``bundled``).
+``_declare``, ``_check``, ``_clock``, ``yamlio``, ``bundled``, ``units``).
 
 Extension points: a scheduling policy (``@register`` or the
 ``twin.schedulers`` entry-point group), a performance model (any object with

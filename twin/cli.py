@@ -287,6 +287,32 @@ def _executor_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", help="output folder (default: out/NAME)")
 
 
+def cmd_spec(args: argparse.Namespace) -> int:
+    """``twin spec --schema``: the JSON Schema of a spec; ``twin spec SPEC``: the
+    resolved spec (every default filled in) and its sha256."""
+    if args.schema:
+        from twin.sim.spec import spec_schema
+        from twin.studies.compare import COMPARE_SCHEMA
+        from twin.studies.sweep import SWEEP_SCHEMA
+
+        doc = spec_schema({"compare": COMPARE_SCHEMA, "sweep": SWEEP_SCHEMA})
+        print(json.dumps(doc, indent=2, sort_keys=True))
+        return 0
+    from twin.sim.spec import apply_overrides, parse_yaml, read_spec_text, resolve_spec
+
+    text, where, base_dir = read_spec_text(args.spec)
+    data = parse_yaml(text, where)
+    for section in ("compare", "sweep"):
+        if section in data:
+            raise TwinError(
+                f"{where}: has {section}:, a set of specs; twin spec resolves a single one"
+            )
+    apply_overrides(data, args.set or [])
+    spec = resolve_spec(data, where, base_dir)
+    print(json.dumps({"spec": spec.resolved, "spec_sha256": spec.sha256}, indent=2, sort_keys=True))
+    return 0
+
+
 def cmd_schedulers(args: argparse.Namespace) -> int:
     from twin.scheduler import describe, get_scheduler, scheduler_names
 
@@ -467,6 +493,18 @@ def build_parser() -> argparse.ArgumentParser:
     gp.add_argument("--rel-tol", type=float, help="relative tolerance of the bisection (0.05)")
     gp.add_argument("--no-plots", action="store_true", help="do not plot the folder afterwards")
     gp.set_defaults(func=cmd_goodput)
+
+    sp = sub.add_parser(
+        "spec", help="print a spec resolved (defaults filled in), or with --schema its JSON Schema"
+    )
+    sp.add_argument(
+        "spec", nargs="?", default="quickstart", help="spec path or bundled name (quickstart)"
+    )
+    sp.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a value")
+    sp.add_argument(
+        "--schema", action="store_true", help="print the JSON Schema (draft 2020-12) of a spec"
+    )
+    sp.set_defaults(func=cmd_spec)
 
     s = sub.add_parser("schedulers", help="list the registered scheduling policies")
     s.set_defaults(func=cmd_schedulers)

@@ -40,14 +40,15 @@ class CapacityError(TwinError):
 
 
 class UnknownNameError(TwinError, KeyError):
-    """A lookup in a catalog or registry missed; the message suggests close names."""
+    """A lookup in a catalog or registry missed; the message suggests close names
+    and, given ``where``, starts with where the name came from."""
 
-    def __init__(self, kind: str, name: str, known: Iterable[str]) -> None:
+    def __init__(self, kind: str, name: str, known: Iterable[str], where: str = "") -> None:
         known = sorted(known)
         close = get_close_matches(name, known, n=3, cutoff=0.6)
         hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
         msg = f"unknown {kind} {name!r}.{hint} Known: {', '.join(known) or '(none)'}"
-        super().__init__(msg)
+        super().__init__(f"{where}: {msg}" if where else msg)
         self.kind = kind
         self.name = name
         self.known = known
@@ -59,8 +60,8 @@ class UnknownNameError(TwinError, KeyError):
 class UnknownSchedulerError(UnknownNameError):
     """No scheduler is registered under the requested name."""
 
-    def __init__(self, name: str, known: Iterable[str]) -> None:
-        super().__init__("scheduler", name, known)
+    def __init__(self, name: str, known: Iterable[str], where: str = "") -> None:
+        super().__init__("scheduler", name, known, where)
 
 
 class DuplicateRegistrationError(TwinError):

@@ -35,6 +35,8 @@ from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
+from twin._check import is_int as is_int  # re-exported: policies validate with it
+from twin._check import is_number
 from twin.errors import (
     DuplicateRegistrationError,
     PluginError,
@@ -292,12 +294,7 @@ def tick_hook(scheduler: object, name: str) -> Ticks | None:
     if not callable(getattr(scheduler, "tick", None)):
         return None
     tick_s = getattr(scheduler, "tick_s", None)
-    if (
-        isinstance(tick_s, bool)
-        or not isinstance(tick_s, int | float)
-        or not math.isfinite(tick_s)
-        or tick_s <= 0
-    ):
+    if not is_number(tick_s) or not math.isfinite(tick_s) or tick_s <= 0:
         raise SpecError(
             f"scheduler {name!r} has tick() but tick_s is {tick_s!r}; "
             "expected the seconds between ticks, > 0"
@@ -403,7 +400,9 @@ def get_scheduler(name: str) -> type[Scheduler]:
 
 def build_scheduler(name: str, params: Mapping[str, Any], where: str = "scheduler") -> Scheduler:
     """Instantiate policy ``name`` with ``params``, checking the names of the
-    parameters against the policy's dataclass fields."""
+    parameters against the policy's dataclass fields. A policy refuses a value
+    with a ``ValueError("<param>: ...")``; the message then names
+    ``<where>.<param>``."""
     cls = get_scheduler(name)
     if dataclasses.is_dataclass(cls):
         known = [f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")]
@@ -416,6 +415,9 @@ def build_scheduler(name: str, params: Mapping[str, Any], where: str = "schedule
     try:
         return cls(**params)
     except (TypeError, ValueError) as e:
+        key, sep, rest = str(e).partition(": ")
+        if sep and key in params:
+            raise SpecError(f"{where}.{key}: {rest}") from None
         raise SpecError(f"{where}: scheduler {name!r}: {e}") from None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 
 from twin.errors import UnitError
 
@@ -20,6 +21,16 @@ _DECIMAL = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e1
 _BINARY = {"Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40, "Pi": 2.0**50}
 
 _DURATION = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9, "min": 60.0, "h": 3600.0}
+
+
+def _alternatives(names: Iterable[str]) -> str:
+    """A regex alternation of ``names``, longest first (``min`` before ``s``)."""
+    return "|".join(sorted((n for n in names if n), key=lambda n: (-len(n), n)))
+
+
+# The strings parse_duration and parse_bytes take, as JSON Schema (ECMA-262) patterns.
+DURATION_PATTERN = rf"^\s*{_NUMBER}\s*(?:{_alternatives(_DURATION)})?\s*$"
+SIZE_PATTERN = rf"^\s*{_NUMBER}\s*(?:(?:{_alternatives({**_DECIMAL, **_BINARY})})?[Bb])?\s*$"
 
 
 def _split(value: object, what: str, expected: str) -> tuple[float, str]:

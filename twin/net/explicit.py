@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from twin._check import check_keys, entry
+from twin._check import boolean, check_keys, entry, is_int
 from twin.errors import SpecError
 from twin.net.topodef import (
     LINK_KINDS,
@@ -55,7 +55,7 @@ def parse_explicit(data: Mapping[str, Any], where: str, default: str) -> TopoDef
         seen[name] = i
         node = v.get("node")
         if node is not None:
-            if isinstance(node, bool) or not isinstance(node, int) or node < 0:
+            if not is_int(node) or node < 0:
                 raise SpecError(f"{entry(w, 'node')}: {node!r} must be a node index >= 0")
         index = per_node.get((node, vtype), 0) if node is not None else 0
         if node is not None:
@@ -114,9 +114,7 @@ def parse_explicit(data: Mapping[str, Any], where: str, default: str) -> TopoDef
         kind = one_of(ln["kind"], w, "kind", LINK_KINDS)
         bw = parse_rate(ln["bandwidth"], f"{w}: bandwidth")
         latency = parse_latency(ln["latency"], f"{w}: latency") if "latency" in ln else lat[kind]
-        duplex = ln.get("duplex", True)
-        if not isinstance(duplex, bool):
-            raise SpecError(f"{w}: duplex: {duplex!r} must be true or false")
+        duplex = boolean(ln.get("duplex", True), f"{w}: duplex")
         for pair in ((src, dst), (dst, src)) if duplex else ((src, dst),):
             if pair in declared:
                 raise SpecError(f"{w}: {pair[0]} -> {pair[1]} is already {declared[pair]}")

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from twin._check import check_keys, entry, positive_float, positive_int
+from twin._check import check_keys, entry, is_int, positive_float, positive_int
 from twin.errors import SpecError
 from twin.net.explicit import parse_explicit
 from twin.net.topodef import (
@@ -140,7 +140,7 @@ def _nic_serves(value: object, count: int, gpus: int, where: str) -> tuple[tuple
     for i, item in enumerate(value):
         items = item if isinstance(item, list) else [item]
         for g in items:
-            if isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < gpus:
+            if not is_int(g) or not 0 <= g < gpus:
                 raise SpecError(
                     f"{where}[{i}]: GPU index {g!r} outside the node; expected 0..{gpus - 1}"
                 )
@@ -169,7 +169,7 @@ def _templated(data: Mapping[str, Any], where: str, default: str, nodes: int | N
             raise SpecError(f"{wt}: no templates given")
         templates = {str(k): _template(v, entry(wt, str(k)), str(k)) for k, v in raw.items()}
         items = data["nodes"]
-        if isinstance(items, int) and not isinstance(items, bool) and len(templates) == 1:
+        if is_int(items) and len(templates) == 1:
             items = [{"template": next(iter(templates)), "count": items}]
         if not isinstance(items, list) or not items:
             raise SpecError(f"{wnodes}: {items!r} must be a list of {{template, count}}")

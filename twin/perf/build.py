@@ -1,24 +1,184 @@
-"""The ``perf:`` section of a spec -> a :class:`~twin.perf.iteration.PerfModel`."""
+"""The ``perf:`` section of a spec -> a :class:`~twin.perf.iteration.PerfModel`.
+
+Each kind of performance model declares its keys once (:class:`RooflineKeys`,
+:class:`ProfileKeys`, :class:`DistServeKeys`); :func:`read_perf` checks a
+``perf:`` mapping against them when the spec is loaded, and
+:func:`build_perf_model` builds the model for one instance shape when the
+simulation is (a profile table is read then).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from twin.errors import SpecError, UnitError
+from twin._declare import (
+    FRACTION,
+    POSITIVE_INT,
+    TEXT,
+    anything,
+    choice,
+    declared,
+    interval,
+    keys,
+    read,
+    schema,
+    seconds,
+    string,
+)
+from twin.errors import SpecError, UnknownNameError
 from twin.perf.gpus import GPUSpec
 from twin.perf.iteration import PerfModel
 from twin.perf.llm import ModelSpec
-from twin.perf.roofline import DEFAULT_ENGINE, ENGINE_OVERHEADS, Roofline, engine_overheads
+from twin.perf.roofline import DEFAULT_ENGINE, ENGINE_OVERHEADS, Roofline
 from twin.perf.tables import DistServeFit, ProfileTable
-from twin.units import parse_duration
 
-_ROOFLINE_KEYS = ("kind", "mfu", "mbu", "attn_mfu", "overhead", "layer_overhead",
-                  "seq_overhead", "seq_shard_overhead", "hop_latency", "tp_mfu_exponent",
-                  "act_traffic", "no_overlap", "throttle", "throttle_knee", "engine")  # fmt: skip
-_PROFILE_KEYS = ("kind", "path", "format", "model", "hardware", "tp")
-_DISTSERVE_KEYS = ("kind", "path", "model", "tp")
-_KINDS = {"roofline": _ROOFLINE_KEYS, "profile": _PROFILE_KEYS, "distserve": _DISTSERVE_KEYS}
+
+def _engine(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise SpecError(f"{where}: {value!r}; expected one of {', '.join(ENGINE_OVERHEADS)}")
+    if value not in ENGINE_OVERHEADS:  # a misspelled name: suggest the close ones
+        raise UnknownNameError("serving engine", value, ENGINE_OVERHEADS, where=where)
+    return value
+
+
+_PATH = string("; expected a file path")
+_AT_LEAST_0 = seconds(positive=False)
+
+
+@dataclass(frozen=True)
+class RooflineKeys:
+    """``perf: {kind: roofline, ...}``: the analytical model; unset efficiencies
+    default per GPU, unset software terms to the ``engine`` preset."""
+
+    kind: str = declared("roofline", choice("roofline"), "roofline")
+    mfu: float | None = declared(None, FRACTION, "GEMM compute efficiency (default: per GPU)")
+    mbu: float | None = declared(None, FRACTION, "HBM bandwidth efficiency (default: per GPU)")
+    attn_mfu: float | None = declared(
+        None, FRACTION, "attention compute efficiency (default: per GPU)"
+    )
+    overhead_s: float | None = declared(
+        None, _AT_LEAST_0, "fixed time per iteration (default: the preset)", key="overhead"
+    )
+    layer_overhead_s: float | None = declared(
+        None, _AT_LEAST_0, "time per layer per iteration (default: the preset)",
+        key="layer_overhead",
+    )  # fmt: skip
+    seq_overhead_s: float | None = declared(
+        None, _AT_LEAST_0, "time per sequence per iteration (default: the preset)",
+        key="seq_overhead",
+    )  # fmt: skip
+    seq_shard_overhead_s: float | None = declared(
+        None, _AT_LEAST_0, "time per sequence per iteration, split by TP (default: the preset)",
+        key="seq_shard_overhead",
+    )  # fmt: skip
+    hop_latency_s: float | None = declared(
+        None, _AT_LEAST_0, "latency of one all-reduce hop (default: per GPU)", key="hop_latency"
+    )
+    tp_mfu_exponent: float | None = declared(
+        None, interval(0, 2), "compute time grows as TP^exponent (default 0)"
+    )
+    act_traffic: float | None = declared(
+        None, interval(0, 1e4, hi_open=True),
+        "activation-sized memory passes per token per layer (default: the preset)",
+    )  # fmt: skip
+    no_overlap: float | None = declared(
+        None, interval(0, 1),
+        "share of the shorter of compute and memory time not hidden (default: the preset)",
+    )  # fmt: skip
+    throttle: float | None = declared(
+        None, interval(0, 10),
+        "compute past throttle_knee runs 1 + throttle times slower (default: per GPU)",
+    )  # fmt: skip
+    throttle_knee_s: float | None = declared(
+        None, _AT_LEAST_0, "compute time before the throttle applies (default: per GPU)",
+        key="throttle_knee",
+    )  # fmt: skip
+    engine: str = declared(
+        DEFAULT_ENGINE,
+        anything({"enum": list(ENGINE_OVERHEADS)}, _engine),
+        "preset of software overheads: " + " | ".join(ENGINE_OVERHEADS),
+    )
+
+
+@dataclass(frozen=True)
+class ProfileKeys:
+    """``perf: {kind: profile, path, ...}``: measured iteration times, interpolated."""
+
+    kind: str = declared("profile", choice("profile"), "profile")
+    path: str | None = declared(
+        None, _PATH, "the table (relative to the spec's folder)", required="expected a file path"
+    )
+    format: str = declared(
+        "auto", choice("auto", "splitwise", "native"), "auto | splitwise | native"
+    )
+    model: str | None = declared(None, TEXT, "splitwise rows: model (default: the spec's)")
+    hardware: str | None = declared(None, TEXT, "splitwise rows: hardware (default: the GPU)")
+    tp: int | None = declared(None, POSITIVE_INT, "rows of this TP (default: the instance's)")
+
+
+@dataclass(frozen=True)
+class DistServeKeys:
+    """``perf: {kind: distserve, path, ...}``: DistServe's fitted latency model."""
+
+    kind: str = declared("distserve", choice("distserve"), "distserve")
+    path: str | None = declared(
+        None, _PATH, "the profiler JSON (relative to the spec's folder)",
+        required="expected a file path",
+    )  # fmt: skip
+    model: str | None = declared(None, TEXT, "the model's entry (default: the spec's)")
+    tp: int | None = declared(None, POSITIVE_INT, "the entry of this TP (default: the instance's)")
+
+
+KINDS: dict[str, type] = {
+    "roofline": RooflineKeys,
+    "profile": ProfileKeys,
+    "distserve": DistServeKeys,
+}
+
+
+def perf_schema() -> dict[str, Any]:
+    """The JSON Schema of ``perf:``: one of the kinds, each with its keys."""
+    options = []
+    for kind, cls in KINDS.items():
+        s = schema(cls)
+        s["properties"]["kind"] = {"const": kind, "description": f"the {kind} model"}
+        s["required"] = ["kind", *s.get("required", [])]
+        options.append(s)
+    return {"oneOf": options}
+
+
+def read_perf(spec: object, where: str = "", base_dir: Path | None = None) -> Any:
+    """Check a ``perf:`` mapping: its kind, its keys, their values and, for a
+    table, that the file is there. Returns the kind's keys (a
+    :class:`RooflineKeys`, :class:`ProfileKeys` or :class:`DistServeKeys`) with
+    ``path`` resolved against ``base_dir``. ``where`` prefixes error messages
+    (``"spec.yaml: perf"``)."""
+    w = where or "perf"
+    if not isinstance(spec, Mapping):
+        raise SpecError(f"{w}: {spec!r} must be a mapping with a 'kind'")
+    kind = spec.get("kind")
+    if kind not in KINDS:
+        raise SpecError(f"{w}.kind: {kind!r}; expected one of {', '.join(KINDS)}")
+    cls = KINDS[kind]
+    allowed = keys(cls)
+    for key in spec:
+        if key not in allowed:
+            raise SpecError(
+                f"{w}: unknown key {key!r} for kind {kind}; expected one of {', '.join(allowed)}"
+            )
+    perf: Any = read(cls, dict(spec), w).value
+    if kind != "roofline":
+        path = Path(perf.path)
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        if not path.is_file():
+            raise SpecError(f"{w}.path: {str(path)!r} is not a file")
+        perf = dataclasses.replace(perf, path=str(path))
+    return perf
 
 
 def build_perf_model(
@@ -47,85 +207,24 @@ def build_perf_model(
     w = where or "perf"
     if spec is None:
         return Roofline(model, gpu, tp, pp)
-    if not isinstance(spec, Mapping):
-        raise SpecError(f"{w}: {spec!r} must be a mapping with a 'kind'")
-    kind = spec.get("kind")
-    if kind not in _KINDS:
-        raise SpecError(f"{w}.kind: {kind!r}; expected one of {', '.join(_KINDS)}")
-    allowed = _KINDS[kind]
-    for key in spec:
-        if key not in allowed:
-            raise SpecError(
-                f"{w}: unknown key {key!r} for kind {kind}; expected one of {', '.join(allowed)}"
-            )
-    if kind == "roofline":
-        kw: dict[str, float] = {}
-        engine = spec.get("engine", DEFAULT_ENGINE)
-        if not isinstance(engine, str):
-            known = ", ".join(ENGINE_OVERHEADS)
-            raise SpecError(f"{w}.engine: {engine!r}; expected one of {known}")
-        engine_overheads(engine)  # UnknownNameError (with suggestions) for a misspelled name
-        for key in ("mfu", "mbu", "attn_mfu"):
-            if key in spec:
-                v = spec[key]
-                if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 1:
-                    raise SpecError(f"{w}.{key}: {v!r} must be a number in (0, 1]")
-                kw[key] = float(v)
-        if "tp_mfu_exponent" in spec:
-            v = spec["tp_mfu_exponent"]
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 2:
-                raise SpecError(f"{w}.tp_mfu_exponent: {v!r} must be a number in [0, 2]")
-            kw["tp_mfu_exponent"] = float(v)
-        if "act_traffic" in spec:
-            v = spec["act_traffic"]
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1e4:
-                raise SpecError(f"{w}.act_traffic: {v!r} must be a number in [0, 10000)")
-            kw["act_traffic"] = float(v)
-        if "throttle" in spec:
-            v = spec["throttle"]
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 10:
-                raise SpecError(f"{w}.throttle: {v!r} must be a number in [0, 10]")
-            kw["throttle"] = float(v)
-        if "no_overlap" in spec:
-            v = spec["no_overlap"]
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1:
-                raise SpecError(f"{w}.no_overlap: {v!r} must be a number in [0, 1]")
-            kw["no_overlap"] = float(v)
-        for key in ("overhead", "layer_overhead", "seq_overhead", "seq_shard_overhead",
-                    "hop_latency", "throttle_knee"):  # fmt: skip
-            if key in spec:
-                try:
-                    kw[f"{key}_s"] = parse_duration(spec[key])
-                except UnitError as e:
-                    raise SpecError(f"{w}.{key}: {e}") from None
-                if kw[f"{key}_s"] < 0:
-                    raise SpecError(f"{w}.{key}: {spec[key]!r} must be >= 0")
-        return Roofline(model, gpu, tp, pp, engine=engine, **kw)
-    if "path" not in spec or not isinstance(spec["path"], str):
-        raise SpecError(f"{w}.path: {spec.get('path')!r}; expected a file path")
-    path = Path(spec["path"])
-    if not path.is_absolute() and base_dir is not None:
-        path = base_dir / path
-    if not path.is_file():
-        raise SpecError(f"{w}.path: {str(path)!r} is not a file")
-    sel_tp = spec.get("tp", tp)
-    if isinstance(sel_tp, bool) or not isinstance(sel_tp, int) or sel_tp < 1:
-        raise SpecError(f"{w}.tp: {sel_tp!r} must be a positive integer")
-    if kind == "distserve":
-        name = spec.get("model", model.name)
-        return DistServeFit.from_json(path, str(name), sel_tp, where=f"{w}: {path}")
-    fmt = spec.get("format", "auto")
+    perf = read_perf(spec, where, base_dir)
+    if isinstance(perf, RooflineKeys):
+        kw = {
+            f.name: getattr(perf, f.name)
+            for f in dataclasses.fields(perf)
+            if f.name not in ("kind", "engine") and getattr(perf, f.name) is not None
+        }
+        return Roofline(model, gpu, tp, pp, engine=perf.engine, **kw)
+    path = Path(perf.path)
+    sel_tp = tp if perf.tp is None else perf.tp
+    name = model.name if perf.model is None else perf.model
+    if isinstance(perf, DistServeKeys):
+        return DistServeFit.from_json(path, name, sel_tp, where=f"{w}: {path}")
+    fmt = perf.format
     if fmt == "auto":
         head = path.open("rb").readline()
         fmt = "splitwise" if b"tensor_parallel" in head else "native"
     if fmt == "native":
         return ProfileTable.from_native(path, where=f"{w}: {path}")
-    if fmt == "splitwise":
-        return ProfileTable.from_splitwise(
-            path,
-            str(spec.get("model", model.name)),
-            str(spec.get("hardware", gpu.name)),
-            sel_tp,
-            where=f"{w}: {path}",
-        )
-    raise SpecError(f"{w}.format: {fmt!r}; expected one of splitwise, native")
+    hardware = gpu.name if perf.hardware is None else perf.hardware
+    return ProfileTable.from_splitwise(path, name, hardware, sel_tp, where=f"{w}: {path}")

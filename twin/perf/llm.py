@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from twin._check import check_keys, entry, positive_int
+from twin._check import check_keys, entry, is_int, positive_int
 from twin.errors import SpecError, UnknownNameError
 
 _DTYPE_BYTES: Mapping[str, int] = MappingProxyType(
@@ -33,7 +33,7 @@ def dtype_bytes(name: str | int) -> int:
 
     An ``int`` is taken as already a byte count and must be 1, 2 or 4.
     """
-    if isinstance(name, int) and not isinstance(name, bool):
+    if is_int(name):
         if name in (1, 2, 4):
             return name
         raise SpecError(f"dtype: {name!r} bytes per element; expected 1, 2 or 4")

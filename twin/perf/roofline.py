@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from twin._check import is_int, is_number
 from twin.errors import SpecError, UnknownNameError
 from twin.perf.gpus import GPUSpec
 from twin.perf.iteration import Batch
@@ -127,13 +128,13 @@ def engine_overheads(engine: str) -> Mapping[str, float]:
 
 
 def _check_fraction(name: str, v: float) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 < v <= 1.0:
+    if not is_number(v) or not 0.0 < v <= 1.0:
         raise SpecError(f"roofline: {name}={v!r} must be a number in (0, 1]")
     return float(v)
 
 
 def _check_nonneg(name: str, v: float) -> float:
-    if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v < float("inf"):
+    if not is_number(v) or not 0.0 <= v < float("inf"):
         raise SpecError(f"roofline: {name}={v!r} must be a finite number >= 0")
     return float(v)
 
@@ -243,7 +244,7 @@ class Roofline:
         throttle_knee_s: float | None = None,
     ) -> None:
         for label, v in (("tp", tp), ("pp", pp)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            if not is_int(v) or v < 1:
                 raise SpecError(f"roofline: {label}={v!r} must be a positive integer")
         if model.layers % pp:
             raise SpecError(
@@ -278,11 +279,7 @@ class Roofline:
         self.hop_latency_s = _check_nonneg("hop_latency_s", hop_latency_s)
         self.tp_mfu_exponent = _check_nonneg("tp_mfu_exponent", tp_mfu_exponent)
         self.act_traffic = _check_nonneg("act_traffic", act_traffic)
-        if (
-            isinstance(no_overlap, bool)
-            or not isinstance(no_overlap, int | float)
-            or not (0.0 <= no_overlap <= 1.0)
-        ):
+        if not is_number(no_overlap) or not 0.0 <= no_overlap <= 1.0:
             raise SpecError(f"roofline: no_overlap={no_overlap!r} must be a number in [0, 1]")
         self.no_overlap = float(no_overlap)
         self.name = f"roofline:{model.name}@{gpu.name}x{tp}" + (f"pp{pp}" if pp > 1 else "")

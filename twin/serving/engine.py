@@ -29,6 +29,8 @@ from typing import Protocol
 
 import simpy
 
+from twin._check import is_int
+from twin._declare import BOOL, FRACTION, POSITIVE_INT, choice, declared, interval, nbytes
 from twin.errors import SpecError
 from twin.perf.iteration import Batch, PerfModel
 from twin.request import Request
@@ -38,11 +40,12 @@ from twin.serving.observer import Observer
 from twin.serving.sequence import DECODE, DONE, HANDOFF, INCOMING, PREFILL, WAITING, Sequence
 
 ROLES = ("mixed", "prefill", "decode")
+OVERSIZED = ("error", "reject")  # a request no instance can ever hold: stop the run, or reject it
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """Batching and memory policy of one instance.
+    """Batching and memory policy of one instance (the spec's ``engine:``).
 
     ``max_batched_tokens`` caps the prefill tokens of one iteration (without
     chunking a single longer prompt still runs, alone) or, with
@@ -52,21 +55,46 @@ class EngineConfig:
     with the same leading prefix hashes (see :class:`~twin.serving.kvcache.PrefixCache`).
     ``fast_forward`` lets the engine cover a stretch of decode steps in which
     nothing can change with one event (see :mod:`twin.serving.fastforward`); the results are
-    those of stepping.
+    those of stepping. The memory terms size the KV cache
+    (:func:`~twin.serving.kvcache.kv_capacity_blocks`); ``oversized`` says what
+    becomes of a request that can never fit.
+
+    Each field is declared once, with its YAML key, default and help; the
+    spec reader, the JSON Schema and the README check all read it from here.
     """
 
-    block_size: int = 16
-    max_num_seqs: int = 256
-    max_batched_tokens: int = 8192
-    chunked_prefill: bool = False
-    watermark: float = 0.01
-    fast_forward: bool = True
-    prefix_caching: bool = False
+    block_size: int = declared(16, POSITIVE_INT, "tokens per KV block")
+    max_num_seqs: int = declared(256, POSITIVE_INT, "running sequences per instance")
+    max_batched_tokens: int = declared(
+        8192, POSITIVE_INT, "prefill tokens per iteration (2048 with chunked_prefill)",
+        nullable=True,
+    )  # fmt: skip
+    chunked_prefill: bool = declared(
+        False, BOOL, "decodes first, prompt chunks fill the token budget"
+    )
+    watermark: float = declared(
+        0.01, interval(0, 1, hi_open=True), "share of KV blocks kept back from new admissions"
+    )
+    gpu_memory_utilization: float = declared(
+        0.9, FRACTION, "share of each GPU's memory the instance may use"
+    )
+    activation_reserve_bytes: float = declared(
+        "2 GiB", nbytes(), "per GPU, besides weights and KV", key="activation_reserve"
+    )
+    oversized: str = declared(
+        "error", choice(*OVERSIZED), "a request that can never fit: error | reject"
+    )
+    fast_forward: bool = declared(
+        True, BOOL, "cover quiet decode stretches with one event (same results)"
+    )
+    prefix_caching: bool = declared(
+        False, BOOL, "keep prompts' KV for requests with the same leading prefix hashes"
+    )
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_batched_tokens"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            if not is_int(v) or v <= 0:
                 raise SpecError(f"engine.{name}: {v!r} must be a positive integer")
         if not 0.0 <= self.watermark < 1.0:
             raise SpecError(f"engine.watermark: {self.watermark!r} must be in [0, 1)")

@@ -35,6 +35,7 @@ from typing import Any
 
 import simpy
 
+from twin._declare import BOOL, choice, declared
 from twin.errors import SpecError
 from twin.net.flows import FlowSpec, Network
 from twin.net.topology import Topology
@@ -48,12 +49,13 @@ PROTOCOLS = ("push", "pull")
 
 @dataclass(frozen=True, slots=True)
 class TransferConfig:
-    """How KV moves: ``mode`` serialized | layerwise, ``handoff`` push | pull,
-    ``multi_nic`` spreads cross-node shares over all NICs of the source node."""
+    """How KV moves (the spec's ``transfer:``): ``mode`` serialized | layerwise,
+    ``handoff`` push | pull, ``multi_nic`` spreads cross-node shares over all
+    NICs of the source node."""
 
-    mode: str = "serialized"
-    handoff: str = "push"
-    multi_nic: bool = False
+    mode: str = declared("serialized", choice(*MODES), "serialized | layerwise")
+    handoff: str = declared("push", choice(*PROTOCOLS), "push | pull")
+    multi_nic: bool = declared(False, BOOL, "spread each cross-node shard over all the node's NICs")
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -64,7 +66,7 @@ class TransferConfig:
             )
         if self.mode == "layerwise" and self.handoff != "push":
             raise SpecError(
-                "transfer: mode 'layerwise' streams KV while it is produced, so the decode "
+                "mode 'layerwise' streams KV while it is produced, so the decode "
                 "blocks must be reserved first; it needs handoff: push"
             )
 

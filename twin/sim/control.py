@@ -18,6 +18,7 @@ from typing import Any
 
 import simpy
 
+from twin._check import is_int, is_number
 from twin.errors import SpecError
 from twin.scheduler import ClusterView, Plan, SetRole, tick_hook
 from twin.serving.engine import ROLES, Engine
@@ -55,7 +56,7 @@ def apply_plan(plan: Plan, engines: Sequence[Engine], has_topology: bool, name: 
         for inst_id, value in getattr(plan, key).items():
             if not (isinstance(inst_id, int) and 0 <= inst_id < len(engines)):
                 raise SpecError(f"scheduler {name!r}: setup sets {key} of instance {inst_id!r}")
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if not is_int(value) or value <= 0:
                 raise SpecError(
                     f"scheduler {name!r}: setup sets {key} of instance {inst_id} to "
                     f"{value!r}; expected a positive integer"
@@ -129,7 +130,7 @@ class ControlLoop:
         if not isinstance(action, SetRole):
             raise SpecError(f"scheduler {name!r}: tick() returned {action!r}; expected SetRole")
         i, role, cost = action.instance, action.role, action.cost_s
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
+        if not is_int(i) or not 0 <= i < n:
             raise SpecError(f"scheduler {name!r}: {action} names instance {i!r}; instances are "
                             f"0..{n - 1}")  # fmt: skip
         if role not in ROLES:
@@ -137,7 +138,7 @@ class ControlLoop:
                 f"scheduler {name!r}: {action} gives role {role!r}; expected one of "
                 f"{', '.join(ROLES)}"
             )
-        if isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 <= cost < math.inf:
+        if not is_number(cost) or not 0 <= cost < math.inf:
             raise SpecError(f"scheduler {name!r}: {action}: cost_s {cost!r} must be >= 0 seconds")
         pending = self.moving.get(i)
         if pending is not None and pending[0] == role:

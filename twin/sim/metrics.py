@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from twin._declare import FRACTION, choice, declared, seconds
 from twin.request import Request
 from twin.serving.observer import Observer, Outcome
 from twin.serving.sequence import Sequence
@@ -88,14 +89,26 @@ class Distribution:
         return out
 
 
+TTFT_AT = ("decode", "prefill")
+
+
 @dataclass(frozen=True, slots=True)
 class SLO:
-    """Latency objectives: a request meets its SLO when TTFT <= ``ttft_s`` and
-    TPOT <= ``tpot_s``; ``target`` is the attainment goodput is judged against."""
+    """Latency objectives (the spec's ``slo:``): a request meets its SLO when
+    TTFT <= ``ttft_s`` and TPOT <= ``tpot_s``; ``target`` is the attainment
+    goodput is judged against; ``ttft_at`` is where a split deployment's TTFT
+    ends (DESIGN.md)."""
 
-    ttft_s: float = math.inf
-    tpot_s: float = math.inf
-    target: float = 0.9
+    ttft_s: float = declared(
+        None, seconds(), "time to first token (default: none)", key="ttft", unset=math.inf
+    )
+    tpot_s: float = declared(
+        None, seconds(), "time per output token (default: none)", key="tpot", unset=math.inf
+    )
+    target: float = declared(0.9, FRACTION, "attainment that counts as meeting the SLO", keep=False)
+    ttft_at: str = declared(
+        "decode", choice(*TTFT_AT), "decode | prefill: where a split deployment's TTFT ends"
+    )
 
 
 REQUEST_COLUMNS = (

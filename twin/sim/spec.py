@@ -5,78 +5,183 @@ performance model, the scheduler, the workload, the SLOs and the seed. Every
 value left out takes the documented default, and the *resolved* spec (defaults
 filled in) is what results carry in their header, with its sha256, so a run
 can be repeated from its output alone. See README.md, "Experiment spec".
+
+Each section is declared once, as a frozen dataclass whose fields carry their
+YAML key, kind, unit, default and help (:mod:`twin._declare`): the top level
+and the cluster here, ``engine:`` in :class:`~twin.serving.engine.EngineConfig`,
+``transfer:`` in :class:`~twin.serving.handoff.TransferConfig`, ``slo:`` in
+:class:`~twin.sim.metrics.SLO`, ``workload:`` in
+:class:`~twin.workload.stream.WorkloadSpec`, ``perf:`` in
+:mod:`twin.perf.build`. :func:`resolve_spec` reads each with the one generic
+reader, then applies the rules that tie keys together; :func:`spec_schema` is
+the JSON Schema of the same declarations (``twin spec --schema``). The
+scheduler is looked up and built once and the ``perf:`` keys are checked here,
+so that a bad spec fails when it is loaded.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
 from twin import yamlio
-from twin._check import check_keys, positive_int
+from twin._check import is_int, positive_int
+from twin._declare import (
+    NONNEG_INT,
+    POSITIVE_INT,
+    TEXT,
+    Kind,
+    anything,
+    choice,
+    declared,
+    mapping,
+    nbytes,
+    one_of_schemas,
+    read,
+    schema,
+    section,
+    string,
+)
 from twin.bundled import bundled_names, bundled_text
-from twin.errors import SpecError, UnitError, UnknownNameError
+from twin.errors import SpecError, UnknownNameError, UnknownSchedulerError
+from twin.perf.build import perf_schema, read_perf
 from twin.perf.gpus import GPUSpec, get_gpu
 from twin.perf.llm import ModelSpec, get_model
+from twin.scheduler import build_scheduler, scheduler_names
 from twin.serving.engine import EngineConfig
 from twin.serving.handoff import TransferConfig
 from twin.sim.metrics import SLO
-from twin.units import parse_bytes, parse_duration
 from twin.workload.stream import WorkloadSpec
 
-TOP_KEYS = (
-    "name",
-    "description",
-    "seed",
-    "model",
-    "gpu",
-    "cluster",
-    "engine",
-    "perf",
-    "scheduler",
-    "workload",
-    "slo",
-    "transfer",
-)
-CLUSTER_KEYS = (
-    "instances",
-    "gpus",
-    "tp",
-    "pp",
-    "gpus_per_node",
-    "topology",
-    "nodes",
-    "prefill",
-    "decode",
-    "placement",
-    "kv_pool",
-)
-GROUP_KEYS = ("instances", "tp", "pp")
 PLACEMENTS = ("packed", "interleaved")
-TRANSFER_KEYS = ("mode", "handoff", "multi_nic")
-ENGINE_DEFAULTS: dict[str, Any] = {
-    "block_size": 16,
-    "max_num_seqs": 256,
-    "max_batched_tokens": None,  # 8192, or 2048 with chunked_prefill
-    "chunked_prefill": False,
-    "watermark": 0.01,
-    "gpu_memory_utilization": 0.9,
-    "activation_reserve": "2 GiB",
-    "oversized": "error",
-    "fast_forward": True,
-    "prefix_caching": False,
-}
-OVERSIZED = ("error", "reject")
-SLO_KEYS = ("ttft", "tpot", "target", "ttft_at")
+# max_batched_tokens with chunked_prefill, unless given: vLLM's token budget for
+# chunked prefill (_DEFAULT_MAX_NUM_BATCHED_TOKENS in vllm/config.py).
+CHUNKED_MAX_BATCHED_TOKENS = 2048
+_NAME_OR_MAPPING = {"anyOf": [{"type": "string"}, {"type": "object"}]}
 
 
+# -- the declared sections -----------------------------------------------------------
+@dataclass(frozen=True)
+class GroupKeys:
+    """The instances of one role in a split cluster (``cluster.prefill``,
+    ``cluster.decode``); an integer is a count at the cluster's tp and pp."""
+
+    instances: int = declared(1, POSITIVE_INT, "instances of this role")
+    tp: int | None = declared(None, POSITIVE_INT, "tensor parallelism (default: cluster.tp)")
+    pp: int | None = declared(None, POSITIVE_INT, "pipeline parallelism (default: cluster.pp)")
+
+
+def _group(value: Any, where: str) -> GroupKeys:
+    if is_int(value):
+        return GroupKeys(instances=positive_int(value, where))
+    return read(GroupKeys, value, where).value
+
+
+_GROUP = Kind(_group, one_of_schemas(POSITIVE_INT.schema, lambda: schema(GroupKeys)))
+
+
+@dataclass(frozen=True)
+class ClusterKeys:
+    """The cluster: colocated instances, or prefill and decode instances on a
+    topology."""
+
+    instances: int = declared(1, POSITIVE_INT, "colocated (mixed) instances; or give gpus")
+    gpus: int | None = declared(
+        None, POSITIVE_INT, "GPUs of colocated instances of tp x pp each, instead of instances"
+    )
+    tp: int = declared(
+        1, POSITIVE_INT, "tensor parallelism per instance (the default of every group)"
+    )
+    pp: int = declared(1, POSITIVE_INT, "pipeline parallelism per instance")
+    gpus_per_node: int = declared(8, POSITIVE_INT, "GPUs per node, without a topology")
+    topology: Any = declared(
+        None, anything(_NAME_OR_MAPPING), "a bundled name, a YAML path or an inline mapping"
+    )
+    nodes: int | None = declared(
+        None, POSITIVE_INT, "scales a single-template topology", nullable=True
+    )
+    prefill: GroupKeys | None = declared(None, _GROUP, "split serving: the prefill instances")
+    decode: GroupKeys | None = declared(None, _GROUP, "split serving: the decode instances")
+    placement: str = declared(
+        "packed", choice(*PLACEMENTS), "packed (in id order) | interleaved (P0, D0, P1, D1, ...)"
+    )
+    kv_pool_bytes: float | None = declared(
+        None, nbytes(positive=True),
+        "host-memory KV pool per node (Mooncake's store); needs a topology", key="kv_pool",
+    )  # fmt: skip
+
+
+_SCHEDULER_NAME = Kind(string().parse, lambda: {"type": "string", "enum": scheduler_names()})
+
+
+@dataclass(frozen=True)
+class SchedulerKeys:
+    """The scheduling policy (a name alone is short for ``{name: ...}``)."""
+
+    open_keys: ClassVar[str] = "the policy's parameters, beside its name"
+    name: str = declared("colocated", _SCHEDULER_NAME, "a registered policy (twin schedulers)")
+
+
+def _scheduler(value: Any, where: str) -> dict[str, Any]:
+    return {"name": value} if isinstance(value, str) else mapping(value, where)
+
+
+_SCHEDULER = Kind(_scheduler, one_of_schemas(_SCHEDULER_NAME.schema, lambda: schema(SchedulerKeys)))
+
+
+@dataclass(frozen=True)
+class TopKeys:
+    """An experiment spec: the model, the GPU, the cluster, the engine, the
+    performance model, the scheduler, the workload, the SLOs and the seed."""
+
+    name: str | None = declared(None, TEXT, "the experiment's name (default: the file name)")
+    description: str | None = declared(None, TEXT, "free text, kept in the results")
+    seed: int = declared(0, NONNEG_INT, "every random stream is spawned from this")
+    model: Any = declared(
+        None, anything(_NAME_OR_MAPPING), "a catalog name or an inline mapping of shapes",
+        required="name a catalog model or give its shapes",
+    )  # fmt: skip
+    gpu: Any = declared(
+        "h100-sxm", anything(_NAME_OR_MAPPING),
+        "a catalog name or an inline mapping (with a topology: leave it out)",
+    )  # fmt: skip
+    cluster: Any = declared(None, section(ClusterKeys), "the instances and where they run")
+    engine: Any = declared(None, section(EngineConfig), "per-instance batching and memory")
+    perf: Any = declared(
+        None, Kind(mapping, perf_schema), "the iteration-time model (default: {kind: roofline})",
+        nullable=True,
+    )  # fmt: skip
+    scheduler: Any = declared(None, _SCHEDULER, "the policy: a name, or {name, parameters...}")
+    workload: Any = declared(
+        None, section(WorkloadSpec), "a trace file, or synthetic lengths with an arrival process",
+        required="give a trace or synthetic lengths", nullable=True,
+    )  # fmt: skip
+    slo: Any = declared(None, section(SLO), "latency objectives")
+    transfer: Any = declared(None, section(TransferConfig), "how a split deployment moves KV")
+
+
+def spec_schema(extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of an experiment spec, from the
+    declarations; ``extra`` adds top-level keys read elsewhere (``compare:``,
+    ``sweep:``)."""
+    s = schema(TopKeys)
+    s["properties"].update(extra or {})
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "pd-twin experiment spec",
+        **s,
+    }
+
+
+# -- the resolved spec ---------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class InstanceGroup:
     """``count`` instances of one role with the same parallelism."""
@@ -106,15 +211,11 @@ class ExperimentSpec:
     kv_pool_bytes: float | None  # host-memory KV pool per node (Mooncake's store), or None
     transfer: TransferConfig
     engine: EngineConfig
-    memory_utilization: float
-    activation_reserve_bytes: float
-    oversized: str
     perf: Mapping[str, Any] | None
     scheduler: str
     scheduler_params: Mapping[str, Any]
     workload: WorkloadSpec
     slo: SLO
-    ttft_at: str
     source: str
     base_dir: Path
     resolved: Mapping[str, Any] = field(repr=False)
@@ -122,6 +223,22 @@ class ExperimentSpec:
     @property
     def sha256(self) -> str:
         return hashlib.sha256(canonical_json(self.resolved).encode()).hexdigest()
+
+    @property
+    def memory_utilization(self) -> float:
+        return self.engine.gpu_memory_utilization
+
+    @property
+    def activation_reserve_bytes(self) -> float:
+        return self.engine.activation_reserve_bytes
+
+    @property
+    def oversized(self) -> str:
+        return self.engine.oversized
+
+    @property
+    def ttft_at(self) -> str:
+        return self.slo.ttft_at
 
 
 def canonical_json(obj: Any) -> str:
@@ -193,280 +310,163 @@ def load_spec(spec: str = "quickstart", overrides: Sequence[str] = ()) -> Experi
     return resolve_spec(data, where, base_dir)
 
 
-# -- validation ----------------------------------------------------------------------
-def _mapping(value: Any, where: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise SpecError(f"{where}: {value!r} must be a mapping")
-    return value
+# -- the rules between keys ----------------------------------------------------------
+@dataclass(frozen=True)
+class _Cluster:
+    keys: ClusterKeys
+    groups: tuple[InstanceGroup, ...]
+    topology: Any
+    resolved: dict[str, Any]
 
 
-def _check_keys(m: Mapping[str, Any], allowed: Sequence[str], where: str) -> None:
-    check_keys(m, where, (), allowed)
-
-
-def _fraction(value: Any, where: str, *, closed: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise SpecError(f"{where}: {value!r} must be a number in (0, 1]")
-    v = float(value)
-    if not (0.0 < v <= 1.0) if closed else not (0.0 <= v < 1.0):
-        raise SpecError(f"{where}: {value!r} must be in {'(0, 1]' if closed else '[0, 1)'}")
-    return v
-
-
-def _duration(value: Any, where: str) -> float:
-    try:
-        v = parse_duration(value)
-    except UnitError as e:
-        raise SpecError(f"{where}: {e}") from None
-    if v <= 0:
-        raise SpecError(f"{where}: {value!r} must be > 0")
-    return v
-
-
-def _group(value: Any, role: str, tp: int, pp: int, where: str) -> InstanceGroup:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return InstanceGroup(role, positive_int(value, where), tp, pp)
-    m = _mapping(value, where)
-    _check_keys(m, GROUP_KEYS, where)
-    return InstanceGroup(
-        role,
-        positive_int(m.get("instances", 1), f"{where}.instances"),
-        positive_int(m.get("tp", tp), f"{where}.tp"),
-        positive_int(m.get("pp", pp), f"{where}.pp"),
-    )
-
-
-def _cluster(cl: Mapping[str, Any], where: str) -> tuple[tuple[InstanceGroup, ...], int, int, dict]:
-    """Instance groups (prefill first, then decode, then mixed), default tp/pp, resolved form."""
-    tp = positive_int(cl.get("tp", 1), f"{where}.tp")
-    pp = positive_int(cl.get("pp", 1), f"{where}.pp")
-    if "instances" in cl and "gpus" in cl:
-        raise SpecError(f"{where}: give instances or gpus, not both")
+def _cluster(data: Any, where: str, base_dir: Path) -> _Cluster:
+    """Instance groups (prefill first, then decode, then mixed), the topology
+    and the resolved form of ``cluster:``."""
+    at = f"{where}: cluster"
+    r = read(ClusterKeys, data, at)
+    cl, given = r.value, r.given
+    tp, pp = cl.tp, cl.pp
+    if "instances" in given and "gpus" in given:
+        raise SpecError(f"{at}: give instances or gpus, not both")
     groups: list[InstanceGroup] = []
     for role in ("prefill", "decode"):
-        if role in cl:
-            groups.append(_group(cl[role], role, tp, pp, f"{where}.{role}"))
-    if ("prefill" in cl) != ("decode" in cl):
-        missing = "decode" if "prefill" in cl else "prefill"
-        raise SpecError(f"{where}.{missing}: missing; a split cluster needs both roles")
-    if "gpus" in cl:
-        gpus = positive_int(cl["gpus"], f"{where}.gpus")
-        if gpus % (tp * pp):
-            raise SpecError(f"{where}.gpus: {gpus} is not a multiple of tp x pp = {tp * pp}")
-        groups.append(InstanceGroup("mixed", gpus // (tp * pp), tp, pp))
-    elif "instances" in cl or not groups:
-        groups.append(
-            InstanceGroup(
-                "mixed", positive_int(cl.get("instances", 1), f"{where}.instances"), tp, pp
-            )
-        )
+        if role in given:
+            g: GroupKeys = getattr(cl, role)
+            groups.append(InstanceGroup(role, g.instances, g.tp or tp, g.pp or pp))
+    if ("prefill" in given) != ("decode" in given):
+        missing = "decode" if "prefill" in given else "prefill"
+        raise SpecError(f"{at}.{missing}: missing; a split cluster needs both roles")
+    if cl.gpus is not None:
+        if cl.gpus % (tp * pp):
+            raise SpecError(f"{at}.gpus: {cl.gpus} is not a multiple of tp x pp = {tp * pp}")
+        groups.append(InstanceGroup("mixed", cl.gpus // (tp * pp), tp, pp))
+    elif "instances" in given or not groups:
+        groups.append(InstanceGroup("mixed", cl.instances, tp, pp))
     out: dict[str, Any] = {
         "instances": sum(g.count for g in groups),
         "tp": tp,
         "pp": pp,
         "groups": [{"role": g.role, "instances": g.count, "tp": g.tp, "pp": g.pp} for g in groups],
     }
-    return tuple(groups), tp, pp, out
+    topology = None
+    if "topology" in given:
+        from twin.net.topology import load_topology
+
+        topology = load_topology(
+            cl.topology, nodes=cl.nodes, where=f"{at}.topology", base_dir=base_dir
+        )
+        out["topology"] = cl.topology
+        if cl.nodes is not None:
+            out["nodes"] = cl.nodes
+    elif cl.nodes is not None:
+        raise SpecError(f"{at}.nodes: scales a topology; give cluster.topology too")
+    elif any(g.role != "mixed" for g in groups):
+        raise SpecError(
+            f"{at}.topology: missing; prefill and decode instances need one, "
+            "since the KV cache travels between them (e.g. topology: dgx-h100-ib400)"
+        )
+    if cl.kv_pool_bytes is not None:
+        if topology is None:
+            raise SpecError(f"{at}.kv_pool: needs cluster.topology (pools sit on nodes)")
+        out["kv_pool"] = r.written["kv_pool"]
+    out.update(gpus_per_node=cl.gpus_per_node, placement=cl.placement)
+    return _Cluster(cl, tuple(groups), topology, out)
+
+
+def _engine(data: Any, where: str) -> tuple[EngineConfig, dict[str, Any]]:
+    r = read(EngineConfig, data, f"{where}: engine")
+    engine, out = r.value, r.written
+    if "max_batched_tokens" not in r.given and engine.chunked_prefill:
+        engine = dataclasses.replace(engine, max_batched_tokens=CHUNKED_MAX_BATCHED_TOKENS)
+        out["max_batched_tokens"] = CHUNKED_MAX_BATCHED_TOKENS
+    return engine, out
+
+
+def _policy(data: Any, given_as: Any, where: str) -> tuple[str, dict[str, Any]]:
+    """The scheduler's name and parameters, checked by building the policy once
+    (a policy checks its values when it is made)."""
+    r = read(SchedulerKeys, data, f"{where}: scheduler")
+    name, params = r.value.name, r.extra
+    try:
+        build_scheduler(name, params, where=f"{where}: scheduler")
+    except UnknownSchedulerError as e:
+        key = "scheduler" if isinstance(given_as, str) else "scheduler.name"
+        raise UnknownSchedulerError(name, e.known, where=f"{where}: {key}") from None
+    return name, params
 
 
 def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> ExperimentSpec:
     """Validate ``data`` (a parsed YAML mapping) into an :class:`ExperimentSpec`."""
     data = copy.deepcopy(dict(data))
-    _check_keys(data, TOP_KEYS, where)
+    top_read = read(TopKeys, data, where, sep=": ")
+    top = top_read.value
     out: dict[str, Any] = {}
 
-    name = str(data.get("name", Path(where).stem))
+    name = Path(where).stem if top.name is None else top.name
     out["name"] = name
-    if "description" in data:
-        out["description"] = str(data["description"])
-    seed = data.get("seed", 0)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise SpecError(f"{where}: seed: {seed!r} must be a non-negative integer")
-    out["seed"] = seed
+    if top.description is not None:
+        out["description"] = top.description
+    out["seed"] = top.seed
+    model = get_model(top.model, where=f"{where}: model")
+    out["model"] = top.model
+    gpu = get_gpu(top.gpu, where=f"{where}: gpu")
+    out["gpu"] = top.gpu
 
-    if "model" not in data:
-        raise SpecError(f"{where}: model: missing; name a catalog model or give its shapes")
-    model = get_model(data["model"], where=f"{where}: model")
-    out["model"] = data["model"]
-    gpu = get_gpu(data.get("gpu", "h100-sxm"), where=f"{where}: gpu")
-    out["gpu"] = data.get("gpu", "h100-sxm")
-
-    cl = _mapping(data.get("cluster"), f"{where}: cluster")
-    _check_keys(cl, CLUSTER_KEYS, f"{where}: cluster")
-    groups, tp, pp, cluster_out = _cluster(cl, f"{where}: cluster")
-    topology = None
-    if "topology" in cl:
-        from twin.net.topology import load_topology
-
-        nodes = cl.get("nodes")
-        if nodes is not None:
-            nodes = positive_int(nodes, f"{where}: cluster.nodes")
-        topology = load_topology(
-            cl["topology"], nodes=nodes, where=f"{where}: cluster.topology", base_dir=base_dir
-        )
-        cluster_out["topology"] = cl["topology"]
-        if nodes is not None:
-            cluster_out["nodes"] = nodes
-    elif "nodes" in cl:
-        raise SpecError(f"{where}: cluster.nodes: scales a topology; give cluster.topology too")
-    elif any(g.role != "mixed" for g in groups):
-        raise SpecError(
-            f"{where}: cluster.topology: missing; prefill and decode instances need one, "
-            "since the KV cache travels between them (e.g. topology: dgx-h100-ib400)"
-        )
-    per_node = positive_int(cl.get("gpus_per_node", 8), f"{where}: cluster.gpus_per_node")
-    kv_pool = None
-    if "kv_pool" in cl:
-        if topology is None:
-            raise SpecError(
-                f"{where}: cluster.kv_pool: needs cluster.topology (pools sit on nodes)"
-            )
-        try:
-            kv_pool = parse_bytes(cl["kv_pool"])
-        except UnitError as e:
-            raise SpecError(f"{where}: cluster.kv_pool: {e}") from None
-        if kv_pool <= 0:
-            raise SpecError(f"{where}: cluster.kv_pool: {cl['kv_pool']!r} must be > 0")
-        cluster_out["kv_pool"] = cl["kv_pool"]
-    placement = cl.get("placement", "packed")
-    if placement not in PLACEMENTS:
-        raise SpecError(
-            f"{where}: cluster.placement: {placement!r}; expected one of {', '.join(PLACEMENTS)}"
-        )
-    cluster_out.update(gpus_per_node=per_node, placement=placement)
+    cluster = _cluster(top.cluster, where, base_dir)
+    topology = cluster.topology
     if topology is not None:
         types = sorted({topology.gpu_type(i) for i in range(len(topology.gpus))})
-        if "gpu" in data:
+        if "gpu" in top_read.given:
             if [gpu.name] != [get_gpu(t).name for t in types]:
                 raise SpecError(
-                    f"{where}: gpu: {data['gpu']!r}, but topology {topology.name!r} has "
+                    f"{where}: gpu: {top.gpu!r}, but topology {topology.name!r} has "
                     f"{', '.join(types)}; with a topology, leave gpu out"
                 )
         else:
             gpu = get_gpu(types[0])
             out["gpu"] = types[0] if len(types) == 1 else " + ".join(types)
-    instances = sum(g.count for g in groups)
-    out["cluster"] = cluster_out
+    out["cluster"] = cluster.resolved
 
-    tr = _mapping(data.get("transfer"), f"{where}: transfer")
-    _check_keys(tr, TRANSFER_KEYS, f"{where}: transfer")
-    try:
-        transfer = TransferConfig(**tr)
-    except SpecError as e:
-        raise SpecError(f"{where}: {e}") from None
-    if not isinstance(transfer.multi_nic, bool):
-        raise SpecError(
-            f"{where}: transfer.multi_nic: {transfer.multi_nic!r} must be true or false"
-        )
-    out["transfer"] = {
-        "mode": transfer.mode,
-        "handoff": transfer.handoff,
-        "multi_nic": transfer.multi_nic,
-    }
+    tr = read(TransferConfig, top.transfer, f"{where}: transfer")
+    out["transfer"] = tr.written
 
-    eng = {**ENGINE_DEFAULTS, **_mapping(data.get("engine"), f"{where}: engine")}
-    _check_keys(eng, tuple(ENGINE_DEFAULTS), f"{where}: engine")
-    for key in ("fast_forward", "prefix_caching"):
-        if not isinstance(eng[key], bool):
-            raise SpecError(f"{where}: engine.{key}: {eng[key]!r} must be true or false")
-    if not isinstance(eng["chunked_prefill"], bool):
-        raise SpecError(
-            f"{where}: engine.chunked_prefill: {eng['chunked_prefill']!r} must be true or false"
-        )
-    if eng["max_batched_tokens"] is None:
-        eng["max_batched_tokens"] = 2048 if eng["chunked_prefill"] else 8192
-    for key in ("block_size", "max_num_seqs", "max_batched_tokens"):
-        positive_int(eng[key], f"{where}: engine.{key}")
-    watermark = _fraction(eng["watermark"], f"{where}: engine.watermark", closed=False)
-    util = _fraction(eng["gpu_memory_utilization"], f"{where}: engine.gpu_memory_utilization")
-    try:
-        reserve = parse_bytes(eng["activation_reserve"])
-    except UnitError as e:
-        raise SpecError(f"{where}: engine.activation_reserve: {e}") from None
-    if reserve < 0:
-        raise SpecError(
-            f"{where}: engine.activation_reserve: {eng['activation_reserve']!r} must be >= 0"
-        )
-    if eng["oversized"] not in OVERSIZED:
-        raise SpecError(
-            f"{where}: engine.oversized: {eng['oversized']!r}; "
-            f"expected one of {', '.join(OVERSIZED)}"
-        )
-    engine = EngineConfig(
-        block_size=eng["block_size"],
-        max_num_seqs=eng["max_num_seqs"],
-        max_batched_tokens=eng["max_batched_tokens"],
-        chunked_prefill=eng["chunked_prefill"],
-        watermark=watermark,
-        fast_forward=eng["fast_forward"],
-        prefix_caching=eng["prefix_caching"],
-    )
-    out["engine"] = eng
+    engine, out["engine"] = _engine(top.engine, where)
 
-    perf = data.get("perf")
-    if perf is not None:
-        perf = _mapping(perf, f"{where}: perf")
-    out["perf"] = perf if perf is not None else {"kind": "roofline"}
+    if top.perf is not None:
+        read_perf(top.perf, f"{where}: perf", base_dir)
+    out["perf"] = top.perf if top.perf is not None else {"kind": "roofline"}
 
-    sched = data.get("scheduler", "colocated")
-    if isinstance(sched, str):
-        sched = {"name": sched}
-    sched = _mapping(sched, f"{where}: scheduler")
-    sched_name = sched.get("name", "colocated")
-    if not isinstance(sched_name, str):
-        raise SpecError(f"{where}: scheduler.name: {sched_name!r} must be a string")
-    params = {k: v for k, v in sched.items() if k != "name"}
+    sched_name, params = _policy(top.scheduler, data.get("scheduler"), where)
     out["scheduler"] = {"name": sched_name, **params}
 
-    wl_data = data.get("workload")
-    if wl_data is None:
-        raise SpecError(f"{where}: workload: missing; give a trace or synthetic lengths")
     workload = WorkloadSpec.from_mapping(
-        _mapping(wl_data, f"{where}: workload"), where=f"{where}: workload", base_dir=base_dir
+        top.workload, where=f"{where}: workload", base_dir=base_dir
     )
-    out["workload"] = wl_data
+    out["workload"] = top.workload
 
-    slo_data = _mapping(data.get("slo"), f"{where}: slo")
-    _check_keys(slo_data, SLO_KEYS, f"{where}: slo")
-    ttft = _duration(slo_data["ttft"], f"{where}: slo.ttft") if "ttft" in slo_data else float("inf")
-    tpot = _duration(slo_data["tpot"], f"{where}: slo.tpot") if "tpot" in slo_data else float("inf")
-    target = _fraction(slo_data.get("target", 0.9), f"{where}: slo.target")
-    ttft_at = slo_data.get("ttft_at", "decode")
-    if ttft_at not in ("decode", "prefill"):
-        raise SpecError(f"{where}: slo.ttft_at: {ttft_at!r}; expected one of decode, prefill")
-    out["slo"] = {
-        "ttft": slo_data.get("ttft"),
-        "tpot": slo_data.get("tpot"),
-        "target": target,
-        "ttft_at": ttft_at,
-    }
+    slo = read(SLO, top.slo, f"{where}: slo")
+    out["slo"] = slo.written
 
     return ExperimentSpec(
         name=name,
-        seed=seed,
+        seed=top.seed,
         model=model,
         gpu=gpu,
-        instances=instances,
-        tp=tp,
-        pp=pp,
-        gpus_per_node=per_node,
-        groups=groups,
+        instances=cluster.resolved["instances"],
+        tp=cluster.keys.tp,
+        pp=cluster.keys.pp,
+        gpus_per_node=cluster.keys.gpus_per_node,
+        groups=cluster.groups,
         topology=topology,
-        placement=placement,
-        kv_pool_bytes=kv_pool,
-        transfer=transfer,
+        placement=cluster.keys.placement,
+        kv_pool_bytes=cluster.keys.kv_pool_bytes,
+        transfer=tr.value,
         engine=engine,
-        memory_utilization=util,
-        activation_reserve_bytes=reserve,
-        oversized=eng["oversized"],
-        perf=perf,
+        perf=top.perf,
         scheduler=sched_name,
         scheduler_params=params,
         workload=workload,
-        slo=SLO(ttft_s=ttft, tpot_s=tpot, target=target),
-        ttft_at=ttft_at,
+        slo=slo.value,
         source=where,
         base_dir=base_dir,
         resolved=out,

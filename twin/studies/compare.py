@@ -26,12 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from twin import _version
-from twin.errors import SpecError, TwinError
-from twin.scheduler import build_scheduler
+from twin.errors import SpecError, UnknownSchedulerError
 from twin.sim.simulation import Result, Simulation
 from twin.sim.spec import ExperimentSpec, apply_overrides, canonical_json, resolve_spec
 
 SHARED_KEYS = ("name", "seed", "workload", "slo", "compare")
+COMPARE_SCHEMA = {
+    "type": "object",
+    "minProperties": 1,
+    "description": "variants run side by side: label -> {key.path: value} overrides of the "
+    "rest of the spec (null deletes a key); see README, Comparing policies",
+    "additionalProperties": {"type": "object"},
+}
 COLUMNS = (
     # (title, width)
     ("label", 0),
@@ -199,15 +205,12 @@ def compare_specs(
         for key, value in entries[label].items():
             _set_path(data, key, value, at)
         data["name"] = f"{name}/{label}"
-        spec = resolve_spec(data, at, base_dir)
         try:
-            build_scheduler(spec.scheduler, spec.scheduler_params, where=f"{at}: scheduler")
-        except SpecError:
-            raise
-        except TwinError as e:  # an unknown name: keep the registry's suggestion
+            spec = resolve_spec(data, at, base_dir)
+        except UnknownSchedulerError as e:  # keep the registry's suggestion, add --only's
             others = [x for x in entries if x != label]
             hint = f" (--only {','.join(others)} runs the others)" if others else ""
-            raise SpecError(f"{at}: scheduler: {e}{hint}") from None
+            raise SpecError(f"{e}{hint}") from None
         specs[label] = spec
     return base, specs
 

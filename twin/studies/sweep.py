@@ -68,6 +68,17 @@ RATE_KEYS = ("workload.rate_scale", "workload.arrival.rate")
 EXECUTORS = ("local", "dask")
 TAG = "tag."
 RUN_ID_CHARS = 12
+_VALUES = {"type": "array", "minItems": 1}
+SWEEP_SCHEMA = {
+    "type": "object",
+    "minProperties": 1,
+    "description": "key.path -> [values], one axis each, run as a product; zip: groups keys "
+    "that vary together; see README, Sweeps",
+    "properties": {
+        "zip": {"type": "array", "items": {"type": "object", "additionalProperties": _VALUES}}
+    },
+    "additionalProperties": _VALUES,
+}
 
 
 # -- the sweep section ---------------------------------------------------------------
@@ -217,8 +228,6 @@ def expand(
     ``sweep:`` section, overrides applied), each run resolved and its
     scheduler built; errors name the run by its swept values. ``leave_out``:
     keys kept out of the labels (besides the rate keys and ``seed``)."""
-    from twin.scheduler import build_scheduler
-
     axes = parse_sweep(data.get("sweep"), where)
     base = {k: copy.deepcopy(v) for k, v in data.items() if k != "sweep"}
     out_of_label = {*RATE_KEYS, "seed", *leave_out}
@@ -234,12 +243,6 @@ def expand(
             if not key.startswith(TAG):
                 _set_path(run_data, key, value, at)
         spec = resolve_spec(run_data, at, base_dir)
-        try:
-            build_scheduler(spec.scheduler, spec.scheduler_params, where=f"{at}: scheduler")
-        except SpecError:
-            raise
-        except TwinError as e:
-            raise SpecError(f"{at}: scheduler: {e}") from None
         sha = spec.sha256
         if sha in seen:
             raise SpecError(

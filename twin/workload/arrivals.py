@@ -10,13 +10,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from twin._check import is_number
 from twin.errors import SpecError
 
 _CHUNK = 4096  # draws per numpy call; fixed so that a seed gives one stream
 
 
 def _positive(name: str, x: object) -> float:
-    if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x) or x <= 0:
+    if not is_number(x) or not math.isfinite(x) or x <= 0:
         raise SpecError(f"{name}(={x!r}) must be a number > 0")
     return float(x)
 

@@ -37,6 +37,7 @@ import numpy as np
 from scipy.special import ndtr, ndtri
 from scipy.stats import rankdata
 
+from twin._check import is_int
 from twin.errors import SpecError, TraceError, UnknownNameError
 from twin.workload.traces import file_sha256, read_trace
 
@@ -59,7 +60,7 @@ class FixedLength:
     value: int
 
     def __post_init__(self) -> None:
-        if isinstance(self.value, bool) or not isinstance(self.value, int) or self.value < 1:
+        if not is_int(self.value) or self.value < 1:
             raise SpecError(f"value(={self.value!r}) must be an integer >= 1")
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:

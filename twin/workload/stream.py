@@ -43,7 +43,17 @@ from typing import TypeVar
 import numpy as np
 
 from twin import yamlio
-from twin._check import check_keys
+from twin._check import check_keys, is_int, is_number
+from twin._declare import (
+    BOOL,
+    POSITIVE_INT,
+    POSITIVE_NUMBER,
+    anything,
+    choice,
+    declared,
+    keys,
+    seconds,
+)
 from twin.errors import SpecError, TraceError
 from twin.request import Request
 from twin.units import parse_duration
@@ -96,18 +106,38 @@ class EmpiricalFile:
 
 
 Lengths = str | IndependentLengths | EmpiricalFile
-_KEYS = (
-    "trace",
-    "format",
-    "arrival",
-    "lengths",
-    "rate_scale",
-    "duration",
-    "max_requests",
-    "repeat",
-    "prefix_block_tokens",
-)
 _FORMATS = ("auto", *READERS)
+_POSITIVE = {"type": "number", "exclusiveMinimum": 0}
+_MARGINAL = {
+    "oneOf": [
+        {"type": "object", "required": ["dist", "value"], "additionalProperties": False,
+         "properties": {"dist": {"const": "fixed"}, "value": {"type": "integer", "minimum": 1}}},
+        {"type": "object", "required": ["dist"], "additionalProperties": False,
+         "properties": {"dist": {"const": "lognormal"},
+                        **{k: _POSITIVE for k in ("median", "mean", "cv")},
+                        "sigma": {"type": "number", "minimum": 0},
+                        **{k: {"type": "integer", "minimum": 1} for k in ("min", "max")}}},
+    ]
+}  # fmt: skip
+_RATE = {"type": "number", "exclusiveMinimum": 0, "description": "requests/s"}
+ARRIVAL_SCHEMA = {
+    "oneOf": [
+        {"type": "object", "required": ["process", "rate"], "additionalProperties": False,
+         "properties": {"process": {"const": "poisson"}, "rate": _RATE}},
+        {"type": "object", "required": ["process", "rate", "cv"], "additionalProperties": False,
+         "properties": {"process": {"const": "gamma"}, "rate": _RATE,
+                        "cv": _POSITIVE}},
+    ]
+}  # fmt: skip
+LENGTHS_SCHEMA = {
+    "anyOf": [
+        {"enum": list(BUNDLED_TABLES)},
+        {"type": "object", "required": ["prompt", "output"], "additionalProperties": False,
+         "properties": {"prompt": _MARGINAL, "output": _MARGINAL}},
+        {"type": "object", "required": ["empirical"], "additionalProperties": False,
+         "properties": {"empirical": {"type": "string"}, "format": {"enum": list(_FORMATS)}}},
+    ]
+}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,15 +150,30 @@ class WorkloadSpec:
     stream; a synthetic or repeated workload must have at least one of them.
     """
 
-    trace: Path | None = None
-    format: str = "auto"
-    arrival: ArrivalProcess | None = None
-    lengths: Lengths | None = None
-    rate_scale: float = 1.0
-    duration_s: float | None = None
-    max_requests: int | None = None
-    repeat: bool = False
-    prefix_block_tokens: int = MOONCAKE_BLOCK_TOKENS
+    # The YAML side of each field, for the spec's key list and its JSON Schema;
+    # WorkloadSpec.from_mapping reads them (nested alternatives, its own messages).
+    trace: Path | None = declared(
+        None, anything({"type": "string"}), "a trace file, relative to the spec's folder"
+    )
+    format: str = declared("auto", choice(*_FORMATS), "the trace's format: " + " | ".join(_FORMATS))
+    arrival: ArrivalProcess | None = declared(
+        None, anything(ARRIVAL_SCHEMA), "{process: poisson, rate} or {process: gamma, rate, cv}"
+    )
+    lengths: Lengths | None = declared(
+        None, anything(LENGTHS_SCHEMA),
+        "instead of trace: a bundled table, {prompt, output} or {empirical: path}",
+    )  # fmt: skip
+    rate_scale: float = declared(
+        1.0, POSITIVE_NUMBER, "arrival times divided by it (2.0 = twice the rate)"
+    )
+    duration_s: float | None = declared(
+        None, seconds(), "keep arrivals before this time (after scaling)", key="duration"
+    )
+    max_requests: int | None = declared(None, POSITIVE_INT, "keep at most this many requests")
+    repeat: bool = declared(False, BOOL, "loop a finite trace until duration or max_requests")
+    prefix_block_tokens: int = declared(
+        MOONCAKE_BLOCK_TOKENS, POSITIVE_INT, "tokens per prefix hash (Mooncake hash_ids)"
+    )
 
     def __post_init__(self) -> None:
         if (self.trace is None) == (self.lengths is None):
@@ -154,18 +199,12 @@ class WorkloadSpec:
         if self.duration_s is not None:
             _positive("duration", self.duration_s)
         if self.max_requests is not None and (
-            isinstance(self.max_requests, bool)
-            or not isinstance(self.max_requests, int)
-            or self.max_requests < 1
+            not is_int(self.max_requests) or self.max_requests < 1
         ):
             raise SpecError(f"max_requests(={self.max_requests!r}) must be an integer >= 1")
         if not isinstance(self.repeat, bool):
             raise SpecError(f"repeat(={self.repeat!r}) must be true or false")
-        if (
-            isinstance(self.prefix_block_tokens, bool)
-            or not isinstance(self.prefix_block_tokens, int)
-            or self.prefix_block_tokens < 1
-        ):
+        if not is_int(self.prefix_block_tokens) or self.prefix_block_tokens < 1:
             raise SpecError(
                 f"prefix_block_tokens(={self.prefix_block_tokens!r}) must be an integer >= 1"
             )
@@ -181,9 +220,10 @@ class WorkloadSpec:
         cls, m: Mapping[str, object], where: str = "workload", base_dir: Path | None = None
     ) -> WorkloadSpec:
         """Build from the YAML mapping under ``workload:``; errors are prefixed by ``where``."""
+        names = keys(cls)
         if not isinstance(m, Mapping):
-            raise SpecError(f"{where}: {m!r} is not a mapping; expected keys {', '.join(_KEYS)}")
-        _no_unknown(m, _KEYS, where)
+            raise SpecError(f"{where}: {m!r} is not a mapping; expected keys {', '.join(names)}")
+        _no_unknown(m, names, where)
         kw: dict[str, object] = {}
         try:
             if "trace" in m:
@@ -303,7 +343,7 @@ def _int_tokens(m: Mapping[str, object], key: str, where: str, default: int | No
     v = m.get(key, default)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+    if not is_int(v) or v < 1:
         raise SpecError(f"{where}.{key}: {v!r} is not an integer token count >= 1")
     return v
 
@@ -324,7 +364,7 @@ def _marginal(value: object, where: str) -> Marginal:
         raise SpecError("give exactly one of sigma and cv")
     if "sigma" in value:
         sigma = value["sigma"]
-        if isinstance(sigma, bool) or not isinstance(sigma, int | float):
+        if not is_number(sigma):
             raise SpecError(f"sigma(={sigma!r}) must be a number >= 0")
     else:
         sigma = LogNormalLength.sigma_from_cv(_positive("cv", value["cv"]))

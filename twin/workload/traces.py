@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from twin._check import is_int, is_number
 from twin.errors import TraceError, UnknownNameError
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -94,7 +95,7 @@ def _parse_tokens(path: Path, line: int, column: str, raw: object) -> int:
                 value = raw
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise TraceError(f"{_where(path, line, column)}: {raw!r} is not an integer token count")
     if value < 1:
         raise TraceError(f"{_where(path, line, column)}: {raw!r} tokens; expected an integer >= 1")
@@ -109,7 +110,7 @@ def _parse_seconds(path: Path, line: int, column: str, raw: object, per_s: int =
             value = float(raw.strip())
         except ValueError:
             value = raw
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not is_number(value) or not math.isfinite(value):
         raise TraceError(f"{_where(path, line, column)}: {raw!r} is not a number")
     if value < 0:
         raise TraceError(f"{_where(path, line, column)}: {raw!r} is negative; expected a time >= 0")
@@ -310,9 +311,7 @@ def read_mooncake(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -
             t = _parse_seconds(path, line, "timestamp", obj["timestamp"], per_s=1000)
             mono.check(line, t, obj["timestamp"])
             hashes = obj["hash_ids"]
-            if not isinstance(hashes, list) or not all(
-                isinstance(h, int) and not isinstance(h, bool) for h in hashes
-            ):
+            if not isinstance(hashes, list) or not all(is_int(h) for h in hashes):
                 raise TraceError(
                     f"{_where(path, line, 'hash_ids')}: {str(hashes)[:60]!r} is not a list of "
                     "integers"
