@@ -446,3 +446,10 @@ def test_stream_invariants(toy_trace, source, arrival, rate_scale, duration, max
     assert all(r.prompt_tokens >= 1 and r.output_tokens >= 1 for r in reqs)
     assert all(isinstance(r.prompt_tokens, int) and isinstance(r.output_tokens, int) for r in reqs)
     assert reqs == run(m, seed)
+
+
+def test_an_arrival_without_a_process_says_it_is_missing():
+    with pytest.raises(SpecError, match=r"arrival\.process: missing; expected one of poisson"):
+        WorkloadSpec.from_mapping(
+            {"lengths": "azure-conv", "arrival": {"rate": 4}, "max_requests": 10}, where="w"
+        )

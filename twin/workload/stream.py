@@ -307,6 +307,8 @@ def _arrival(value: object, where: str) -> ArrivalProcess:
         _no_unknown(value, ("process", "rate", "cv"), where)
         rate = _positive("rate", _required(value, "rate", where))
         return GammaArrivals(rate, _positive("cv", _required(value, "cv", where)))
+    if "process" not in value:
+        raise SpecError(f"{where}.process: missing; expected one of poisson, gamma")
     raise SpecError(f"{where}.process: {process!r} unknown; expected one of poisson, gamma")
 
 
