@@ -99,3 +99,24 @@ def test_the_readmes_python_runs(capsys):
     for c in _readme_python():
         exec(compile(c, "README.md", "exec"), {"__name__": "readme"})
     assert "SLO attainment" in capsys.readouterr().out
+
+
+def test_importing_twin_loads_no_simulation_until_a_name_is_used():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, twin, twin.errors, twin.scheduler\n"
+        "heavy = [m for m in ('twin.sim.simulation', 'scipy', 'networkx', 'matplotlib')"
+        " if m in sys.modules]\n"
+        "print(heavy)\n"
+        "twin.run\n"
+        "print('twin.sim.simulation' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == ["[]", "True"]
+
+
+def test_the_lazy_names_are_the_public_names():
+    assert set(twin._LAZY) | {"__version__", "code_sha256"} == set(twin.__all__)
+    assert sorted(dir(twin)) == sorted(twin.__all__)

@@ -46,38 +46,86 @@ Extension points: a scheduling policy (``@register`` or the
 (``topologies/README.md``) and a trace file (``twin/workload/traces.py``).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from twin._version import __version__, code_sha256
-from twin.errors import SpecError, TwinError
-from twin.net.topology import Topology, load_topology
-from twin.perf.gpus import get_gpu
-from twin.perf.llm import get_model
-from twin.perf.validate import find_data_dir
-from twin.request import Request
-from twin.scheduler import (
-    ClusterView,
-    InstanceView,
-    Objectives,
-    PicksDecode,
-    Plan,
-    Reject,
-    Role,
-    Route,
-    Scheduler,
-    SetRole,
-    Ticks,
-    register,
-    require_split,
-)
-from twin.serving.observer import Observer
-from twin.sim.metrics import REQUEST_COLUMNS
-from twin.sim.simulation import Result, Simulation, run
-from twin.sim.spec import ExperimentSpec, load_spec, read_spec
-from twin.sim.summary import format_summary
-from twin.sim.trace import EventLog, TraceRecorder, write_chrome_trace
-from twin.studies.compare import run_compare
-from twin.studies.goodput import goodput
-from twin.studies.handoff import handoff_estimate
-from twin.studies.sweep import Executor, run_sweep
+
+if TYPE_CHECKING:
+    from twin.errors import SpecError, TwinError
+    from twin.net.topology import Topology, load_topology
+    from twin.perf.gpus import get_gpu
+    from twin.perf.llm import get_model
+    from twin.perf.validate import find_data_dir
+    from twin.request import Request
+    from twin.scheduler import (
+        ClusterView,
+        InstanceView,
+        Objectives,
+        PicksDecode,
+        Plan,
+        Reject,
+        Role,
+        Route,
+        Scheduler,
+        SetRole,
+        Ticks,
+        register,
+        require_split,
+    )
+    from twin.serving.observer import Observer
+    from twin.sim.metrics import REQUEST_COLUMNS
+    from twin.sim.simulation import Result, Simulation, run
+    from twin.sim.spec import ExperimentSpec, load_spec, read_spec
+    from twin.sim.summary import format_summary
+    from twin.sim.trace import EventLog, TraceRecorder, write_chrome_trace
+    from twin.studies.compare import run_compare
+    from twin.studies.goodput import goodput
+    from twin.studies.handoff import handoff_estimate
+    from twin.studies.sweep import Executor, run_sweep
+
+# name -> the module that defines it; imported on first use, so that `import twin`
+# (and every `import twin.x`) stays cheap and the CLI starts fast.
+_LAZY = {
+    "ClusterView": "twin.scheduler",
+    "EventLog": "twin.sim.trace",
+    "Executor": "twin.studies.sweep",
+    "ExperimentSpec": "twin.sim.spec",
+    "InstanceView": "twin.scheduler",
+    "Objectives": "twin.scheduler",
+    "Observer": "twin.serving.observer",
+    "PicksDecode": "twin.scheduler",
+    "Plan": "twin.scheduler",
+    "REQUEST_COLUMNS": "twin.sim.metrics",
+    "Reject": "twin.scheduler",
+    "Request": "twin.request",
+    "Result": "twin.sim.simulation",
+    "Role": "twin.scheduler",
+    "Route": "twin.scheduler",
+    "Scheduler": "twin.scheduler",
+    "SetRole": "twin.scheduler",
+    "Simulation": "twin.sim.simulation",
+    "SpecError": "twin.errors",
+    "Ticks": "twin.scheduler",
+    "Topology": "twin.net.topology",
+    "TraceRecorder": "twin.sim.trace",
+    "TwinError": "twin.errors",
+    "find_data_dir": "twin.perf.validate",
+    "format_summary": "twin.sim.summary",
+    "get_gpu": "twin.perf.gpus",
+    "get_model": "twin.perf.llm",
+    "goodput": "twin.studies.goodput",
+    "handoff_estimate": "twin.studies.handoff",
+    "load_spec": "twin.sim.spec",
+    "load_topology": "twin.net.topology",
+    "read_spec": "twin.sim.spec",
+    "register": "twin.scheduler",
+    "require_split": "twin.scheduler",
+    "run": "twin.sim.simulation",
+    "run_compare": "twin.studies.compare",
+    "run_sweep": "twin.studies.sweep",
+    "write_chrome_trace": "twin.sim.trace",
+}
+
 
 __all__ = [
     # running
@@ -127,3 +175,18 @@ __all__ = [
     "__version__",
     "code_sha256",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'twin' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
