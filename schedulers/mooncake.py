@@ -5,12 +5,15 @@ the arXiv version):
 
 - Section 6, KVCache-centric scheduling (6.1, prefill global scheduling, the
   conductor's Algorithm 1; 6.2, cache load balancing): for every prefill
-  instance, estimate the request's TTFT
-  as the instance's queue time, plus the prefill of the tokens it cannot
-  reuse, plus, when a node's DRAM KV pool holds a longer prefix than the
-  instance's own cache, the time to load that prefix over the network; take
-  the minimum. The prefix then travels from the pool (``Route.fetch_from``)
-  and the prefill computes only the rest. The decode instance is the one
+  instance, estimate the request's TTFT as the instance's queue time, plus
+  the prefill of the tokens it cannot reuse, plus, when a node's DRAM KV pool
+  holds a longer prefix than the instance's own cache, the time to load that
+  prefix over the network; take the minimum. The queue time is the
+  instance's ``estimate_queue_s()``: its waiting prompts priced as the
+  iterations its engine batches them into (a prefill's cost grows faster
+  than its length, so pricing the whole queue as one prefill would overstate
+  a long queue severalfold). The prefix then travels from the pool
+  (``Route.fetch_from``) and the prefill computes only the rest. The decode instance is the one
   whose predicted time between tokens, with this request added, is lowest.
 - Section 7, overload-oriented scheduling (7.2, early rejection; 7.4,
   early rejection based on prediction): requests are rejected at arrival,
@@ -89,7 +92,7 @@ class Mooncake(Scheduler, PicksDecode):
             reuse, fetch_s, fetch = own, 0.0, None
             if node is not None and pooled >= own + self.min_fetch_tokens:
                 reuse, fetch, fetch_s = pooled, node, p.estimate_fetch_s(node, pooled)
-            queue_s = p.estimate_prefill_s(p.queue_tokens) if p.queue_tokens else 0.0
+            queue_s = p.estimate_queue_s()
             ttft = fetch_s + queue_s + p.estimate_prefill_s(req.prompt_tokens - reuse, reuse)
             if best is None or (ttft, p.id) < (best[0], best[1]):
                 best = (ttft, p.id, fetch)

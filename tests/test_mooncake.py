@@ -67,6 +67,14 @@ def test_decode_overload_rejects_and_prediction_counts_finishes():
     assert at_arrival.route(REQ, view(slow, busy, tpot=0.05)).reason == "predicted_decode_overload"
 
 
+def test_the_queue_estimate_of_a_hand_built_instance():
+    assert InstanceSnapshot(0, queue_tokens=2000).estimate_queue_s() == pytest.approx(0.2)
+    assert InstanceSnapshot(0, queue_tokens=2000, queue_s=7.0).estimate_queue_s() == 7.0
+    # the conductor adds its own prefill to the queue estimate
+    v = view([{"queue_tokens": 50_000, "queue_s": 1.0}], [{}])
+    assert policy().prefill_choice(REQ, v)[0] == pytest.approx(1.0 + 4096 * 1e-4)
+
+
 def test_parameters_are_checked():
     with pytest.raises(Exception, match="early_rejection: 'sometimes'"):
         policy(early_rejection="sometimes")
