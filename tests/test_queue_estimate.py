@@ -12,6 +12,7 @@ import schedulers.mooncake  # noqa: F401 - registers the policy when not install
 from twin.perf.iteration import Batch
 from twin.request import Request
 from twin.scheduler import build_scheduler
+from twin.serving import cluster
 from twin.serving.cluster import queue_iterations_s
 from twin.sim.simulation import Simulation
 from twin.sim.spec import resolve_spec
@@ -71,11 +72,18 @@ def spec(engine):
 
 
 @pytest.mark.parametrize(
-    "engine",
-    [{}, {"chunked_prefill": True, "max_batched_tokens": 2048}],
-    ids=["whole", "chunked"],
+    ("engine", "horizon"),
+    [
+        ({}, None),
+        ({"chunked_prefill": True, "max_batched_tokens": 2048}, None),
+        # past a short horizon the rest of the queue is priced at its rate
+        ({"chunked_prefill": True, "max_batched_tokens": 2048}, 8),
+    ],
+    ids=["whole", "chunked", "chunked-short-horizon"],
 )
-def test_the_estimate_matches_when_the_engine_gets_to_a_prompt(engine):
+def test_the_estimate_matches_when_the_engine_gets_to_a_prompt(engine, horizon, monkeypatch):
+    if horizon is not None:
+        monkeypatch.setattr(cluster, "QUEUE_HORIZON_ITERATIONS", horizon)
     # a burst of long prompts, one at a time a little apart: each arrival finds
     # a queue, and the estimate says when the prefill instance will get to it
     reqs = [Request(i, 0.01 * i, [6000, 12000, 3000, 20000][i % 4], 4) for i in range(24)]

@@ -92,6 +92,11 @@ def placement_order(roles: Sequence[str], how: str) -> list[int]:
     return out + rest
 
 
+QUEUE_HORIZON_ITERATIONS = 256
+"""How many iterations' worth of queued tokens an instance view's queue
+estimate batches and prices one by one; the rest it prices at their rate."""
+
+
 def queue_iterations_s(
     perf: PerfModel,
     work: Sequence[tuple[int, int]],
@@ -204,12 +209,20 @@ class EngineView:
         if not e.waiting and not e.prefilling:
             return 0.0
         e.sync()  # the decodes riding along, as stepping would show them now
+        cfg = e.config
         work = [(s.prefill_len - s.prefilled, s.prefilled) for s in e.prefilling]
+        horizon = QUEUE_HORIZON_ITERATIONS * cfg.max_batched_tokens
+        new = sum(n for n, _ in work)
+        raw = computed = 0  # prompt tokens of the waiting ones priced, and of them to compute
         for s in e.waiting:
+            if new >= horizon:
+                break
             hit = max(e.cached_prefix_tokens(s.req), s.preloaded_tokens)
             cached = min(hit, s.prefill_len - 1)
             work.append((s.prefill_len - cached, cached))
-        cfg = e.config
+            new += s.prefill_len - cached
+            raw += s.prefill_len
+            computed += s.prefill_len - cached
         times = queue_iterations_s(
             e.perf, work, cfg.max_batched_tokens, chunked=cfg.chunked_prefill,
             decode_count=e.decode_count, decode_context_sum=e.decode_ctx_sum,
@@ -219,7 +232,14 @@ class EngineView:
             # way; the view does not know since when, so it counts half of it
             # (what an arrival at a random moment finds left on average).
             times[0] /= 2
-        return sum(times)
+        total = sum(times)
+        tail = e.waiting_tokens - raw  # prompt tokens past the horizon
+        if tail > 0 and raw > 0 and new > 0:
+            # NOTE: past the horizon the queue is priced at the priced part's
+            # seconds per computed token and share of tokens to compute, which
+            # keeps a long queue's estimate at O(horizon) work per call.
+            total += tail * (computed / raw) * (total / new)
+        return total
 
     def cached_prefix_tokens(self, req: Request) -> int:
         return self._engine.cached_prefix_tokens(req)
