@@ -11,6 +11,7 @@ import schedulers.disagg  # noqa: F401
 import schedulers.distserve  # noqa: F401
 import schedulers.mooncake  # noqa: F401
 import schedulers.splitwise  # noqa: F401
+from twin.errors import SpecError
 from twin.request import Request
 from twin.scheduler import Plan, Reject, Route, scheduler_names
 from twin.testing import check_scheduler, instance, make_view
@@ -60,13 +61,73 @@ class OutOfRange:
         return Route(len(view))
 
 
+@dataclass
+class NoPickDecode:
+    """Leaves the decode instance open but cannot name one: fine colocated,
+    broken on a split cluster, where the prefill ends and nobody picks."""
+
+    def setup(self, cluster):
+        return Plan()
+
+    def route(self, req, view):
+        return Route(view.of_role("prefill", "mixed")[0].id)
+
+
+@dataclass
+class RefusesBoth:
+    def setup(self, cluster):
+        raise SpecError("this policy serves no cluster")
+
+    def route(self, req, view):
+        return Reject("never")
+
+
+@dataclass
+class SetupCrashesOnSplit:
+    """A setup that fails on a split cluster with something other than a SpecError."""
+
+    def setup(self, cluster):
+        if cluster.of_role("decode"):
+            raise KeyError("decode")
+        return Plan()
+
+    def route(self, req, view):
+        return Route(0, 0)
+
+
+@dataclass
+class Anywhere:
+    """Serves every request whole on the first instance that can prefill."""
+
+    def setup(self, cluster):
+        return Plan()
+
+    def route(self, req, view):
+        p = view.of_role("prefill", "mixed")[0].id
+        return Route(p, p)
+
+
 def test_the_contract_catches_broken_policies():
     with pytest.raises(AssertionError, match="two runs with seed 0 gave different results"):
         check_scheduler(Leaky)
     with pytest.raises(AssertionError, match="rejected without a reason"):
         check_scheduler(SilentReject)
-    with pytest.raises(AssertionError, match="ran on neither cluster.*instances are 0..2"):
+    with pytest.raises(AssertionError, match="on the colocated cluster: .*instances are 0..2"):
         check_scheduler(OutOfRange)
+
+
+def test_a_policy_is_held_to_a_split_cluster_unless_its_setup_refuses_one():
+    # fine on the colocated cluster; the split one finds the missing hook
+    with pytest.raises(
+        AssertionError, match=r"on the split cluster: .*left the decode instance open.*pick_decode"
+    ):
+        check_scheduler(NoPickDecode)
+    # a failure at setup other than a SpecError is no refusal
+    with pytest.raises(AssertionError, match="on the split cluster: KeyError"):
+        check_scheduler(SetupCrashesOnSplit)
+    with pytest.raises(AssertionError, match="refused both clusters: colocated: this policy"):
+        check_scheduler(RefusesBoth)
+    assert check_scheduler(Anywhere) == "both"
 
 
 def test_hand_built_views_for_unit_tests():

@@ -67,6 +67,40 @@ def test_decode_overload_rejects_and_prediction_counts_finishes():
     assert at_arrival.route(REQ, view(slow, busy, tpot=0.05)).reason == "predicted_decode_overload"
 
 
+def test_a_full_decode_instance_rejects_now_but_not_when_it_will_have_drained():
+    full = [{"running_requests": 3, "free_blocks": 0}]  # 16,000 KV tokens, all held
+    slow = [{"prefill_s_per_token": 1e-3}]  # the prompt reaches decode in ~4 s
+    arrival = policy(early_rejection="arrival", expected_output_tokens=64)
+    predicted = policy(early_rejection="predicted", expected_output_tokens=64)
+    assert arrival.route(REQ, view(slow, full)).reason == "predicted_decode_overload"
+    # 64 steps of ~20 ms: what runs now is done long before this prompt arrives
+    assert predicted.route(REQ, view(slow, full)) == Route(0, 1)
+
+
+def test_prediction_counts_what_is_still_in_prefill_on_its_way_to_decode():
+    # Mooncake section 7.3-7.4: the decode instance looks empty now, but every
+    # request routed before this one will have landed there by the time this
+    # one does; each holds 4,096 + 256 KV tokens, and three fill 16,000.
+    v = view([{"queue_s": 5.0}], [{}])
+    arrival, predicted = policy(early_rejection="arrival"), policy(early_rejection="predicted")
+    a = [arrival.route(REQ, v) for _ in range(4)]
+    p = [predicted.route(REQ, v) for _ in range(4)]
+    assert a == [Route(0, 1)] * 4
+    assert p[:3] == [Route(0, 1)] * 3 and p[3].reason == "predicted_decode_overload"
+    # once they have joined, the view shows them and the conductor counts them once
+    later = view([{"queue_s": 5.0}], [{"running_requests": 3, "free_blocks": 184}])
+    held = (1000 - 184) * 16
+    assert predicted.predicted_load(later[1], REQ, 6.0, 0.0) == (4, held + 4352)
+
+
+def test_the_queue_estimate_of_a_hand_built_instance():
+    assert InstanceSnapshot(0, queue_tokens=2000).estimate_queue_s() == pytest.approx(0.2)
+    assert InstanceSnapshot(0, queue_tokens=2000, queue_s=7.0).estimate_queue_s() == 7.0
+    # the conductor adds its own prefill to the queue estimate
+    v = view([{"queue_tokens": 50_000, "queue_s": 1.0}], [{}])
+    assert policy().prefill_choice(REQ, v)[0] == pytest.approx(1.0 + 4096 * 1e-4)
+
+
 def test_parameters_are_checked():
     with pytest.raises(Exception, match="early_rejection: 'sometimes'"):
         policy(early_rejection="sometimes")
@@ -152,3 +186,29 @@ def test_mooncake_trace_replay(shared_data):
             total += d["input_length"]
             seen.update(whole)
     assert 0.5 * hit / total < result["prefix_hit_rate"] <= hit / total
+
+
+def test_predicted_and_arrival_rejection_part_ways_when_decode_is_the_bottleneck():
+    # three prefill instances feed one decode instance: at each arrival the
+    # decode side looks as loaded as it is now, while the prompts already in
+    # prefill will all have joined it by the time this one does (section 7.3)
+    def run(mode):
+        data = {
+            "model": "llama-3.1-8b",
+            "cluster": {"topology": "dgx-h100-ib400", "nodes": 1,
+                        "prefill": {"instances": 3, "tp": 2}, "decode": {"instances": 1, "tp": 2}},
+            "scheduler": {"name": "mooncake", "early_rejection": mode},
+            "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 1},
+                         "max_requests": 1},
+            "slo": {"ttft": "10 s", "tpot": "20 ms"},
+        }  # fmt: skip
+        reqs = [Request(i, 0.02 * i, 8192, 256) for i in range(300)]
+        return Simulation(resolve_spec(data, "d.yaml", Path.cwd()), requests=reqs).run().summary
+
+    arrival, predicted = run("arrival"), run("predicted")
+    assert predicted["rejected"] > arrival["rejected"]
+    assert set(predicted["rejected_by_reason"]) == {"predicted_decode_overload"}
+    # what arrival-time rejection lets in overloads the decode instance later
+    assert arrival["tpot_s"]["p99"] > 0.024 and predicted["tpot_s"]["p99"] < 0.021
+    assert predicted["slo_attainment"] > arrival["slo_attainment"] + 0.05
+    assert predicted["wasted_prefill_tokens"] < arrival["wasted_prefill_tokens"]

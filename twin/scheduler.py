@@ -146,6 +146,16 @@ class InstanceView(Protocol):
         context tokens in all, on this instance."""
         ...
 
+    def estimate_queue_s(self) -> float:
+        """Seconds until the prompts queued on this instance, and those it is
+        computing, are done: the queue priced as the iterations its engine
+        would batch it into (first come, first served, up to the instance's
+        token budget per iteration, in chunks with chunked prefill), each
+        timed by the perf model, with what the prefix cache holds now taken
+        off. A prompt sent here now starts after about this long. 0 when
+        nothing waits."""
+        ...
+
     def cached_prefix_tokens(self, req: Request) -> int:
         """Prompt tokens of ``req`` this instance's prefix cache holds (0 without one)."""
         ...
@@ -160,7 +170,9 @@ class InstanceView(Protocol):
 class InstanceSnapshot:
     """A hand-built :class:`InstanceView`, for tests of a policy and for tools.
 
-    ``prefill_s_per_token`` prices ``estimate_prefill_s`` linearly.
+    ``prefill_s_per_token`` prices ``estimate_prefill_s`` linearly;
+    ``estimate_queue_s`` is ``queue_s`` when given, else the queued tokens at
+    that price.
     """
 
     id: int
@@ -178,9 +190,15 @@ class InstanceSnapshot:
     decode_s_per_seq: float = 1e-4
     cached_hashes: frozenset[int] = frozenset()
     fetch_s_per_token: float = 1e-6
+    queue_s: float | None = None
 
     def estimate_prefill_s(self, tokens: int, cached: int = 0) -> float:
         return tokens * self.prefill_s_per_token
+
+    def estimate_queue_s(self) -> float:
+        if self.queue_s is not None:
+            return self.queue_s
+        return self.queue_tokens * self.prefill_s_per_token
 
     def estimate_decode_s(self, count: int, context_sum: int) -> float:
         return self.decode_s_base + count * self.decode_s_per_seq

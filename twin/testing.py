@@ -15,8 +15,9 @@ Gymnasium's ``check_env`` serves environment authors::
     check_scheduler(MyPolicy)            # a class, a zero-argument factory or a name
 
 ``check_scheduler`` runs the policy on small bursty workloads, on a colocated
-cluster and, when its setup refuses one, on a split cluster with a topology,
-and fails with an ``AssertionError`` that says which promise broke.
+cluster and on a split one with a topology, skipping only a cluster that its
+setup refuses (with a ``SpecError``), and fails with an ``AssertionError`` that
+says which promise broke on which cluster.
 
 A hand-built view carries a seeded generator, ``view.rng`` (``make_view(...,
 seed=1)`` picks another), as a simulation hands each policy its own stream.
@@ -24,14 +25,16 @@ seed=1)`` picks another), as a simulation hands each policy its own stream.
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 import numpy as np
 
-from twin.errors import TwinError
+from twin.errors import SpecError
 from twin.request import Request
 from twin.scheduler import ClusterView, InstanceSnapshot, Role, Scheduler, get_scheduler
 
@@ -96,12 +99,40 @@ def _factory(policy: Any, params: dict[str, Any] | None) -> Callable[[], Any]:
     raise TypeError(f"policy {policy!r}: expected a class, a factory or a registered name")
 
 
+class _Refused(Exception):
+    """The policy's setup refused the cluster (a SpecError raised inside it)."""
+
+
+def _raised_in(error: BaseException, code: CodeType | None) -> bool:
+    """Whether ``error`` was raised inside a call of the function whose code is
+    ``code`` (directly, or by a helper it called)."""
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _setup_code(policy: Any) -> CodeType | None:
+    fn = getattr(type(policy), "setup", None) or getattr(policy, "setup", None)
+    fn = getattr(fn, "__func__", fn)
+    return getattr(inspect.unwrap(fn), "__code__", None) if callable(fn) else None
+
+
 def _run(make: Callable[[], Any], split: bool, seed: int) -> tuple[str, list[dict[str, Any]]]:
     from twin.sim.simulation import Simulation
 
     reqs = scenario_requests(seed)
     rows: list[dict[str, Any]] = []
-    sim = Simulation(_spec(split), requests=reqs, on_row=rows.append, scheduler=make())
+    policy = make()
+    try:
+        sim = Simulation(_spec(split), requests=reqs, on_row=rows.append, scheduler=policy)
+    except SpecError as refusal:
+        code = _setup_code(policy)  # None: a setup without Python code; trust the error
+        if code is None or _raised_in(refusal, code):
+            raise _Refused(str(refusal)) from refusal
+        raise
     result = sim.run()  # the simulation itself checks routes, roles and block accounting
     ids = sorted(r["id"] for r in rows)
     assert ids == [r.id for r in reqs], (
@@ -123,18 +154,50 @@ def _run(make: Callable[[], Any], split: bool, seed: int) -> tuple[str, list[dic
     return json.dumps(result.to_dict(), sort_keys=True, default=str), rows
 
 
+def _kind(split: bool) -> str:
+    return "split" if split else "colocated"
+
+
+def _attempt(
+    make: Callable[[], Any], split: bool, seed: int, *, may_refuse: bool
+) -> tuple[str, list[dict[str, Any]]]:
+    """One contract run; a failure becomes an ``AssertionError`` naming the
+    cluster, except a refusal at setup when ``may_refuse``."""
+    try:
+        return _run(make, split, seed)
+    except _Refused as e:
+        if may_refuse:
+            raise
+        raise AssertionError(
+            f"on the {_kind(split)} cluster, setup refused the cluster it had accepted "
+            f"(seed {seed}): {e}"
+        ) from e
+    except AssertionError as failed:
+        raise AssertionError(f"on the {_kind(split)} cluster: {failed}") from failed
+    except Exception as error:  # the simulation's checks, or the policy's own failure
+        raise AssertionError(
+            f"on the {_kind(split)} cluster: {type(error).__name__}: {error}"
+        ) from error
+
+
 def check_scheduler(
     policy: Any, params: dict[str, Any] | None = None, seeds: tuple[int, ...] = (0, 1)
 ) -> str:
     """Run the scheduler contract on ``policy`` (a class, a factory or a
-    registered name). Returns the cluster kind it ran on, ``"colocated"`` or
-    ``"split"``; raises ``AssertionError`` naming the broken promise.
+    registered name) on a colocated and on a split cluster. Returns where it
+    ran: ``"colocated"``, ``"split"`` or ``"both"``; raises ``AssertionError``
+    naming the broken promise and the cluster it broke on.
 
-    The promises: the policy has the required hooks (a :class:`Scheduler`);
-    setup accepts the cluster (a colocated one, or else a split
-    one); every decision names existing instances whose roles fit; every
-    request ends exactly once, completed or rejected with a reason; no KV block
-    leaks; and two runs of the same inputs give identical results.
+    A policy may refuse a cluster it is not made for, and only at setup, with
+    a :class:`~twin.errors.SpecError` (:func:`~twin.scheduler.require_split`
+    raises one); it must accept at least one of the two. On every cluster it
+    accepts, the promises are: the policy has the required hooks (a
+    :class:`Scheduler`) and the optional ones its routes need (a route that
+    leaves the decode instance open on a split cluster needs ``pick_decode``);
+    every decision names existing instances whose roles fit; every request
+    ends exactly once, completed or rejected with a reason; no KV block leaks;
+    and two runs of the same inputs give identical results. Any other failure,
+    a ``SpecError`` raised after setup included, breaks the contract.
     """
     make = _factory(policy, params)
     probe = make()
@@ -142,19 +205,21 @@ def check_scheduler(
     assert isinstance(probe, Scheduler) and not missing, (
         f"{type(probe).__name__} has no {' or '.join(missing)}(); a scheduler needs setup and route"
     )
-    split = False
-    try:
-        _run(make, False, seeds[0])
-    except TwinError as colocated_error:
-        split = True
+    accepted: list[bool] = []
+    refusals: list[str] = []
+    for split in (False, True):
         try:
-            _run(make, True, seeds[0])
-        except TwinError as e:
-            raise AssertionError(
-                f"the policy ran on neither cluster: colocated: {colocated_error}; split: {e}"
-            ) from e
-    for seed in seeds:
-        first = _run(make, split, seed)
-        second = _run(make, split, seed)
-        assert first == second, f"two runs with seed {seed} gave different results"
-    return "split" if split else "colocated"
+            first = _attempt(make, split, seeds[0], may_refuse=True)
+        except _Refused as e:
+            refusals.append(f"{_kind(split)}: {e}")
+            continue
+        accepted.append(split)
+        for seed in seeds:
+            if seed != seeds[0]:
+                first = _attempt(make, split, seed, may_refuse=False)
+            second = _attempt(make, split, seed, may_refuse=False)
+            assert first == second, (
+                f"on the {_kind(split)} cluster, two runs with seed {seed} gave different results"
+            )
+    assert accepted, f"the policy's setup refused both clusters: {'; '.join(refusals)}"
+    return _kind(accepted[0]) if len(accepted) == 1 else "both"
