@@ -449,7 +449,8 @@ class Engine:
                 self._cache_prompt(s)
             if self.on_prompt is not None:
                 self.on_prompt(self, s)
-            s.t_prefill_done = now
+            if s.t_prefill_done < 0:  # a recompute after a preemption keeps the first
+                s.t_prefill_done = now
             s.generated += 1
             if s.t_first_token < 0:
                 s.t_first_token = now

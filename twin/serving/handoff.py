@@ -179,7 +179,9 @@ class KVHandoff:
             multi_nic=self.config.multi_nic,
         )  # fmt: skip
         now = self.env.now
-        seq.t_transfer_start = now
+        first = seq.t_transfer_start < 0  # each timestamp keeps its first occurrence
+        if first:
+            seq.t_transfer_start = now
         self.bytes_moved += kv_bytes
         self.transfers += 1
         if stream_s is None:
@@ -191,7 +193,8 @@ class KVHandoff:
         capped = [FlowSpec(f.path, f.size_bytes, f.size_bytes / stream_s) for f in flows]
         stream = _Stream()
         seq.transfer = stream
-        seq.t_transfer_start = now + layer_s
+        if first:
+            seq.t_transfer_start = now + layer_s
 
         def begin(_ev: object) -> None:
             stream.transfer = self._send(seq, src, dst, capped)
@@ -208,7 +211,8 @@ class KVHandoff:
         return transfer
 
     def _landed(self, seq: Sequence, src: int, dst: int) -> None:
-        seq.t_transfer_end = self.env.now
+        if seq.t_transfer_end < 0:
+            seq.t_transfer_end = self.env.now
         seq.transfer = None
         seq.landed = True
         self.engines[src].release(seq)
