@@ -208,6 +208,18 @@ class Engine:
         self._landed.append(seq)  # joins at the next step boundary
         self._poke()
 
+    def keep(self, seq: Sequence) -> None:
+        """Prefill side: the decode instance picked for ``seq`` is this one, so
+        its KV stays where it is; it decodes here from the next step, as a
+        colocated request does (nothing moves, nothing is reserved)."""
+        _, blocks, units = self.handoff.pop(seq.req.id)
+        seq.blocks = blocks
+        seq.units = units
+        seq.shared_blocks = len(units) * (seq.req.prefix_block_tokens // self.kv.block_size)
+        seq.handoff = False
+        self.running[seq.req.id] = seq
+        self._join_decode(seq)
+
     def release(self, seq: Sequence) -> None:
         """Prefill side: ``seq``'s KV has moved; free the blocks it held here."""
         self._interrupt()

@@ -22,6 +22,10 @@ sent once it is produced, so the flow starts one layer's time after the
 iteration starts, capped at the rate the prefill produces KV, and is uncapped
 when the prefill ends: only the residual after the last layer shows.
 
+A request whose picked decode instance is the one that prefilled it (a
+prefill instance the control loop has since made mixed) is not moved: it
+decodes where its KV is.
+
 Neither side ever over-commits blocks: the decode side allocates before a byte
 moves, the prefill side frees only after the last byte landed."""
 
@@ -139,6 +143,15 @@ class KVHandoff:
         if self.config.handoff != "push":
             return
         d = self._decode_of(seq)
+        if d == engine.id:
+            # A prefill instance that has since turned mixed may be picked to
+            # decode what it prefills: the KV stays, and the prompt's end
+            # joins the decode batch here. (Moved, it would be a transfer of
+            # no flows that lands at once: a layer-wise stream then "landed"
+            # before the prompt was done, and freeing its prefill-side
+            # blocks failed.)
+            seq.handoff = False
+            return
         if self.pending[d] or not self.engines[d].reserve(seq):
             return  # reserved later, in order, once the prompt is done
         if self.config.mode == "layerwise":
@@ -149,6 +162,9 @@ class KVHandoff:
             seq.transfer.uncap()
             return
         d = self._decode_of(seq)
+        if d == engine.id:  # picked now (pull): the KV stays, see on_prefill_start
+            engine.keep(seq)
+            return
         if seq.req.id in self.engines[d].reserved:  # reserved when the prefill started
             self._start(seq, engine.id, d)
             return
