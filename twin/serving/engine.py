@@ -304,9 +304,22 @@ class Engine:
             if not chunks:
                 decoding = self._prepare_decode()
         prefill = tuple((n, s.prefilled) for s, n in chunks)
+        self._note_decode_start(chunks, decoding)
         if decoding:
             return Batch(prefill, self.decode_count, self.decode_ctx_sum), chunks, True
         return Batch(prefill), chunks, False
+
+    def _note_decode_start(self, chunks: list[tuple[Sequence, int]], decoding: bool) -> None:
+        """A landed sequence's first iteration here that produces a token starts now."""
+        now = self.env.now
+        for s, n in chunks:  # landed, then preempted before its first decode step
+            if s.landed and s.t_decode_start < 0 and s.prefilled + n >= s.prefill_len:
+                s.t_decode_start = now
+        if decoding:
+            step = self.steps + 1
+            for s in self._first_gap:
+                if s.landed and s.t_decode_start < 0 and s.state == DECODE and s.d_join == step:
+                    s.t_decode_start = now
 
     def _take_chunks(self, budget: int, *, chunked: bool) -> list[tuple[Sequence, int]]:
         """Prefill work for this iteration: continue partial prompts, then admit FCFS."""
@@ -466,6 +479,8 @@ class Engine:
             s.generated += 1
             if s.t_first_token < 0:
                 s.t_first_token = now
+            elif s.landed:
+                self._first_after_landing(s, now)
             elif now - s.t_last_token > s.max_gap:
                 s.max_gap = now - s.t_last_token  # the stall of a recompute
             s.t_last_token = now
@@ -475,6 +490,16 @@ class Engine:
                 self._hand_off(s)
             else:
                 self._join_decode(s)
+
+    @staticmethod
+    def _first_after_landing(s: Sequence, now: float) -> None:
+        """The first token produced here after ``s``'s KV landed (token 2, or a
+        recompute's). The gap since token 1 spans the hand-off and the gap since
+        this side took it up does not; which one the client sees as an
+        inter-token gap depends on where TTFT ends (the metrics decide)."""
+        s.landed = False
+        s.landing_gap = now - s.t_last_token
+        s.decode_gap = now - (s.t_decode_start if s.t_decode_start >= 0 else now)
 
     def _hand_off(self, s: Sequence) -> None:
         del self.running[s.req.id]
@@ -500,12 +525,7 @@ class Engine:
                     s.t_first_decode = now
                 gap = now - s.t_last_token
                 if s.landed:
-                    # The decode side's first step after the KV landed: the gap
-                    # spans the hand-off, and whether the client sees it as an
-                    # inter-token gap depends on where TTFT ends (metrics decide).
-                    s.landed = False
-                    if gap > s.landing_gap:
-                        s.landing_gap = gap
+                    self._first_after_landing(s, now)
                 elif gap > s.max_gap:
                     s.max_gap = gap
         self._first_gap.clear()
