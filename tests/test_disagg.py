@@ -75,9 +75,12 @@ def test_one_request_transfer_time_is_latency_plus_bytes_over_bandwidth():
     expect = topo.latency_s(path) + shard / topo.bottleneck_bytes_s(path)
     assert r["transfer_s"] == pytest.approx(expect, rel=1e-9)
     assert r["transfer_wait_s"] == 0.0  # push: decode blocks reserved before the prompt ended
-    # TTFT at decode = queue + prefill + transfer + first decode step
+    # TTFT at decode = queue + prefill + transfer: the idle decode side takes the
+    # request up as it lands and releases token 1; its 3 steps give tokens 2-4.
     parts = r["queue_s"] + r["prefill_s"] + r["transfer_wait_s"] + r["transfer_s"]
-    assert r["ttft_s"] == pytest.approx(parts + r["first_decode_s"], rel=1e-9)
+    assert r["ttft_s"] == pytest.approx(parts, rel=1e-9)
+    assert r["first_token_s"] == pytest.approx(r["prefill_done_s"] + r["transfer_s"], rel=1e-9)
+    assert r["tpot_s"] == pytest.approx((r["finish_s"] - r["first_token_s"]) / 3, rel=1e-9)
 
 
 def test_ttft_at_prefill_excludes_the_hand_off():

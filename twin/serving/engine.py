@@ -236,6 +236,18 @@ class Engine:
         self._landed.append(seq)  # joins at the next step boundary
         self._poke()
 
+    def keep(self, seq: Sequence) -> None:
+        """Prefill side: the decode instance picked for ``seq`` is this one, so
+        its KV stays where it is; it decodes here from the next step, as a
+        colocated request does (nothing moves, nothing is reserved)."""
+        _, blocks, units = self.handoff.pop(seq.req.id)
+        seq.blocks = blocks
+        seq.units = units
+        seq.shared_blocks = len(units) * (seq.req.prefix_block_tokens // self.kv.block_size)
+        seq.handoff = False
+        self.running[seq.req.id] = seq
+        self._join_decode(seq)
+
     def release(self, seq: Sequence) -> None:
         """Prefill side: ``seq``'s KV has moved; free the blocks it held here."""
         self._interrupt()
@@ -320,9 +332,22 @@ class Engine:
             if not chunks:
                 decoding = self._prepare_decode()
         prefill = tuple((n, s.prefilled) for s, n in chunks)
+        self._note_decode_start(chunks, decoding)
         if decoding:
             return Batch(prefill, self.decode_count, self.decode_ctx_sum), chunks, True
         return Batch(prefill), chunks, False
+
+    def _note_decode_start(self, chunks: list[tuple[Sequence, int]], decoding: bool) -> None:
+        """A landed sequence's first iteration here that produces a token starts now."""
+        now = self.env.now
+        for s, n in chunks:  # landed, then preempted before its first decode step
+            if s.landed and s.t_decode_start < 0 and s.prefilled + n >= s.prefill_len:
+                s.t_decode_start = now
+        if decoding:
+            step = self.steps + 1
+            for s in self._first_gap:
+                if s.landed and s.t_decode_start < 0 and s.state == DECODE and s.d_join == step:
+                    s.t_decode_start = now
 
     def _take_chunks(self, budget: int, *, chunked: bool) -> list[tuple[Sequence, int]]:
         """Prefill work for this iteration: continue partial prompts, then admit FCFS."""
@@ -477,10 +502,13 @@ class Engine:
                 self._cache_prompt(s)
             if self.on_prompt is not None:
                 self.on_prompt(self, s)
-            s.t_prefill_done = now
+            if s.t_prefill_done < 0:  # a recompute after a preemption keeps the first
+                s.t_prefill_done = now
             s.generated += 1
             if s.t_first_token < 0:
                 s.t_first_token = now
+            elif s.landed:
+                self._first_after_landing(s, now)
             elif now - s.t_last_token > s.max_gap:
                 s.max_gap = now - s.t_last_token  # the stall of a recompute
             s.t_last_token = now
@@ -490,6 +518,16 @@ class Engine:
                 self._hand_off(s)
             else:
                 self._join_decode(s)
+
+    @staticmethod
+    def _first_after_landing(s: Sequence, now: float) -> None:
+        """The first token produced here after ``s``'s KV landed (token 2, or a
+        recompute's). The gap since token 1 spans the hand-off and the gap since
+        this side took it up does not; which one the client sees as an
+        inter-token gap depends on where TTFT ends (the metrics decide)."""
+        s.landed = False
+        s.landing_gap = now - s.t_last_token
+        s.decode_gap = now - (s.t_decode_start if s.t_decode_start >= 0 else now)
 
     def _hand_off(self, s: Sequence) -> None:
         del self.running[s.req.id]
@@ -515,12 +553,7 @@ class Engine:
                     s.t_first_decode = now
                 gap = now - s.t_last_token
                 if s.landed:
-                    # The decode side's first step after the KV landed: the gap
-                    # spans the hand-off, and whether the client sees it as an
-                    # inter-token gap depends on where TTFT ends (metrics decide).
-                    s.landed = False
-                    if gap > s.landing_gap:
-                        s.landing_gap = gap
+                    self._first_after_landing(s, now)
                 elif gap > s.max_gap:
                     s.max_gap = gap
         self._first_gap.clear()

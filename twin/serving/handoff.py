@@ -22,6 +22,10 @@ sent once it is produced, so the flow starts one layer's time after the
 iteration starts, capped at the rate the prefill produces KV, and is uncapped
 when the prefill ends: only the residual after the last layer shows.
 
+A request whose picked decode instance is the one that prefilled it (a
+prefill instance the control loop has since made mixed) is not moved: it
+decodes where its KV is.
+
 Neither side ever over-commits blocks: the decode side allocates before a byte
 moves, the prefill side frees only after the last byte landed."""
 
@@ -141,6 +145,15 @@ class KVHandoff:
         if self.config.handoff != "push":
             return
         d = self._decode_of(seq)
+        if d == engine.id:
+            # A prefill instance that has since turned mixed may be picked to
+            # decode what it prefills: the KV stays, and the prompt's end
+            # joins the decode batch here. (Moved, it would be a transfer of
+            # no flows that lands at once: a layer-wise stream then "landed"
+            # before the prompt was done, and freeing its prefill-side
+            # blocks failed.)
+            seq.handoff = False
+            return
         if self.pending[d] or not self.engines[d].reserve(seq):
             return  # reserved later, in order, once the prompt is done
         if self.config.mode == "layerwise":
@@ -151,6 +164,9 @@ class KVHandoff:
             seq.transfer.uncap()
             return
         d = self._decode_of(seq)
+        if d == engine.id:  # picked now (pull): the KV stays, see on_prefill_start
+            engine.keep(seq)
+            return
         if seq.req.id in self.engines[d].reserved:  # reserved when the prefill started
             self._start(seq, engine.id, d)
             return
@@ -181,7 +197,9 @@ class KVHandoff:
             multi_nic=self.config.multi_nic,
         )  # fmt: skip
         now = self.env.now
-        seq.t_transfer_start = now
+        first = seq.t_transfer_start < 0  # each timestamp keeps its first occurrence
+        if first:
+            seq.t_transfer_start = now
         self.bytes_moved += kv_bytes
         self.transfers += 1
         if stream_s is None:
@@ -193,7 +211,8 @@ class KVHandoff:
         capped = [FlowSpec(f.path, f.size_bytes, f.size_bytes / stream_s) for f in flows]
         stream = _Stream()
         seq.transfer = stream
-        seq.t_transfer_start = now + layer_s
+        if first:
+            seq.t_transfer_start = now + layer_s
 
         def begin(_ev: object) -> None:
             stream.transfer = self._send(seq, src, dst, capped)
@@ -210,7 +229,8 @@ class KVHandoff:
         return transfer
 
     def _landed(self, seq: Sequence, src: int, dst: int) -> None:
-        seq.t_transfer_end = self.env.now
+        if seq.t_transfer_end < 0:
+            seq.t_transfer_end = self.env.now
         seq.transfer = None
         seq.landed = True
         self.engines[src].release(seq)

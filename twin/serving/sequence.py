@@ -16,7 +16,33 @@ HANDOFF, INCOMING = "handoff", "incoming"
 
 
 class Sequence:
-    """The life of one request on one instance: its state and timestamps (s)."""
+    """The life of one request on one instance: its state and timestamps (s).
+
+    A request may run a phase more than once: a preempted sequence is
+    recomputed (its prompt and the tokens it had produced are prefilled again,
+    on the instance that preempted it). Every timestamp keeps its FIRST
+    occurrence (DESIGN.md, Conservation), so they stay ordered,
+    ``arrival <= scheduled <= prefill_done <= first_token <= finish``, and no
+    duration built from them is negative:
+
+    - ``t_arrival``: the prefilling instance received it (after any KV-pool load).
+    - ``t_scheduled``: first admitted into a batch; a readmission after a
+      preemption does not move it.
+    - ``t_prefill_done``: the first prompt's last chunk ended (token 1 was
+      produced); the recompute of a preempted sequence does not move it.
+    - ``t_first_token``: token 1 produced, the same instant as ``t_prefill_done``.
+    - ``t_transfer_start`` / ``t_transfer_end``: the KV hand-off began moving
+      (a layer-wise stream: one layer into the prefill iteration) / landed.
+      A request moves at most once; a recompute happens where it is preempted.
+    - ``t_decode_start``: the decode side took the landed request up: the
+      start of the first iteration there that produces a token for it (its
+      first decode step, or the recompute of one preempted before that step).
+    - ``t_first_decode``: the decode side's first decode step for it ended.
+    - ``t_finish``: the last token was produced (once).
+
+    ``t_last_token`` is not a phase's timestamp but a running value: when the
+    latest token was produced, from which the next inter-token gap is measured.
+    """
 
     __slots__ = (
         "req",
@@ -43,8 +69,10 @@ class Sequence:
         "t_transfer_start",
         "t_transfer_end",
         "t_first_decode",
+        "t_decode_start",
         "landed",
         "landing_gap",
+        "decode_gap",
         "transfer",
         "units",
         "shared_blocks",
@@ -79,10 +107,14 @@ class Sequence:
         self.t_transfer_start = -1.0
         self.t_transfer_end = -1.0
         self.t_first_decode = -1.0
-        # Set when the KV lands, cleared by the decode side's first step, which
-        # records the gap since the last token seen (the hand-off's) apart.
+        self.t_decode_start = -1.0
+        # Set when the KV lands, cleared by the first token the decode side
+        # produces for it (its first decode step's, or a recompute's), which
+        # records apart the gap since token 1 (across the hand-off) and the
+        # gap since the decode side took it up.
         self.landed = False
         self.landing_gap = 0.0
+        self.decode_gap = 0.0
         self.transfer: object | None = None
         # Prefix caching: the cached units (hashes) this sequence holds here,
         # their blocks (not in ``blocks``), and the prompt tokens it reused.

@@ -143,12 +143,29 @@ class Metrics(Observer):
     """Folds ended requests into summaries; optionally streams one row each to
     ``on_row`` (a dict keyed by :data:`REQUEST_COLUMNS`).
 
+    The client sees exactly ``output_tokens`` tokens. TTFT is arrival -> the
+    instant it sees token 1; TPOT is the mean gap between consecutive tokens
+    it sees, (last seen - first seen) / (output_tokens - 1) (none for one
+    token); max ITL is the largest of those gaps. The token timeline:
+
+    - Colocated: token 1 comes out when the prompt is done
+      (``t_first_token``), each later one at the end of the decode step (or
+      recompute) that produces it; the client sees each as it is produced.
+    - Split, push or pull alike: token 1 is produced by the prefill side at
+      ``t_prefill_done`` and travels with the KV; the decode side's first
+      step, which takes the landed request up at ``t_decode_start``, produces
+      token 2, and each later step one more.
+
     ``ttft_at`` is where a split deployment's TTFT ends (DESIGN.md, TTFT): at
-    ``decode``, the client sees token 1 with the decode side's first step, after
-    the KV has moved, so TTFT includes the hand-off and the gap across it is
-    not an inter-token gap; at ``prefill``, token 1 is seen when the prompt is
-    done and the hand-off shows as an inter-token gap. The engines record both
-    instants; the rule is applied here, and only here."""
+    ``prefill`` the prefill side streams token 1 at once, so TTFT excludes the
+    hand-off and the gap from token 1 to token 2 (across the hand-off) is an
+    inter-token gap. At ``decode`` the decode side releases token 1 when it
+    takes the request up, at the start of its first decode step: TTFT includes
+    the KV transfer and the wait for that step, and token 2 follows one step
+    later, so the gaps the client sees are decode steps (and recompute stalls),
+    never the hand-off. (Seeing tokens 1 and 2 together at that step's end
+    would count a zero gap: TPOT 0 for a 2-token request.) The engines record
+    the instants; the rule is applied here, and only here."""
 
     def __init__(
         self,
@@ -196,7 +213,7 @@ class Metrics(Observer):
         req = s.req
         moved = s.t_transfer_end >= 0.0
         if moved and self.ttft_at_decode:
-            first, max_gap = s.t_first_decode, s.max_gap
+            first, max_gap = s.t_decode_start, max(s.max_gap, s.decode_gap)
         else:
             first, max_gap = s.t_first_token, max(s.max_gap, s.landing_gap)
         ttft = first - req.arrival_s
