@@ -371,7 +371,7 @@ class _Planner:
 
     def decode_attainment(self, tp: int, pp: int, feed: Candidate, rate: float) -> float:
         # Enough prefill instances that they keep up with twice the probe rate. Both
-        # SLOs count, TTFT ending at the first decode step: under pull a decode
+        # SLOs count, TTFT ending when the decode side takes the request up: under pull a decode
         # instance that falls behind keeps TPOT but makes requests wait for it.
         n_p = max(1, min(32, math.ceil(2 * rate / max(feed.goodput_rps, 1e-9))))
 
