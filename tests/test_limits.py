@@ -261,3 +261,75 @@ def test_replicated_kv_heads_shrink_the_kv_capacity():
     )
     assert got == whole // 2  # each GPU holds one of the 8 KV heads twice over: half the tokens
     assert blocks(8)[0] < got  # still more than at TP8, whose weights take more per GPU
+
+
+# -- the planner ----------------------------------------------------------------------
+def _planner(model, topology, nodes=1, perf=None, max_gpus=8):
+    from twin.studies.planner import _Planner
+
+    data = {
+        "model": model,
+        "workload": _WORKLOAD,
+        "cluster": {"topology": topology, "nodes": nodes, "prefill": 1, "decode": 1},
+    }
+    if perf is not None:
+        data["perf"] = perf
+    spec = resolve_spec(data, "plan.yaml", Path.cwd())
+    return _Planner(spec, [Request(0, 0.0, 100, 10)], max_gpus, 1, 10)
+
+
+def test_the_planner_enumerates_only_runnable_tp():
+    configs = _planner("llama-2-13b", "dgx-h100-ib400").configs()
+    assert {tp for tp, _, _ in configs} == {1, 2, 4, 8}  # not 5: 13,824 % 5 != 0
+
+
+def test_the_planner_skips_a_tp_missing_from_the_fitted_table(shared_data):
+    fit = shared_data / "profiles" / "distserve" / "profiler-a100-80g.distserve.json"
+    configs = _planner(
+        "opt-13b", "dgx-a100-ib200", perf={"kind": "distserve", "path": str(fit)}
+    ).configs()
+    notes = {(tp, pp): note for tp, pp, note in configs}
+    assert notes[(8, 1)] == "no entry in the perf model's table"  # the fit has TP 1, 2, 4
+    assert notes[(4, 1)] == "" and notes[(1, 1)] == ""
+
+
+_README_CASE = """\
+# DistServe's README case: OPT-13B on one node of 4 A100s, its fitted latency model
+model: opt-13b
+cluster:
+  topology:
+    name: a100x4
+    node: {{gpu: a100-80gb, gpus: 4, intra: {{kind: nvswitch, bandwidth: 300 GB/s}}}}
+    nodes: 1
+  prefill: 1
+  decode: 1
+perf: {{kind: distserve, path: {fit}}}
+workload:
+  lengths: {{prompt: {{dist: fixed, value: 512}}, output: {{dist: fixed, value: 64}}}}
+  arrival: {{process: poisson, rate: 2}}
+  max_requests: 20
+slo: {{ttft: 1 s, tpot: 100 ms}}
+"""
+
+
+def test_twin_plan_plans_opt_13b_on_one_node_of_four_a100s(shared_data, tmp_path, capsys):
+    import yaml
+
+    fit = shared_data / "profiles" / "distserve" / "profiler-a100-80g.distserve.json"
+    path = tmp_path / "distserve-readme.yaml"
+    path.write_text(_README_CASE.format(fit=fit))
+    assert main(["plan", str(path), "--sample", "20"]) == 0
+    out = capsys.readouterr().out
+    plan = yaml.safe_load(out.split("# paste into the spec:", 1)[1])["cluster"]
+    used = sum(plan[r]["instances"] * plan[r]["tp"] * plan[r]["pp"] for r in ("prefill", "decode"))
+    assert 0 < used <= 4
+
+
+def test_when_the_best_pair_does_not_fit_the_planner_takes_the_best_that_does():
+    from twin.studies.planner import Candidate, _fill, _fitting_pair
+
+    p4, p2 = Candidate("prefill", 4, 1, 40.0), Candidate("prefill", 2, 1, 16.0)
+    d4, d1 = Candidate("decode", 4, 1, 30.0), Candidate("decode", 1, 1, 6.0)
+    assert _fill(p4, d4, 1, 4) == (0, 0, 0.0)  # TP4 + TP4 is 8 GPUs: DistServe's README case
+    assert _fitting_pair([p4, p2], [d4, d1], 1, 4) == (p2, d1)  # 1 x TP2 + 2 x TP1: 12 req/s
+    assert _fitting_pair([p4], [d4], 1, 4) is None
