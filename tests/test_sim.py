@@ -60,10 +60,12 @@ def test_another_seed_gives_another_run():
 
 
 def test_a_request_that_can_never_fit_is_an_error_or_a_rejection():
-    huge = [Request(0, 0.0, 100, 10), Request(1, 0.5, 5_000_000, 10)]
-    with pytest.raises(CapacityError, match=r"request 1: prompt 5000000 \+ output 10 tokens need"):
-        Simulation(small_spec(), requests=huge).run()
-    spec = small_spec(engine={"oversized": "reject"})
+    # Within Llama-3.1-8B's context (131,072), beyond the KV memory left at 30%.
+    huge = [Request(0, 0.0, 100, 10), Request(1, 0.5, 120_000, 10)]
+    small = {"gpu_memory_utilization": 0.3}
+    with pytest.raises(CapacityError, match=r"request 1: prompt 120000 \+ output 10 tokens need"):
+        Simulation(small_spec(engine=small), requests=huge).run()
+    spec = small_spec(engine={**small, "oversized": "reject"})
     s = Simulation(spec, requests=huge).run().summary
     assert s["completed"] == 1 and s["rejected_by_reason"] == {"exceeds_kv_capacity": 1}
     assert s["slo_attainment"] <= 0.5  # a rejected request is a miss

@@ -147,6 +147,7 @@ def test_engine_defaults_live_in_engine_config_alone():
         "oversized": "error",
         "fast_forward": True,
         "prefix_caching": False,
+        "max_model_len": None,
     }
     assert list(spec.resolved["engine"]) == list(keys(EngineConfig))
     assert (spec.memory_utilization, spec.activation_reserve_bytes, spec.oversized) == (
@@ -160,11 +161,13 @@ def test_every_declared_engine_key_is_read_from_yaml():
     given = {"block_size": 32, "max_num_seqs": 8, "max_batched_tokens": 512,
              "chunked_prefill": True, "watermark": 0.0, "gpu_memory_utilization": 0.8,
              "activation_reserve": "1 GiB", "oversized": "reject", "fast_forward": False,
-             "prefix_caching": True}  # fmt: skip
+             "prefix_caching": True, "max_model_len": 1024}  # fmt: skip
     assert set(given) == set(keys(EngineConfig))
     spec = resolve(engine=given)
     assert spec.resolved["engine"] == given
-    assert spec.engine == EngineConfig(32, 8, 512, True, 0.0, 0.8, 2**30, "reject", False, True)
+    assert spec.engine == EngineConfig(
+        32, 8, 512, True, 0.0, 0.8, 2**30, "reject", False, True, 1024
+    )
 
 
 def test_max_batched_tokens_follows_chunked_prefill_unless_given():

@@ -50,6 +50,9 @@ class ModelSpec:
     ``dtype_bytes`` the bytes per weight and per KV element (2 for fp16/bf16).
     ``mlp`` is ``"gated"`` (SwiGLU: gate, up and down matrices, Llama/Qwen) or
     ``"plain"`` (up and down only, OPT/BLOOM); it decides the MLP FLOPs.
+    ``max_context`` is the longest sequence (prompt plus output, tokens) the
+    model was built for, Hugging Face's ``max_position_embeddings``; ``None``
+    for a user model that gives none (no limit).
     """
 
     name: str
@@ -63,6 +66,7 @@ class ModelSpec:
     params: int
     dtype_bytes: int = 2
     mlp: str = "gated"
+    max_context: int | None = None
 
     def __post_init__(self) -> None:
         where = f"model {self.name!r}"
@@ -77,6 +81,40 @@ class ModelSpec:
             raise SpecError(f"{where}: dtype_bytes={self.dtype_bytes!r}; expected 1, 2 or 4")
         if self.mlp not in _MLP_KINDS:
             raise SpecError(f"{where}: mlp={self.mlp!r}; expected one of {', '.join(_MLP_KINDS)}")
+        if self.max_context is not None:
+            positive_int(self.max_context, f"{where}: max_context")
+
+    def tp_problem(self, tp: int) -> str | None:
+        """Why a real engine cannot shard this model ``tp`` ways, or None.
+
+        vLLM splits the query heads and the MLP width evenly over the TP ranks
+        (``ColumnParallelLinear`` divides the output size; ``ModelConfig``
+        checks the heads), and the KV heads either evenly or, when ``tp``
+        exceeds them, by replicating each over ``tp / kv_heads`` ranks
+        (``QKVParallelLinear``): so ``tp`` must divide the heads and the
+        intermediate size, and divide or be a multiple of the KV heads.
+        """
+        if self.heads % tp:
+            return f"{tp} does not divide {self.name}'s {self.heads} attention heads"
+        if self.intermediate % tp:
+            return f"{tp} does not divide {self.name}'s FFN width {self.intermediate:,}"
+        if self.kv_heads % tp and tp % self.kv_heads:
+            return (
+                f"{tp} neither divides nor is a multiple of {self.name}'s {self.kv_heads} KV heads"
+            )
+        return None
+
+    def kv_heads_per_gpu(self, tp: int = 1) -> int:
+        """KV heads each TP rank holds: ``kv_heads / tp``, or 1 when ``tp``
+        exceeds the KV heads (each is then replicated, as vLLM does)."""
+        return max(1, self.kv_heads // tp)
+
+    def kv_bytes_per_token_tp(self, tp: int = 1, dtype_bytes: int | None = None) -> int:
+        """KV bytes one token takes on all ``tp`` ranks together: the whole
+        model's :meth:`kv_bytes_per_token`, or more when ``tp`` exceeds the KV
+        heads and they are replicated."""
+        b = self.dtype_bytes if dtype_bytes is None else dtype_bytes
+        return 2 * self.layers * self.kv_heads_per_gpu(tp) * tp * self.head_dim * b
 
     def kv_bytes_per_token(self, dtype_bytes: int | None = None) -> int:
         """Bytes of K and V one token holds across all layers (whole model, not a shard)."""
@@ -148,38 +186,53 @@ def kv_report(
 
 
 def _m(name: str, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
-       intermediate: int, vocab: int, params: int, mlp: str = "gated") -> ModelSpec:  # fmt: skip
+       intermediate: int, vocab: int, params: int, ctx: int,
+       mlp: str = "gated") -> ModelSpec:  # fmt: skip
     return ModelSpec(name, layers, hidden, heads, kv_heads, head_dim, intermediate, vocab,
-                     params, 2, mlp)  # fmt: skip
+                     params, 2, mlp, ctx)  # fmt: skip
 
 
 # Values from each model's Hugging Face config.json (repo named in the comment);
 # params are the published totals, or for OPT counted from the config shapes
-# (weights + biases + learned positions, tied LM head).
+# (weights + biases + learned positions, tied LM head). The context (the
+# argument after params) is config.json's max_position_embeddings, except
+# where the comment names another source.
 MODELS: Mapping[str, ModelSpec] = MappingProxyType(
     {
         # meta-llama/Llama-2-7b-hf
-        "llama-2-7b": _m("llama-2-7b", 32, 4096, 32, 32, 128, 11008, 32000, 6_738_415_616),
+        "llama-2-7b": _m("llama-2-7b", 32, 4096, 32, 32, 128, 11008, 32000, 6_738_415_616, 4096),
         # meta-llama/Llama-2-13b-hf
-        "llama-2-13b": _m("llama-2-13b", 40, 5120, 40, 40, 128, 13824, 32000, 13_015_864_320),
+        "llama-2-13b": _m("llama-2-13b", 40, 5120, 40, 40, 128, 13824, 32000, 13_015_864_320, 4096),
         # meta-llama/Llama-2-70b-hf
-        "llama-2-70b": _m("llama-2-70b", 80, 8192, 64, 8, 128, 28672, 32000, 68_976_648_192),
+        "llama-2-70b": _m("llama-2-70b", 80, 8192, 64, 8, 128, 28672, 32000, 68_976_648_192, 4096),
         # meta-llama/Llama-3.1-8B
-        "llama-3.1-8b": _m("llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256, 8_030_261_248),
+        "llama-3.1-8b": _m(
+            "llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256, 8_030_261_248, 131072
+        ),
         # meta-llama/Llama-3.1-70B
-        "llama-3.1-70b": _m("llama-3.1-70b", 80, 8192, 64, 8, 128, 28672, 128256, 70_553_706_496),
+        "llama-3.1-70b": _m(
+            "llama-3.1-70b", 80, 8192, 64, 8, 128, 28672, 128256, 70_553_706_496, 131072
+        ),
         # facebook/opt-13b
-        "opt-13b": _m("opt-13b", 40, 5120, 40, 40, 128, 20480, 50272, 12_853_473_280, "plain"),
+        "opt-13b": _m(
+            "opt-13b", 40, 5120, 40, 40, 128, 20480, 50272, 12_853_473_280, 2048, "plain"
+        ),
         # facebook/opt-66b
-        "opt-66b": _m("opt-66b", 64, 9216, 72, 72, 128, 36864, 50272, 65_719_701_504, "plain"),
-        # facebook/opt-175b (shapes of the OPT paper, Table 1; the weights are gated by Meta)
-        "opt-175b": _m("opt-175b", 96, 12288, 96, 96, 128, 49152, 50272, 174_604_468_224, "plain"),
-        # bigscience/bloom
+        "opt-66b": _m(
+            "opt-66b", 64, 9216, 72, 72, 128, 36864, 50272, 65_719_701_504, 2048, "plain"
+        ),
+        # facebook/opt-175b (shapes of the OPT paper, arXiv 2205.01068, Table 1; the weights
+        # are gated by Meta; context 2048, as in every released OPT config.json)
+        "opt-175b": _m(
+            "opt-175b", 96, 12288, 96, 96, 128, 49152, 50272, 174_604_468_224, 2048, "plain"
+        ),
+        # bigscience/bloom (ALiBi, no max_position_embeddings: the context is the
+        # training sequence length, 2048, of the BLOOM paper, arXiv 2211.05100, Table 3)
         "bloom-176b": _m(
-            "bloom-176b", 70, 14336, 112, 112, 128, 57344, 250880, 176_247_271_424, "plain"
+            "bloom-176b", 70, 14336, 112, 112, 128, 57344, 250880, 176_247_271_424, 2048, "plain"
         ),
         # Qwen/Qwen3-8B
-        "qwen3-8b": _m("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, 8_190_735_360),
+        "qwen3-8b": _m("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, 8_190_735_360, 40960),
     }
 )
 
@@ -202,7 +255,7 @@ _ALIASES: Mapping[str, str] = MappingProxyType(
 
 _REQUIRED = ("name", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate",
              "vocab", "params")  # fmt: skip
-_OPTIONAL = ("dtype_bytes", "dtype", "mlp")
+_OPTIONAL = ("dtype_bytes", "dtype", "mlp", "max_context")
 
 
 def _canonical(name: str) -> str | None:
@@ -224,8 +277,10 @@ def get_model(name_or_mapping: str | Mapping[str, object], where: str = "") -> M
     Names are case-insensitive; a Hugging Face repo id (``facebook/opt-13b``,
     ``meta-llama/Llama-2-70b-hf``) and short aliases (``llama2-70b``) work.
     A mapping needs ``name, layers, hidden, heads, kv_heads, head_dim,
-    intermediate, vocab, params`` and may give ``dtype_bytes`` or ``dtype``
-    and ``mlp``. ``where`` prefixes error messages (``"spec.yaml: model"``).
+    intermediate, vocab, params`` and may give ``dtype_bytes`` or ``dtype``,
+    ``mlp`` and ``max_context`` (tokens; config.json's
+    ``max_position_embeddings``). ``where`` prefixes error messages
+    (``"spec.yaml: model"``).
 
     Raises :class:`UnknownNameError` for an unknown name and
     :class:`SpecError` for a malformed mapping.
@@ -263,7 +318,10 @@ def get_model(name_or_mapping: str | Mapping[str, object], where: str = "") -> M
         )
     if b not in (1, 2, 4):
         raise SpecError(f"{entry(where, 'dtype_bytes')}: {b}; expected 1, 2 or 4")
-    return ModelSpec(name=m["name"], dtype_bytes=b, mlp=str(mlp), **ints)
+    ctx = None
+    if m.get("max_context") is not None:
+        ctx = positive_int(m["max_context"], entry(where, "max_context"))
+    return ModelSpec(name=m["name"], dtype_bytes=b, mlp=str(mlp), max_context=ctx, **ints)
 
 
 def model_names() -> list[str]:

@@ -291,7 +291,7 @@ class Roofline:
         self._flop_token = 2.0 * m.layers * m.linear_params_per_layer / tp
         self._flop_seq = 2.0 * m.hidden * m.vocab / tp
         self._flop_attn = 4.0 * m.layers * m.heads * m.head_dim / tp
-        self._kv_b = m.kv_bytes_per_token() / tp
+        self._kv_b = m.kv_bytes_per_token_tp(tp) / tp  # per GPU: KV heads replicated past tp
         self._w_b = m.weight_bytes / tp
         self._inv_compute = tp**self.tp_mfu_exponent / (gpu.flops_bf16 * self.mfu)
         self._inv_attn = tp**self.tp_mfu_exponent / (gpu.flops_bf16 * self.attn_mfu)

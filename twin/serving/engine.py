@@ -40,7 +40,9 @@ from twin.serving.observer import Observer
 from twin.serving.sequence import DECODE, DONE, HANDOFF, INCOMING, PREFILL, WAITING, Sequence
 
 ROLES = ("mixed", "prefill", "decode")
-OVERSIZED = ("error", "reject")  # a request no instance can ever hold: stop the run, or reject it
+# A request no instance can ever hold: stop the run, or reject it; ``truncate``
+# also shortens a request longer than the context instead of rejecting it.
+OVERSIZED = ("error", "reject", "truncate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +59,10 @@ class EngineConfig:
     nothing can change with one event (see :mod:`twin.serving.fastforward`); the results are
     those of stepping. The memory terms size the KV cache
     (:func:`~twin.serving.kvcache.kv_capacity_blocks`); ``oversized`` says what
-    becomes of a request that can never fit.
+    becomes of a request that can never fit. ``max_model_len`` (tokens, prompt
+    plus output) lowers the model's context (``None``: the model's own); a
+    longer request is rejected (``context_length``, as vLLM refuses it), or
+    with ``oversized: truncate`` served truncated (:func:`twin.sim.simulation.truncate`).
 
     Each field is declared once, with its YAML key, default and help; the
     spec reader, the JSON Schema and the README check all read it from here.
@@ -82,14 +87,19 @@ class EngineConfig:
         "2 GiB", nbytes(), "per GPU, besides weights and KV", key="activation_reserve"
     )
     oversized: str = declared(
-        "error", choice(*OVERSIZED), "a request that can never fit: error | reject"
-    )
+        "error", choice(*OVERSIZED),
+        "a request that can never fit: error | reject | truncate (see max_model_len)",
+    )  # fmt: skip
     fast_forward: bool = declared(
         True, BOOL, "cover quiet decode stretches with one event (same results)"
     )
     prefix_caching: bool = declared(
         False, BOOL, "keep prompts' KV for requests with the same leading prefix hashes"
     )
+    max_model_len: int | None = declared(
+        None, POSITIVE_INT, "longest prompt + output in tokens (null: the model's context)",
+        nullable=True,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_batched_tokens"):

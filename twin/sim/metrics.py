@@ -187,6 +187,7 @@ class Metrics(Observer):
         self.reused_tokens = 0  # prompt tokens whose KV came from a prefix cache or pool
         self.wasted_prefill_tokens = 0  # prompt tokens computed for requests that missed
         self.preemptions = 0
+        self.truncated = 0  # requests served cut to the context (engine.oversized: truncate)
         self.last_end_s = 0.0
         self.ttft = Distribution()
         self.tpot = Distribution()
@@ -327,4 +328,5 @@ class Metrics(Observer):
             if self.prompt_tokens
             else None,
             "wasted_prefill_tokens": self.wasted_prefill_tokens,
+            "truncated": self.truncated,
         }

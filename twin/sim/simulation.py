@@ -9,6 +9,7 @@ environment, the engines, the scheduler instance and the random streams
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -187,7 +188,7 @@ class Simulation:
                 memory_utilization=spec.memory_utilization,
                 weight_bytes=spec.model.weight_bytes,
                 activation_reserve_bytes=spec.activation_reserve_bytes,
-                kv_bytes_per_token=kv_token,
+                kv_bytes_per_token=spec.model.kv_bytes_per_token_tp(tp),  # KV heads replicated
                 tp=tp,
                 pp=pp,
                 block_size=spec.engine.block_size,
@@ -244,8 +245,10 @@ class Simulation:
                 yield Arrival(env, req.arrival_s - env.now)
             self._arrived += 1
             self.observer.request_arrived(env.now, req)
-            if self._oversized(req):
+            admitted = self._oversized(req)
+            if admitted is None:
                 continue
+            req = admitted
             decision = self.scheduler.route(req, self.view)
             if isinstance(decision, Reject):
                 self.observer.request_ended(env.now, -1, req, None, "rejected", decision.reason)
@@ -300,20 +303,32 @@ class Simulation:
         else:
             src.submit(seq)
 
-    def _oversized(self, req: Request) -> bool:
-        bs = self.spec.engine.block_size
+    def _oversized(self, req: Request) -> Request | None:
+        """The request to serve (``req``, or truncated to the context), or None
+        when it ended here: longer than the context (``context_length``) or
+        more KV than any instance holds (``exceeds_kv_capacity``, or an error)."""
+        spec = self.spec
+        limit = spec.max_model_len
+        if limit is not None and req.prompt_tokens + req.output_tokens > limit:
+            if spec.oversized != "truncate":
+                self.observer.request_ended(
+                    self.env.now, -1, req, None, "rejected", "context_length"
+                )
+                return None
+            req = truncate(req, limit)
+            self.metrics.truncated += 1
+        bs = spec.engine.block_size
         need = blocks_for(req.prompt_tokens + req.output_tokens - 1, bs)
         if (
             need <= self._max_blocks
             and blocks_for(req.prompt_tokens, bs) <= self._max_prompt_blocks
         ):
-            return False
-        if self.spec.oversized == "reject":
+            return req
+        if spec.oversized != "error":
             self.observer.request_ended(
                 self.env.now, -1, req, None, "rejected", "exceeds_kv_capacity"
             )
-            return True
-        spec = self.spec
+            return None
         holds = min(self._max_blocks, self._max_prompt_blocks)
         raise CapacityError(
             f"{spec.source}: request {req.id}: prompt {req.prompt_tokens} + output "
@@ -393,6 +408,25 @@ class Simulation:
             }
             for e, v in zip(self.engines, self.view.instances, strict=True)
         ]
+
+
+def truncate(req: Request, limit: int) -> Request:
+    """``req`` cut to ``limit`` tokens of prompt plus output, as vLLM's
+    ``truncate_prompt_tokens`` does: the prompt keeps its last ``limit - 1``
+    tokens at most, and the output is capped so that prompt + output <= limit
+    (at least one token is always produced).
+
+    NOTE: cutting the prompt's head shifts every block boundary, so a
+    truncated prompt keeps no prefix hashes (it shares no cached prefix);
+    one cut only in its output keeps them.
+    """
+    prompt = min(req.prompt_tokens, limit - 1)
+    output = min(req.output_tokens, limit - prompt)
+    if prompt == req.prompt_tokens:
+        return dataclasses.replace(req, output_tokens=output)
+    return dataclasses.replace(
+        req, prompt_tokens=prompt, output_tokens=output, prefix_hashes=(), prefix_block_tokens=0
+    )
 
 
 def run(

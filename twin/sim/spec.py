@@ -237,6 +237,14 @@ class ExperimentSpec:
         return self.engine.oversized
 
     @property
+    def max_model_len(self) -> int | None:
+        """Longest prompt + output served: ``engine.max_model_len``, else the
+        model's context; None when neither is known (no limit)."""
+        if self.engine.max_model_len is not None:
+            return self.engine.max_model_len
+        return self.model.max_context
+
+    @property
     def ttft_at(self) -> str:
         return self.slo.ttft_at
 
@@ -382,6 +390,40 @@ def _engine(data: Any, where: str) -> tuple[EngineConfig, dict[str, Any]]:
     return engine, out
 
 
+def _check_limits(model: ModelSpec, engine: EngineConfig, cluster: _Cluster, where: str) -> None:
+    """What a real engine refuses to start with: a context beyond the model's,
+    a TP that does not shard the model (:meth:`ModelSpec.tp_problem`), and,
+    without a topology, a TP wider than a node.
+
+    NOTE: the Roofline prices TP's all-reduce on the GPU's NVLink (or PCIe),
+    so TP across nodes would be priced as if it were inside one; it is
+    refused instead (with a topology, an instance never spans nodes)."""
+    mml = engine.max_model_len
+    if mml is not None:
+        at = f"{where}: engine.max_model_len"
+        if mml < 2:
+            raise SpecError(f"{at}: {mml} must be at least 2 (a prompt token and an output token)")
+        if model.max_context is not None and mml > model.max_context:
+            raise SpecError(
+                f"{at}: {mml} exceeds {model.name}'s context of {model.max_context:,} tokens "
+                "(max_position_embeddings); it may only lower it"
+            )
+    keys = cluster.keys
+    for g in cluster.groups:
+        g_keys = getattr(keys, g.role) if g.role != "mixed" else None
+        own = g_keys is not None and g_keys.tp is not None
+        key = f"cluster.{g.role}.tp" if own else "cluster.tp"
+        problem = model.tp_problem(g.tp)
+        if problem:
+            raise SpecError(f"{where}: {key}: {problem}")
+        if cluster.topology is None and g.tp > keys.gpus_per_node:
+            raise SpecError(
+                f"{where}: {key}: {g.tp} exceeds a node's {keys.gpus_per_node} GPUs "
+                "(cluster.gpus_per_node); tensor parallelism across nodes is not modelled "
+                "(its all-reduce is priced on NVLink): use pp to span nodes"
+            )
+
+
 def _policy(data: Any, given_as: Any, where: str) -> tuple[str, dict[str, Any]]:
     """The scheduler's name and parameters, checked by building the policy once
     (a policy checks its values when it is made)."""
@@ -431,6 +473,7 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
     out["transfer"] = tr.written
 
     engine, out["engine"] = _engine(top.engine, where)
+    _check_limits(model, engine, cluster, where)
 
     if top.perf is not None:
         read_perf(top.perf, f"{where}: perf", base_dir)

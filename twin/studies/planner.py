@@ -5,14 +5,16 @@ the parallelism of prefill and of decode instances, how many of each, and
 where they go, to maximize goodput per GPU:
 
 1. Score each phase alone (section 4.1, Algorithm 1's ``simu_prefill`` and
-   ``simu_decode``). For every (tp, pp) with tp dividing the heads, pp the
-   layers and tp x pp GPUs inside one node, the twin itself simulates one
-   instance on a rate-scaled copy of a workload sample and a binary search on
-   the rate finds its goodput: the largest rate whose attainment of that
-   phase's SLO meets the target. A prefill probe runs one prefill instance on
-   the sample's prompts with one-token outputs (nothing is decoded, nothing
-   moves) and counts TTFT only; a decode probe runs one decode instance fed
-   by enough prefill instances of the best prefill configuration that the
+   ``simu_decode``). For every (tp, pp) a real engine runs (tp dividing the
+   heads and the MLP width and dividing, or a multiple of, the KV heads; pp
+   dividing the layers; a shape the perf model has) and tp x pp GPUs inside
+   one node, the twin itself simulates one instance on a rate-scaled copy of
+   a workload sample and a binary search on the rate finds its goodput: the
+   largest rate whose attainment of that phase's SLO meets the target. A
+   prefill probe runs one prefill instance on the sample's prompts with
+   one-token outputs (nothing is decoded, nothing moves) and counts TTFT
+   only; a decode probe runs one decode instance fed by enough prefill
+   instances of the best prefill configuration that the
    prefill never limits, and counts TPOT only. Probes run on a copy of the
    spec's GPUs with a fabric fast enough that the KV hand-off never limits
    (DistServe's simulator leaves the transfer out too); step 3 deals with the
@@ -52,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from twin.errors import CapacityError, SpecError
+from twin.errors import CapacityError, ProfileError, SpecError
 from twin.request import Request
 from twin.scheduler import ClusterView, Plan, Route
 from twin.sim.spec import ExperimentSpec, resolve_spec
@@ -426,7 +428,11 @@ class _Planner:
         return rate
 
     def configs(self) -> list[tuple[int, int, str]]:
-        """(tp, pp, note) inside a node; the note says why a config cannot run."""
+        """(tp, pp, note) that a real engine can run inside a node (tp shards
+        the heads, the MLP width and the KV heads, :meth:`ModelSpec.tp_problem`;
+        pp divides the layers); the note says why a config cannot serve
+        (weights that do not fit, no entry in a fitted perf model)."""
+        from twin.perf.build import build_perf_model
         from twin.perf.gpus import get_gpu
         from twin.serving.kvcache import kv_capacity_blocks
 
@@ -434,6 +440,8 @@ class _Planner:
         gpu = get_gpu(self.topo.gpu_type(0))
         out = []
         for tp in _divisors(model.heads):
+            if model.tp_problem(tp):
+                continue
             for pp in _divisors(model.layers):
                 if tp * pp > self.max_gpus:
                     continue
@@ -444,13 +452,21 @@ class _Planner:
                         memory_utilization=spec.memory_utilization,
                         weight_bytes=model.weight_bytes,
                         activation_reserve_bytes=spec.activation_reserve_bytes,
-                        kv_bytes_per_token=model.kv_bytes_per_token(),
+                        kv_bytes_per_token=model.kv_bytes_per_token_tp(tp),
                         tp=tp,
                         pp=pp,
                         block_size=spec.engine.block_size,
                     )
                 except CapacityError:
                     note = "weights do not fit"
+                if not note and spec.perf is not None and spec.perf.get("kind") != "roofline":
+                    try:  # a fitted table or profile has rows for some shapes only
+                        build_perf_model(
+                            spec.perf, model, gpu, tp, pp, where=f"{spec.source}: perf",
+                            base_dir=spec.base_dir,
+                        )  # fmt: skip
+                    except ProfileError:
+                        note = "no entry in the perf model's table"
                 out.append((tp, pp, note))
         return sorted(out, key=lambda c: (c[0] * c[1], c[1], c[0]))
 
@@ -606,10 +622,19 @@ def plan_distserve(
     else:
         n_p, n_d, capacity = _fill(best_p, best_d, nodes, per_node)
         if n_p == 0:
-            raise SpecError(
-                f"{spec.source}: a prefill {best_p.label()} and a decode {best_d.label()} "
-                f"instance do not fit on {nodes} nodes of {per_node} GPUs"
+            fits = _fitting_pair(prefills, decodes, nodes, per_node)
+            if fits is None:
+                raise SpecError(
+                    f"{spec.source}: no prefill and decode instance that meet the SLOs fit "
+                    f"together on {nodes} nodes of {per_node} GPUs"
+                )
+            reasons.append(
+                f"fit: a prefill {best_p.label()} and a decode {best_d.label()} instance need "
+                f"{best_p.gpus + best_d.gpus} GPUs, more than {nodes} x {per_node}; of the "
+                "pairs that fit, the one with the most goodput"
             )
+            best_p, best_d = fits
+            n_p, n_d, capacity = _fill(best_p, best_d, nodes, per_node)
         reasons.append(
             f"counts: fill {nodes * per_node} GPUs balancing the phases "
             f"(n_p x {best_p.goodput_rps:.2f} ~ n_d x {best_d.goodput_rps:.2f} req/s): "
@@ -664,6 +689,27 @@ def _fill(p: Candidate, d: Candidate, nodes: int, per_node: int) -> tuple[int, i
     if best is None:
         return 0, 0, 0.0
     return -best[2], best[3], best[0]
+
+
+def _fitting_pair(
+    prefills: Sequence[Candidate], decodes: Sequence[Candidate], nodes: int, per_node: int
+) -> tuple[Candidate, Candidate] | None:
+    """The prefill and decode configurations whose counts filling ``nodes``
+    nodes (:func:`_fill`) serve the most goodput (then use fewer GPUs, then
+    the most per GPU of each phase), among those that fit at all; or None."""
+    best: tuple[tuple, tuple[Candidate, Candidate]] | None = None
+    for cp in prefills:
+        for cd in decodes:
+            if cp.goodput_rps <= 0 or cd.goodput_rps <= 0:
+                continue
+            n_p, n_d, cap = _fill(cp, cd, nodes, per_node)
+            if n_p == 0:
+                continue
+            gpus = n_p * cp.gpus + n_d * cd.gpus
+            key = (cap, -gpus, cp.per_gpu, cd.per_gpu, -cp.gpus, -cd.gpus)
+            if best is None or key > best[0]:
+                best = (key, (cp, cd))
+    return None if best is None else best[1]
 
 
 def _node_unit(
