@@ -4,10 +4,12 @@ Follows "Splitwise: Efficient Generative LLM Inference Using Phase Splitting"
 (arXiv 2311.18677), section IV (the Splitwise design):
 
 - Cluster-level scheduling (IV-B). Machines sit in a prompt pool, a token
-  pool and a mixed pool. A request's prompt goes to the prompt machine with
-  the fewest pending prompt tokens (join the shortest queue); its tokens go to
-  the token machine with the most free KV memory, then the least pending work.
-  When the prompt pool is backed up (even the shortest queue is past
+  pool and a mixed pool. The CLS picks a request's prompt machine and its
+  token machine together, when the request arrives, so that the KV transfer
+  can overlap the prompt (IV-B, IV-D): the prompt goes to the prompt machine
+  with the fewest pending prompt tokens (join the shortest queue), the tokens
+  to the token machine with the most free KV memory, then the least pending
+  work. When the prompt pool is backed up (even the shortest queue is past
   ``mixed_threshold_tokens``), a token machine moves to the mixed pool; when
   the token pool runs out of memory (no token machine with more than
   ``token_free_threshold`` of its KV blocks free), a prompt machine does. A
@@ -26,6 +28,42 @@ Follows "Splitwise: Efficient Generative LLM Inference Using Phase Splitting"
 
 The provisioning study (section VI, iso-power and iso-cost clusters) is
 ``twin provision`` (twin.studies.provision), which works with any split policy.
+
+What a router cannot know it does not read: a request's output length is
+unknown at arrival, so the memory a request will need on its token machine is
+sized from its prompt and ``expected_output_tokens`` (a configured guess, not
+the request's true length), and the request fits a token machine when that
+many blocks are free there.
+
+Where this differs from the paper:
+
+- Hand-off mode (IV-D, threshold in VI-A): the paper picks per batch,
+  serialized for small prompts (< 512 tokens on H100) and layer-wise for
+  larger ones. Here the mode is the spec's ``transfer.mode``, one for every
+  request of a run: a :class:`~twin.scheduler.Route` carries no per-request
+  mode, so the choice cannot be made by this policy. ``layerwise`` is the
+  closer setting for prompts past the threshold (most of the Azure traces'),
+  ``serialized`` for short-prompt workloads.
+- Queue lengths (IV-B): the paper's CLS measures a machine's queue in pending
+  tokens, from what machines report regularly. Prompt machines are ranked by
+  pending prompt tokens as in the paper; token machines by free KV memory,
+  then pending requests, since a token machine's pending work is its resident
+  sequences, whose remaining lengths nobody knows. The view is read at each
+  decision, not from periodic reports.
+- Requests in flight (IV-B): a token machine's free memory counts a request
+  only once its blocks are reserved, at its prefill (push) or after it (pull).
+  So that a burst does not pile onto one machine, the CLS keeps its own ledger
+  of the requests it sent to each token machine: one counts, with its expected
+  blocks, until its prompt machine's queue and its own prefill are expected to
+  be done (``estimate_queue_s`` plus ``estimate_prefill_s`` at arrival). A
+  request still queued past that estimate, or reserved before it, is counted
+  wrong for that while.
+- Memory need (IV-B): the paper's simulator sizes a request from its true
+  output length; a router cannot, so ``expected_output_tokens`` stands in, and
+  a request may land on a token machine that later runs short and preempts.
+- Mixed machines returning (IV-B): a lent machine goes back once nothing is
+  queued or running on it; a request prefilling elsewhere whose tokens were
+  sent to it still lands there and is decoded there after the move.
 
 NOTE: machine flow runs on a periodic ``tick`` (every ``tick_interval``),
 not at each routing decision as in splitwise-sim, so a burst shorter than a
@@ -67,8 +105,14 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
     move_cost: float | str = 0.0
     tick_interval: float | str = "50 ms"
     token_max_num_seqs: int | None = None
+    expected_output_tokens: int = 128
     _home: dict[int, Role] = field(default_factory=dict, init=False, repr=False)
     _moving: dict[int, Role] = field(default_factory=dict, init=False, repr=False)
+    # Token machine -> (when its KV is expected to land, blocks) of each request
+    # sent there whose blocks the machine may not have reserved yet.
+    _inflight: dict[int, list[tuple[float, int]]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         for name in ("prompt_token_limit", "mixed_threshold_tokens"):
@@ -79,6 +123,9 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
             raise ValueError(
                 f"token_free_threshold: {self.token_free_threshold!r} must be in [0, 1)"
             )
+        v = self.expected_output_tokens
+        if not is_int(v) or v < 0:
+            raise ValueError(f"expected_output_tokens: {v!r} must be an integer >= 0")
         v = self.token_max_num_seqs
         if v is not None and (not is_int(v) or v <= 0):
             raise ValueError(f"token_max_num_seqs: {v!r} must be a positive integer or null")
@@ -92,6 +139,7 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
         self._home = {i.id: "prefill" for i in cluster.of_role("prefill")}
         self._home |= {i.id: "decode" for i in cluster.of_role("decode")}
         self._moving = {}
+        self._inflight = {}
         prompt = {i.id: self.prompt_token_limit for i in cluster.of_role("prefill")}
         # A sequence holds at least one block: memory, not a count, bounds the batch.
         seqs = {
@@ -102,19 +150,25 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
 
     # -- routing ---------------------------------------------------------------------
     def route(self, req: Request, view: ClusterView) -> Route | Reject:
+        """Both machines at arrival: the prompt machine by JSQ, and, unless it
+        is a mixed machine (which serves the whole request), the token machine."""
+        best = self._prompt_machine(req, view)
+        if best.role == "mixed":
+            return Route(best.id, best.id)
+        decode = self.pick_decode(req, view)
+        due = view.now + best.estimate_queue_s() + best.estimate_prefill_s(req.prompt_tokens)
+        self._inflight.setdefault(decode, []).append((due, self._need(req, view)))
+        return Route(best.id, decode)
+
+    def _prompt_machine(self, req: Request, view: ClusterView) -> InstanceView:
         prompt = view.of_role("prefill")
         mixed = view.of_role("mixed")
         for pool in (prompt, mixed):
             if pool:
                 best = min(pool, key=_prompt_load)
                 if not self._queue_long(best, req):
-                    return self._route_to(best)
-        best = min(prompt + mixed, key=_prompt_load)
-        return self._route_to(best)
-
-    @staticmethod
-    def _route_to(inst: InstanceView) -> Route:
-        return Route(inst.id, inst.id) if inst.role == "mixed" else Route(inst.id)
+                    return best
+        return min(prompt + mixed, key=_prompt_load)
 
     def _queue_long(self, inst: InstanceView, req: Request) -> bool:
         return (
@@ -123,14 +177,38 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
         )
 
     def pick_decode(self, req: Request, view: ClusterView) -> int:
-        need = _blocks(req.prompt_tokens + req.output_tokens, view.instances[0].block_size)
+        """The token machine for ``req`` now: the most free KV memory (less what
+        is on its way) that fits the expected need, then the least pending work;
+        a mixed machine when no token machine fits. ``route`` asks it at arrival."""
+        need = self._need(req, view)
+        now = view.now
+        for i, sent in list(self._inflight.items()):
+            kept = [s for s in sent if s[0] > now]
+            if kept:
+                self._inflight[i] = kept
+            else:
+                del self._inflight[i]
+
+        def free(i: InstanceView) -> int:
+            return i.free_blocks - sum(b for _, b in self._inflight.get(i.id, ()))
+
+        def load(i: InstanceView) -> tuple[int, int, int]:
+            sent = len(self._inflight.get(i.id, ()))
+            return (-free(i), i.running_requests + i.queue_requests + sent, i.id)
+
         token = view.of_role("decode")
         mixed = view.of_role("mixed")
         for pool in (token, mixed):
-            fits = [i for i in pool if i.free_blocks >= need]
+            fits = [i for i in pool if free(i) >= need]
             if fits:
-                return min(fits, key=_token_load).id
-        return min(token + mixed, key=_token_load).id
+                return min(fits, key=load).id
+        return min(token + mixed, key=load).id
+
+    def _need(self, req: Request, view: ClusterView) -> int:
+        """KV blocks ``req`` is expected to need: its prompt and
+        ``expected_output_tokens`` (its true output length is not known)."""
+        tokens = req.prompt_tokens + self.expected_output_tokens
+        return _blocks(tokens, view.instances[0].block_size)
 
     # -- machine flow ----------------------------------------------------------------
     def tick(self, view: ClusterView) -> list[SetRole]:

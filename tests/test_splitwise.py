@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,12 +31,63 @@ def pools(**over):
     return make_view(*(instance(i, **fields[i]) for i in range(4)))
 
 
-def test_route_joins_the_shortest_prompt_queue():
+def test_route_joins_the_shortest_prompt_queue_and_picks_the_token_machine_with_it():
     sw = Splitwise()
-    view = pools(i0=dict(queue_tokens=3000, queue_requests=2), i1=dict(queue_tokens=1000))
-    assert sw.route(REQ, view) == Route(1)
-    view = pools(i0=dict(queue_tokens=500, queue_requests=1), i1=dict(queue_tokens=1000))
-    assert sw.route(REQ, view) == Route(0)
+    view = pools(i0=dict(queue_tokens=3000, queue_requests=2), i1=dict(queue_tokens=1000),
+                 i2=dict(free_blocks=500), i3=dict(free_blocks=900))  # fmt: skip
+    assert sw.route(REQ, view) == Route(1, 3)
+    view = pools(i0=dict(queue_tokens=500, queue_requests=1), i1=dict(queue_tokens=1000),
+                 i2=dict(free_blocks=900), i3=dict(free_blocks=800))  # fmt: skip
+    assert sw.route(REQ, view) == Route(0, 2)
+
+
+def test_a_burst_at_arrival_spreads_over_the_token_machines_until_its_kv_lands():
+    sw = Splitwise(expected_output_tokens=0)
+    sw.setup(pools())
+    # 1000 prompt tokens = 63 blocks; 0.1 s of prefill at 1e-4 s a token
+    big = Request(1, 0.0, 1000, 50)
+    view = pools(i2=dict(free_blocks=100), i3=dict(free_blocks=90))
+    assert [sw.route(big, view).decode for _ in range(3)] == [2, 3, 2]
+    # expected to have landed (and be counted by the machines themselves) by now
+    later = make_view(*view.instances, now=1.0)
+    assert sw.route(big, later).decode == 2
+
+
+def test_memory_need_is_sized_from_the_expected_output_not_the_true_one():
+    sw = Splitwise(expected_output_tokens=600)
+    short, long = Request(1, 0.0, 1000, 1), Request(2, 0.0, 1000, 100_000)
+    # 1600 tokens = 100 blocks: only the mixed machine fits, whatever the true length
+    view = pools(i1=dict(role="mixed", free_blocks=100), i2=dict(free_blocks=99),
+                 i3=dict(free_blocks=99))  # fmt: skip
+    assert sw.pick_decode(short, view) == sw.pick_decode(long, view) == 1
+    assert Splitwise(expected_output_tokens=0).pick_decode(long, view) == 2
+
+
+class _Unseen:
+    """A request whose output length may not be read."""
+
+    def __init__(self, req: Request) -> None:
+        self._req = req
+
+    def __getattr__(self, name: str):
+        if name == "output_tokens":
+            raise AssertionError("the policy read the true output length")
+        return getattr(self._req, name)
+
+
+def test_the_policy_never_reads_the_true_output_length():
+    tree = ast.parse(Path(schedulers.splitwise.__file__).read_text())
+    read = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+            and n.attr == "output_tokens"]  # fmt: skip
+    assert read == []
+    sw = Splitwise(mixed_threshold_tokens=4000)
+    sw.setup(pools())
+    req: Any = _Unseen(Request(7, 0.0, 900, 10_000))
+    long = dict(queue_tokens=5000, queue_requests=3)
+    for view in (pools(), pools(i0=long, i1=long, i3=dict(role="mixed")),
+                 pools(i2=dict(free_blocks=1), i3=dict(free_blocks=1))):  # fmt: skip
+        assert isinstance(sw.route(req, view), Route)
+        sw.pick_decode(req, view)
 
 
 def test_a_backed_up_prompt_pool_overflows_to_mixed_machines_served_whole():
@@ -45,7 +98,7 @@ def test_a_backed_up_prompt_pool_overflows_to_mixed_machines_served_whole():
     # every queue long: the shortest one still takes it
     view = pools(i0=long, i1=dict(queue_tokens=4500, queue_requests=2),
                  i3=dict(role="mixed", queue_tokens=6000, queue_requests=2))  # fmt: skip
-    assert sw.route(REQ, view) == Route(1)
+    assert sw.route(REQ, view) == Route(1, 2)
 
 
 def test_pick_decode_by_memory_then_pending_work():
@@ -54,7 +107,7 @@ def test_pick_decode_by_memory_then_pending_work():
     assert sw.pick_decode(REQ, view) == 3
     view = pools(i2=dict(running_requests=4), i3=dict(running_requests=2))
     assert sw.pick_decode(REQ, view) == 3
-    # the token pool cannot hold it (1050 tokens = 66 blocks): a mixed machine can
+    # the token pool cannot hold it (1000 + 128 expected tokens = 71 blocks): a mixed one can
     view = pools(i1=dict(role="mixed", free_blocks=100), i2=dict(free_blocks=60),
                  i3=dict(free_blocks=50))  # fmt: skip
     assert sw.pick_decode(REQ, view) == 1
@@ -109,6 +162,8 @@ def test_parameters_are_checked():
         build_scheduler("splitwise", {"tick_interval": "0 ms"})
     with pytest.raises(SpecError, match="move_cost"):
         build_scheduler("splitwise", {"move_cost": "soon"})
+    with pytest.raises(SpecError, match="expected_output_tokens"):
+        build_scheduler("splitwise", {"expected_output_tokens": -1})
     with pytest.raises(SpecError, match="prompt_token_limit"):
         build_scheduler("splitwise", {"prompt_token_limit": 0})
     assert build_scheduler("splitwise", {"move_cost": "1 s"}).move_cost_s == 1.0
