@@ -1,4 +1,5 @@
-"""Mixed hardware: role groups placed on the node template they name."""
+"""Mixed hardware: role groups placed on the node template they name, and
+provisioning that prices each split at the GPUs it actually uses."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from twin.errors import SpecError, UnknownNameError
 from twin.sim.simulation import Simulation
 from twin.sim.spec import resolve_spec
+from twin.studies.provision import format_provision, placed_power_w, provision
 
 _NICS = {"count": 8, "kind": "infiniband", "bandwidth": "400 Gbps"}
 # One H100 SXM node (700 W a GPU) beside one power-capped H100 node (490 W a GPU).
@@ -50,10 +52,12 @@ def test_a_group_goes_to_the_nodes_of_the_template_it_names():
     assert [e.perf.name.split("@")[1] for e in sim.engines] == [
         "h100-sxmx4", "h100-80gb-pcapx4", "h100-80gb-pcapx4",
     ]  # fmt: skip
+    assert placed_power_w(spec) == 4 * 700 + 8 * 490
     # without templates, packed placement fills the H100 node first
     plain = resolve_spec(mixed_data({"instances": 1}, {"instances": 2}), "m.yaml", Path.cwd())
     assert [p.node for p in Simulation(plain).placements] == [0, 0, 1]
     assert "template" not in plain.resolved["cluster"]["groups"][1]
+    assert placed_power_w(plain) == 8 * 700 + 4 * 490
 
 
 def test_a_template_with_too_few_gpus_is_an_error_naming_the_file_and_the_key():
@@ -75,6 +79,28 @@ def test_an_unknown_template_is_refused_when_the_spec_is_loaded():
         "mixed.yaml: cluster.decode.template: unknown node template 'pcp'. "
         "Did you mean 'pcap'? Known: h100, pcap"
     )
+
+
+def test_provision_reports_the_power_of_the_gpus_each_split_uses():
+    data = mixed_data({"instances": 1, "template": "h100"}, {"instances": 1, "template": "pcap"})
+    p = provision(data, "mixed.yaml", Path.cwd(), gpus=12, sample=40)
+    # 1 x TP4 on H100 + 2 x TP4 capped; 2 x TP4 on H100 + 1 x TP4 capped
+    assert [(c.prefill, c.decode, c.power_w) for c in p.candidates] == [
+        (1, 2, 4 * 700 + 8 * 490),
+        (2, 1, 8 * 700 + 4 * 490),
+    ]
+    assert p.left_out == []
+    assert "prefill TP4 on h100 x N, decode TP4 on pcap x M" in format_provision(p)
+
+
+def test_provision_leaves_out_a_split_the_template_cannot_hold():
+    data = mixed_data({"instances": 1, "template": "h100"}, {"instances": 1, "template": "pcap"})
+    # the budget holds 1 H100 TP4 instance + 3 capped ones, but the capped node has 8 GPUs
+    p = provision(data, "mixed.yaml", Path.cwd(), power_w=4 * 700 + 12 * 490, sample=40)
+    assert [(c.prefill, c.decode, c.power_w) for c in p.candidates] == [(2, 1, 8 * 700 + 4 * 490)]
+    assert [(n_p, n_d) for n_p, n_d, _ in p.left_out] == [(1, 3)]
+    assert "cluster.decode.template: 3 decode instances" in p.left_out[0][2]
+    assert "left out: mixed.yaml: cluster.decode.template" in format_provision(p)
 
 
 def test_a_topology_names_the_template_of_each_node():
