@@ -109,6 +109,7 @@ class Topology:
         self._node: tuple[int, ...] = tuple(int(v.node or 0) for v in gpu_v)
         self._type: tuple[str, ...] = tuple(v.gpu for v in gpu_v)
         n_nodes = max(self._node) + 1
+        self._template: tuple[str | None, ...] = tuple(d.templates.get(k) for k in range(n_nodes))
         self._node_gpus = tuple(
             tuple(i for i, n in enumerate(self._node) if n == k) for k in range(n_nodes)
         )
@@ -159,6 +160,16 @@ class Topology:
     def gpu_type(self, gpu: int) -> str:
         """The GPU catalog name (:func:`twin.perf.gpus.get_gpu`) of global GPU ``gpu``."""
         return self._type[gpu]
+
+    def template_of(self, node: int) -> str | None:
+        """The name of the node template ``node`` was made from (``"node"`` for a
+        file with one ``node:``); None in the explicit form."""
+        return self._template[node]
+
+    @property
+    def templates(self) -> tuple[str, ...]:
+        """The node templates the nodes were made from, in node order, each once."""
+        return tuple(dict.fromkeys(t for t in self._template if t is not None))
 
     def gpus_of_node(self, node: int) -> tuple[int, ...]:
         """Global indices of the GPUs of ``node``, in order."""

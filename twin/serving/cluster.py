@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from twin.errors import SpecError
+from twin.errors import SpecError, UnknownNameError
 from twin.perf.iteration import Batch, PerfModel
 from twin.request import Request
 from twin.serving.engine import Engine
@@ -47,34 +47,66 @@ def place_instances(count: int, gpus_per_instance: int, gpus_per_node: int = 8) 
 
 
 def place_on_topology(
-    topology: Any, sizes: Sequence[int], order: Sequence[int], where: str = "cluster"
+    topology: Any,
+    sizes: Sequence[int],
+    order: Sequence[int],
+    where: str = "cluster",
+    templates: Sequence[str | None] | None = None,
+    roles: Sequence[str] | None = None,
 ) -> list[Placement]:
     """Place instance ``i`` (``sizes[i]`` GPUs) on ``topology``, taking instances
     in ``order``: each goes to the first node with enough free GPUs, on its
-    lowest free ones. An instance never spans nodes."""
-    free = {n: list(topology.gpus_of_node(n)) for n in range(topology.num_nodes)}
+    lowest free ones. An instance never spans nodes.
+
+    ``templates[i]``, when given and not None, names the node template
+    (:meth:`Topology.template_of`) instance ``i`` must go to; those instances
+    are placed first, in ``order``, so that the others cannot take their
+    nodes. ``roles[i]`` names the instance's group in messages
+    (``<where>.<role>.template``)."""
+    n = len(sizes)
+    pinned = list(templates) if templates is not None else [None] * n
+    role = list(roles) if roles is not None else ["instance"] * n
+    free = {k: list(topology.gpus_of_node(k)) for k in range(topology.num_nodes)}
     largest = max(len(g) for g in free.values())
     placed: dict[int, Placement] = {}
-    for i in order:
-        need = sizes[i]
-        if need > largest:
+    for i in [i for i in order if pinned[i] is not None] + [i for i in order if pinned[i] is None]:
+        need, t = sizes[i], pinned[i]
+        nodes = sorted(free) if t is None else [
+            k for k in sorted(free) if topology.template_of(k) == t
+        ]  # fmt: skip
+        if t is not None and not nodes:
+            raise UnknownNameError(
+                "node template", t, topology.templates, where=f"{where}.{role[i]}.template"
+            )
+        if t is None and need > largest:
             raise SpecError(
                 f"{where}: instance {i} needs {need} GPUs in one node; nodes of "
                 f"{topology.name!r} have at most {largest}"
             )
-        node = next((n for n in sorted(free) if len(free[n]) >= need), None)
+        node = next((k for k in nodes if len(free[k]) >= need), None)
+        if node is None and t is not None:
+            same = [j for j in range(n) if pinned[j] == t and role[j] == role[i]]
+            per = sorted({len(topology.gpus_of_node(k)) for k in nodes})
+            shared = sum(1 for j in range(n) if pinned[j] == t) > len(same)
+            raise SpecError(
+                f"{where}.{role[i]}.template: {len(same)} {role[i]} instances of {need} GPUs "
+                f"({need * len(same)} in all) do not fit on template {t!r}: topology "
+                f"{topology.name!r} has {len(nodes)} node(s) of it with "
+                f"{'/'.join(str(x) for x in per)} GPUs each"
+                + (", shared with the other groups on it" if shared else "")
+            )
         if node is None:
             total = sum(sizes)
-            have = sum(len(topology.gpus_of_node(n)) for n in range(topology.num_nodes))
+            have = sum(len(topology.gpus_of_node(k)) for k in range(topology.num_nodes))
             raise SpecError(
-                f"{where}: {len(sizes)} instances need {total} GPUs in node-sized groups; "
+                f"{where}: {n} instances need {total} GPUs in node-sized groups; "
                 f"topology {topology.name!r} has {have} GPUs in {topology.num_nodes} nodes "
                 "(raise cluster.nodes)"
             )
         gpus = tuple(free[node][:need])
         del free[node][:need]
         placed[i] = Placement(i, node, gpus)
-    return [placed[i] for i in range(len(sizes))]
+    return [placed[i] for i in range(n)]
 
 
 def placement_order(roles: Sequence[str], how: str) -> list[int]:

@@ -142,7 +142,10 @@ class Simulation:
         topo = spec.topology
         if topo is not None:
             order = placement_order(roles, spec.placement)
-            placements = place_on_topology(topo, sizes, order, where=f"{spec.source}: cluster")
+            placements = place_on_topology(
+                topo, sizes, order, where=f"{spec.source}: cluster", roles=roles,
+                templates=[g.template for g in spec.groups for _ in range(g.count)],
+            )  # fmt: skip
             gpus = [get_gpu(topo.gpu_type(p.gpus[0])) for p in placements]
             self.network: Network | None = Network(self.env, link_series_s, self.observer)
         else:

@@ -77,6 +77,9 @@ class GroupKeys:
     instances: int = declared(1, POSITIVE_INT, "instances of this role")
     tp: int | None = declared(None, POSITIVE_INT, "tensor parallelism (default: cluster.tp)")
     pp: int | None = declared(None, POSITIVE_INT, "pipeline parallelism (default: cluster.pp)")
+    template: str | None = declared(
+        None, TEXT, "the topology's node template its instances go to (default: any node)"
+    )
 
 
 def _group(value: Any, where: str) -> GroupKeys:
@@ -184,12 +187,14 @@ def spec_schema(extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[st
 # -- the resolved spec ---------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class InstanceGroup:
-    """``count`` instances of one role with the same parallelism."""
+    """``count`` instances of one role with the same parallelism; ``template``
+    the topology's node template they are placed on (None: any node)."""
 
     role: str
     count: int
     tp: int
     pp: int
+    template: str | None = None
 
 
 @dataclass(frozen=True)
@@ -340,7 +345,7 @@ def _cluster(data: Any, where: str, base_dir: Path) -> _Cluster:
     for role in ("prefill", "decode"):
         if role in given:
             g: GroupKeys = getattr(cl, role)
-            groups.append(InstanceGroup(role, g.instances, g.tp or tp, g.pp or pp))
+            groups.append(InstanceGroup(role, g.instances, g.tp or tp, g.pp or pp, g.template))
     if ("prefill" in given) != ("decode" in given):
         missing = "decode" if "prefill" in given else "prefill"
         raise SpecError(f"{at}.{missing}: missing; a split cluster needs both roles")
@@ -354,7 +359,11 @@ def _cluster(data: Any, where: str, base_dir: Path) -> _Cluster:
         "instances": sum(g.count for g in groups),
         "tp": tp,
         "pp": pp,
-        "groups": [{"role": g.role, "instances": g.count, "tp": g.tp, "pp": g.pp} for g in groups],
+        "groups": [
+            {"role": g.role, "instances": g.count, "tp": g.tp, "pp": g.pp}
+            | ({"template": g.template} if g.template is not None else {})
+            for g in groups
+        ],
     }
     topology = None
     if "topology" in given:
@@ -373,6 +382,14 @@ def _cluster(data: Any, where: str, base_dir: Path) -> _Cluster:
             f"{at}.topology: missing; prefill and decode instances need one, "
             "since the KV cache travels between them (e.g. topology: dgx-h100-ib400)"
         )
+    for ig in groups:
+        if ig.template is None:
+            continue
+        assert topology is not None  # a group with a template is split, so it has one
+        if ig.template not in topology.templates:
+            raise UnknownNameError(
+                "node template", ig.template, topology.templates, where=f"{at}.{ig.role}.template"
+            )
     if cl.kv_pool_bytes is not None:
         if topology is None:
             raise SpecError(f"{at}.kv_pool: needs cluster.topology (pools sit on nodes)")

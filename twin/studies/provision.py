@@ -4,10 +4,20 @@ Splitwise's cluster design study (Patel et al., ISCA 2024, arXiv 2311.18677,
 section VI: iso-power and iso-cost clusters) searches the numbers of prompt
 and token machines that a power (or cost) budget allows and keeps the one
 with the highest throughput under the SLOs. This does the same for any split
-spec: for a budget in watts (each instance costs its GPUs' TDP, from the GPU
-catalog, of the GPU type its role is placed on) or in GPUs, it lists every
-prefill:decode count that fills the budget (no further instance of either
-role fits), estimates each one's goodput by simulation, and reports the best.
+spec: for a budget in watts or in GPUs, it lists every prefill:decode count
+that fills the budget (no further instance of either role fits), estimates
+each one's goodput by simulation, and reports the best.
+
+Power follows the hardware: a split's power is the catalog TDP of every GPU
+its instances are placed on, summed (on a topology that mixes H100 and
+power-capped H100 nodes, an instance on a capped node costs 490 W a GPU, one
+on an H100 node 700 W). A role group that names a node template
+(``cluster.decode.template``) is placed on that template's nodes, and a
+power budget counts each of its instances at that template's GPUs.
+NOTE: a role without a template is counted, while the splits are listed, at
+the GPU of the node its first instance lands on in the spec as given; the
+power reported is always that of the placement the split runs on. A split
+that a topology of several node groups cannot hold is left out, with why.
 
 Goodput is the largest request rate whose SLO attainment reaches the spec's
 ``slo.target``: the spec's workload, cut to ``sample`` requests and scaled to
@@ -40,7 +50,7 @@ import numpy as np
 from twin.errors import SpecError
 from twin.perf.gpus import get_gpu
 from twin.request import Request
-from twin.serving.cluster import place_on_topology, placement_order
+from twin.serving.cluster import Placement, place_on_topology, placement_order
 from twin.sim.spec import ExperimentSpec, InstanceGroup, resolve_spec
 from twin.workload.stream import iter_requests
 
@@ -62,13 +72,16 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Provision:
-    """Every split searched, in order of prefill count, and the best one."""
+    """Every split searched that the topology holds, in order of prefill
+    count, and the best one."""
 
     candidates: list[Candidate]
     best: Candidate
     budget: str
     prefill_group: InstanceGroup
     decode_group: InstanceGroup
+    left_out: list[tuple[int, int, str]] = dataclasses.field(default_factory=list)
+    """Splits the topology cannot hold: ``(prefill, decode, why)``."""
 
 
 _WATTS = {"W": 1.0, "kW": 1e3, "MW": 1e6}
@@ -97,16 +110,44 @@ def _groups(spec: ExperimentSpec) -> tuple[InstanceGroup, InstanceGroup]:
     return by_role["prefill"], by_role["decode"]
 
 
-def _role_tdp(spec: ExperimentSpec, role: str) -> float:
-    """TDP (W) of one GPU of the type the spec places ``role`` instances on."""
+def _instances(spec: ExperimentSpec) -> tuple[list[str], list[int], list[str | None]]:
+    """Each instance's role, GPU count and node template, in id order."""
+    each = [g for g in spec.groups for _ in range(g.count)]
+    return [g.role for g in each], [g.tp * g.pp for g in each], [g.template for g in each]
+
+
+def _place(spec: ExperimentSpec) -> list[Placement]:
+    """Where the run puts the spec's instances (as :class:`Simulation` does)."""
+    roles, sizes, templates = _instances(spec)
+    return place_on_topology(
+        spec.topology, sizes, placement_order(roles, spec.placement),
+        where=f"{spec.source}: cluster", templates=templates, roles=roles,
+    )  # fmt: skip
+
+
+def placed_power_w(spec: ExperimentSpec) -> float:
+    """The TDP (W) of every GPU the spec's instances run on, summed: per
+    instance, its GPUs' catalog TDP on the nodes it is placed on; without a
+    topology, every GPU is the spec's ``gpu``."""
     if spec.topology is None:
+        return sum(g.count * g.tp * g.pp for g in spec.groups) * spec.gpu.tdp_w
+    topo = spec.topology
+    return sum(get_gpu(topo.gpu_type(i)).tdp_w for p in _place(spec) for i in p.gpus)
+
+
+def _role_tdp(spec: ExperimentSpec, group: InstanceGroup) -> float:
+    """TDP (W) of one GPU of the type ``group``'s instances are placed on: its
+    template's GPU, else that of the node the spec places its first instance on."""
+    topo = spec.topology
+    if topo is None:
         return spec.gpu.tdp_w
-    roles = [g.role for g in spec.groups for _ in range(g.count)]
-    sizes = [g.tp * g.pp for g in spec.groups for _ in range(g.count)]
-    order = placement_order(roles, spec.placement)
-    places = place_on_topology(spec.topology, sizes, order, where=f"{spec.source}: cluster")
-    first = next(p for p, r in zip(places, roles, strict=True) if r == role)
-    return get_gpu(spec.topology.gpu_type(first.gpus[0])).tdp_w
+    if group.template is not None:
+        node = next(k for k in range(topo.num_nodes) if topo.template_of(k) == group.template)
+        return get_gpu(topo.gpu_type(topo.gpus_of_node(node)[0])).tdp_w
+    places = _place(spec)
+    roles = _instances(spec)[0]
+    first = next(p for p, r in zip(places, roles, strict=True) if r == group.role)
+    return get_gpu(topo.gpu_type(first.gpus[0])).tdp_w
 
 
 def sample_requests(spec: ExperimentSpec, sample: int) -> list[Request]:
@@ -161,24 +202,27 @@ def _candidate_spec(
     cl = dict(d.get("cluster") or {})
     cl.pop("instances", None)
     cl.pop("gpus", None)
-    cl["prefill"] = {"instances": n_p, "tp": pg.tp, "pp": pg.pp}
-    cl["decode"] = {"instances": n_d, "tp": dg.tp, "pp": dg.pp}
+    for role, g, n in (("prefill", pg, n_p), ("decode", dg, n_d)):
+        cl[role] = {"instances": n, "tp": g.tp, "pp": g.pp}
+        if g.template is not None:
+            cl[role]["template"] = g.template
     d["cluster"] = cl
     spec = resolve_spec(d, where, base_dir)
-    # A topology too small for the split grows a node at a time (a topology of
-    # one node template scales; another one says it cannot).
+    # A topology too small for the split grows a node at a time; one that
+    # cannot (several node groups, or the explicit form) says the split does
+    # not fit.
     for _ in range(256):
-        topo = spec.topology
-        if topo is None:
+        if spec.topology is None:
             break
-        roles = [g.role for g in spec.groups for _ in range(g.count)]
-        sizes = [g.tp * g.pp for g in spec.groups for _ in range(g.count)]
         try:
-            place_on_topology(topo, sizes, placement_order(roles, spec.placement))
+            _place(spec)
             break
-        except SpecError:
-            cl["nodes"] = topo.num_nodes + 1
-            spec = resolve_spec(d, where, base_dir)
+        except SpecError as e:
+            cl["nodes"] = spec.topology.num_nodes + 1
+            try:
+                spec = resolve_spec(d, where, base_dir)
+            except SpecError:
+                raise e from None
     return spec
 
 
@@ -200,7 +244,7 @@ def provision(
     if power_w is not None and gpus is not None:
         raise SpecError("give a power budget or a GPU budget, not both")
     gp, gd = pg.tp * pg.pp, dg.tp * dg.pp
-    wp, wd = gp * _role_tdp(base, "prefill"), gd * _role_tdp(base, "decode")
+    wp, wd = gp * _role_tdp(base, pg), gd * _role_tdp(base, dg)
     if power_w is not None:
         if not power_w > 0:
             raise SpecError(f"power budget {power_w!r} W must be > 0")
@@ -226,25 +270,37 @@ def provision(
         )
     reqs = sample_requests(base, sample)
     out = []
+    left_out: list[tuple[int, int, str]] = []
     for n_p, n_d in splits:
-        spec = _candidate_spec(data, where, base_dir, pg, dg, n_p, n_d)
+        try:
+            spec = _candidate_spec(data, where, base_dir, pg, dg, n_p, n_d)
+        except SpecError as e:
+            left_out.append((n_p, n_d, str(e)))
+            continue
         out.append(
             Candidate(
                 prefill=n_p,
                 decode=n_d,
                 gpus=n_p * gp + n_d * gd,
-                power_w=n_p * wp + n_d * wd,
+                power_w=placed_power_w(spec),
                 goodput_rps=goodput(spec, reqs, tol=tol),
             )
         )
+    if not out:
+        raise SpecError(left_out[0][2])
     best = max(out, key=lambda c: (c.goodput_rps, -c.power_w, -c.prefill))
-    return Provision(out, best, label, pg, dg)
+    return Provision(out, best, label, pg, dg, left_out)
+
+
+def _on(g: InstanceGroup) -> str:
+    return "" if g.template is None else f" on {g.template}"
 
 
 def format_provision(p: Provision) -> str:
     """The table ``twin provision`` prints."""
     lines = [
-        f"budget {p.budget}: prefill TP{p.prefill_group.tp} x N, decode TP{p.decode_group.tp} x M",
+        f"budget {p.budget}: prefill TP{p.prefill_group.tp}{_on(p.prefill_group)} x N, "
+        f"decode TP{p.decode_group.tp}{_on(p.decode_group)} x M",
         f"{'prefill':>8}{'decode':>8}{'gpus':>6}{'power W':>10}{'goodput rps':>13}{'per GPU':>10}",
     ]
     for c in p.candidates:
@@ -253,6 +309,8 @@ def format_provision(p: Provision) -> str:
             f"{c.prefill:>8}{c.decode:>8}{c.gpus:>6}{c.power_w:>10,.0f}"
             f"{c.goodput_rps:>13.3f}{c.goodput_per_gpu:>10.3f}{mark}"
         )
+    for n_p, n_d, why in p.left_out:
+        lines.append(f"{n_p:>8}{n_d:>8}  left out: {why}")
     b = p.best
     lines.append(
         f"best: {b.prefill} prefill + {b.decode} decode instances, {b.goodput_rps:.3f} req/s "
