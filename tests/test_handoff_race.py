@@ -79,4 +79,8 @@ def test_a_layerwise_stream_to_the_lent_prefill_machine_itself_does_not_crash():
     st.sampled_from(["0 s", "10 ms", "50 ms", "200 ms"]),
 )
 def test_role_moves_and_hand_offs_keep_the_invariants(seed, topology, transfer, move_cost):
-    run_lending(seed, topology, *transfer, move_cost)
+    sim, rows = run_lending(seed, topology, *transfer, move_cost)
+    assert sorted(r["id"] for r in rows) == list(range(80))  # each request ended once
+    assert all(r["status"] == "completed" for r in rows)
+    changes = [t for t, *_ in sim.role_changes]
+    assert changes == sorted(changes)
