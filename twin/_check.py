@@ -8,7 +8,7 @@ YAML's ``true`` is an ``int`` to Python; none of these takes a bool for a number
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from difflib import get_close_matches
 from typing import TypeGuard
 
@@ -137,19 +137,17 @@ def one_of(value: object, where: str, choices: Collection[object]) -> object:
 
 def duration(value: object, where: str, *, positive: bool = True) -> float:
     """Seconds from a number or a string with a unit (``"50 ms"``); > 0, or >= 0."""
-    try:
-        x = parse_duration(value)
-    except UnitError as e:
-        raise SpecError(f"{where}: {e}") from None
-    if x < 0 or (positive and x == 0):
-        raise SpecError(f"{where}: {value!r} must be {'>' if positive else '>='} 0")
-    return x
+    return _quantity(parse_duration, value, where, positive)
 
 
 def size(value: object, where: str, *, positive: bool = False) -> float:
     """Bytes from a number or a string with a unit (``"2 GiB"``); >= 0, or > 0."""
+    return _quantity(parse_bytes, value, where, positive)
+
+
+def _quantity(parse: Callable[[object], float], value: object, where: str, positive: bool) -> float:
     try:
-        x = parse_bytes(value)
+        x = parse(value)
     except UnitError as e:
         raise SpecError(f"{where}: {e}") from None
     if x < 0 or (positive and x == 0):

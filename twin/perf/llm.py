@@ -227,7 +227,8 @@ MODELS: Mapping[str, ModelSpec] = MappingProxyType(
             "opt-175b", 96, 12288, 96, 96, 128, 49152, 50272, 174_604_468_224, 2048, "plain"
         ),
         # bigscience/bloom (ALiBi, no max_position_embeddings: the context is the
-        # training sequence length, 2048, of the BLOOM paper, arXiv 2211.05100, Table 3)
+        # training sequence length, 2048, of the BLOOM paper, arXiv 2211.05100,
+        # its training hyperparameters table)
         "bloom-176b": _m(
             "bloom-176b", 70, 14336, 112, 112, 128, 57344, 250880, 176_247_271_424, 2048, "plain"
         ),

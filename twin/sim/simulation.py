@@ -248,7 +248,7 @@ class Simulation:
                 yield Arrival(env, req.arrival_s - env.now)
             self._arrived += 1
             self.observer.request_arrived(env.now, req)
-            admitted = self._oversized(req)
+            admitted = self._admit(req)
             if admitted is None:
                 continue
             req = admitted
@@ -306,7 +306,7 @@ class Simulation:
         else:
             src.submit(seq)
 
-    def _oversized(self, req: Request) -> Request | None:
+    def _admit(self, req: Request) -> Request | None:
         """The request to serve (``req``, or truncated to the context), or None
         when it ended here: longer than the context (``context_length``) or
         more KV than any instance holds (``exceeds_kv_capacity``, or an error)."""
