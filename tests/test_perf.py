@@ -300,6 +300,103 @@ def test_distserve_fit_formula(tmp_path: Path) -> None:
         DistServeFit.from_json(p, "m", 2)
 
 
+_FIT = {
+    "m": {
+        "1": {
+            "decoding_large_small_bs_threshold": 4,
+            "prefill": [10, 0.1, 1e-5],
+            "decoding_smallbs": [20, 0.001, 0.5],
+            "decoding_largebs": [7, 0.002, 0.25],
+        }
+    }
+}
+
+
+def test_distserve_overheads_by_hand(tmp_path: Path) -> None:
+    p = tmp_path / "fit.json"
+    p.write_text(json.dumps(_FIT))
+    bare = DistServeFit.from_json(p, "m", 1)
+    f = DistServeFit.from_json(
+        p, "m", 1, overhead_s=2e-3, token_overhead_s=1e-7, prefill_overhead_s=1e-3
+    )
+    # two prompts, 100 and 300 tokens: fit 10 + 40 + 1.0 = 51 ms; overheads 2 ms + 400 tokens
+    # x 1e-4 ms + 1 ms for a prefill iteration
+    two = prefill(100, 300)
+    assert bare.iteration_time(two) == pytest.approx(51e-3)
+    assert f.iteration_time(two) == pytest.approx((51 + 2 + 0.04 + 1) / 1e3)
+    # three decodes, 900 context tokens counting the token fed in (897 without): 22.4 ms
+    # fitted; + 2 ms + 897 x 1e-4 ms, and no prefill term
+    three = Batch(decode_count=3, decode_context_sum=900)
+    assert bare.iteration_time(three) == pytest.approx(22.4e-3)
+    assert f.iteration_time(three) == pytest.approx((22.4 + 2 + 0.0897) / 1e3)
+    # a chunk of 50 tokens after 250 cached counts 300 context tokens
+    chunk = Batch(prefill=((50, 250),))
+    fit_ms = 10 + 0.1 * 50 + 1e-5 * 50 * (50 + 500)
+    assert f.iteration_time(chunk) == pytest.approx((fit_ms + 2 + 0.03 + 1) / 1e3)
+    assert f.iteration_time(Batch()) == 0.0
+
+
+def test_distserve_pipeline_stages_by_hand(tmp_path: Path) -> None:
+    p = tmp_path / "fit.json"
+    p.write_text(json.dumps(_FIT))
+    f = DistServeFit.from_json(
+        p, "m", 1, pp=2, overhead_s=2e-3, token_overhead_s=1e-7, prefill_overhead_s=1e-3
+    )
+    # each stage runs half the fit; a prefill stage adds pp x 1 ms; the first stage pays the
+    # per-iteration and per-token costs
+    first, rest = f.stage_times(prefill(100, 300))
+    assert rest == pytest.approx((51 / 2 + 2) / 1e3)
+    assert first == pytest.approx(rest + (2 + 0.04) / 1e3)
+    assert f.iteration_time(prefill(100, 300)) == pytest.approx(first + rest)
+    first, rest = f.stage_times(Batch(decode_count=3, decode_context_sum=900))
+    assert (first, rest) == pytest.approx(((11.2 + 2 + 0.0897) / 1e3, 11.2e-3))
+
+
+def _simdistserve_ms(prompts: list[int], contexts: list[int], fit: dict, pp: int) -> float:
+    """simdistserve's time for one iteration through all ``pp`` stages, in ms, written out from
+    its formulas (LLMServe/DistServe 82831f1: estimators/time_estimator.py get_prefill_time and
+    get_decode_time per stage; base/worker.py add_ray_overhead on the first stage): a prefill
+    iteration of ``prompts`` or a decode iteration of requests at ``contexts`` (prompt plus
+    tokens produced)."""
+    if prompts:
+        a, b, c = fit["prefill"]
+        stage = (a + b * sum(prompts) + c * sum(x * x for x in prompts)) / pp + 1 * pp
+        tokens = sum(prompts)
+    else:
+        small = len(contexts) < fit["decoding_large_small_bs_threshold"]
+        a, b, c = fit["decoding_smallbs" if small else "decoding_largebs"]
+        stage = (a + b * sum(x + 1 for x in contexts) + c * len(contexts)) / pp
+        tokens = sum(contexts)
+    return pp * stage + 2 + 0.0001 * tokens
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_the_distserve_kind_defaults_to_simdistserves_formula(shared_data: Path, pp: int) -> None:
+    path = shared_data / DISTSERVE
+    fit = json.loads(path.read_text())["facebook/opt-13b"]["1"]
+    ds = build_perf_model(
+        {"kind": "distserve", "path": str(path)}, get_model("opt-13b"), A100, 1, pp
+    )
+    for prompts in ([512], [128, 1024, 40]):
+        batch = prefill(*prompts)
+        assert ds.iteration_time(batch) * 1e3 == pytest.approx(
+            _simdistserve_ms(prompts, [], fit, pp), rel=1e-12
+        )
+    for contexts in ([600] * 8, [512 + i for i in range(120)]):  # either side of the threshold
+        # pd-twin's decode context of a sequence counts the token fed in
+        batch = Batch(decode_count=len(contexts), decode_context_sum=sum(contexts) + len(contexts))
+        assert ds.iteration_time(batch) * 1e3 == pytest.approx(
+            _simdistserve_ms([], contexts, fit, pp), rel=1e-12
+        )
+    zero = build_perf_model(
+        {"kind": "distserve", "path": str(path), "overhead": 0, "token_overhead": "0 s",
+         "prefill_overhead": "0 ms"},
+        get_model("opt-13b"), A100, 1,
+    )  # fmt: skip
+    bare = DistServeFit.from_json(path, "facebook/opt-13b", 1)
+    assert zero.iteration_time(prefill(512)) == bare.iteration_time(prefill(512))
+
+
 def test_distserve_real_file(shared_data: Path) -> None:
     f = DistServeFit.from_json(shared_data / DISTSERVE, "facebook/opt-13b", 1)
     a, b, c = 18.10254647486372, 0.1019122572698738, 7.122264314252114e-06

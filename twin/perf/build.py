@@ -34,7 +34,13 @@ from twin.perf.gpus import GPUSpec
 from twin.perf.iteration import PerfModel
 from twin.perf.llm import ModelSpec
 from twin.perf.roofline import DEFAULT_ENGINE, ENGINE_OVERHEADS, Roofline
-from twin.perf.tables import DistServeFit, ProfileTable
+from twin.perf.tables import (
+    DISTSERVE_OVERHEAD_S,
+    DISTSERVE_PREFILL_OVERHEAD_S,
+    DISTSERVE_TOKEN_OVERHEAD_S,
+    DistServeFit,
+    ProfileTable,
+)
 
 
 def _engine(value: Any, where: str) -> str:
@@ -131,6 +137,21 @@ class DistServeKeys:
     )  # fmt: skip
     model: str | None = declared(None, TEXT, "the model's entry (default: the spec's)")
     tp: int | None = declared(None, POSITIVE_INT, "the entry of this TP (default: the instance's)")
+    # Defaults: simdistserve's own values (twin.perf.tables, DISTSERVE_*, where each is cited).
+    overhead_s: float = declared(
+        DISTSERVE_OVERHEAD_S, _AT_LEAST_0,
+        "time per iteration outside the fit (default: simdistserve's 2 ms)", key="overhead",
+    )  # fmt: skip
+    token_overhead_s: float = declared(
+        DISTSERVE_TOKEN_OVERHEAD_S, _AT_LEAST_0,
+        "time per context token of the batch outside the fit (default: simdistserve's 0.1 us)",
+        key="token_overhead",
+    )  # fmt: skip
+    prefill_overhead_s: float = declared(
+        DISTSERVE_PREFILL_OVERHEAD_S, _AT_LEAST_0,
+        "time per pipeline stage of a prefill iteration, times pp (default: simdistserve's 1 ms)",
+        key="prefill_overhead",
+    )  # fmt: skip
 
 
 KINDS: dict[str, type] = {
@@ -201,8 +222,10 @@ def build_perf_model(
     ``{kind: profile, path, format: splitwise|native, model, hardware, tp}``
     (``model``/``hardware``/``tp`` select splitwise rows and default to the
     instance's model name, GPU name and TP); ``{kind: distserve, path, model,
-    tp}``. Relative paths resolve against ``base_dir``. ``where`` prefixes
-    error messages (``"spec.yaml: perf"``).
+    tp, overhead, token_overhead, prefill_overhead}`` (the overheads default to
+    simdistserve's). Every kind is built for ``pp`` pipeline stages. Relative
+    paths resolve against ``base_dir``. ``where`` prefixes error messages
+    (``"spec.yaml: perf"``).
     """
     w = where or "perf"
     if spec is None:
@@ -219,12 +242,15 @@ def build_perf_model(
     sel_tp = tp if perf.tp is None else perf.tp
     name = model.name if perf.model is None else perf.model
     if isinstance(perf, DistServeKeys):
-        return DistServeFit.from_json(path, name, sel_tp, where=f"{w}: {path}")
+        return DistServeFit.from_json(
+            path, name, sel_tp, where=f"{w}: {path}", pp=pp, overhead_s=perf.overhead_s,
+            token_overhead_s=perf.token_overhead_s, prefill_overhead_s=perf.prefill_overhead_s,
+        )  # fmt: skip
     fmt = perf.format
     if fmt == "auto":
         head = path.open("rb").readline()
         fmt = "splitwise" if b"tensor_parallel" in head else "native"
     if fmt == "native":
-        return ProfileTable.from_native(path, where=f"{w}: {path}")
+        return ProfileTable.from_native(path, where=f"{w}: {path}", pp=pp)
     hardware = gpu.name if perf.hardware is None else perf.hardware
-    return ProfileTable.from_splitwise(path, name, hardware, sel_tp, where=f"{w}: {path}")
+    return ProfileTable.from_splitwise(path, name, hardware, sel_tp, where=f"{w}: {path}", pp=pp)

@@ -14,6 +14,7 @@ from bisect import bisect_right
 from collections.abc import Callable
 from pathlib import Path
 
+from twin._check import is_int, is_number
 from twin.errors import ProfileError, TwinError
 from twin.perf.gpus import get_gpu
 from twin.perf.iteration import Batch
@@ -120,7 +121,7 @@ class ProfileTable:
       seconds; repeated keys reduced to their median.
     """
 
-    __slots__ = ("name", "sha256", "_prefill", "_decode", "_decode1")
+    __slots__ = ("name", "sha256", "pp", "_prefill", "_decode", "_decode1")
 
     def __init__(
         self,
@@ -128,9 +129,16 @@ class ProfileTable:
         sha256: str | None,
         prefill: dict[tuple[int, int], float],
         decode: dict[tuple[int, int], float],
+        *,
+        pp: int = 1,
     ) -> None:
         """``prefill`` maps ``(batch size, prompt tokens each)`` and ``decode``
-        maps ``(batch size, context each)`` to seconds; each needs >= 1 point."""
+        maps ``(batch size, context each)`` to seconds; each needs >= 1 point.
+        ``pp``: the pipeline stages the instance splits the layers into (see
+        :meth:`stage_times`)."""
+        if not is_int(pp) or pp < 1:
+            raise ProfileError(f"profile {name}: pp={pp!r} must be a positive integer")
+        self.pp = int(pp)
         if not prefill or not decode:
             raise ProfileError(
                 f"profile {name}: needs both prefill and decode points "
@@ -157,6 +165,14 @@ class ProfileTable:
         """Seconds for one decode step of ``batch_size`` sequences, ``context_sum`` in all."""
         return self._decode(batch_size, context_sum / batch_size)
 
+    def stage_times(self, batch: Batch) -> tuple[float, float]:
+        """Seconds ``batch`` holds the first pipeline stage and each later one:
+        the table's time split evenly over ``pp`` stages. NOTE: a table measured
+        without pipeline parallelism has no stage-to-stage sends in it; they are
+        not added."""
+        t = self.iteration_time(batch) / self.pp
+        return t, t
+
     def iteration_time(self, batch: Batch) -> float:
         """Seconds for ``batch`` (see the class docstring for mixed batches)."""
         n = batch.decode_count
@@ -172,7 +188,7 @@ class ProfileTable:
 
     @classmethod
     def from_splitwise(
-        cls, path: Path, model: str, hardware: str, tp: int, *, where: str = ""
+        cls, path: Path, model: str, hardware: str, tp: int, *, where: str = "", pp: int = 1
     ) -> ProfileTable:
         """Rows of splitwise-sim's ``perf_model.csv`` for one (model, hardware, TP)."""
         data = path.read_bytes()
@@ -205,10 +221,11 @@ class ProfileTable:
             hashlib.sha256(data).hexdigest(),
             {k: statistics.median(v) for k, v in prefill.items()},
             {k: statistics.median(v) for k, v in decode.items()},
+            pp=pp,
         )
 
     @classmethod
-    def from_native(cls, path: Path, *, where: str = "") -> ProfileTable:
+    def from_native(cls, path: Path, *, where: str = "", pp: int = 1) -> ProfileTable:
         """A native CSV (``phase,batch_size,tokens,context,time_s``; see the class docstring)."""
         data = path.read_bytes()
         where = where or str(path)
@@ -237,7 +254,24 @@ class ProfileTable:
             hashlib.sha256(data).hexdigest(),
             {k: statistics.median(v) for k, v in prefill.items()},
             {k: statistics.median(v) for k, v in decode.items()},
+            pp=pp,
         )
+
+
+# simdistserve's costs outside the fitted JSON, at LLMServe/DistServe commit 82831f1 (the snapshot
+# the shared fit comes from; see ../shared/data/profiles/distserve/PROVENANCE.md):
+# - DISTSERVE_OVERHEAD_S: simdistserve/base/worker.py, Worker.add_ray_overhead, ``base_overhead =
+#   2`` (ms): once per iteration, on the first pipeline stage (do_prefill and do_decode add it when
+#   is_first_in_pipeline).
+# - DISTSERVE_TOKEN_OVERHEAD_S: the same function, ``k = 0.0001`` (ms) per token of
+#   ``sum(current_context_len)`` over the iteration's requests (a prompt's length; a decoding
+#   request's prompt plus the tokens it has produced).
+# - DISTSERVE_PREFILL_OVERHEAD_S: simdistserve/estimators/time_estimator.py, get_prefill_time,
+#   ``pp_const = 1 * pp`` (ms): added to every pipeline stage of a prefill iteration, so pp x 1 ms
+#   per stage (get_decode_time sets its pp_const to 0).
+DISTSERVE_OVERHEAD_S = 2e-3
+DISTSERVE_TOKEN_OVERHEAD_S = 1e-7
+DISTSERVE_PREFILL_OVERHEAD_S = 1e-3
 
 
 class DistServeFit:
@@ -248,11 +282,30 @@ class DistServeFit:
     the large-batch ones otherwise. A prefill chunk ``(n, c)`` contributes
     ``n`` to sum(len) and ``n (n + 2c)`` to sum(len^2) (the attention work of
     ``n`` new tokens after ``c`` cached ones, which is ``n^2`` without cache).
-    NOTE: a mixed batch is priced as prefill + decode, as if run back to back;
-    DistServe itself never mixes phases.
+    A decode sequence's context is the batch's ``decode_context_sum`` share,
+    which counts the token fed in, as simdistserve's ``current_context_len + 1``.
+    NOTE: a mixed batch is priced as prefill + decode, as if run back to back,
+    with one iteration's overheads; DistServe itself never mixes phases.
+
+    On top of the fit, the costs simdistserve adds outside it (the
+    ``DISTSERVE_*`` constants; all 0 unless given, so the bare fit is what
+    DistServe's profiler measured): ``overhead_s`` per iteration,
+    ``token_overhead_s`` per context token of every sequence in the batch
+    (a chunk ``(n, c)`` counts ``n + c``, a decode sequence its context less
+    the token fed in) and ``prefill_overhead_s`` x ``pp`` per pipeline stage
+    of an iteration with prefill work.
+
+    Pipeline parallelism as simdistserve prices it: with ``pp`` stages each
+    stage runs fit / pp (plus the prefill term); the first stage also pays
+    ``overhead_s`` and the token term. :meth:`stage_times` gives the two
+    stage times, :meth:`iteration_time` their sum over the ``pp`` stages
+    (the batch's latency through the pipeline).
     """
 
-    __slots__ = ("name", "sha256", "prefill", "decode_small", "decode_large", "threshold")
+    __slots__ = (
+        "name", "sha256", "prefill", "decode_small", "decode_large", "threshold", "pp",
+        "overhead_s", "token_overhead_s", "prefill_overhead_s",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -262,16 +315,43 @@ class DistServeFit:
         decode_small: tuple[float, float, float],
         decode_large: tuple[float, float, float],
         threshold: int,
+        *,
+        pp: int = 1,
+        overhead_s: float = 0.0,
+        token_overhead_s: float = 0.0,
+        prefill_overhead_s: float = 0.0,
     ) -> None:
         self.name, self.sha256 = name, sha256
         self.prefill = tuple(float(x) for x in prefill)
         self.decode_small = tuple(float(x) for x in decode_small)
         self.decode_large = tuple(float(x) for x in decode_large)
         self.threshold = int(threshold)
+        if not is_int(pp) or pp < 1:
+            raise ProfileError(f"{name}: pp={pp!r} must be a positive integer")
+        self.pp = int(pp)
+        for label, v in (("overhead_s", overhead_s), ("token_overhead_s", token_overhead_s),
+                         ("prefill_overhead_s", prefill_overhead_s)):  # fmt: skip
+            if not is_number(v) or not 0.0 <= v < math.inf:
+                raise ProfileError(f"{name}: {label}={v!r} must be a finite number >= 0")
+        self.overhead_s = float(overhead_s)
+        self.token_overhead_s = float(token_overhead_s)
+        self.prefill_overhead_s = float(prefill_overhead_s)
 
     @classmethod
-    def from_json(cls, path: Path, model: str, tp: int, *, where: str = "") -> DistServeFit:
-        """Coefficients of ``model`` (as keyed in the file, e.g. ``facebook/opt-13b``) at TP."""
+    def from_json(
+        cls,
+        path: Path,
+        model: str,
+        tp: int,
+        *,
+        where: str = "",
+        pp: int = 1,
+        overhead_s: float = 0.0,
+        token_overhead_s: float = 0.0,
+        prefill_overhead_s: float = 0.0,
+    ) -> DistServeFit:
+        """Coefficients of ``model`` (as keyed in the file, e.g. ``facebook/opt-13b``) at TP;
+        the keywords as in the class docstring."""
         data = Path(path).read_bytes()
         where = where or str(path)
         try:
@@ -291,19 +371,24 @@ class DistServeFit:
             )
         try:
             return cls(
-                f"distserve:{Path(path).name}:{model}x{tp}",
+                f"distserve:{Path(path).name}:{model}x{tp}" + (f"pp{pp}" if pp > 1 else ""),
                 hashlib.sha256(data).hexdigest(),
                 tuple(entry["prefill"]),
                 tuple(entry["decoding_smallbs"]),
                 tuple(entry["decoding_largebs"]),
                 entry["decoding_large_small_bs_threshold"],
+                pp=pp,
+                overhead_s=overhead_s,
+                token_overhead_s=token_overhead_s,
+                prefill_overhead_s=prefill_overhead_s,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ProfileError(f"{where}: {model} tp{tp}: malformed fit ({e!r})") from None
 
-    def iteration_time(self, batch: Batch) -> float:
-        """Seconds for ``batch`` per the fitted formulas."""
+    def stage_times(self, batch: Batch) -> tuple[float, float]:
+        """Seconds ``batch`` holds the first pipeline stage and each later one."""
         ms = 0.0
+        tokens = 0  # simdistserve's sum(current_context_len)
         if batch.prefill:
             a, b, c = self.prefill
             s1 = 0
@@ -311,9 +396,22 @@ class DistServeFit:
             for n, cached in batch.prefill:
                 s1 += n
                 s2 += n * (n + 2 * cached)
+                tokens += n + cached
             ms += a + b * s1 + c * s2
         n = batch.decode_count
         if n:
             a, b, c = self.decode_small if n < self.threshold else self.decode_large
             ms += a + b * batch.decode_context_sum + c * n
-        return ms * 1e-3
+            tokens += batch.decode_context_sum - n
+        pp = self.pp
+        rest = ms * 1e-3 / pp
+        if batch.prefill:
+            rest += self.prefill_overhead_s * pp
+        return rest + self.overhead_s + self.token_overhead_s * tokens, rest
+
+    def iteration_time(self, batch: Batch) -> float:
+        """Seconds for ``batch`` through every stage, per the fitted formulas and overheads."""
+        if batch.is_empty:
+            return 0.0
+        first, rest = self.stage_times(batch)
+        return first + (self.pp - 1) * rest
