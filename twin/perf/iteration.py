@@ -5,12 +5,16 @@ the set of prefill chunks and decode sequences that run together in one
 forward pass on one instance (with its tensor/pipeline parallelism fixed at
 construction). The implementations: :mod:`twin.perf.roofline` and the measured
 tables of :mod:`twin.perf.tables`; :mod:`twin.perf.build` makes one from a spec.
+
+An instance with pipeline parallelism (:class:`Pipelined`) also says how long
+a batch holds each stage, so that an engine can keep up to ``pp`` micro-batches
+in flight: ``iteration_time`` is then a batch's latency through all stages.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,3 +50,25 @@ class PerfModel(Protocol):
     sha256: str | None
 
     def iteration_time(self, batch: Batch) -> float: ...
+
+
+@runtime_checkable
+class Pipelined(Protocol):
+    """A perf model of an instance whose layers are split into ``pp`` pipeline stages.
+
+    ``stage_times(batch) -> (first, later)``: the seconds ``batch`` holds the
+    first stage and each later stage (a later stage's time includes receiving
+    the activations from the one before). ``iteration_time`` equals
+    ``first + (pp - 1) x later``, the batch's latency through the pipeline;
+    the next micro-batch may enter the first stage once ``first`` has passed.
+    """
+
+    pp: int
+
+    def stage_times(self, batch: Batch) -> tuple[float, float]: ...
+
+
+def pipeline_stages(perf: PerfModel) -> int:
+    """The pipeline stages an engine may overlap micro-batches across: ``perf.pp``
+    for a :class:`Pipelined` model, else 1."""
+    return int(perf.pp) if isinstance(perf, Pipelined) else 1

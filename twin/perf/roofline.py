@@ -184,12 +184,18 @@ class Roofline:
     splitwise-sim's profiles). Passing a value overrides either kind, one term at
     a time; an unknown ``engine`` raises :class:`~twin.errors.UnknownNameError`.
 
-    NOTE: pipeline parallelism is modeled as one batch traversing the ``pp``
-    stages one after another with no micro-batch overlap: the stage times add
-    up to the TP-only time, plus ``pp - 1`` point-to-point activation sends
-    (``T x hidden x dtype`` bytes over the link, plus one hop latency). So PP
-    never shortens an iteration here, and an engine that pipelines micro-batches
-    gets about ``pp`` times more throughput than this model credits.
+    Pipeline parallelism: the ``pp`` stages split the TP-only time evenly,
+    and each stage after the first first receives the activations from the one
+    before (``T x hidden x dtype`` bytes over the link, plus one hop latency).
+    ``iteration_time`` is a batch's latency through all stages, the TP-only
+    time plus ``pp - 1`` sends; :meth:`stage_times` gives the time it holds
+    each stage, so the engine can keep up to ``pp`` micro-batches in flight
+    (:class:`~twin.perf.iteration.Pipelined`): in steady state one batch
+    leaves per stage time (TP-only time / pp + one send), about ``pp`` times
+    the throughput of one batch at a time. NOTE: the per-iteration software
+    overheads are split over the stages with the rest (as DistServe's simulator
+    splits its fit's intercept); the LM head, on the last stage only in a real
+    engine, is spread evenly too.
 
     NOTE: ``tp_mfu_exponent`` is empirical (compute efficiency falling with
     TP); the current fit puts it at 0, the TP-replicated ``act_traffic`` term
@@ -219,6 +225,7 @@ class Roofline:
         "hop_latency_s", "tp_mfu_exponent", "act_traffic", "no_overlap", "throttle",
         "throttle_knee_s", "_flop_token", "_flop_seq", "_flop_attn", "_kv_b", "_w_b",
         "_inv_compute", "_inv_attn", "_inv_mem", "_fixed", "_seq", "_comm_token", "_comm_fixed",
+        "_p2p_token", "_p2p_fixed",
     )  # fmt: skip
 
     def __init__(
@@ -306,11 +313,26 @@ class Roofline:
             n_ar = 2 * m.layers
             comm_token += n_ar * 2.0 * (tp - 1) / tp * act / link
             comm_fixed += n_ar * 2 * (tp - 1) * self.hop_latency_s
+        # one point-to-point activation send between pipeline stages
+        self._p2p_token = act / link if pp > 1 else 0.0
+        self._p2p_fixed = self.hop_latency_s if pp > 1 else 0.0
         if pp > 1:
             comm_token += (pp - 1) * act / link
             comm_fixed += (pp - 1) * self.hop_latency_s
         self._comm_token = comm_token  # per-token time outside the roofline max()
         self._comm_fixed = comm_fixed
+
+    def stage_times(self, batch: Batch) -> tuple[float, float]:
+        """Seconds ``batch`` holds the first pipeline stage and each later one
+        (which includes receiving the activations): ``iteration_time`` split
+        evenly over the ``pp`` stages, the sends kept with the stages they reach."""
+        t = self.iteration_time(batch)
+        pp = self.pp
+        if pp == 1 or t == 0.0:
+            return t, 0.0
+        send = self._p2p_fixed + self._p2p_token * (batch.decode_count + batch.prefill_tokens)
+        share = (t - (pp - 1) * send) / pp
+        return share, share + send
 
     def iteration_time(self, batch: Batch) -> float:
         """Seconds for one forward pass of ``batch``; 0.0 for an empty batch."""

@@ -14,6 +14,22 @@ needed, the last token) sit in heaps keyed by the decode step at which they
 happen. A decode step touches only the sequences that finish or need a block
 in that step. The same bookkeeping lets a later change jump over a stretch of
 decode steps in which nothing changes.
+
+Pipeline parallelism (a :class:`~twin.perf.iteration.Pipelined` perf model of
+``pp`` stages): the instance keeps up to ``pp`` micro-batches in flight, as
+vLLM's virtual engines do. Its running sequences are partitioned into ``pp``
+lanes, each with its own decode aggregate and its own loop; a lane's next
+micro-batch starts once its previous one has left the last stage (a sequence
+is in one micro-batch at a time) and the first stage is free, and its tokens
+come out after the batch has passed every stage (each stage FIFO, held for the
+time :meth:`~twin.perf.iteration.Pipelined.stage_times` gives). One SimPy event
+per micro-batch. The waiting queue and the KV blocks are shared: a prompt joins
+the lane whose micro-batch admits it and decodes there until it ends or is
+preempted (then it waits again for any lane); a landed KV hand-off joins the
+next lane to plan. ``max_num_seqs`` holds per lane, as per virtual engine.
+NOTE: vLLM also gives each virtual engine 1/pp of the KV blocks; here they
+are one pool. Fast-forward is off with ``pp > 1``: its stretches assume one
+batch in flight, each step starting when the one before ends.
 """
 
 from __future__ import annotations
@@ -30,9 +46,10 @@ from typing import Protocol
 import simpy
 
 from twin._check import is_int
+from twin._clock import at
 from twin._declare import BOOL, FRACTION, POSITIVE_INT, choice, declared, interval, nbytes
 from twin.errors import SpecError
-from twin.perf.iteration import Batch, PerfModel
+from twin.perf.iteration import Batch, PerfModel, Pipelined, pipeline_stages
 from twin.request import Request
 from twin.serving.fastforward import FastForward
 from twin.serving.kvcache import BlockManager, PrefixCache, blocks_for, cacheable
@@ -40,6 +57,10 @@ from twin.serving.observer import Observer
 from twin.serving.sequence import DECODE, DONE, HANDOFF, INCOMING, PREFILL, WAITING, Sequence
 
 ROLES = ("mixed", "prefill", "decode")
+# The decode bookkeeping of one pipeline lane; the engine's attributes of these
+# names are those of the lane being planned or completed (see Engine._use_lane).
+_LANE_STATE = ("decode_count", "decode_ctx_sum", "steps", "_finish_heap", "_alloc_heap",
+               "_first_gap", "_gap_steps", "_gap_vals", "_last_decode_end")  # fmt: skip
 # A request no instance can ever hold: stop the run, or reject it; ``truncate``
 # also shortens a request longer than the context instead of rejecting it.
 OVERSIZED = ("error", "reject", "truncate")
@@ -69,7 +90,9 @@ class EngineConfig:
     """
 
     block_size: int = declared(16, POSITIVE_INT, "tokens per KV block")
-    max_num_seqs: int = declared(256, POSITIVE_INT, "running sequences per instance")
+    max_num_seqs: int = declared(
+        256, POSITIVE_INT, "running sequences per instance (per micro-batch lane with pp > 1)"
+    )
     max_batched_tokens: int = declared(
         8192, POSITIVE_INT, "prefill tokens per iteration (2048 with chunked_prefill)",
         nullable=True,
@@ -176,14 +199,26 @@ class Engine:
         self._gap_vals: list[float] = []  # ... their gaps, decreasing
         self._last_decode_end = -1.0
         self._wake: simpy.Event | None = None
+        self.pp = pipeline_stages(perf)
+        # pp > 1: the other lanes' decode state (_LANE_STATE order), the lane in
+        # use, and when each pipeline stage is done with the micro-batches given it
+        self._lane = 0
+        self._lanes: list[list] = [[0, 0, 0, [], [], [], [], [], -1.0] for _ in range(self.pp)]
+        self._stage_free = [0.0] * self.pp
         self._ff = (
-            FastForward(self) if config.fast_forward and self._iter_observer is None else None
+            FastForward(self)
+            if config.fast_forward and self._iter_observer is None and self.pp == 1
+            else None
         )
         self._preempted = False  # a preemption happened while planning this step
         self.iterations = 0
         self.busy_s = 0.0
         self.preemptions = 0
-        self.process = env.process(self.serve())
+        if self.pp == 1:
+            self.process = env.process(self.serve())
+        else:
+            for lane in range(self.pp):
+                self.process = env.process(self._serve_lane(lane))
 
     # -- what a router may look at -------------------------------------------------
     @property
@@ -226,7 +261,8 @@ class Engine:
         free (less the watermark) and a running slot is open. They stay
         reserved (counted as running) until :meth:`receive`."""
         need = blocks_for(seq.prefill_len, self.kv.block_size)
-        if self.running_requests >= self.config.max_num_seqs or not self.kv.can_admit(need):
+        full = self.running_requests >= self.config.max_num_seqs * self.pp
+        if full or not self.kv.can_admit(need):
             return False
         self._interrupt()
         self.kv.allocate(need)
@@ -324,6 +360,61 @@ class Engine:
                 obs.iteration_ended(env.now, self.id)
             self._complete(chunks, decoding)
 
+    def _serve_lane(self, lane: int):  # noqa: ANN201 - a SimPy process
+        """One pipeline lane (``pp > 1``): wait for the first stage, form a
+        micro-batch of this lane's work, let it pass every stage, apply it; repeat."""
+        env = self.env
+        perf = self.perf
+        assert isinstance(perf, Pipelined)
+        free = self._stage_free
+        while True:
+            while free[0] > env.now:  # the first stage holds the micro-batch before
+                yield at(env, free[0])
+            self._use_lane(lane)
+            batch, chunks, decoding = self._plan()
+            if batch.is_empty:
+                if self._wake is None or self._wake.triggered:
+                    self._wake = env.event()
+                yield self._wake
+                continue
+            first, later = perf.stage_times(batch)
+            if not first > 0.0 or not later >= 0.0:
+                raise SpecError(
+                    f"perf model {perf.name!r} gave stage times {(first, later)!r}; "
+                    "expected the first > 0 and the later >= 0"
+                )
+            t = env.now + first
+            free[0] = t
+            for k in range(1, self.pp):  # each stage takes the micro-batches in order
+                t = (t if t > free[k] else free[k]) + later
+                free[k] = t
+            dt = t - env.now  # this micro-batch's latency through the pipeline
+            obs = self._iter_observer
+            if obs is not None:
+                obs.iteration_started(
+                    env.now, self.id, dt, tuple(s.req.id for s, _ in chunks), batch
+                )
+            if self.hooks is not None:
+                for seq, n in chunks:
+                    if seq.handoff and seq.prefilled + n >= seq.prefill_len:
+                        self.hooks.on_prefill_start(self, seq, dt)
+            yield at(env, t)
+            self._use_lane(lane)
+            self.iterations += 1
+            self.busy_s += first  # the time the pipeline's entrance was taken
+            if obs is not None:
+                obs.iteration_ended(env.now, self.id)
+            self._complete(chunks, decoding)
+
+    def _use_lane(self, lane: int) -> None:
+        """Make ``lane``'s decode bookkeeping the engine's (``pp > 1``)."""
+        if lane == self._lane:
+            return
+        self._lanes[self._lane] = [getattr(self, a) for a in _LANE_STATE]
+        for a, v in zip(_LANE_STATE, self._lanes[lane], strict=True):
+            setattr(self, a, v)
+        self._lane = lane
+
     # -- planning --------------------------------------------------------------------
     def _plan(self) -> tuple[Batch, list[tuple[Sequence, int]], bool]:
         cfg = self.config
@@ -362,7 +453,12 @@ class Engine:
     def _take_chunks(self, budget: int, *, chunked: bool) -> list[tuple[Sequence, int]]:
         """Prefill work for this iteration: continue partial prompts, then admit FCFS."""
         chunks: list[tuple[Sequence, int]] = []
+        lane = self._lane
+        seats = self.config.max_num_seqs - self.decode_count  # in this lane
         for s in self.prefilling:
+            if s.lane != lane:  # in another lane's micro-batch
+                continue
+            seats -= 1
             if budget <= 0:
                 return chunks
             n = min(s.prefill_len - s.prefilled, budget)
@@ -371,7 +467,8 @@ class Engine:
         kv = self.kv
         cache = self.cache
         now = self.env.now
-        while self.waiting and self.running_requests < self.config.max_num_seqs:
+        limit = self.config.max_num_seqs * self.pp
+        while self.waiting and self.running_requests < limit and (self.pp == 1 or seats > 0):
             s = self.waiting[0]
             hits: Sequence_[int] = ()
             if cache is not None:
@@ -403,6 +500,8 @@ class Engine:
                 s.t_scheduled = now
                 s.cached_tokens = cached
             s.state = PREFILL
+            s.lane = lane
+            seats -= 1
             self.running[s.req.id] = s
             self.prefilling.append(s)
             n = min(need, budget) if chunked else need
@@ -474,7 +573,7 @@ class Engine:
 
     def _victim(self) -> Sequence:
         for s in reversed(self.running.values()):
-            if s.state == DECODE:
+            if s.state == DECODE and s.lane == self._lane:
                 return s
         raise AssertionError("no decoding sequence to preempt")
 
@@ -582,6 +681,7 @@ class Engine:
     def _join_decode(self, s: Sequence) -> None:
         step = self.steps + 1
         s.state = DECODE
+        s.lane = self._lane
         s.d_join = step
         s.g_join = s.generated
         self.decode_count += 1
@@ -618,7 +718,11 @@ class Engine:
 
     def _prune_gaps(self, step: int) -> None:
         """Drop gaps from before every running sequence's first decode step."""
-        oldest = min((s.d_join for s in self.running.values() if s.state == DECODE), default=step)
+        lane = self._lane
+        oldest = min(
+            (s.d_join for s in self.running.values() if s.state == DECODE and s.lane == lane),
+            default=step,
+        )
         cut = bisect_left(self._gap_steps, oldest + 1)
         del self._gap_steps[:cut]
         del self._gap_vals[:cut]

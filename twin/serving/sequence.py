@@ -61,6 +61,7 @@ class Sequence:
         "preemptions",
         "d_join",
         "g_join",
+        "lane",
         "epoch",
         "instance",
         "handoff",
@@ -97,6 +98,7 @@ class Sequence:
         self.preemptions = 0
         self.d_join = 0
         self.g_join = 0
+        self.lane = 0  # the pipeline micro-batch lane it belongs to (0 without pipelining)
         self.epoch = 0
         self.instance = -1
         # Disaggregated serving: whether the KV moves after the prefill, where,
