@@ -57,8 +57,9 @@ NIC_GENERATIONS: Mapping[str, float] = {
     # 8 x HDR ConnectX-6), ib_write_bw per HCA (Azure/azurehpc-health-checks issue #46).
     "connectx-6": 0.97,
     # ConnectX-7 (NDR 400 Gb/s, 400 GbE): 392.8-393.0 Gb/s of 400 on each of the 8
-    # HCAs of an Azure ND H100 v5, ib_write_bw with GPUDirect (azurehpc-health-checks
-    # debugging notes for nd96isr_h100_v5, check_ib_bw_gdr output).
+    # HCAs of an Azure ND H100 v5 (nd96isr_h100_v5), ib_write_bw with GPUDirect, as
+    # printed by Azure's node health checks (aznhc check_ib_bw_gdr) in their
+    # published troubleshooting notes; Azure's pass floor for it is 380.
     "connectx-7": 0.982,
 }
 
