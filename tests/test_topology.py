@@ -8,7 +8,16 @@ import pytest
 
 from twin.cli import main
 from twin.errors import SpecError, UnknownNameError
+from twin.net.topodef import (
+    NIC_GENERATIONS,
+    PROTOCOL_DEFAULTS,
+    ROCE_PER_IB,
+    TCP_HOST_CEILING_BYTES_S,
+)
 from twin.net.topology import LINK_KINDS, Link, load_topology, topology_names
+
+CX6, CX7 = NIC_GENERATIONS["connectx-6"], NIC_GENERATIONS["connectx-7"]
+TCP = 0.94  # the documented TCP wire efficiency (1500-byte frames)
 
 # name -> (nodes, GPUs, intra-node link kind, per-direction intra rate, NICs per node)
 BUNDLED = {
@@ -20,14 +29,14 @@ BUNDLED = {
     "l40s-pcie-eth100": (2, 16, "pcie", 32e9, 1),
     "dgx-h100-box": (1, 8, "nvlink", 450e9, 0),
 }
-# name -> (NIC kind, NIC line rate bytes/s, efficiency used in the file)
+# name -> (NIC kind, NIC line rate bytes/s, efficiency of its NIC links)
 NICS = {
-    "dgx-a100-ib200": ("infiniband", 25e9, 0.95),
-    "dgx-h100-ib400": ("infiniband", 50e9, 0.95),
-    "h100-roce-4x200": ("roce", 25e9, 0.87),
-    "h100-roce-8x400": ("roce", 50e9, 0.9),
-    "a100-eth25": ("ethernet", 3.125e9, 0.9),
-    "l40s-pcie-eth100": ("ethernet", 12.5e9, 0.4),
+    "dgx-a100-ib200": ("infiniband", 25e9, CX6),
+    "dgx-h100-ib400": ("infiniband", 50e9, CX7),
+    "h100-roce-4x200": ("roce", 25e9, CX6 * ROCE_PER_IB),
+    "h100-roce-8x400": ("roce", 50e9, CX7 * ROCE_PER_IB),
+    "a100-eth25": ("ethernet", 3.125e9, TCP),
+    "l40s-pcie-eth100": ("ethernet", 12.5e9, TCP),
 }
 
 
@@ -62,7 +71,8 @@ def test_cross_node_path_goes_through_nics_at_the_nic_rate(name):
     t = load_topology(name)
     dst = t.gpus_of_node(1)[0]
     p = t.path(0, dst)
-    verts = [p[0].src] + [ln.dst for ln in p]
+    h = t.hops(p)
+    verts = [h[0].src] + [ln.dst for ln in h]
     assert verts[0] == "n0.gpu0" and verts[-1] == t.gpus[dst]
     assert "n0.nic0" in verts and "n1.nic0" in verts
     assert kind in {ln.kind for ln in p}
@@ -75,7 +85,7 @@ def test_units_are_exact():
     t = load_topology("dgx-h100-ib400")
     ln = t.link("n0.nic0", "switch")
     assert ln.capacity_bytes_s == 50e9  # "400 Gbps"
-    assert ln.usable_bytes_s == 50e9 * 0.95
+    assert ln.usable_bytes_s == 50e9 * CX7
     assert t.link("n0.gpu0", "n0.nvswitch").capacity_bytes_s == 450e9  # "450 GB/s"
     with pytest.raises(KeyError, match="no link"):
         t.link("n0.gpu0", "switch")
@@ -101,20 +111,23 @@ def test_nic_choice_and_the_nics_that_serve_a_gpu():
 
 
 def test_injection_bandwidth():
-    assert load_topology("dgx-h100-ib400").injection_bytes_s(3) == pytest.approx(50e9 * 0.95)
+    assert load_topology("dgx-h100-ib400").injection_bytes_s(3) == pytest.approx(50e9 * CX7)
     # two GPUs share one 200 Gb/s NIC; one GPU alone may use all of it
-    assert load_topology("h100-roce-4x200").injection_bytes_s(1) == pytest.approx(25e9 * 0.87)
+    assert load_topology("h100-roce-4x200").injection_bytes_s(1) == pytest.approx(
+        25e9 * CX6 * ROCE_PER_IB
+    )
     assert load_topology("dgx-h100-box").injection_bytes_s(0) == 0.0
 
 
 @pytest.mark.parametrize(
     "name, expected",
     [
-        ("dgx-h100-ib400", 8 * 50e9 * 0.95),
-        ("dgx-a100-ib200", 8 * 25e9 * 0.95),
-        ("h100-roce-4x200", 4 * 25e9 * 0.87),
-        ("a100-eth25", 1 * 3.125e9 * 0.9),
-        ("l40s-pcie-eth100", 1 * 12.5e9 * 0.4),
+        ("dgx-h100-ib400", 8 * 50e9 * CX7),
+        ("dgx-a100-ib200", 8 * 25e9 * CX6),
+        ("h100-roce-4x200", 87e9),  # the node ceiling: 4 NICs at 0.957 would give 95.7
+        ("h100-roce-8x400", 190e9),  # the node ceiling, not 8 x 48.4
+        ("a100-eth25", 1 * 3.125e9 * TCP),
+        ("l40s-pcie-eth100", 1 * 12.5e9 * TCP),
     ],
 )
 def test_bisection_of_two_nodes_on_one_switch_is_one_nodes_nics(name, expected):
@@ -133,7 +146,7 @@ def test_scaling_the_node_count():
     assert (t.num_nodes, len(t.gpus)) == (6, 48)
     assert t.gpus_of_node(5) == tuple(range(40, 48))
     assert t.node_of(47) == 5
-    assert t.bisection_bytes_s() == pytest.approx(3 * 8 * 25e9 * 0.95)
+    assert t.bisection_bytes_s() == pytest.approx(3 * 8 * 25e9 * CX6)
     with pytest.raises(SpecError, match="must be a positive integer"):
         load_topology("dgx-a100-ib200", nodes=0)
 
@@ -216,7 +229,10 @@ def test_explicit_graph(tmp_path):
     assert t.gpus == ("a", "b") and t.num_nodes == 2
     assert [t.gpu_type(0), t.gpu_type(1)] == ["l40s", "a100-80gb"]
     p = t.path(0, 1)
-    assert [ln.dst for ln in p] == ["na", "sw", "nb", "b"]
+    assert [ln.dst for ln in t.hops(p)] == ["na", "sw", "nb", "b"]
+    # TCP NICs: both nodes' host copy ceilings are on the path, first and last
+    assert [p[0].kind, p[-1].kind] == ["ceiling", "ceiling"] and not p[0].hop
+    assert t.ceiling_bytes_s(0) == t.ceiling_bytes_s(1) == TCP_HOST_CEILING_BYTES_S
     assert t.bottleneck_bytes_s(p) == pytest.approx(12.5e9 * 0.5)
     assert t.link("sw", "na").latency_s == pytest.approx(5e-6)  # duplex copies latency
     assert t.graph.nodes["sw"]["type"] == "switch" and t.graph.nodes["sw"]["fabric"] == "ethernet"
@@ -420,8 +436,9 @@ def test_twin_topo_prints_the_summary(capsys):
     assert "topology dgx-h100-ib400: 4 nodes, 32 GPUs, 32 NICs" in out
     assert "8 x h100-sxm, nvswitch 450 GB/s per GPU, 8 x infiniband NIC 400 Gb/s" in out
     assert "links (directed): nvlink 64 (eff 0.8), pcie 64 (eff 0.8), infiniband 64" in out
-    assert "per-GPU injection: 47.50 GB/s (380 Gb/s)" in out
-    assert "bisection: 760.00 GB/s (6,080 Gb/s) usable (nodes 0-1 | 2-3)" in out
+    assert "per-GPU injection: 49.10 GB/s (393 Gb/s)" in out  # ConnectX-7: 0.982
+    assert "bisection: 785.60 GB/s (6,285 Gb/s) usable (nodes 0-1 | 2-3)" in out
+    assert "node ceiling" not in out  # RDMA without a measured aggregate
     assert "GPU 0 -> GPU 8: n0.gpu0 -> n0.nic0 -> switch -> n1.nic0 -> n1.gpu0" in out
 
 
@@ -463,4 +480,4 @@ def test_a_gpu_served_by_several_nics_sends_through_the_first(tmp_path):
     verts = [ln.dst for ln in t.path(0, 3)]
     assert verts == ["n0.nic0", "switch", "n1.nic0", "n1.gpu1"]
     # both NICs are one GPU's to use
-    assert t.injection_bytes_s(0) == pytest.approx(2 * 25e9 * 0.9)
+    assert t.injection_bytes_s(0) == pytest.approx(2 * 25e9 * PROTOCOL_DEFAULTS["roce"])

@@ -15,6 +15,7 @@ from twin.net.topodef import (
     LINK_KINDS,
     NIC_KINDS,
     SWITCH_FABRICS,
+    TCP_HOST_CEILING_BYTES_S,
     VERTEX_TYPES,
     LinkDef,
     TopoDef,
@@ -122,4 +123,13 @@ def parse_explicit(data: Mapping[str, Any], where: str, default: str) -> TopoDef
         topo.links.append(LinkDef(src, dst, kind, bw, latency, eff[kind]))
         if duplex:
             topo.links.append(LinkDef(dst, src, kind, bw, latency, eff[kind]))
+    # The node ceiling: ``ceiling:`` for every node; else a node with TCP NICs is
+    # held to the host copy ceiling (twin.net.topodef.TCP_HOST_CEILING_BYTES_S).
+    if "ceiling" in data:
+        c = parse_rate(data["ceiling"], entry(where, "ceiling"))
+        topo.ceilings.update({n: c for n in nodes})
+    else:
+        for v in topo.vertices:
+            if v.type == "nic" and v.kind == "ethernet" and v.node in nodes:
+                topo.ceilings[v.node] = TCP_HOST_CEILING_BYTES_S
     return topo

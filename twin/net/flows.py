@@ -6,7 +6,10 @@ aggregated). The network knows nothing of how the graph is built: a link is
 anything with ``src``, ``dst``, ``latency_s`` and ``usable_bytes_s`` (capacity
 times protocol efficiency), see :class:`LinkLike`. Links are identified by
 ``(src, dst)``: two links with the same ends and different capacities are a
-:class:`~twin.errors.SpecError`.
+:class:`~twin.errors.SpecError`. A link with ``hop`` False is a capacity shared
+by every flow that lists it without being a step along the path (a node's NIC
+ceiling, ``twin.net.topology``): it may sit anywhere in the path, and the path
+must chain over its other links.
 
 Semantics:
 
@@ -63,7 +66,9 @@ ABS_DONE = 1e-6  # bytes
 
 
 class LinkLike(Protocol):
-    """A directed link as the network sees it (``twin.net.topology.Link`` fits)."""
+    """A directed link as the network sees it (``twin.net.topology.Link`` fits).
+    An optional ``hop`` attribute, False for a shared cap that is not a step
+    along the path, is read with ``getattr`` (default True)."""
 
     @property
     def src(self) -> str: ...
@@ -103,6 +108,7 @@ class FlowSpec:
             raise SpecError(f"flow: size_bytes={self.size_bytes!r} must be finite and >= 0")
         _check_cap(self.rate_cap_bytes_s, "flow")
         prev: LinkLike | None = None
+        prev_i = -1
         for i, link in enumerate(self.path):
             u = link.usable_bytes_s
             if not (0.0 < u < math.inf):
@@ -113,12 +119,14 @@ class FlowSpec:
                 raise SpecError(
                     f"link {_name(link)}: latency_s={link.latency_s!r} must be finite and >= 0"
                 )
+            if not getattr(link, "hop", True):
+                continue  # a shared cap, not a step: the chain runs over the others
             if prev is not None and prev.dst != link.src:
                 raise SpecError(
-                    f"path does not chain: link {i - 1} ({_name(prev)}) ends at {prev.dst!r} "
+                    f"path does not chain: link {prev_i} ({_name(prev)}) ends at {prev.dst!r} "
                     f"but link {i} ({_name(link)}) starts at {link.src!r}"
                 )
-            prev = link
+            prev, prev_i = link, i
 
     @property
     def latency_s(self) -> float:

@@ -90,6 +90,12 @@ def summary(topo: Topology) -> str:
         "links (directed): "
         + ", ".join(f"{k} {by_kind[k]} (eff {eff[k]:g})" for k in LINK_KINDS if k in by_kind)
     )
+    ceilings = sorted(
+        {c for k in range(topo.num_nodes) if (c := topo.ceiling_bytes_s(k)) is not None}
+    )
+    if ceilings:
+        shown = "/".join(_gbs(c) for c in ceilings)
+        lines.append(f"node ceiling: {shown} per direction through all of a node's NICs")
     inj = sorted({topo.injection_bytes_s(i) for i in range(len(topo.gpus))})
     if inj == [0.0]:
         lines.append("per-GPU injection: none (no NIC)")
@@ -112,9 +118,10 @@ def summary(topo: Topology) -> str:
         samples.append((0, topo.gpus_of_node(1)[0]))
     for s, d in samples:
         p = topo.path(s, d)
-        kinds = "/".join(dict.fromkeys(ln.kind for ln in p))
+        h = topo.hops(p)
+        kinds = "/".join(dict.fromkeys(ln.kind for ln in h))
         lines.append(
-            f"GPU {s} -> GPU {d}: {' -> '.join([p[0].src] + [ln.dst for ln in p])}; "
+            f"GPU {s} -> GPU {d}: {' -> '.join([h[0].src] + [ln.dst for ln in h])}; "
             f"{kinds}; bottleneck {_gbs(topo.bottleneck_bytes_s(p))}; "
             f"latency {topo.latency_s(p) * 1e6:g} us"
         )

@@ -14,7 +14,7 @@ turns it into a graph and checks that every GPU reaches every other one."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,12 +24,15 @@ from twin.net.explicit import parse_explicit
 from twin.net.topodef import (
     FABRIC_KINDS,
     INTRA_KINDS,
+    NIC_GENERATIONS,
     NIC_KINDS,
+    TCP_HOST_CEILING_BYTES_S,
     LinkDef,
     TopoDef,
     VertexDef,
     as_mapping,
     gpu_name,
+    nic_efficiency,
     one_of,
     parse_rate,
     per_kind,
@@ -45,7 +48,7 @@ def parse_topology(
     count of a single-template topology. Raises :class:`SpecError`."""
     data = as_mapping(data, where or "topology")
     if "vertices" in data or "links" in data:
-        check_keys(data, where, ("vertices", "links"), ("name", "protocol", "latency"))
+        check_keys(data, where, ("vertices", "links"), ("name", "protocol", "latency", "ceiling"))
         if nodes is not None:
             raise SpecError(
                 f"{where}: a node count ({nodes}) scales a template; "
@@ -73,6 +76,8 @@ class _Template:
     nic_serves: tuple[tuple[int, ...], ...]
     nic_attach: str
     nic_pcie_bytes_s: float
+    nic_generation: str | None = None  # NIC_GENERATIONS key: sets the RDMA efficiency
+    ceiling_bytes_s: float | None = None  # the most the node's NICs carry together
 
 
 def _template(t: object, where: str, name: str) -> _Template:
@@ -97,16 +102,45 @@ def _template(t: object, where: str, name: str) -> _Template:
     if nics.get("count", 1) == 0:
         check_keys(nics, wn, ("count",))
         return _Template(name, gpu, n, kind, intra_bw, spec.pcie_bytes_s, 0, "", 0.0, (), "", 0.0)
-    check_keys(nics, wn, ("count", "kind", "bandwidth"), ("gpus", "attach", "pcie"))
+    check_keys(
+        nics,
+        wn,
+        ("count", "kind", "bandwidth"),
+        ("gpus", "attach", "pcie", "generation", "ceiling"),
+    )
     count = positive_int(nics["count"], entry(wn, "count"))
     nic_kind = one_of(nics["kind"], entry(wn, "kind"), "NIC kind", NIC_KINDS)
     nic_bw = parse_rate(nics["bandwidth"], entry(wn, "bandwidth"))
+    generation = None
+    if "generation" in nics:
+        wg = entry(wn, "generation")
+        generation = one_of(nics["generation"], wg, "NIC generation", tuple(NIC_GENERATIONS))
+        if nic_kind == "ethernet":
+            raise SpecError(
+                f"{wg}: {generation!r} sets an RDMA efficiency, but kind 'ethernet' is TCP; "
+                "use kind infiniband or roce, or drop the generation"
+            )
+    if nic_kind == "ethernet":
+        # TCP moves data through host memory: no GPUDirect, the NIC hangs off the host.
+        attach_default = "host"
+    else:
+        attach_default = "gpu" if kind == "nvswitch" else "host"
     attach = one_of(
-        nics.get("attach", "gpu" if kind == "nvswitch" else "host"),
+        nics.get("attach", attach_default),
         entry(wn, "attach"),
         "NIC attachment",
         ("gpu", "host"),
     )
+    if nic_kind == "ethernet" and attach == "gpu":
+        raise SpecError(
+            f"{entry(wn, 'attach')}: 'gpu' is GPUDirect RDMA, but kind 'ethernet' is TCP, "
+            "which copies through host memory; use attach: host"
+        )
+    ceiling = None
+    if "ceiling" in nics:
+        ceiling = parse_rate(nics["ceiling"], entry(wn, "ceiling"))
+    elif nic_kind == "ethernet":
+        ceiling = TCP_HOST_CEILING_BYTES_S
     pcie = parse_rate(nics.get("pcie", spec.pcie_bytes_s), entry(wn, "pcie"))
     serves = _nic_serves(nics.get("gpus"), count, n, entry(wn, "gpus"))
     return _Template(
@@ -122,6 +156,8 @@ def _template(t: object, where: str, name: str) -> _Template:
         serves,
         attach,
         pcie,
+        generation,
+        ceiling,
     )
 
 
@@ -186,20 +222,40 @@ def _templated(data: Mapping[str, Any], where: str, default: str, nodes: int | N
             )
         groups = [(groups[0][0], positive_int(nodes, "nodes"))]
     eff, lat = per_kind(data, where)
+    given = data.get("protocol") or {}
+    for t, _ in groups:
+        if t.nic_generation is not None and t.nic_kind in given:
+            raise SpecError(
+                f"{entry(entry(where, 'protocol'), t.nic_kind)}: template {t.name!r} names its "
+                f"NIC generation ({t.nic_generation}), which sets the {t.nic_kind} efficiency; "
+                "give one of the two"
+            )
     topo = TopoDef(topology_name(data, where, default), where)
     node = 0
     for t, count in groups:
         for _ in range(count):
             _add_node(topo, t, node, eff, lat)
             topo.templates[node] = t.name
+            if t.ceiling_bytes_s is not None:
+                topo.ceilings[node] = t.ceiling_bytes_s
             node += 1
     _add_fabric(topo, data.get("fabric"), entry(where, "fabric"), groups, eff, lat)
     return topo
 
 
-def _duplex(topo: TopoDef, a: str, b: str, kind: str, bw: float, eff: dict, lat: dict) -> None:
-    topo.links.append(LinkDef(a, b, kind, bw, lat[kind], eff[kind]))
-    topo.links.append(LinkDef(b, a, kind, bw, lat[kind], eff[kind]))
+def _duplex(
+    topo: TopoDef,
+    a: str,
+    b: str,
+    kind: str,
+    bw: float,
+    eff: dict,
+    lat: dict,
+    efficiency: float | None = None,
+) -> None:
+    e = eff[kind] if efficiency is None else efficiency
+    topo.links.append(LinkDef(a, b, kind, bw, lat[kind], e))
+    topo.links.append(LinkDef(b, a, kind, bw, lat[kind], e))
 
 
 def _add_node(topo: TopoDef, t: _Template, i: int, eff: dict, lat: dict) -> None:
@@ -258,10 +314,14 @@ def _add_fabric(
     nk = kinds[0]
     nics = [v for v in topo.vertices if v.type == "nic"]
     cap = {nic.name: nic_bw for nic, nic_bw in _nic_rates(nics, groups)}
+    # A NIC's own link runs at its generation's RDMA efficiency; switch-to-switch
+    # links carry the same packets and take the best of the NICs' efficiencies.
+    nic_eff = {nic.name: e for nic, e in _nic_efficiencies(nics, groups, eff)}
+    fabric_eff = max(nic_eff.values())
     if kind == "single-switch":
         topo.vertices.append(VertexDef("switch", "switch", fabric=nk))
         for nic in nics:
-            _duplex(topo, nic.name, "switch", nk, cap[nic.name], eff, lat)
+            _duplex(topo, nic.name, "switch", nk, cap[nic.name], eff, lat, nic_eff[nic.name])
         return
     per_leaf = positive_int(f["nodes_per_leaf"], entry(where, "nodes_per_leaf"))
     over = positive_float(f["oversubscription"], entry(where, "oversubscription"))
@@ -277,9 +337,9 @@ def _add_fabric(
         for nic in nics:
             assert nic.node is not None
             if nic.node // per_leaf == leaf:
-                _duplex(topo, nic.name, name, nk, cap[nic.name], eff, lat)
+                _duplex(topo, nic.name, name, nk, cap[nic.name], eff, lat, nic_eff[nic.name])
                 down += cap[nic.name]
-        _duplex(topo, name, "spine", nk, down / over, eff, lat)
+        _duplex(topo, name, "spine", nk, down / over, eff, lat, fabric_eff)
 
 
 def _nic_rates(nics: list[VertexDef], groups: list[tuple[_Template, int]]):  # type: ignore[no-untyped-def]
@@ -289,3 +349,23 @@ def _nic_rates(nics: list[VertexDef], groups: list[tuple[_Template, int]]):  # t
     for nic in nics:
         assert nic.node is not None
         yield nic, node_rate[nic.node]
+
+
+def _node_templates(groups: list[tuple[_Template, int]]) -> list[_Template]:
+    out: list[_Template] = []
+    for t, count in groups:
+        out += [t] * count
+    return out
+
+
+def _nic_efficiencies(
+    nics: list[VertexDef], groups: list[tuple[_Template, int]], eff: dict
+) -> Iterator[tuple[VertexDef, float]]:
+    node_t = _node_templates(groups)
+    for nic in nics:
+        assert nic.node is not None
+        t = node_t[nic.node]
+        if t.nic_generation is None:
+            yield nic, eff[t.nic_kind]
+        else:
+            yield nic, nic_efficiency(t.nic_generation, t.nic_kind)

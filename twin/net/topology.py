@@ -8,14 +8,23 @@ link, with its line rate, latency and protocol efficiency.
 
 Routing is static and deterministic: inside a node a GPU reaches another over
 the node's NVSwitch (or PCIe switch); across nodes it goes GPU -> NIC ->
-fabric -> NIC -> GPU. Among equally short routes the one with the widest
-bottleneck wins, then the one whose vertex names sort first.
+fabric -> NIC -> GPU. Each leg takes the widest route (the best bottleneck of
+usable rates, however many hops), then among those the one with the least
+latency, then the fewest hops, then the one whose vertex names sort first.
+Between two nodes the NICs that serve the two GPUs are paired the same way.
+
+A node may have a ceiling: the most its NICs carry together, per direction
+(TCP's host copy ceiling, or a measured multi-NIC aggregate). It is a shared
+capacity, not a hop: every path between two nodes carries the sending node's
+outgoing ceiling first and the receiving node's incoming ceiling last, as
+links with ``hop=False``, so the flow solver shares it among the node's flows.
 
 Only this module imports networkx.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from collections.abc import Iterable, Mapping, Set
@@ -39,16 +48,21 @@ __all__ = [
     "topology_names",
 ]
 
-# At most this many equally short routes are compared when picking one (explicit
-# graphs can have many; template graphs have one or a few).
-_MAX_TIES = 256
+CEILING = "ceiling"  # the kind of a node ceiling's link
+
+
+def _ticks(latency_s: float) -> int:
+    """Latency in whole picoseconds, so that route latencies add and tie exactly."""
+    return round(latency_s * 1e12)
 
 
 @dataclass(frozen=True, slots=True)
 class Link:
     """One directed edge. ``capacity_bytes_s``: line rate in one direction,
     bytes/s. ``latency_s``: one-way latency, s. ``efficiency``: the share of the
-    line rate a bulk transfer gets over this link's protocol, in (0, 1]."""
+    line rate a bulk transfer gets over this link's protocol, in (0, 1].
+    ``hop=False`` (kind ``ceiling``): a node's ceiling, a capacity its flows
+    share that is not a step along the path (no vertex, no latency)."""
 
     src: str
     dst: str
@@ -56,9 +70,10 @@ class Link:
     capacity_bytes_s: float
     latency_s: float
     efficiency: float
+    hop: bool = True
 
     def __post_init__(self) -> None:
-        if self.kind not in LINK_KINDS:
+        if self.kind not in LINK_KINDS and not (self.kind == CEILING and not self.hop):
             raise ValueError(f"link {self.src} -> {self.dst}: kind {self.kind!r}")
         if not (self.capacity_bytes_s > 0 and math.isfinite(self.capacity_bytes_s)):
             raise ValueError(f"link {self.src} -> {self.dst}: capacity {self.capacity_bytes_s!r}")
@@ -124,6 +139,16 @@ class Topology:
                 core[a["node"]].add(v)
         self._node_core = tuple(frozenset(c) for c in core)
         self._fabric = frozenset(v for v, n in g.nodes(data="node") if n is None)
+        self._out = {
+            k: Link(f"n{k}.nics", f"n{k}.nics.out", CEILING, c, 0.0, 1.0, hop=False)
+            for k, c in sorted(d.ceilings.items())
+            if k < n_nodes
+        }
+        self._in = {
+            k: Link(f"n{k}.nics.in", f"n{k}.nics", CEILING, c, 0.0, 1.0, hop=False)
+            for k, c in sorted(d.ceilings.items())
+            if k < n_nodes
+        }
         self._paths: dict[tuple[int, int, int | None], tuple[Link, ...]] = {}
         self._legs: dict[tuple[str, str, str], list[str] | None] = {}
         self._injection: dict[int, float] = {}
@@ -186,6 +211,12 @@ class Topology:
         """The NICs that serve ``gpu`` (its own first), by NIC index; empty if none."""
         return self._gpu_nics[gpu]
 
+    def ceiling_bytes_s(self, node: int) -> float | None:
+        """The most ``node``'s NICs carry together, bytes/s per direction (each way
+        on its own); None when only its links bound it."""
+        ln = self._out.get(node)
+        return None if ln is None else ln.capacity_bytes_s
+
     def link(self, u: str, v: str) -> Link:
         """The directed link ``u -> v``; ``KeyError`` if there is none."""
         try:
@@ -210,21 +241,65 @@ class Topology:
         return self._legs[key]
 
     def _route(self, s: str, d: str, allowed: Set[str] | None) -> list[str] | None:
-        g = (
-            self.graph
-            if allowed is None
-            else nx.subgraph_view(self.graph, filter_node=allowed.__contains__)
-        )
-        try:
-            routes = list(itertools.islice(nx.all_shortest_paths(g, s, d), _MAX_TIES))
-        except (nx.NetworkXNoPath, nx.NodeNotFound):
+        """The widest route ``s -> d`` through ``allowed`` vertices (None: all): the
+        best bottleneck of usable rates; among those the least latency, then the
+        fewest hops, then the first by vertex names. None when there is none.
+
+        Two label-setting passes (a single one on the combined key would be
+        wrong: two routes capped by the same link tie on width, and the one that
+        was wider before it may be the slower): a max-min Dijkstra finds the best
+        bottleneck, then a Dijkstra on (latency, hops, names) runs over the links
+        at least that wide. O(E log V) each."""
+        succ = self.graph.succ
+        if s not in succ or d not in succ:
             return None
-        edges = self.graph.edges
+        ok = (lambda _v: True) if allowed is None else allowed.__contains__
+        best: dict[str, float] = {s: math.inf}
+        heap: list[tuple[float, str]] = [(-math.inf, s)]
+        done: set[str] = set()
+        while heap:
+            neg, u = heapq.heappop(heap)
+            if u in done:
+                continue
+            done.add(u)
+            if u == d:
+                break
+            for v, attrs in succ[u].items():
+                if v in done or not ok(v):
+                    continue
+                w = min(-neg, attrs["link"].usable_bytes_s)
+                if w > best.get(v, -1.0):
+                    best[v] = w
+                    heapq.heappush(heap, (-w, v))
+        if d not in done:
+            return None
+        width = best[d]
+        queue: list[tuple[int, int, tuple[str, ...]]] = [(0, 0, (s,))]
+        settled: set[str] = set()
+        while queue:
+            lat, hops, route = heapq.heappop(queue)
+            u = route[-1]
+            if u in settled:
+                continue
+            settled.add(u)
+            if u == d:
+                return list(route)
+            for v, attrs in succ[u].items():
+                ln = attrs["link"]
+                if v in settled or not ok(v) or ln.usable_bytes_s < width:
+                    continue
+                heapq.heappush(queue, (lat + _ticks(ln.latency_s), hops + 1, route + (v,)))
+        raise AssertionError(f"no route {s} -> {d} at the width just found")  # unreachable
 
-        def key(r: list[str]) -> tuple[float, list[str]]:
-            return (-min(edges[u, v]["link"].usable_bytes_s for u, v in itertools.pairwise(r)), r)
-
-        return min(routes, key=key)
+    def _rank(self, route: list[str]) -> tuple[float, int, int, list[str]]:
+        """Orders routes: widest first, then least latency, fewest hops, names."""
+        links = [self.graph.edges[u, v]["link"] for u, v in itertools.pairwise(route)]
+        return (
+            -min((ln.usable_bytes_s for ln in links), default=math.inf),
+            sum(_ticks(ln.latency_s) for ln in links),
+            len(links),
+            route,
+        )
 
     def _inside(self, node: int, *extra: str) -> Set[str]:
         """The node's vertices but its NICs, plus ``extra``."""
@@ -254,6 +329,10 @@ class Topology:
         if route is None:  # excluded by the connectivity check at load
             raise AssertionError(f"no route {s} -> {d}")
         links = tuple(self.graph.edges[u, v]["link"] for u, v in itertools.pairwise(route))
+        if ns != nd:
+            head = (self._out[ns],) if ns in self._out else ()
+            tail = (self._in[nd],) if nd in self._in else ()
+            links = head + links + tail
         self._paths[key] = links
         return links
 
@@ -264,26 +343,37 @@ class Topology:
             raise ValueError(f"nic {nic}: node {ns} has {self.nic_count(ns)} NICs")
         own_s, own_d = self._gpu_nics[src], self._gpu_nics[dst]
         if nic is not None:
-            a, b = self._node_nics[ns][nic], self._node_nics[nd][nic % max(1, self.nic_count(nd))]
+            pairs = [
+                (self._node_nics[ns][nic], self._node_nics[nd][nic % max(1, self.nic_count(nd))])
+            ]
         elif own_s and own_d:
-            a, b = own_s[0], own_d[0]
+            pairs = [(a, b) for a in own_s for b in own_d]
         else:
             return self._leg(s, d, "all")
-        legs = (
-            self._leg(s, a, f"n{ns}"),
-            self._leg(a, b, "fabric"),
-            self._leg(b, d, f"n{nd}"),
-        )
-        if any(leg is None for leg in legs):
+        routes = []
+        for a, b in pairs:
+            legs = (
+                self._leg(s, a, f"n{ns}"),
+                self._leg(a, b, "fabric"),
+                self._leg(b, d, f"n{nd}"),
+            )
+            if all(leg is not None for leg in legs):
+                one, two, three = legs
+                assert one is not None and two is not None and three is not None
+                routes.append(one + two[1:] + three[1:])
+        if not routes:
             return self._leg(s, d, "all")
-        one, two, three = legs
-        assert one is not None and two is not None and three is not None
-        return one + two[1:] + three[1:]
+        return min(routes, key=self._rank)
 
     @staticmethod
     def latency_s(path: Iterable[Link]) -> float:
         """Sum of the links' latencies, s."""
         return sum(ln.latency_s for ln in path)
+
+    @staticmethod
+    def hops(path: Iterable[Link]) -> tuple[Link, ...]:
+        """The links of ``path`` that are steps along it (node ceilings left out)."""
+        return tuple(ln for ln in path if ln.hop)
 
     @staticmethod
     def bottleneck_bytes_s(path: Iterable[Link]) -> float:
@@ -301,7 +391,8 @@ class Topology:
     def injection_bytes_s(self, gpu: int) -> float:
         """The most a GPU alone can send off its node through the NICs that serve
         it, usable bytes/s: a max-flow from the GPU over its node's links to
-        those NICs' fabric links. 0 when no NIC serves it."""
+        those NICs' fabric links, and at most its node's ceiling. 0 when no NIC
+        serves it."""
         if gpu in self._injection:
             return self._injection[gpu]
         node = self._node[gpu]
@@ -317,6 +408,9 @@ class Topology:
                 )
                 f.add_edge(n, "__sink__", capacity=out)
             total = float(nx.maximum_flow_value(f, self.gpus[gpu], "__sink__"))
+            cap = self.ceiling_bytes_s(node)
+            if cap is not None:
+                total = min(total, cap)
         self._injection[gpu] = total
         return total
 
@@ -334,18 +428,32 @@ class Topology:
     def bisection_bytes_s(self) -> float:
         """Usable bytes/s from the first half of the GPUs to the second (see
         :meth:`halves`) when all of them send at once: a max-flow over every link's
-        usable rate. NOTE: one fixed cut by node order, not the minimum over all
-        bisections (that is NP-hard); for the symmetric bundled topologies they agree."""
+        usable rate, each node's traffic held to its ceiling. NOTE: one fixed cut by
+        node order, not the minimum over all bisections (that is NP-hard); for the
+        symmetric bundled topologies they agree."""
         if self._bisection is None:
             a, b = self.halves()
             if not a or not b:
                 self._bisection = 0.0
             else:
                 f = self._flow_graph()
+                cross = self.num_nodes > 1  # a node's ceiling holds only what leaves it
                 for i in a:
-                    f.add_edge("__source__", self.gpus[i])  # no capacity: unbounded
+                    n = self._node[i]
+                    if cross and n in self._out:
+                        f.add_edge(
+                            "__source__", f"__out{n}", capacity=self._out[n].capacity_bytes_s
+                        )
+                        f.add_edge(f"__out{n}", self.gpus[i])
+                    else:
+                        f.add_edge("__source__", self.gpus[i])  # no capacity: unbounded
                 for i in b:
-                    f.add_edge(self.gpus[i], "__sink__")
+                    n = self._node[i]
+                    if cross and n in self._in:
+                        f.add_edge(self.gpus[i], f"__in{n}")
+                        f.add_edge(f"__in{n}", "__sink__", capacity=self._in[n].capacity_bytes_s)
+                    else:
+                        f.add_edge(self.gpus[i], "__sink__")
                 self._bisection = float(nx.maximum_flow_value(f, "__source__", "__sink__"))
         return self._bisection
 
