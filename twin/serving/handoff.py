@@ -157,6 +157,12 @@ class HandoffCosts:
     :data:`KV_REGIONS_PER_LAYER` x ``layers`` (the source GPUs post theirs in
     parallel). ``layer_s`` is the length of one layer of the prefill
     iteration a layer-wise stream overlaps (0 for a serialized transfer).
+
+    NOTE: every part is taken in series with the bytes. A stack that hands
+    the request to the decode side while the bytes move (push) overlaps the
+    router hop with them, so the hop is counted once too often there; with
+    PP a source GPU holds only its stage's layers and posts that share of
+    the descriptors, so they are overcounted PP-fold.
     """
 
     control_s: float
