@@ -160,7 +160,7 @@ class HandoffCosts:
 
     NOTE: every part is taken in series with the bytes. A stack that hands
     the request to the decode side while the bytes move (push) overlaps the
-    router hop with them, so the hop is counted once too often there; with
+    router hop with them, which this counts in full after them; with
     PP a source GPU holds only its stage's layers and posts that share of
     the descriptors, so they are overcounted PP-fold.
     """
