@@ -18,6 +18,8 @@ from twin.sim.simulation import Simulation
 from twin.sim.spec import resolve_spec
 
 L8 = get_model("llama-3.1-8b")
+# The hand-off's fixed costs off: what is left is the bytes over the network.
+BYTES_ONLY = {"control_rtt": 0, "registration": 0, "per_descriptor": 0, "router_hop": 0}
 
 
 def split_spec(**over):
@@ -68,7 +70,8 @@ def test_a_split_cluster_serves_everything_and_moves_every_prompt():
 def test_one_request_transfer_time_is_latency_plus_bytes_over_bandwidth():
     """Cross-node, TP8 to TP8: eight shards, each over its own 400 Gb/s NIC."""
     topo = load_topology("dgx-h100-ib400", nodes=2)
-    sim, _, rows = run(split_spec(), requests=[Request(0, 0.0, 4000, 4)])
+    spec = split_spec(transfer=BYTES_ONLY)
+    sim, _, rows = run(spec, requests=[Request(0, 0.0, 4000, 4)])
     r = rows[0]
     shard = 4000 * L8.kv_bytes_per_token() / 8
     path = topo.path(0, 8)
@@ -96,9 +99,14 @@ def test_ttft_at_prefill_excludes_the_hand_off():
 def test_same_node_beats_cross_node():
     reqs = [Request(0, 0.0, 8000, 2)]
     cl = {"prefill": {"instances": 1, "tp": 4}, "decode": {"instances": 1, "tp": 4}}
-    _, _, packed = run(split_spec(cluster={**cl, "placement": "packed"}), requests=reqs)
+    tr = BYTES_ONLY
+    _, _, packed = run(
+        split_spec(cluster={**cl, "placement": "packed"}, transfer=tr), requests=reqs
+    )
     _, _, cross = run(
-        split_spec(cluster={**cl, "prefill": {"instances": 2, "tp": 4}, "placement": "packed"}),
+        split_spec(
+            cluster={**cl, "prefill": {"instances": 2, "tp": 4}, "placement": "packed"}, transfer=tr
+        ),
         requests=reqs,
     )
     # packed: P0 and D0 share node 0 (NVLink); with two prefill instances first, D0 is on node 1
@@ -217,14 +225,16 @@ def test_handoff_estimate_matches_the_formula_and_layerwise_leaves_one_layer():
     assert est["kv_bytes"] == kv
     path = topo.path(0, 8)
     # all eight shards share the node's one 25 Gb/s NIC (TCP on the wire: 0.94)
-    assert est["transfer_s"] == pytest.approx(
+    assert est["bytes_s"] == pytest.approx(
         topo.latency_s(path) + kv / (25e9 / 8 * 0.94), rel=1e-9
     )
+    assert est["transfer_s"] == pytest.approx(est["bytes_s"] + est["fixed"]["before_s"], rel=1e-12)
     lw = handoff_estimate(l70, 4096, topo, tp=8, mode="layerwise", prefill_s=1.0)
     one_layer = kv / 80 / (25e9 / 8 * 0.94)
-    assert lw["transfer_s"] == pytest.approx(one_layer + topo.latency_s(path), rel=1e-6)
+    assert lw["bytes_s"] == pytest.approx(one_layer + topo.latency_s(path), rel=1e-6)
+    assert lw["transfer_s"] == pytest.approx(lw["bytes_s"] + lw["fixed"]["after_s"], rel=1e-12)
     same = handoff_estimate(l70, 4096, topo, tp=4, placement="same-node")
-    assert same["transfer_s"] < est["transfer_s"] / 50
+    assert same["bytes_s"] < est["bytes_s"] / 50
 
 
 def test_twin_handoff_json(capsys):

@@ -154,7 +154,9 @@ def test_engine_defaults_live_in_engine_config_alone():
         0.9, 2 * 2**30, "error")  # fmt: skip
     assert spec.resolved["slo"] == {"ttft": None, "tpot": None, "target": 0.9, "ttft_at": "decode"}
     assert spec.resolved["transfer"] == {"mode": "serialized", "handoff": "push",
-                                         "multi_nic": False}  # fmt: skip
+                                         "multi_nic": False, "control_rtt": "0 s",
+                                         "registration": "0 s", "per_descriptor": "2 us",
+                                         "router_hop": "1 ms"}  # fmt: skip
 
 
 def test_every_declared_engine_key_is_read_from_yaml():

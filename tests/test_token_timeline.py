@@ -2,9 +2,10 @@
 
 One request alone, 1,000 prompt tokens, the linear perf model of test_engine
 (10 ms + 0.1 ms per prefill token + 1 ms per decode sequence): its prompt takes
-110 ms, each decode step 11 ms. Split, its KV crosses nodes in T = latency +
-shard / bandwidth (eight TP shards, each over its own NIC), landing at
-L = 110 ms + T on an idle decode instance, which takes it up at once.
+110 ms, each decode step 11 ms. Split, its KV crosses nodes in T = the
+hand-off's default fixed costs + latency + shard / bandwidth (eight TP shards,
+each over its own NIC), landing at L = 110 ms + T on an idle decode instance,
+which takes it up at once.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from test_engine import Linear
 
 from twin.net.topology import load_topology
 from twin.request import Request
+from twin.serving.handoff import TransferConfig, handoff_costs
+from twin.serving.kvcache import blocks_for
 
 PREFILL, STEP = 0.01 + 1e-4 * 1000, 0.01 + 1e-3
 
@@ -23,7 +26,9 @@ PREFILL, STEP = 0.01 + 1e-4 * 1000, 0.01 + 1e-3
 def transfer_s() -> float:
     topo = load_topology("dgx-h100-ib400", nodes=2)
     path = topo.path(0, 8)
-    return topo.latency_s(path) + 1000 * L8.kv_bytes_per_token() / 8 / topo.bottleneck_bytes_s(path)
+    fixed = handoff_costs(TransferConfig(), blocks_for(1000, 16), L8.layers).before_s
+    wire = topo.latency_s(path) + 1000 * L8.kv_bytes_per_token() / 8 / topo.bottleneck_bytes_s(path)
+    return fixed + wire
 
 
 def one(spec, n: int) -> dict:

@@ -137,34 +137,69 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_handoff(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from twin._check import duration
     from twin.net.topology import load_topology
     from twin.perf.llm import get_model
+    from twin.serving.handoff import TransferConfig
     from twin.studies.handoff import handoff_estimate
 
     model = get_model(args.model, where="twin handoff: MODEL")
     where = "twin handoff: --topology"
     topo = load_topology(args.topology, nodes=args.nodes, where=where)
+    costs: dict[str, Any] = {}
+    for flag, field in _HANDOFF_COSTS:
+        value = getattr(args, field)
+        if value is not None:
+            costs[field] = duration(value, f"twin handoff: --{flag}", positive=False)
+    if args.block_size <= 0:
+        raise TwinError(f"twin handoff: --block-size: {args.block_size} must be > 0")
     est = handoff_estimate(
         model, args.tokens, topo, tp=args.tp, placement=args.placement, mode=args.mode,
-        multi_nic=args.multi_nic,
+        multi_nic=args.multi_nic, transfer=dataclasses.replace(TransferConfig(), **costs),
+        block_size=args.block_size,
     )  # fmt: skip
     if args.json:
         print(json.dumps(est, indent=2))
         return 0
+    fx = est["fixed"]
+    ms = 1e3
+    parts = (
+        f"fixed costs: control round trip {fx['control_s'] * ms:.3f} ms, registration "
+        f"{fx['registration_s'] * ms:.3f} ms, {fx['descriptors']:,} descriptors x "
+        f"{fx['per_descriptor_s'] * 1e6:.3f} us = {fx['descriptors_s'] * ms:.3f} ms, "
+        f"router hop {fx['router_s'] * ms:.3f} ms\n"
+    )
+    if est["mode"] == "layerwise":
+        last = (
+            f"layer-wise over a {est['prefill_s'] * ms:.3f} ms prefill: bytes' residual "
+            f"{est['bytes_s'] * ms:.3f} ms, then {fx['after_s'] * ms:.3f} ms (router hop and "
+            f"the descriptors the prefill did not hide): residual {est['transfer_s'] * ms:.3f} ms"
+        )
+    else:
+        last = (
+            f"bytes on an idle network: {est['bytes_s'] * ms:.3f} ms\n"
+            f"transfer: {fx['before_s'] * ms:.3f} ms fixed + {est['bytes_s'] * ms:.3f} ms bytes "
+            f"= {est['transfer_s'] * ms:.3f} ms"
+        )
     print(
         f"{est['model']}: {est['tokens']:,} tokens of KV = {est['kv_bytes']:,} B "
         f"({format_bytes(est['kv_bytes'])})\n"
         f"{est['placement']} on {est['topology']}, TP{est['tp']}: {est['flows']} flows\n"
         f"path (shard 0): {' | '.join(est['path']) or '(same GPU)'}\n"
-        f"bottleneck: {(est['bottleneck_bytes_s'] or 0) / 1e9:,.3f} GB/s (usable)\n"
-        + (
-            f"layer-wise over a {est['prefill_s'] * 1e3:.3f} ms prefill: "
-            f"residual {est['transfer_s'] * 1e3:.3f} ms"
-            if est["mode"] == "layerwise"
-            else f"transfer on an idle network: {est['transfer_s'] * 1e3:.3f} ms"
-        )
+        f"bottleneck: {(est['bottleneck_bytes_s'] or 0) / 1e9:,.3f} GB/s (usable)\n" + parts + last
     )
     return 0
+
+
+# twin handoff's flags for the transfer's fixed costs -> TransferConfig fields
+_HANDOFF_COSTS = (
+    ("control-rtt", "control_rtt_s"),
+    ("registration", "registration_s"),
+    ("per-descriptor", "per_descriptor_s"),
+    ("router-hop", "router_hop_s"),
+)
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
@@ -449,6 +484,12 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--mode", choices=["serialized", "layerwise"], default="serialized")
     h.add_argument("--multi-nic", action="store_true", help="spread each shard over all NICs")
     h.add_argument("--nodes", type=int, help="scale the topology to this many nodes")
+    h.add_argument("--block-size", type=int, default=16, help="tokens per KV block (16)")
+    for flag, field in _HANDOFF_COSTS:
+        h.add_argument(
+            f"--{flag}", dest=field, metavar="DURATION",
+            help=f"transfer.{flag.replace('-', '_')} (default: the spec's, e.g. '2 us')",
+        )  # fmt: skip
     h.add_argument("--json", action="store_true", help="print JSON")
     h.set_defaults(func=cmd_handoff)
 

@@ -176,7 +176,9 @@ class Engine:
         # prefill side: sequences whose KV waits to move -> the blocks they hold
         self.handoff: dict[int, tuple[Sequence, int, list[int]]] = {}
         self._landed: list[Sequence] = []  # decode side: KV arrived, not yet joined
-        self.reserved: dict[int, int] = {}  # decode side: request id -> blocks its KV lands in
+        # decode side: request id -> (blocks its KV lands in, the cached prefix
+        # units it shares here instead, which do not move)
+        self.reserved: dict[int, tuple[int, list[int]]] = {}
         self.perf = perf
         self.kv = blocks
         self.cache = PrefixCache(blocks) if config.prefix_caching else None
@@ -259,21 +261,54 @@ class Engine:
     def reserve(self, seq: Sequence) -> bool:
         """Decode side: take the blocks ``seq``'s KV will land in, if they are
         free (less the watermark) and a running slot is open. They stay
-        reserved (counted as running) until :meth:`receive`."""
-        need = blocks_for(seq.prefill_len, self.kv.block_size)
-        full = self.running_requests >= self.config.max_num_seqs * self.pp
-        if full or not self.kv.can_admit(need):
+        reserved (counted as running) until :meth:`receive`.
+
+        With prefix caching, the leading prefix units of ``seq`` this
+        instance holds are shared instead (held from now, so they cannot be
+        evicted before the KV lands) and only the rest is reserved and moved;
+        at least the prompt's last token always moves, as a prefill always
+        computes it."""
+        kv = self.kv
+        if self.running_requests >= self.config.max_num_seqs * self.pp:
+            return False
+        cache = self.cache
+        hits: Sequence_[int] = ()
+        if cache is not None:
+            hashes = self.cacheable(seq.req)
+            unit = seq.req.prefix_block_tokens
+            hits = hashes[: min(cache.match(hashes), (seq.prefill_len - 1) // unit)] if unit else ()
+        shared = len(hits) * (seq.req.prefix_block_tokens // kv.block_size)
+        need = blocks_for(seq.prefill_len, kv.block_size) - shared
+        if cache is None:
+            if not kv.can_admit(need):
+                return False
+        elif kv.free + cache.evictable_blocks - cache.idle_blocks(hits) - need < kv.watermark:
             return False
         self._interrupt()
-        self.kv.allocate(need)
-        self.reserved[seq.req.id] = need
+        if cache is not None:
+            cache.acquire(hits)
+            cache.evict(need)
+        kv.allocate(need)
+        self.reserved[seq.req.id] = (need, list(hits))
         return True
+
+    def reserved_prefix_tokens(self, seq: Sequence) -> int:
+        """Decode side: prompt tokens of reserved ``seq`` whose KV is cached here
+        (they do not move)."""
+        return len(self.reserved[seq.req.id][1]) * seq.req.prefix_block_tokens
 
     def receive(self, seq: Sequence) -> None:
         """Decode side: ``seq``'s KV has landed in its reserved blocks; it
-        decodes from the next step."""
+        decodes from the next step. With prefix caching, its whole prefix
+        units are kept for later requests (as a prefill instance keeps the
+        prompts it computes)."""
         self._interrupt()
-        seq.blocks = self.reserved.pop(seq.req.id)
+        blocks, units = self.reserved.pop(seq.req.id)
+        seq.blocks = blocks
+        seq.units = units
+        seq.shared_blocks = len(units) * (seq.req.prefix_block_tokens // self.kv.block_size)
+        if self.cache is not None:
+            self._cache_prompt(seq)
         seq.instance = self.id
         seq.handoff = False  # a recompute after a preemption happens here
         seq.state = INCOMING

@@ -27,7 +27,24 @@ prefill instance the control loop has since made mixed) is not moved: it
 decodes where its KV is.
 
 Neither side ever over-commits blocks: the decode side allocates before a byte
-moves, the prefill side frees only after the last byte landed."""
+moves, the prefill side frees only after the last byte landed.
+
+Besides its bytes, a hand-off pays fixed costs (:class:`HandoffCosts`): a
+control round trip (the decode side asks, the prefill side answers with its
+block descriptors), memory registration, a cost per descriptor posted (one
+per KV block per K/V region per layer on each source GPU, posted by the
+source GPUs in parallel) and, behind a router, the second request hop that
+hands the request to the decode side. They are taken in series with the
+bytes, as one delay: before the flows of a serialized transfer, and split
+around a layer-wise stream (the control round trip and registration before
+it starts; the router hop and the descriptors of the layers the prefill
+could not hide after its last byte).
+
+With prefix caching on, the decode side keeps the KV it received as cached
+prefix units (as a prefill instance keeps the prompts it computed): a
+request whose leading units the decode instance already holds moves only
+the rest (vLLM's NIXL connector reads only the blocks the decode side lacks),
+so a repeated prefix crosses once."""
 
 from __future__ import annotations
 
@@ -39,16 +56,56 @@ from typing import Any
 
 import simpy
 
-from twin._declare import BOOL, choice, declared
+from twin._declare import BOOL, choice, declared, seconds
 from twin.errors import SpecError
 from twin.net.flows import FlowSpec, Network
 from twin.net.topology import Topology
 from twin.scheduler import ClusterView, decode_hook
 from twin.serving.engine import Engine
+from twin.serving.kvcache import blocks_for
 from twin.serving.sequence import Sequence
 
 MODES = ("serialized", "layerwise")
 PROTOCOLS = ("push", "pull")
+_AT_LEAST_0 = seconds(positive=False)
+
+# The defaults of the fixed costs, each from the source named beside it.
+#
+# Control round trip: vLLM's NIXL connector sends no separate request. The
+# prefill side's answer to the router carries its block ids
+# (``kv_transfer_params.remote_block_ids``, NixlConnector ``request_finished``)
+# and the router hands them to the decode side with the request, which then
+# reads (vLLM docs, "NixlConnector Usage Guide"; NVIDIA Dynamo docs,
+# "Architecture Flow" steps S5-S7). That exchange is the router hop below, so
+# the round trip of its own is 0 here; stacks whose decode side asks the
+# prefill side directly (DistServe's pull, Mooncake's connector over ZMQ) set it.
+CONTROL_RTT = "0 s"
+# Registration: vLLM's NIXL connector registers the whole KV cache with the
+# NIC once at start-up (``register_kv_caches`` -> ``register_memory``), as
+# Mooncake's transfer engine registers its buffers once
+# (``registerLocalMemory``; Mooncake docs, "Transfer Engine"): nothing per
+# transfer. A stack that registers per transfer sets it.
+REGISTRATION = "0 s"
+# Per descriptor: fitted to vLLM issue #50913 (NixlConnector, TP4, 8 KB
+# descriptors): a ~5k-token pull at block size 16 posts "tens of thousands" of
+# descriptors (313 blocks x 2 x layers, 20k-40k) in a ~105 ms transfer window,
+# and block size 64 (a quarter of the descriptors) cut the window by ~58 ms:
+# 58 ms / (0.75 x 20k-40k) = 1.9-3.9 us each. The low end, 2 us, is chosen
+# (part of the 58 ms is the step alignment that issue names). Bounds: NIXL's
+# own post time in the same thread, 6.7 ms for the whole read, ~0.2 us each
+# (posting alone, without the per-message work); UCX's cuda_ipc estimate,
+# 4 us overhead per operation (openucx/ucx PR #8760).
+PER_DESCRIPTOR = "2 us"
+# Router hop: the prefill side's answer goes back through the router (vLLM's
+# disaggregated proxy, Dynamo's PrefillRouter), which then sends the request
+# to the decode side: one more request over the router. Chosen: 1 ms, one HTTP
+# hop through a Python proxy. Published figures bound it: a compiled proxy
+# adds 25-45 us per request (Percona, "ProxySQL overhead explained and
+# measured", 2020); vLLM PR #51919 measured ~110 ms p50 of router dispatch and
+# engine-step waits together around a 29 ms transfer, but the step waits are
+# modelled here already (a landed request waits for the decode side's next step).
+ROUTER_HOP = "1 ms"
+KV_REGIONS_PER_LAYER = 2  # K and V: vLLM's paged layout keeps one region each per layer
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +117,23 @@ class TransferConfig:
     mode: str = declared("serialized", choice(*MODES), "serialized | layerwise")
     handoff: str = declared("push", choice(*PROTOCOLS), "push | pull")
     multi_nic: bool = declared(False, BOOL, "spread each cross-node shard over all the node's NICs")
+    control_rtt_s: float = declared(
+        CONTROL_RTT, _AT_LEAST_0,
+        "per hand-off: decode side asks, prefill side answers with block descriptors",
+        key="control_rtt",
+    )  # fmt: skip
+    registration_s: float = declared(
+        REGISTRATION, _AT_LEAST_0, "per hand-off: registering its memory with the NIC",
+        key="registration",
+    )  # fmt: skip
+    per_descriptor_s: float = declared(
+        PER_DESCRIPTOR, _AT_LEAST_0,
+        "per descriptor posted (a KV block of one K/V region of a layer)", key="per_descriptor",
+    )  # fmt: skip
+    router_hop_s: float = declared(
+        ROUTER_HOP, _AT_LEAST_0, "per hand-off: the request's second hop, router to decode side",
+        key="router_hop",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -73,6 +147,78 @@ class TransferConfig:
                 "mode 'layerwise' streams KV while it is produced, so the decode "
                 "blocks must be reserved first; it needs handoff: push"
             )
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffCosts:
+    """The fixed costs of one hand-off (s), besides its bytes.
+
+    ``descriptors`` is the count each source GPU posts: ``blocks`` moved x
+    :data:`KV_REGIONS_PER_LAYER` x ``layers`` (the source GPUs post theirs in
+    parallel). ``layer_s`` is the length of one layer of the prefill
+    iteration a layer-wise stream overlaps (0 for a serialized transfer).
+
+    NOTE: every part is taken in series with the bytes. A stack that hands
+    the request to the decode side while the bytes move (push) overlaps the
+    router hop with them, which this counts in full after them; with
+    PP a source GPU holds only its stage's layers and posts that share of
+    the descriptors, so they are overcounted PP-fold.
+    """
+
+    control_s: float
+    registration_s: float
+    descriptors: int
+    per_descriptor_s: float
+    router_s: float
+    layers: int
+    layer_s: float = 0.0
+
+    @property
+    def descriptors_s(self) -> float:
+        """Posting every descriptor, one after another."""
+        return self.descriptors * self.per_descriptor_s
+
+    @property
+    def before_s(self) -> float:
+        """The delay before the first byte moves."""
+        if self.layer_s > 0:
+            return self.control_s + self.registration_s
+        return self.control_s + self.registration_s + self.descriptors_s + self.router_s
+
+    @property
+    def after_s(self) -> float:
+        """The delay after the last byte of a layer-wise stream landed: the
+        router hop and the descriptor posting the prefill could not hide.
+
+        Layer ``l`` (1..L) exists at ``l x layer_s`` and its ``c`` s of posting
+        follows that and the posting of layer ``l - 1``, so the posting ends at
+        ``max_l(l x layer_s + (L - l + 1) x c)``: ``c`` after the prefill when
+        ``c <= layer_s``, ``layer_s + L x c`` otherwise."""
+        if self.layer_s <= 0:
+            return 0.0
+        c = self.descriptors_s / self.layers
+        tail = max(c, self.layer_s + self.layers * c - self.layers * self.layer_s)
+        return self.router_s + tail
+
+    @property
+    def total_s(self) -> float:
+        return self.before_s + self.after_s
+
+
+def handoff_costs(
+    config: TransferConfig, blocks: int, layers: int, layer_s: float = 0.0
+) -> HandoffCosts:
+    """The fixed costs of moving ``blocks`` KV blocks of a ``layers``-layer model
+    (``layer_s`` > 0: a layer-wise stream over layers of that length)."""
+    return HandoffCosts(
+        config.control_rtt_s,
+        config.registration_s,
+        blocks * KV_REGIONS_PER_LAYER * layers,
+        config.per_descriptor_s,
+        config.router_hop_s,
+        layers,
+        layer_s,
+    )
 
 
 def shard_flows(
@@ -138,6 +284,7 @@ class KVHandoff:
         self.layers = layers
         self.pending: list[deque[Sequence]] = [deque() for _ in gpus]
         self.bytes_moved = 0.0
+        self.bytes_saved = 0.0  # KV the decode side's prefix cache held: not moved
         self.transfers = 0
 
     # -- engine hooks ----------------------------------------------------------------
@@ -191,41 +338,70 @@ class KVHandoff:
             self._start(seq, seq.prefill_instance, d)
 
     def _start(self, seq: Sequence, src: int, dst: int, stream_s: float | None = None) -> None:
-        kv_bytes = float(self.kv_bytes_per_token * seq.prefill_len)
+        # Only what the decode side lacks moves: the leading prefix units its
+        # prefix cache holds (taken with the reservation) stay out.
+        held = self.engines[dst].reserved_prefix_tokens(seq)
+        tokens = seq.prefill_len - held
+        kv_bytes = float(self.kv_bytes_per_token * tokens)
+        saved = float(self.kv_bytes_per_token * held)
         flows = shard_flows(
             self.topology, self.gpus[src], self.gpus[dst], kv_bytes,
             multi_nic=self.config.multi_nic,
         )  # fmt: skip
         now = self.env.now
+        layer_s = 0.0 if stream_s is None else stream_s / self.layers
+        blocks = blocks_for(tokens, self.engines[dst].kv.block_size)
+        costs = handoff_costs(self.config, blocks, self.layers, layer_s)
         first = seq.t_transfer_start < 0  # each timestamp keeps its first occurrence
         if first:
             seq.t_transfer_start = now
+            seq.handoff_costs = costs
+            seq.kv_moved_bytes = kv_bytes
+            seq.kv_saved_bytes = saved
         self.bytes_moved += kv_bytes
+        self.bytes_saved += saved
         self.transfers += 1
         if stream_s is None:
-            self._send(seq, src, dst, flows)
+            # The fixed costs come first, in one delay: the flows start after it.
+            if costs.before_s > 0:
+                self.env.timeout(costs.before_s).callbacks.append(
+                    lambda _ev: self._send(seq, src, dst, flows)
+                )
+            else:
+                self._send(seq, src, dst, flows)
             return
         # Layer l's KV exists after l/L of the iteration: the stream starts one
-        # layer late, each shard capped at the rate the prefill produces it.
-        layer_s = stream_s / self.layers
+        # layer late (or once the control round trip and registration are
+        # done, when later), each shard capped at the rate the prefill makes it.
         capped = [FlowSpec(f.path, f.size_bytes, f.size_bytes / stream_s) for f in flows]
         stream = _Stream()
         seq.transfer = stream
+        lead = max(layer_s, costs.before_s)
         if first:
-            seq.t_transfer_start = now + layer_s
+            seq.t_transfer_start = now + lead
 
         def begin(_ev: object) -> None:
-            stream.transfer = self._send(seq, src, dst, capped)
+            stream.transfer = self._send(seq, src, dst, capped, after_s=costs.after_s)
             if stream.uncapped:
                 stream.transfer.set_cap(None)
 
-        self.env.timeout(layer_s).callbacks.append(begin)
+        self.env.timeout(lead).callbacks.append(begin)
 
-    def _send(self, seq: Sequence, src: int, dst: int, flows: list[FlowSpec]) -> Any:
+    def _send(
+        self, seq: Sequence, src: int, dst: int, flows: list[FlowSpec], after_s: float = 0.0
+    ) -> Any:
+        """Start the flows; the KV lands when the last byte is in, ``after_s`` later."""
         transfer = self.network.start(flows, label=f"kv {seq.req.id}")
         if seq.transfer is None:
             seq.transfer = transfer
-        transfer.done.callbacks.append(lambda _ev: self._landed(seq, src, dst))
+        if after_s > 0:
+
+            def done(_ev: object) -> None:
+                self.env.timeout(after_s).callbacks.append(lambda _e: self._landed(seq, src, dst))
+
+            transfer.done.callbacks.append(done)
+        else:
+            transfer.done.callbacks.append(lambda _ev: self._landed(seq, src, dst))
         return transfer
 
     def _landed(self, seq: Sequence, src: int, dst: int) -> None:

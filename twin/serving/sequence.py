@@ -79,6 +79,9 @@ class Sequence:
         "shared_blocks",
         "cached_tokens",
         "preloaded_tokens",
+        "handoff_costs",
+        "kv_moved_bytes",
+        "kv_saved_bytes",
     )
 
     def __init__(self, req: Request, now: float) -> None:
@@ -124,6 +127,11 @@ class Sequence:
         self.shared_blocks = 0
         self.cached_tokens = 0
         self.preloaded_tokens = 0  # prompt tokens whose KV was loaded from a KV pool
+        # The hand-off's fixed costs (a twin.serving.handoff.HandoffCosts), the
+        # KV bytes it moved and those the decode side's prefix cache held.
+        self.handoff_costs: object | None = None
+        self.kv_moved_bytes = 0.0
+        self.kv_saved_bytes = 0.0
 
     @property
     def held_blocks(self) -> int:

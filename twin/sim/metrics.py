@@ -129,6 +129,12 @@ REQUEST_COLUMNS = (
     "prefill_s",
     "transfer_wait_s",
     "transfer_s",
+    "handoff_control_s",
+    "handoff_registration_s",
+    "handoff_descriptors_s",
+    "handoff_router_s",
+    "kv_bytes_moved",
+    "kv_bytes_saved",
     "first_decode_s",
     "ttft_s",
     "tpot_s",
@@ -248,6 +254,7 @@ class Metrics(Observer):
         if s.t_finish > self.last_end_s:
             self.last_end_s = s.t_finish
         if self.on_row is not None:
+            costs: Any = s.handoff_costs if moved else None
             self.on_row(
                 {
                     "id": req.id,
@@ -271,6 +278,15 @@ class Metrics(Observer):
                     "transfer_s": s.t_transfer_end - max(s.t_transfer_start, s.t_prefill_done)
                     if moved
                     else "",
+                    # The hand-off's fixed parts as charged (a layer-wise stream
+                    # hides its control round trip and registration behind the
+                    # prefill's first layer when they are shorter), and its bytes.
+                    "handoff_control_s": "" if costs is None else costs.control_s,
+                    "handoff_registration_s": "" if costs is None else costs.registration_s,
+                    "handoff_descriptors_s": "" if costs is None else costs.descriptors_s,
+                    "handoff_router_s": "" if costs is None else costs.router_s,
+                    "kv_bytes_moved": s.kv_moved_bytes if moved else "",
+                    "kv_bytes_saved": s.kv_saved_bytes if moved else "",
                     "first_decode_s": s.t_first_decode - s.t_transfer_end
                     if moved and s.t_first_decode >= 0
                     else "",

@@ -357,6 +357,7 @@ class Simulation:
         self._check_conservation()
         summary = self.metrics.summary()
         summary["kv_bytes_transferred"] = self.handoff.bytes_moved if self.handoff else 0.0
+        summary["kv_bytes_saved"] = self.handoff.bytes_saved if self.handoff else 0.0
         summary["kv_bytes_fetched"] = self.kv_bytes_fetched
         links = self.network.link_stats() if self.network is not None else []
         return Result(self._header(), summary, self._instance_stats(), links)

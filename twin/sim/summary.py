@@ -63,11 +63,14 @@ def format_summary(result: dict[str, Any]) -> str:
         f"throughput {_fmt(s['throughput_rps'], 1, 2)} req/s, "
         f"{_fmt(s['output_tokens_per_s'], 1, 0)} output tokens/s",
     ]
-    if s.get("kv_bytes_transferred"):
+    if s.get("kv_bytes_transferred") or s.get("kv_bytes_saved"):
         tr = s["transfer_s"]
+        saved = s.get("kv_bytes_saved")
         lines.append(
-            f"KV hand-off: {format_bytes(s['kv_bytes_transferred'])} moved; transfer after "
-            f"prefill p50 {_fmt(tr['p50'], 1e3)} ms, p99 {_fmt(tr['p99'], 1e3)} ms"
+            f"KV hand-off: {format_bytes(s['kv_bytes_transferred'])} moved"
+            + (f", {format_bytes(saved)} saved (held by the decode side)" if saved else "")
+            + f"; transfer after prefill p50 {_fmt(tr['p50'], 1e3)} ms, "
+            f"p99 {_fmt(tr['p99'], 1e3)} ms"
         )
     if s["rejected_by_reason"]:
         reasons = ", ".join(f"{k}: {v}" for k, v in s["rejected_by_reason"].items())

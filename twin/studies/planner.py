@@ -563,7 +563,9 @@ def plan_distserve(
             spec.model, max(1, typical), topo, tp=best_p.tp, placement="cross-node",
             mode="serialized", multi_nic=spec.transfer.multi_nic,
         )  # fmt: skip
-        handoff_s = float(est["transfer_s"])
+        # The bytes over the fabric decide the affinity: the hand-off's fixed
+        # costs are paid inside a node as across nodes.
+        handoff_s = float(est["bytes_s"])
         share = handoff_s / spec.slo.ttft_s
         busy = best_p.goodput_rps * handoff_s
         high = share <= affinity_fraction and busy <= max_link_busy
