@@ -225,9 +225,7 @@ def test_handoff_estimate_matches_the_formula_and_layerwise_leaves_one_layer():
     assert est["kv_bytes"] == kv
     path = topo.path(0, 8)
     # all eight shards share the node's one 25 Gb/s NIC (TCP on the wire: 0.94)
-    assert est["bytes_s"] == pytest.approx(
-        topo.latency_s(path) + kv / (25e9 / 8 * 0.94), rel=1e-9
-    )
+    assert est["bytes_s"] == pytest.approx(topo.latency_s(path) + kv / (25e9 / 8 * 0.94), rel=1e-9)
     assert est["transfer_s"] == pytest.approx(est["bytes_s"] + est["fixed"]["before_s"], rel=1e-12)
     lw = handoff_estimate(l70, 4096, topo, tp=8, mode="layerwise", prefill_s=1.0)
     one_layer = kv / 80 / (25e9 / 8 * 0.94)
