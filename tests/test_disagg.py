@@ -116,8 +116,8 @@ def test_same_node_beats_cross_node():
 
 def test_layerwise_hides_most_of_the_transfer():
     reqs = [Request(0, 0.0, 8000, 2)]
-    _, _, ser = run(split_spec(), requests=reqs)
-    _, _, lw = run(split_spec(transfer={"mode": "layerwise"}), requests=reqs)
+    _, _, ser = run(split_spec(transfer=BYTES_ONLY), requests=reqs)
+    _, _, lw = run(split_spec(transfer={"mode": "layerwise", **BYTES_ONLY}), requests=reqs)
     assert lw[0]["transfer_s"] < ser[0]["transfer_s"] / 4
     assert lw[0]["ttft_s"] < ser[0]["ttft_s"]
 

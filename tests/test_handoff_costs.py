@@ -17,7 +17,7 @@ from twin.serving.handoff import HandoffCosts
 
 KV = L8.kv_bytes_per_token()  # 131,072 B
 COSTS = {"control_rtt": "300 us", "registration": "50 us", "per_descriptor": "1 us",
-         "router_hop": "2 ms"}  # fmt: skip
+         "router_hop": "2 ms", "descriptors": "block"}  # fmt: skip
 
 
 # -- fixed costs ----------------------------------------------------------------------
@@ -42,6 +42,15 @@ def test_a_serialized_hand_off_is_its_fixed_parts_plus_latency_plus_bytes_over_b
     assert result.summary["transfer_s"]["max"] == pytest.approx(fixed + wire, rel=1e-9)
 
 
+def test_a_descriptor_per_layer_region_posts_two_per_layer_whatever_the_blocks():
+    """``descriptors: layer`` (the default): 2 (K, V) x 32 layers per source GPU."""
+    _, _, rows = run(
+        split_spec(transfer={**COSTS, "descriptors": "layer"}),
+        requests=[Request(0, 0.0, 4000, 4)],
+    )
+    assert rows[0]["handoff_descriptors_s"] == pytest.approx(64 * 1e-6, rel=1e-12)
+
+
 def test_without_fixed_costs_nothing_but_the_bytes_is_charged():
     _, _, rows = run(split_spec(transfer=BYTES_ONLY), requests=[Request(0, 0.0, 4000, 4)])
     r = rows[0]
@@ -59,7 +68,8 @@ def test_a_layerwise_residual_adds_the_router_hop_and_the_descriptors_left_unhid
     reqs = [Request(0, 0.0, 8000, 2)]
     base = run(split_spec(transfer={"mode": "layerwise", **BYTES_ONLY}), requests=reqs)[2][0]
     tr = {"mode": "layerwise", "control_rtt": "100 us", "registration": "0 s",
-          "per_descriptor": f"{per_descriptor_us} us", "router_hop": "2 ms"}  # fmt: skip
+          "per_descriptor": f"{per_descriptor_us} us", "router_hop": "2 ms",
+          "descriptors": "block"}  # fmt: skip
     r = run(split_spec(transfer=tr), requests=reqs)[2][0]
     layer_s = r["prefill_s"] / L8.layers  # the prompt is one iteration
     assert 100e-6 < layer_s  # the control round trip hides behind the first layer
@@ -89,7 +99,8 @@ def test_bad_cost_values_name_the_key():
 def test_twin_handoff_prints_each_part(capsys):
     args = ["handoff", "llama-3.1-8b", "--tokens", "4000", "--topology", "dgx-h100-ib400",
             "--nodes", "2", "--tp", "8", "--control-rtt", "300 us", "--registration", "50 us",
-            "--per-descriptor", "1 us", "--router-hop", "2 ms"]  # fmt: skip
+            "--per-descriptor", "1 us", "--router-hop", "2 ms",
+            "--descriptors", "block"]  # fmt: skip
     assert main(args) == 0
     out = capsys.readouterr().out
     assert ("control round trip 0.300 ms, registration 0.050 ms, 16,000 descriptors x 1.000 us "
@@ -101,7 +112,7 @@ def test_twin_handoff_prints_each_part(capsys):
     # the same hand-off in a run takes what twin handoff says
     _, _, rows = run(split_spec(transfer=COSTS), requests=[Request(0, 0.0, 4000, 4)])
     assert rows[0]["transfer_s"] == pytest.approx(doc["transfer_s"], rel=1e-9)
-    assert main([*args[:-2], "--router-hop", "soon"]) == 2
+    assert main([*args[:-4], "--router-hop", "soon"]) == 2  # without "2 ms --descriptors block"
     assert "twin: error: twin handoff: --router-hop: 'soon' is not a duration" in (
         capsys.readouterr().err
     )
@@ -121,7 +132,7 @@ def shared_prefix_requests() -> list[Request]:
 
 
 def test_a_prefix_the_decode_side_holds_crosses_once():
-    spec = split_spec(engine={"prefix_caching": True})
+    spec = split_spec(engine={"prefix_caching": True}, transfer={"descriptors": "block"})
     sim, result, rows = run(spec, requests=shared_prefix_requests())
     moved = [rows[i]["kv_bytes_moved"] for i in range(3)]
     saved = [rows[i]["kv_bytes_saved"] for i in range(3)]

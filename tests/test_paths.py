@@ -418,7 +418,7 @@ def _handoff_rate(topo):
     l3 = get_model("llama-3.1-70b")  # LLaMA3-70B's shape: 320 KiB of KV per token
     est = handoff_estimate(l3, 131072, topo, tp=8, multi_nic=True)
     assert est["kv_bytes"] == 40 * 2**30
-    return est["kv_bytes"] / est["transfer_s"]
+    return est["kv_bytes"] / est["bytes_s"]  # the network's part; fixed costs are < 1% here
 
 
 @pytest.mark.parametrize("name", sorted(MOONCAKE_RDMA))

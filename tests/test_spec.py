@@ -156,7 +156,7 @@ def test_engine_defaults_live_in_engine_config_alone():
     assert spec.resolved["transfer"] == {"mode": "serialized", "handoff": "push",
                                          "multi_nic": False, "control_rtt": "0 s",
                                          "registration": "0 s", "per_descriptor": "2 us",
-                                         "router_hop": "1 ms"}  # fmt: skip
+                                         "router_hop": "1 ms", "descriptors": "layer"}  # fmt: skip
 
 
 def test_every_declared_engine_key_is_read_from_yaml():

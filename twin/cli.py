@@ -155,6 +155,8 @@ def cmd_handoff(args: argparse.Namespace) -> int:
             costs[field] = duration(value, f"twin handoff: --{flag}", positive=False)
     if args.block_size <= 0:
         raise TwinError(f"twin handoff: --block-size: {args.block_size} must be > 0")
+    if args.descriptors is not None:
+        costs["descriptors"] = args.descriptors
     est = handoff_estimate(
         model, args.tokens, topo, tp=args.tp, placement=args.placement, mode=args.mode,
         multi_nic=args.multi_nic, transfer=dataclasses.replace(TransferConfig(), **costs),
@@ -485,6 +487,10 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--multi-nic", action="store_true", help="spread each shard over all NICs")
     h.add_argument("--nodes", type=int, help="scale the topology to this many nodes")
     h.add_argument("--block-size", type=int, default=16, help="tokens per KV block (16)")
+    h.add_argument(
+        "--descriptors", choices=["layer", "block"],
+        help="what a descriptor covers: one K/V region of a layer (default) or each KV block",
+    )  # fmt: skip
     for flag, field in _HANDOFF_COSTS:
         h.add_argument(
             f"--{flag}", dest=field, metavar="DURATION",

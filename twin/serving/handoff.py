@@ -106,6 +106,15 @@ PER_DESCRIPTOR = "2 us"
 # modelled here already (a landed request waits for the decode side's next step).
 ROUTER_HOP = "1 ms"
 KV_REGIONS_PER_LAYER = 2  # K and V: vLLM's paged layout keeps one region each per layer
+# What one descriptor covers. "block": one paged KV block of one K/V region of
+# a layer, as vLLM's NixlConnector posts them (vLLM issue #50913 above).
+# "layer": one K/V region of a layer per source GPU, for a stack that keeps a
+# request's KV contiguous per layer or gathers it before it sends. The default
+# is "layer": the Mooncake Transfer Engine moves 40 GB between two 8 x 400
+# Gbps RoCE nodes at 190 GB/s (Qin et al., FAST'25, section 5.4.1, Figure 12),
+# which a cost of PER_DESCRIPTOR per 16-token block (1.3 M descriptors, 2.6 s)
+# would hold to 15 GB/s.
+DESCRIPTORS = ("layer", "block")
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +143,10 @@ class TransferConfig:
         ROUTER_HOP, _AT_LEAST_0, "per hand-off: the request's second hop, router to decode side",
         key="router_hop",
     )  # fmt: skip
+    descriptors: str = declared(
+        "layer", choice(*DESCRIPTORS),
+        "what a descriptor covers: layer (one K/V region of a layer) | block (each paged block)",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -141,6 +154,11 @@ class TransferConfig:
         if self.handoff not in PROTOCOLS:
             raise SpecError(
                 f"transfer.handoff: {self.handoff!r}; expected one of {', '.join(PROTOCOLS)}"
+            )
+        if self.descriptors not in DESCRIPTORS:
+            raise SpecError(
+                f"transfer.descriptors: {self.descriptors!r}; expected one of "
+                f"{', '.join(DESCRIPTORS)}"
             )
         if self.mode == "layerwise" and self.handoff != "push":
             raise SpecError(
@@ -153,10 +171,11 @@ class TransferConfig:
 class HandoffCosts:
     """The fixed costs of one hand-off (s), besides its bytes.
 
-    ``descriptors`` is the count each source GPU posts: ``blocks`` moved x
-    :data:`KV_REGIONS_PER_LAYER` x ``layers`` (the source GPUs post theirs in
-    parallel). ``layer_s`` is the length of one layer of the prefill
-    iteration a layer-wise stream overlaps (0 for a serialized transfer).
+    ``descriptors`` is the count each source GPU posts: ``blocks`` moved (one
+    per hand-off under ``descriptors: layer``) x :data:`KV_REGIONS_PER_LAYER`
+    x ``layers`` (the source GPUs post theirs in parallel). ``layer_s`` is the
+    length of one layer of the prefill iteration a layer-wise stream overlaps
+    (0 for a serialized transfer).
 
     NOTE: every part is taken in series with the bytes. A stack that hands
     the request to the decode side while the bytes move (push) overlaps the
@@ -213,7 +232,9 @@ def handoff_costs(
     return HandoffCosts(
         config.control_rtt_s,
         config.registration_s,
-        blocks * KV_REGIONS_PER_LAYER * layers,
+        (blocks if config.descriptors == "block" else min(blocks, 1))
+        * KV_REGIONS_PER_LAYER
+        * layers,
         config.per_descriptor_s,
         config.router_hop_s,
         layers,
