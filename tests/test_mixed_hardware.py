@@ -83,7 +83,7 @@ def test_an_unknown_template_is_refused_when_the_spec_is_loaded():
 
 def test_provision_reports_the_power_of_the_gpus_each_split_uses():
     data = mixed_data({"instances": 1, "template": "h100"}, {"instances": 1, "template": "pcap"})
-    p = provision(data, "mixed.yaml", Path.cwd(), gpus=12, sample=40)
+    p = provision(data, "mixed.yaml", Path.cwd(), gpus=12, sample=40, replicates=1)
     # 1 x TP4 on H100 + 2 x TP4 capped; 2 x TP4 on H100 + 1 x TP4 capped
     assert [(c.prefill, c.decode, c.power_w) for c in p.candidates] == [
         (1, 2, 4 * 700 + 8 * 490),
@@ -96,7 +96,9 @@ def test_provision_reports_the_power_of_the_gpus_each_split_uses():
 def test_provision_leaves_out_a_split_the_template_cannot_hold():
     data = mixed_data({"instances": 1, "template": "h100"}, {"instances": 1, "template": "pcap"})
     # the budget holds 1 H100 TP4 instance + 3 capped ones, but the capped node has 8 GPUs
-    p = provision(data, "mixed.yaml", Path.cwd(), power_w=4 * 700 + 12 * 490, sample=40)
+    p = provision(
+        data, "mixed.yaml", Path.cwd(), power_w=4 * 700 + 12 * 490, sample=40, replicates=1
+    )
     assert [(c.prefill, c.decode, c.power_w) for c in p.candidates] == [(2, 1, 8 * 700 + 4 * 490)]
     assert [(n_p, n_d) for n_p, n_d, _ in p.left_out] == [(1, 3)]
     assert "cluster.decode.template: 3 decode instances" in p.left_out[0][2]

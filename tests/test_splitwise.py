@@ -222,7 +222,7 @@ def test_provisioning_finds_the_best_split_and_is_deterministic():
     b = provision(PROVISION_SPEC, "p.yaml", Path.cwd(), gpus=12, sample=80)
     assert a == b
     # 2 x 4 x 700 W fits 6 kW, a third instance does not
-    w = provision(PROVISION_SPEC, "p.yaml", Path.cwd(), power_w=6000, sample=40)
+    w = provision(PROVISION_SPEC, "p.yaml", Path.cwd(), power_w=6000, sample=40, replicates=1)
     assert [(c.prefill, c.decode) for c in w.candidates] == [(1, 1)]
 
 
@@ -233,7 +233,10 @@ def test_provision_cli_prints_a_table_and_errors_on_one_line(tmp_path, capsys):
 
     path = tmp_path / "split.yaml"
     path.write_text(yaml.safe_dump(PROVISION_SPEC))
-    assert main(["provision", str(path), "--power", "6 kW", "--sample", "40"]) == 0
+    assert (
+        main(["provision", str(path), "--power", "6 kW", "--sample", "40", "--replicates", "1"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "budget 6,000 W" in out and "<- best" in out and "best: 1 prefill + 1 decode" in out
     assert main(["provision", str(path), "--power", "3 kW"]) == 2

@@ -212,9 +212,47 @@ def cmd_provision(args: argparse.Namespace) -> int:
     data = parse_yaml(text, where)
     apply_overrides(data, args.set or [])
     power = None if args.power is None else parse_watts(args.power, "--power")
-    result = provision(data, where, base_dir, power_w=power, gpus=args.gpus, sample=args.sample)
-    print(format_provision(result))
+    _sample_args(args, "provision")
+
+    def one(n: int) -> Any:
+        return provision(
+            data, where, base_dir, power_w=power, gpus=args.gpus, sample=n,
+            replicates=args.replicates,
+        )  # fmt: skip
+
+    if args.convergence:
+        from twin.studies.samples import format_convergence
+
+        rows = []
+        for n in args.convergence:
+            p = one(n)
+            b = p.best
+            rows.append((n, p.sample, f"{b.prefill}:{b.decode}", b.goodput_rps, b.goodput_ci95))
+        print(format_convergence(rows, "best P:D"))
+        return 0
+    print(format_provision(one(args.sample)))
     return 0
+
+
+def _sample_args(args: argparse.Namespace, cmd: str) -> None:
+    if args.sample <= 0:
+        raise TwinError(f"twin {cmd}: --sample: {args.sample} must be a positive integer")
+    if args.replicates <= 0:
+        raise TwinError(f"twin {cmd}: --replicates: {args.replicates} must be a positive integer")
+    if args.convergence is not None:
+        sizes = []
+        for part in args.convergence.split(","):
+            try:
+                n = int(part)
+            except ValueError:
+                n = 0
+            if n < 2:
+                raise TwinError(
+                    f"twin {cmd}: --convergence: {part.strip()!r} is not a sample size >= 2; "
+                    "expected e.g. 250,500,1000,2000"
+                )
+            sizes.append(n)
+        args.convergence = sorted(set(sizes))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -223,12 +261,27 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from twin.sim.spec import load_spec
     from twin.studies.planner import plan_distserve
 
-    if args.sample <= 0:
-        raise TwinError(f"twin plan: --sample: {args.sample} must be a positive integer")
+    _sample_args(args, "plan")
     if args.target_rate is not None and not args.target_rate > 0:
         raise TwinError(f"twin plan: --target-rate: {args.target_rate} must be > 0")
     spec = load_spec(args.spec, args.set or [])
-    plan = plan_distserve(spec, sample_size=args.sample, target_rate=args.target_rate)
+
+    def one(n: int) -> Any:
+        return plan_distserve(
+            spec, sample_size=n, replicates=args.replicates, target_rate=args.target_rate
+        )
+
+    if args.convergence:
+        from twin.studies.samples import format_convergence
+
+        rows = []
+        for n in args.convergence:
+            p = one(n)
+            what = f"{p.n_prefill} x P {p.prefill.label()} + {p.n_decode} x D {p.decode.label()}"
+            rows.append((n, p.sample_size, what, p.capacity_mean, p.capacity_ci95))
+        print(format_convergence(rows, "plan"))
+        return 0
+    plan = one(args.sample)
     print(plan.explain())
     print("\n# paste into the spec:")
     print(yaml.safe_dump(plan.to_spec_overrides(), sort_keys=False).rstrip())
@@ -282,7 +335,7 @@ def cmd_goodput(args: argparse.Namespace) -> int:
         raise TwinError(f"--target: {args.target} must be in (0, 1]")
     result = goodput(
         data, where, base_dir, rate_key=args.rate_key, seeds=args.seeds, target=args.target,
-        rel_tol=args.rel_tol or 0.05, executor=executor,
+        rel_tol=args.rel_tol or 0.05, executor=executor, sample=args.sample,
     )  # fmt: skip
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -293,6 +346,23 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     _plot_after(args, out)
     print(f"written: {out / 'goodput.csv'}")
     return 0
+
+
+def _sample_options(p: argparse.ArgumentParser) -> None:
+    from twin.studies.samples import DEFAULT_REPLICATES, DEFAULT_SAMPLE
+
+    p.add_argument(
+        "--sample", type=int, default=DEFAULT_SAMPLE,
+        help=f"requests per sample (default {DEFAULT_SAMPLE}, from a convergence study)",
+    )  # fmt: skip
+    p.add_argument(
+        "--replicates", type=int, default=DEFAULT_REPLICATES, metavar="K",
+        help=f"independent samples, for the 95%% CI (default {DEFAULT_REPLICATES})",
+    )  # fmt: skip
+    p.add_argument(
+        "--convergence", metavar="N,N,...",
+        help="run at each sample size and print how the goodput moves (e.g. 250,500,1000)",
+    )  # fmt: skip
 
 
 def _executor_args(p: argparse.ArgumentParser) -> None:
@@ -506,7 +576,7 @@ def build_parser() -> argparse.ArgumentParser:
     budget = pv.add_mutually_exclusive_group()
     budget.add_argument("--power", metavar="W", help="power budget, e.g. '20 kW' or 20000")
     budget.add_argument("--gpus", type=int, metavar="N", help="GPU budget (default: the spec's)")
-    pv.add_argument("--sample", type=int, default=500, help="requests per trial (default 500)")
+    _sample_options(pv)
     pv.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a value")
     pv.set_defaults(func=cmd_provision)
     pl = sub.add_parser(
@@ -516,9 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument(
         "--set", action="append", metavar="KEY.PATH=VALUE", help="override a spec value"
     )
-    pl.add_argument(
-        "--sample", type=int, default=1000, help="requests of the workload to simulate (1000)"
-    )
+    _sample_options(pl)
     pl.add_argument(
         "--target-rate", type=float, metavar="RPS", help="replicate to this rate, not to fill"
     )
@@ -538,6 +606,9 @@ def build_parser() -> argparse.ArgumentParser:
     gp.add_argument("--rate-key", choices=["workload.rate_scale", "workload.arrival.rate"])
     gp.add_argument("--target", type=float, help="SLO attainment to meet (default slo.target)")
     gp.add_argument("--rel-tol", type=float, help="relative tolerance of the bisection (0.05)")
+    gp.add_argument(
+        "--sample", type=int, metavar="N", help="requests per run (workload.max_requests)"
+    )
     gp.add_argument("--no-plots", action="store_true", help="do not plot the folder afterwards")
     gp.set_defaults(func=cmd_goodput)
 

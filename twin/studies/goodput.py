@@ -36,8 +36,10 @@ from typing import Any
 import numpy as np
 
 from twin.errors import SpecError
+from twin.request import Request
 from twin.sim.spec import ExperimentSpec, resolve_spec
 from twin.studies.compare import _set_path
+from twin.studies.samples import ci95, horizon_s, sample_warnings
 from twin.studies.sweep import (
     RATE_KEYS,
     Axis,
@@ -141,17 +143,6 @@ def offered_rps(spec: ExperimentSpec) -> float:
     return (n - 1) / (last - first)
 
 
-def ci95(values: Sequence[float]) -> float:
-    """Half-width of the 95% confidence interval of the mean (Student t)."""
-    k = len(values)
-    if k < 2:
-        return math.nan
-    from scipy.stats import t
-
-    sd = float(np.std(values, ddof=1))
-    return float(t.ppf(0.975, k - 1)) * sd / math.sqrt(k)
-
-
 @dataclass(frozen=True)
 class GoodputRow:
     """One configuration: its swept values, per-seed rates (the rate key's
@@ -164,6 +155,7 @@ class GoodputRow:
     goodputs_rps: tuple[float, ...]
     bounded: bool
     gpus: int
+    warnings: tuple[str, ...] = ()
 
     @property
     def mean_rps(self) -> float:
@@ -218,6 +210,8 @@ class Goodput:
                 f"{r.per_gpu:>9.4f}{mark}"
             )
         lines.append(f"rate key {self.rate_key}; {self.probes} simulation runs")
+        for r in self.rows:
+            lines += [f"warning: {r.label or '(base)'}: {w}" for w in r.warnings]
         return "\n".join(lines)
 
 
@@ -254,6 +248,40 @@ def _config_axes(axes: Sequence[Axis], drop: set[str]) -> list[Axis]:
     return out
 
 
+def _first(spec: ExperimentSpec, limit: int) -> list[Request]:
+    from twin.workload.stream import iter_requests
+
+    rng = np.random.default_rng(np.random.SeedSequence(spec.seed).spawn(2)[0])
+    return list(itertools.islice(iter_requests(spec.workload, rng), limit))
+
+
+def _replicates(
+    spec: ExperimentSpec, per_seed: dict[int, dict[str, Any]], seeds: Sequence[int], at: str,
+    base_dir: Path,
+) -> tuple[dict[int, dict[str, Any]], tuple[int, int, float | None]]:  # fmt: skip
+    """The runs of one configuration, by seed, as independent samples: a
+    trace's runs move to consecutive windows of ``max_requests`` requests
+    (those that hold a full window; one run without ``max_requests``); and
+    (requests per run asked, requests in the first run, a request's lifetime
+    at the SLOs)."""
+    w = spec.workload
+    n = w.max_requests
+    first = _first(spec, n if n is not None else 10**7)
+    notes = (n or len(first), len(first), horizon_s(spec.slo, first))
+    if w.trace is None:
+        return per_seed, notes
+    if n is None:
+        return {seeds[0]: per_seed[seeds[0]]}, notes
+    out = {seeds[0]: per_seed[seeds[0]]}
+    for j, s in enumerate(seeds[1:], start=1):
+        d = copy.deepcopy(per_seed[s])
+        _set_path(d, "workload.skip", w.skip + j * n, at)
+        if len(_first(resolve_spec(d, at, base_dir), n)) < n:
+            break
+        out[s] = d
+    return out, notes
+
+
 def goodput(
     data: Mapping[str, Any],
     where: str,
@@ -263,6 +291,7 @@ def goodput(
     seeds: int | None = None,
     target: float | None = None,
     start: float | None = None,
+    sample: int | None = None,
     rel_tol: float = 0.05,
     max_steps: int = 12,
     executor: Executor | None = None,
@@ -272,7 +301,14 @@ def goodput(
     overrides applied). ``seeds``: K seeds from the spec's seed on (default:
     the swept ``seed:`` values, else 3); ``target``: the attainment to meet
     (default each configuration's ``slo.target``); ``start``: the first rate
-    tried (default the rate key's value in the spec, else 1)."""
+    tried (default the rate key's value in the spec, else 1); ``sample``:
+    requests per run (``workload.max_requests``; default the spec's own).
+
+    The K runs of a configuration are independent samples of its workload: a
+    synthetic one at K seeds; a trace, whose requests no seed changes, in K
+    consecutive windows of ``max_requests`` requests (``workload.skip``), as
+    many as it holds. Each row carries the warnings of
+    :func:`twin.studies.samples.sample_warnings`."""
     axes = parse_sweep(data["sweep"], where) if "sweep" in data else []
     key = _rate_key(data, axes, rate_key)
     if key not in RATE_KEYS:
@@ -290,6 +326,10 @@ def goodput(
         seed_list = [seed0 + k for k in range(DEFAULT_SEEDS)] if isinstance(seed0, int) else []
     if not seed_list:
         raise SpecError(f"{where}: seed: {seed0!r} must be a non-negative integer")
+    if sample is not None:
+        if sample < 1:
+            raise SpecError(f"--sample: {sample} must be a positive integer")
+        _set_path(base, "workload.max_requests", sample, where)
     if start is None:
         first = next((a.rows[0][a.keys.index(key)] for a in axes if key in a.keys), None)
         given = _get_path(base, key)
@@ -314,14 +354,15 @@ def goodput(
             _set_path(d, key, start, at)
             per_seed[seed] = d
         spec = resolve_spec(per_seed[seed_list[0]], at, base_dir)
+        per_seed, notes = _replicates(spec, per_seed, seed_list, at, base_dir)
         tgt = spec.slo.target if target is None else target
         label = make_label(params, caxes, ())
-        configs.append((params, label, tgt, _gpus(spec.resolved), per_seed, at))
+        configs.append((params, label, tgt, _gpus(spec.resolved), per_seed, at, notes))
 
     searches = {
         (c, s): rate_search(start, rel_tol=rel_tol, up=max_steps, down=max_steps)
         for c in range(len(configs))
-        for s in seed_list
+        for s in configs[c][4]
     }
     pending = {cs: next(g) for cs, g in searches.items()}
     found: dict[tuple[int, int], tuple[float, bool]] = {}
@@ -349,9 +390,9 @@ def goodput(
         sys.stderr.write("\n")
 
     rows = []
-    for c, (params, label, _tgt, gpus, per_seed, at) in enumerate(configs):
+    for c, (params, label, tgt, gpus, per_seed, at, notes) in enumerate(configs):
         rates, rps = [], []
-        for s in seed_list:
+        for s in per_seed:
             rate, _ = found[(c, s)]
             rates.append(rate)
             if rate > 0:
@@ -360,8 +401,22 @@ def goodput(
                 rps.append(offered_rps(resolve_spec(d, at, base_dir)))
             else:
                 rps.append(0.0)
-        bounded = all(found[(c, s)][1] for s in seed_list)
+        bounded = all(found[(c, s)][1] for s in per_seed)
+        asked, got, horizon = notes
+        warn = sample_warnings(
+            asked=asked, got=got, target=tgt, replicates_asked=len(seed_list),
+            replicates=len(per_seed), mean=float(np.mean(rps)), ci=ci95(rps), horizon_s=horizon,
+        )  # fmt: skip
         rows.append(
-            GoodputRow(label, params, tuple(seed_list), tuple(rates), tuple(rps), bounded, gpus)
+            GoodputRow(
+                label,
+                params,
+                tuple(per_seed),
+                tuple(rates),
+                tuple(rps),
+                bounded,
+                gpus,
+                tuple(warn),
+            )  # fmt: skip
         )
     return Goodput(key, keys, rows, probes)

@@ -45,19 +45,23 @@ requests by default); a sample too small to queue gives optimistic numbers.
 
 from __future__ import annotations
 
-import itertools
+import dataclasses
 import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from twin.errors import CapacityError, ProfileError, SpecError
 from twin.request import Request
 from twin.scheduler import ClusterView, Plan, Route
 from twin.sim.spec import ExperimentSpec, resolve_spec
+from twin.studies.samples import (
+    DEFAULT_REPLICATES,
+    DEFAULT_SAMPLE,
+    replicate_samples,
+    sample_warnings,
+)
 
 __all__ = ["Candidate", "DistServePlan", "plan_distserve"]
 
@@ -124,6 +128,19 @@ class DistServePlan:
     transfer_mode: str
     multi_nic: bool
     reasons: tuple[str, ...] = field(default_factory=tuple)
+    capacity_samples: tuple[float, ...] = ()
+    """The plan's goodput (req/s) on each independent sample, the planning one first."""
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def capacity_mean(self) -> float:
+        return statistics.fmean(self.capacity_samples) if self.capacity_samples else math.nan
+
+    @property
+    def capacity_ci95(self) -> float:
+        from twin.studies.samples import ci95
+
+        return ci95(self.capacity_samples)
 
     @property
     def gpus_used(self) -> int:
@@ -178,11 +195,18 @@ class DistServePlan:
             f"est. goodput {self.capacity_rps:.2f} req/s "
             f"({self.capacity_rps / max(1, self.gpus_used):.3f} per GPU)"
         )
+        k = len(self.capacity_samples)
+        if k > 1:
+            lines.append(
+                f"over {k} samples of {self.sample_size} requests (the counts kept): "
+                f"{self.capacity_mean:.2f} +- {self.capacity_ci95:.2f} req/s (95% CI)"
+            )
         lines.append(
             "runtime: scheduler distserve (FCFS per instance, shortest-queue prefill, "
             f"least-loaded decode{', same node' if self.pair == 'node' else ''}), "
             "KV pulled by the decode side"
         )
+        lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 
 
@@ -253,13 +277,6 @@ def _unit_repeats(cp: Candidate, kp: int, cd: Candidate, kd: int, per_node: int)
     for i, n in zip(order, where, strict=True):
         per.setdefault(n, [0, 0])[roles[i] == "decode"] += 1
     return sorted(per) == list(range(nodes)) and all(v == [kp, kd] for v in per.values())
-
-
-def _sample(spec: ExperimentSpec, n: int) -> list[Request]:
-    from twin.workload.stream import iter_requests
-
-    rng = np.random.default_rng(np.random.SeedSequence(spec.seed).spawn(2)[0])
-    return list(itertools.islice(iter_requests(spec.workload, rng), n))
 
 
 class _Planner:
@@ -471,6 +488,14 @@ class _Planner:
         return sorted(out, key=lambda c: (c[0] * c[1], c[1], c[0]))
 
 
+def _prefill_probe(pl: _Planner, c: Candidate) -> Callable[[float], float]:
+    return lambda r: pl.prefill_attainment(c.tp, c.pp, r)
+
+
+def _decode_probe(pl: _Planner, c: Candidate, feed: Candidate) -> Callable[[float], float]:
+    return lambda r: pl.decode_attainment(c.tp, c.pp, feed, r)
+
+
 def _best(cands: Sequence[Candidate]) -> Candidate | None:
     ok = [c for c in cands if c.goodput_rps > 0]
     return max(ok, key=lambda c: (c.per_gpu, -c.gpus, -c.pp, -c.tp), default=None)
@@ -480,7 +505,8 @@ def plan_distserve(
     spec: ExperimentSpec,
     *,
     sample: list[Request] | None = None,
-    sample_size: int = 1000,
+    sample_size: int = DEFAULT_SAMPLE,
+    replicates: int = DEFAULT_REPLICATES,
     max_gpus_per_instance: int = 8,
     target_rate: float | None = None,
     affinity_fraction: float = 0.05,
@@ -492,7 +518,11 @@ def plan_distserve(
 
     ``sample``: the requests to simulate (default: the first ``sample_size`` of
     the spec's workload, drawn as a run would); their arrival pattern is kept
-    and scaled in time to each probed rate. ``target_rate`` (requests/s):
+    and scaled in time to each probed rate. ``replicates``: independent samples
+    (:func:`twin.studies.samples.replicate_samples`; only the given
+    ``sample`` when one is given) on which the chosen prefill and decode
+    configurations are scored again, the counts kept, for the interval of the
+    plan's goodput. ``target_rate`` (requests/s):
     replicate to reach it instead of filling the cluster. High node affinity
     needs a typical prompt's cross-node hand-off within ``affinity_fraction``
     of the TTFT SLO and the path busy at most ``max_link_busy`` of the time at
@@ -504,8 +534,15 @@ def plan_distserve(
     """
     if target_rate is not None and not target_rate > 0:
         raise SpecError(f"target_rate: {target_rate!r} must be > 0")
+    if replicates < 1:
+        raise SpecError(f"replicates: {replicates!r} must be at least 1")
     if sample is None:
-        sample = _sample(spec, sample_size)
+        samples = replicate_samples(spec, sample_size, replicates)
+        asked = sample_size
+    else:
+        samples = [sample]
+        asked, replicates = len(sample), 1
+    sample = samples[0]
     pl = _Planner(spec, sample, max_gpus_per_instance, iterations, max_decode_requests)
     configs = pl.configs()
 
@@ -643,6 +680,23 @@ def plan_distserve(
             f"{n_p} prefill, {n_d} decode"
         )
 
+    # The chosen configurations scored again on the other samples, the counts kept.
+    caps = [min(n_p * best_p.goodput_rps, n_d * best_d.goodput_rps)]
+    simulations = pl.simulations
+    for other in samples[1:]:
+        rp = _Planner(spec, other, max_gpus_per_instance, iterations, max_decode_requests)
+        gp = rp.goodput(_prefill_probe(rp, best_p))
+        gd = rp.goodput(_decode_probe(rp, best_d, dataclasses.replace(best_p, goodput_rps=gp)))
+        caps.append(min(n_p * gp, n_d * gd))
+        simulations += rp.simulations
+    from twin.studies.samples import ci95
+
+    warnings = sample_warnings(
+        asked=asked, got=len(sample), target=spec.slo.target, replicates_asked=replicates,
+        replicates=len(samples), mean=statistics.fmean(caps), ci=ci95(caps),
+        what="plan's goodput",
+    )  # fmt: skip
+
     res_cluster = spec.resolved["cluster"]
     return DistServePlan(
         model=spec.model.name,
@@ -664,10 +718,12 @@ def plan_distserve(
         capacity_rps=capacity,
         target_rate=target_rate,
         sample_size=len(pl.sample),
-        simulations=pl.simulations,
+        simulations=simulations,
         transfer_mode=spec.transfer.mode,
         multi_nic=spec.transfer.multi_nic,
         reasons=tuple(reasons),
+        capacity_samples=tuple(caps),
+        warnings=tuple(warnings),
     )
 
 

@@ -25,14 +25,20 @@ a mean rate of one request per second, is replayed at rate ``r`` (arrival
 times divided by ``r``), and ``r`` is found by doubling, then bisection to a
 relative tolerance.
 
+Each split's goodput is the mean over ``replicates`` independent samples
+(:func:`twin.studies.samples.replicate_samples`) with the half-width of its
+95% confidence interval; the best is the split with the highest mean, and
+the result warns (:func:`twin.studies.samples.sample_warnings`) when the
+sample is too small for the target, and when the best split's interval
+overlaps another's (the sample does not tell them apart).
+
 NOTE: attainment need not fall monotonically with the rate on a small
 sample; the bisection returns a rate that meets the target with a faster one
 that does not, not necessarily the largest. A larger ``sample`` steadies it.
 NOTE: a trial replays ``sample`` requests, so at rate ``r`` it covers
 ``sample / r`` seconds; when that is short next to the TTFT objective, the
-queues absorb the whole sample as one burst and the goodput comes out high.
-Use a sample that spans many TTFT objectives at the rates found (the search
-stops doubling at 4,096 req/s).
+queues absorb the whole sample as one burst and the goodput comes out high
+(the search stops doubling at 4,096 req/s).
 """
 
 from __future__ import annotations
@@ -52,6 +58,14 @@ from twin.perf.gpus import get_gpu
 from twin.request import Request
 from twin.serving.cluster import Placement, place_on_topology, placement_order
 from twin.sim.spec import ExperimentSpec, InstanceGroup, resolve_spec
+from twin.studies.samples import (
+    DEFAULT_REPLICATES,
+    DEFAULT_SAMPLE,
+    ci95,
+    horizon_s,
+    replicate_samples,
+    sample_warnings,
+)
 from twin.workload.stream import iter_requests
 
 
@@ -63,7 +77,9 @@ class Candidate:
     decode: int
     gpus: int
     power_w: float
-    goodput_rps: float
+    goodput_rps: float  # the mean over the samples
+    goodput_ci95: float = math.nan  # half-width of its 95% interval (NaN for one sample)
+    goodputs_rps: tuple[float, ...] = ()  # one per sample
 
     @property
     def goodput_per_gpu(self) -> float:
@@ -82,6 +98,8 @@ class Provision:
     decode_group: InstanceGroup
     left_out: list[tuple[int, int, str]] = dataclasses.field(default_factory=list)
     """Splits the topology cannot hold: ``(prefill, decode, why)``."""
+    sample: int = 0  # requests per sample
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
 
 _WATTS = {"W": 1.0, "kW": 1e3, "MW": 1e6}
@@ -159,6 +177,11 @@ def sample_requests(spec: ExperimentSpec, sample: int) -> list[Request]:
         reqs.append(req)
         if len(reqs) >= sample:
             break
+    return unit_rate(spec, reqs)
+
+
+def unit_rate(spec: ExperimentSpec, reqs: list[Request]) -> list[Request]:
+    """``reqs`` shifted to start at 0 and scaled to a mean rate of 1 request/s."""
     if len(reqs) < 2:
         raise SpecError(f"{spec.source}: workload: provisioning needs at least 2 requests")
     t0, span = reqs[0].arrival_s, reqs[-1].arrival_s - reqs[0].arrival_s
@@ -233,7 +256,8 @@ def provision(
     *,
     power_w: float | None = None,
     gpus: int | None = None,
-    sample: int = 500,
+    sample: int = DEFAULT_SAMPLE,
+    replicates: int = DEFAULT_REPLICATES,
     tol: float = 0.05,
 ) -> Provision:
     """Search prefill:decode instance counts within a budget of ``power_w``
@@ -257,6 +281,8 @@ def provision(
         cost_p, cost_d, budget, label = gp, gd, float(gpus), f"{gpus} GPUs"
     if sample < 2:
         raise SpecError(f"sample {sample!r} must be at least 2 requests")
+    if replicates < 1:
+        raise SpecError(f"replicates {replicates!r} must be at least 1")
     splits = []
     n_p = 1
     while n_p * cost_p + cost_d <= budget + 1e-9:
@@ -268,7 +294,7 @@ def provision(
             f"a budget of {label} holds no prefill + decode pair "
             f"({cost_p + cost_d:g} {'W' if power_w is not None else 'GPUs'} for the smallest)"
         )
-    reqs = sample_requests(base, sample)
+    samples = [unit_rate(base, r) for r in replicate_samples(base, sample, replicates)]
     out = []
     left_out: list[tuple[int, int, str]] = []
     for n_p, n_d in splits:
@@ -277,19 +303,40 @@ def provision(
         except SpecError as e:
             left_out.append((n_p, n_d, str(e)))
             continue
+        rates = tuple(goodput(spec, reqs, tol=tol) for reqs in samples)
         out.append(
             Candidate(
                 prefill=n_p,
                 decode=n_d,
                 gpus=n_p * gp + n_d * gd,
                 power_w=placed_power_w(spec),
-                goodput_rps=goodput(spec, reqs, tol=tol),
+                goodput_rps=float(np.mean(rates)),
+                goodput_ci95=ci95(rates),
+                goodputs_rps=rates,
             )
         )
     if not out:
         raise SpecError(left_out[0][2])
     best = max(out, key=lambda c: (c.goodput_rps, -c.power_w, -c.prefill))
-    return Provision(out, best, label, pg, dg, left_out)
+    warnings = sample_warnings(
+        asked=sample, got=len(samples[0]), target=base.slo.target, replicates_asked=replicates,
+        replicates=len(samples), mean=best.goodput_rps, ci=best.goodput_ci95,
+        what="best split's goodput", horizon_s=horizon_s(base.slo, samples[0]),
+    )  # fmt: skip
+    for c in out:
+        if c is not best and _overlap(best, c):
+            warnings.append(
+                f"the best split's interval ({best.goodput_rps:.3f} +- {best.goodput_ci95:.3f}) "
+                f"overlaps {c.prefill}:{c.decode}'s ({c.goodput_rps:.3f} +- "
+                f"{c.goodput_ci95:.3f} req/s): the sample does not tell them apart"
+            )
+    return Provision(out, best, label, pg, dg, left_out, len(samples[0]), warnings)
+
+
+def _overlap(a: Candidate, b: Candidate) -> bool:
+    if math.isnan(a.goodput_ci95) or math.isnan(b.goodput_ci95):
+        return False
+    return a.goodput_rps - a.goodput_ci95 <= b.goodput_rps + b.goodput_ci95
 
 
 def _on(g: InstanceGroup) -> str:
@@ -301,19 +348,24 @@ def format_provision(p: Provision) -> str:
     lines = [
         f"budget {p.budget}: prefill TP{p.prefill_group.tp}{_on(p.prefill_group)} x N, "
         f"decode TP{p.decode_group.tp}{_on(p.decode_group)} x M",
-        f"{'prefill':>8}{'decode':>8}{'gpus':>6}{'power W':>10}{'goodput rps':>13}{'per GPU':>10}",
+        f"{'prefill':>8}{'decode':>8}{'gpus':>6}{'power W':>10}{'goodput rps':>13}"
+        f"{'+- 95% CI':>11}{'per GPU':>10}",
     ]
     for c in p.candidates:
         mark = "  <- best" if c == p.best else ""
+        ci = "-" if math.isnan(c.goodput_ci95) else f"{c.goodput_ci95:.3f}"
         lines.append(
             f"{c.prefill:>8}{c.decode:>8}{c.gpus:>6}{c.power_w:>10,.0f}"
-            f"{c.goodput_rps:>13.3f}{c.goodput_per_gpu:>10.3f}{mark}"
+            f"{c.goodput_rps:>13.3f}{ci:>11}{c.goodput_per_gpu:>10.3f}{mark}"
         )
     for n_p, n_d, why in p.left_out:
         lines.append(f"{n_p:>8}{n_d:>8}  left out: {why}")
     b = p.best
+    k = len(b.goodputs_rps)
     lines.append(
         f"best: {b.prefill} prefill + {b.decode} decode instances, {b.goodput_rps:.3f} req/s "
-        f"at SLO attainment >= target"
+        f"at SLO attainment >= target (mean of {k} sample{'s' if k != 1 else ''} of "
+        f"{p.sample} requests)"
     )
+    lines += [f"warning: {w}" for w in p.warnings]
     return "\n".join(lines)

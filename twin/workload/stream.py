@@ -26,6 +26,7 @@ YAML (the mapping under ``workload:``)::
     duration: 600 s               # keep arrivals with arrival_s < duration (after scaling)
     max_requests: 1000            # keep at most this many requests
     repeat: false                 # loop a finite trace until duration/max_requests
+    skip: 0                       # start at this request (a later window; it arrives at 0)
     prefix_block_tokens: 512      # tokens per hash id (Mooncake traces; default 512)
 
 ``arrival`` is required for ``lengths:`` and for length-only traces; for a
@@ -46,6 +47,7 @@ from twin import yamlio
 from twin._check import check_keys, is_int, is_number
 from twin._declare import (
     BOOL,
+    NONNEG_INT,
     POSITIVE_INT,
     POSITIVE_NUMBER,
     anything,
@@ -174,6 +176,10 @@ class WorkloadSpec:
     prefix_block_tokens: int = declared(
         MOONCAKE_BLOCK_TOKENS, POSITIVE_INT, "tokens per prefix hash (Mooncake hash_ids)"
     )
+    skip: int = declared(
+        0, NONNEG_INT,
+        "start at this request of the stream (a later window); it arrives at time 0",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if (self.trace is None) == (self.lengths is None):
@@ -202,6 +208,8 @@ class WorkloadSpec:
             not is_int(self.max_requests) or self.max_requests < 1
         ):
             raise SpecError(f"max_requests(={self.max_requests!r}) must be an integer >= 1")
+        if not is_int(self.skip) or self.skip < 0:
+            raise SpecError(f"skip(={self.skip!r}) must be an integer >= 0")
         if not isinstance(self.repeat, bool):
             raise SpecError(f"repeat(={self.repeat!r}) must be true or false")
         if not is_int(self.prefix_block_tokens) or self.prefix_block_tokens < 1:
@@ -245,6 +253,8 @@ class WorkloadSpec:
                 kw["max_requests"] = m["max_requests"]
             if "repeat" in m:
                 kw["repeat"] = m["repeat"]
+            if "skip" in m:
+                kw["skip"] = m["skip"]
             if "prefix_block_tokens" in m:
                 kw["prefix_block_tokens"] = m["prefix_block_tokens"]
             return cls(**kw)  # type: ignore[arg-type]
@@ -450,7 +460,10 @@ def iter_requests(spec: WorkloadSpec, rng: np.random.Generator) -> Iterator[Requ
     A trace file is read whole on the first ``next()``; synthetic streams are
     drawn in chunks. ``arrival_s`` is the source time divided by ``rate_scale``;
     the stream stops at the first arrival ``>= duration_s``, after
-    ``max_requests`` requests, or when a non-repeated trace ends.
+    ``max_requests`` requests, or when a non-repeated trace ends. ``skip``
+    drops the first requests of the stream and shifts the rest so that the
+    first kept one arrives at 0; ids, ``duration_s`` and ``max_requests``
+    count from it.
     """
     arrival_rng, length_rng = rng.spawn(2)
     records: Iterator[TraceRecord]
@@ -474,11 +487,20 @@ def iter_requests(spec: WorkloadSpec, rng: np.random.Generator) -> Iterator[Requ
         records = _sampled(_sampler(spec.lengths), length_rng)
         times = arrival_times(spec.arrival, arrival_rng)
 
+    pairs: Iterator[tuple[float, TraceRecord]] = zip(times, records)  # noqa: B905 (either may end first)
+    t0 = 0.0
+    if spec.skip:
+        pairs = itertools.islice(pairs, spec.skip, None)
+        first = next(pairs, None)
+        if first is None:
+            return
+        t0 = first[0]
+        pairs = itertools.chain((first,), pairs)
     limit = spec.max_requests
-    for i, (t, r) in enumerate(zip(times, records)):  # noqa: B905 (either may end first)
+    for i, (t, r) in enumerate(pairs):
         if limit is not None and i >= limit:
             return
-        arrival_s = t / spec.rate_scale
+        arrival_s = (t - t0) / spec.rate_scale
         if spec.duration_s is not None and arrival_s >= spec.duration_s:
             return
         yield Request(
