@@ -186,11 +186,6 @@ class WorkloadSpec:
     rate_scale: float = declared(
         1.0, POSITIVE_NUMBER, "arrival times divided by it (2.0 = twice the rate)"
     )
-    rate_schedule: RateSchedule | None = declared(
-        None, anything(RATE_SCHEDULE_SCHEMA),
-        "a multiplier on the arrival rate over time, by time warping: {kind: "
-        + " | ".join(KINDS) + ", ...}",
-    )  # fmt: skip
     duration_s: float | None = declared(
         None, seconds(), "keep arrivals before this time (after scaling)", key="duration"
     )
@@ -202,6 +197,11 @@ class WorkloadSpec:
     skip: int = declared(
         0, NONNEG_INT,
         "start at this request of the stream (a later window); it arrives at time 0",
+    )  # fmt: skip
+    rate_schedule: RateSchedule | None = declared(
+        None, anything(RATE_SCHEDULE_SCHEMA),
+        "a multiplier on the arrival rate over time, by time warping: {kind: "
+        + " | ".join(KINDS) + ", ...}",
     )  # fmt: skip
 
     def __post_init__(self) -> None:
