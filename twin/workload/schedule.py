@@ -77,6 +77,11 @@ def _as_array(x: Any) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
+def _from_zero(x: Any) -> np.ndarray:
+    """``x`` as a float array, negative values (before the schedule's 0) taken as 0."""
+    return np.maximum(_as_array(x), 0.0)
+
+
 @dataclass(frozen=True, slots=True)
 class Piecewise:
     """``steps`` (constant from each point to the next) or ``linear`` (straight
@@ -120,22 +125,22 @@ class Piecewise:
 
     def rate(self, t: Any) -> np.ndarray:
         """``m(t)``."""
-        t = _as_array(t)
+        t = _from_zero(t)
         knots, v, slope, _ = self._knots()
         i = np.searchsorted(knots, t, side="right") - 1
         return np.maximum(v[i] + slope[i] * (t - knots[i]), 0.0)
 
     def cumulative(self, t: Any) -> np.ndarray:
-        """``M(t)`` for ``t >= 0``."""
-        t = _as_array(t)
+        """``M(t)``."""
+        t = _from_zero(t)
         knots, v, slope, m0 = self._knots()
         i = np.searchsorted(knots, t, side="right") - 1
         s = t - knots[i]
         return m0[i] + v[i] * s + 0.5 * slope[i] * s * s
 
     def inverse(self, u: Any) -> np.ndarray:
-        """``M^-1(u)`` for ``u >= 0``; ``inf`` past the total of a schedule ending at 0."""
-        u = _as_array(u)
+        """``M^-1(u)``; ``inf`` past the total of a schedule ending at 0."""
+        u = _from_zero(u)
         knots, v, slope, m0 = self._knots()
         i = np.searchsorted(m0, u, side="right") - 1
         r = np.maximum(u - m0[i], 0.0)
@@ -177,13 +182,13 @@ class Diurnal:
         return mid + amp * np.cos(w * (_as_array(t) - self.peak_s))
 
     def cumulative(self, t: Any) -> np.ndarray:
-        t = _as_array(t)
+        t = _from_zero(t)
         mid, amp, w = self._shape()
         p = self.peak_s
         return mid * t + (amp / w) * (np.sin(w * (t - p)) + math.sin(w * p))
 
     def inverse(self, u: Any) -> np.ndarray:
-        u = _as_array(u)
+        u = _from_zero(u)
         mid, _, _ = self._shape()
         per = mid * self.period_s  # M(t + period) = M(t) + per
         k = np.floor(u / per)
@@ -232,7 +237,7 @@ class Bursts:
         return np.where(s < self.on_s, self.high, self.low)
 
     def cumulative(self, t: Any) -> np.ndarray:
-        t = _as_array(t)
+        t = _from_zero(t)
         period = self.on_s + self.off_s
         k = np.floor(t / period)
         s = t - k * period
@@ -240,7 +245,7 @@ class Bursts:
         return k * (self.high * self.on_s + self.low * self.off_s) + burst
 
     def inverse(self, u: Any) -> np.ndarray:
-        u = _as_array(u)
+        u = _from_zero(u)
         period = self.on_s + self.off_s
         per = self.high * self.on_s + self.low * self.off_s
         k = np.floor(u / per)
