@@ -72,6 +72,19 @@ def test_every_bundled_experiment_meets_the_schema(schema, name):
         {"perf": {"kind": "table"}},
         {"perf": {"kind": "roofline", "mfuu": 0.5}},
         {"workload": {"lengths": "azure-conv", "arrival": {"process": "weibull", "rate": 1}}},
+        {"workload": {"lengths": "azure-conv", "rate_schedule": {"kind": "sine"}}},
+        {
+            "workload": {
+                "lengths": "azure-conv",
+                "rate_schedule": {"kind": "steps", "points": [[0, -1]]},
+            }
+        },
+        {
+            "workload": {
+                "lengths": "azure-conv",
+                "rate_schedule": {"kind": "bursts", "on": "1 s", "off": "1 s"},
+            }
+        },
     ],
 )
 def test_the_schema_refuses_what_the_loader_refuses(schema, bad):

@@ -23,6 +23,10 @@ YAML (the mapping under ``workload:``)::
     #   output: {dist: fixed, value: 128}}         # lognormal: median|mean, sigma|cv
     #  {empirical: path.csv, format: auto}         # rows drawn with replacement
     rate_scale: 1.0               # arrival times divided by it (2.0 = twice the rate)
+    rate_schedule: {kind: steps, points: [[0 s, 1.0], [10 min, 2.0]]}  # m(t) on the rate
+    #  {kind: linear, points: [[0 s, 0.5], [30 min, 2.0]]}   # straight between points
+    #  {kind: diurnal, period: 24 h, min: 0.3, max: 1.0, peak: 14 h}
+    #  {kind: bursts, on: 30 s, off: 90 s, high: 4.0, low: 1.0}
     duration: 600 s               # keep arrivals with arrival_s < duration (after scaling)
     max_requests: 1000            # keep at most this many requests
     repeat: false                 # loop a finite trace until duration/max_requests
@@ -31,11 +35,19 @@ YAML (the mapping under ``workload:``)::
 
 ``arrival`` is required for ``lengths:`` and for length-only traces; for a
 timed trace it replaces the trace's times (lengths keep the file order).
+
+The time of a request is made in this order: the source time (trace or
+arrival process), ``skip`` (drop the first requests, shift the rest to start
+at 0), ``/ rate_scale``, then the ``rate_schedule`` warp
+(:mod:`twin.workload.schedule`: ``t = M^-1(u)``) on the simulation's clock,
+then ``duration`` on the warped time. The schedule's time 0 is the first kept
+request's, so every ``skip`` window sees the same schedule.
 Relative paths resolve against ``base_dir`` (the spec file's folder)."""
 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +89,12 @@ from twin.workload.lengths import (
     Marginal,
     bundled_table,
     bundled_table_path,
+)
+from twin.workload.schedule import (
+    KINDS,
+    RATE_SCHEDULE_SCHEMA,
+    RateSchedule,
+    parse_rate_schedule,
 )
 from twin.workload.traces import (
     MOONCAKE_BLOCK_TOKENS,
@@ -180,6 +198,11 @@ class WorkloadSpec:
         0, NONNEG_INT,
         "start at this request of the stream (a later window); it arrives at time 0",
     )  # fmt: skip
+    rate_schedule: RateSchedule | None = declared(
+        None, anything(RATE_SCHEDULE_SCHEMA),
+        "a multiplier on the arrival rate over time, by time warping: {kind: "
+        + " | ".join(KINDS) + ", ...}",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if (self.trace is None) == (self.lengths is None):
@@ -244,6 +267,10 @@ class WorkloadSpec:
                 kw["lengths"] = _lengths(m["lengths"], f"{where}.lengths", base_dir)
             if "rate_scale" in m:
                 kw["rate_scale"] = m["rate_scale"]
+            if m.get("rate_schedule") is not None:
+                kw["rate_schedule"] = parse_rate_schedule(
+                    m["rate_schedule"], f"{where}.rate_schedule"
+                )
             if m.get("duration") is not None:
                 try:
                     kw["duration_s"] = parse_duration(m["duration"])
@@ -454,6 +481,18 @@ def _trace_times(records: list[TraceRecord], period: float | None) -> Iterator[f
             yield t + shift
 
 
+def _warped(
+    pairs: Iterator[tuple[float, TraceRecord]], schedule: RateSchedule
+) -> Iterator[tuple[float, TraceRecord]]:
+    """``pairs`` with each time ``u`` moved to ``schedule.inverse(u)``, ``_CHUNK`` at a time."""
+    while True:
+        chunk = list(itertools.islice(pairs, _CHUNK))
+        if not chunk:
+            return
+        times = schedule.inverse(np.fromiter((u for u, _ in chunk), np.float64, len(chunk)))
+        yield from zip(times.tolist(), (r for _, r in chunk), strict=True)
+
+
 def iter_requests(spec: WorkloadSpec, rng: np.random.Generator) -> Iterator[Request]:
     """The requests of ``spec`` in arrival order, lazily, with ids 0, 1, 2, ...
 
@@ -463,7 +502,8 @@ def iter_requests(spec: WorkloadSpec, rng: np.random.Generator) -> Iterator[Requ
     ``max_requests`` requests, or when a non-repeated trace ends. ``skip``
     drops the first requests of the stream and shifts the rest so that the
     first kept one arrives at 0; ids, ``duration_s`` and ``max_requests``
-    count from it.
+    count from it. A ``rate_schedule`` then warps the scaled time ``u`` to
+    ``M^-1(u)`` (see the module docstring for the order), a chunk at a time.
     """
     arrival_rng, length_rng = rng.spawn(2)
     records: Iterator[TraceRecord]
@@ -497,11 +537,17 @@ def iter_requests(spec: WorkloadSpec, rng: np.random.Generator) -> Iterator[Requ
         t0 = first[0]
         pairs = itertools.chain((first,), pairs)
     limit = spec.max_requests
-    for i, (t, r) in enumerate(pairs):
+    scaled: Iterator[tuple[float, TraceRecord]] = (
+        ((t - t0) / spec.rate_scale, r) for t, r in pairs
+    )
+    if spec.rate_schedule is not None:
+        scaled = _warped(scaled, spec.rate_schedule)
+    for i, (arrival_s, r) in enumerate(scaled):
         if limit is not None and i >= limit:
             return
-        arrival_s = (t - t0) / spec.rate_scale
         if spec.duration_s is not None and arrival_s >= spec.duration_s:
+            return
+        if arrival_s == math.inf:  # the schedule ends at 0: nothing arrives any more
             return
         yield Request(
             i, arrival_s, r.prompt_tokens, r.output_tokens, r.prefix_hashes, r.prefix_block_tokens
