@@ -224,3 +224,21 @@ def test_plot_over_time_from_json_and_csv(tmp_path, capsys):
     (tmp_path / "x.csv").write_text("a,b\n1,2\n")
     assert main(["plot", "--timeline", str(tmp_path / "x.csv")]) == 2
     assert "not a timeline CSV" in capsys.readouterr().err
+
+
+def test_instances_going_down_and_up_reach_the_timeline_and_the_trace():
+    from twin.serving.observer import Broadcast
+    from twin.sim.metrics import SLO, Metrics
+    from twin.sim.trace import TraceRecorder, chrome_trace
+
+    metrics, rec = Metrics(SLO(), timeline=Timeline(1.0)), TraceRecorder()
+    obs = Broadcast([metrics, rec])
+    obs.run_started("x", [InstanceInfo(0, "mixed", 0, (0, 1))], None)
+    obs.instance_down(0.5, 0)
+    obs.instance_up(1.25, 0)
+    metrics.last_end_s = 2.0
+    rows = metrics.timeline_rows()
+    assert [r["instances_mixed"] for r in rows] == [0.5, 0.75]
+    assert [r["gpus_up"] for r in rows] == [1.0, 1.5]
+    instants = [(e["ts"], e["name"]) for e in chrome_trace(rec)["traceEvents"] if e["ph"] == "i"]
+    assert instants == [(500000, "down"), (1250000, "up")]
