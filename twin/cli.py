@@ -48,7 +48,7 @@ def cmd_compare(args: argparse.Namespace, data: dict[str, Any], where: str, base
         if value:
             raise TwinError(
                 f"{flag}: not available for a compare spec ({where} has compare:); "
-                "use --json, whose runs hold each entry's summary, instances and links"
+                "use --json, whose runs hold each entry's summary, instances, links and timeline"
             )
     only = [x.strip() for x in args.only.split(",") if x.strip()] if args.only else None
     result = run_compare(data, where, base_dir, args.set or [], only=only)
