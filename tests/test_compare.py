@@ -87,7 +87,7 @@ def test_json_holds_the_shared_header_and_every_run(capsys, tmp_path):
     assert h["labels"] == LABELS and list(doc["runs"]) == LABELS
     assert h["spec"]["compare"] == TINY["compare"]
     for label, run in doc["runs"].items():
-        assert set(run) == {"header", "summary", "instances", "links"}
+        assert set(run) == {"header", "summary", "instances", "links", "timeline"}
         assert run["header"]["spec"]["name"] == f"tiny/{label}"
         assert run["header"]["spec"]["scheduler"]["name"] == label
         assert run["summary"]["requests"] == 50

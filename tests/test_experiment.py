@@ -159,7 +159,7 @@ def test_output_layout(tmp_path):
     assert files == sorted(f"{r.run_id}.json" for r in done.runs)
     for run, row in zip(done.runs, rows[1:], strict=True):
         doc = json.loads((out / "runs" / f"{run.run_id}.json").read_text())
-        assert list(doc) == ["params", "header", "summary", "instances", "links"]
+        assert list(doc) == ["params", "header", "summary", "instances", "links", "timeline"]
         assert doc["params"] == run.params
         assert doc["header"]["spec_sha256"][:12] == run.run_id == row[0]
         rec = dict(zip(head, row, strict=True))

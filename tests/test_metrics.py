@@ -39,3 +39,18 @@ def test_empty_distribution_reports_none():
         "p99": None,
         "max": None,
     }
+
+
+@pytest.mark.parametrize("limit", [1000, 10])
+def test_merged_distributions_are_one_distribution(limit):
+    rng = np.random.default_rng(2)
+    xs = rng.lognormal(0.0, 1.0, 300)
+    a, b, whole = Distribution(limit), Distribution(limit), Distribution(limit)
+    for i, x in enumerate(xs):
+        (a if i % 3 else b).add(float(x))
+        whole.add(float(x))
+    a.merge(b)
+    assert (a.count, a.min, a.max) == (whole.count, whole.min, whole.max)
+    assert a.total == pytest.approx(whole.total, rel=1e-12)
+    for q in (0.5, 0.99):
+        assert a.quantile(q) == whole.quantile(q)

@@ -43,11 +43,12 @@ def cmd_compare(args: argparse.Namespace, data: dict[str, Any], where: str, base
         ("--requests-csv", args.requests_csv),
         ("--links-csv", args.links_csv),
         ("--trace-out", args.trace_out),
+        ("--timeline-csv", args.timeline_csv),
     ):
         if value:
             raise TwinError(
                 f"{flag}: not available for a compare spec ({where} has compare:); "
-                "use --json, whose runs hold each entry's summary, instances and links"
+                "use --json, whose runs hold each entry's summary, instances, links and timeline"
             )
     only = [x.strip() for x in args.only.split(",") if x.strip()] if args.only else None
     result = run_compare(data, where, base_dir, args.set or [], only=only)
@@ -65,6 +66,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     text, where, base_dir = read_spec_text(args.spec)
     data = parse_yaml(text, where)
+    if args.window is not None:
+        # the same as --set output.window=..., so the header records it
+        try:
+            window = parse_duration(args.window)
+        except TwinError as e:
+            raise TwinError(f"--window: {e}") from None
+        if not 0 < window < math.inf:
+            raise TwinError(f"--window: {args.window!r} must be > 0")
+        args.set = [*(args.set or []), f"output.window={args.window}"]
     if "compare" in data:
         return cmd_compare(args, data, where, base_dir)
     if args.only:
@@ -85,6 +95,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         _open_out(args.trace_out).close()  # fail before the run, not after it
         recorder = TraceRecorder()
+    if args.timeline_csv:
+        _open_out(args.timeline_csv).close()  # fail before the run, not after it
     csv_file = _open_out(args.requests_csv) if args.requests_csv else None
     try:
         on_row = None
@@ -101,6 +113,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         from twin.sim.trace import write_chrome_trace
 
         write_chrome_trace(recorder, args.trace_out)
+    if args.timeline_csv:
+        from twin.sim.timeline import write_timeline_csv
+
+        write_timeline_csv(result["timeline"], args.timeline_csv)
     if args.links_csv:
         with _open_out(args.links_csv) as f:
             w = csv.writer(f, lineterminator="\n")
@@ -454,10 +470,12 @@ def cmd_topo(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from twin.viz.plots import plot_cdfs, plot_dir, plot_timeline
+    from twin.viz.plots import plot_cdfs, plot_dir, plot_over_time, plot_timeline
 
-    if args.dir is None and not args.requests and not args.trace:
-        raise TwinError("twin plot: give a sweep folder, --requests CSV ... or --trace FILE")
+    if args.dir is None and not args.requests and not args.trace and not args.timeline:
+        raise TwinError(
+            "twin plot: give a sweep folder, --requests CSV ..., --trace FILE or --timeline FILE"
+        )
     out = Path(args.out) if args.out else (Path(args.dir) / "plots" if args.dir else Path("."))
     written: list[Path] = []
     if args.dir is not None:
@@ -487,6 +505,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
             window = (a, b)
         stem = Path(args.trace).stem
         written += plot_timeline(args.trace, out / f"{stem}-timeline", window_s=window)
+    if args.timeline:
+        written += plot_over_time(args.timeline, out / f"{Path(args.timeline).stem}-over-time")
     for path in written:
         print(path)
     return 0
@@ -529,6 +549,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--trace-out",
         metavar="FILE",
         help="write a Chrome/Perfetto trace (iterations and KV transfers) to FILE",
+    )
+    r.add_argument(
+        "--window",
+        metavar="DURATION",
+        help="width of the timeline's windows (output.window; default 10 s)",
+    )
+    r.add_argument(
+        "--timeline-csv",
+        metavar="PATH",
+        help="write one row of metrics per window of simulated time",
     )
     r.add_argument("-q", "--quiet", action="store_true", help="print nothing")
     r.set_defaults(func=cmd_run)
@@ -636,7 +666,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_topo)
 
     pt = sub.add_parser(
-        "plot", help="plot a sweep folder, per-request CSVs or a trace; PNG and SVG"
+        "plot",
+        help="plot a sweep folder, per-request CSVs, a trace or a run's timeline; PNG and SVG",
     )
     pt.add_argument("dir", nargs="?", help="a sweep folder (runs.csv, goodput.csv, requests/)")
     pt.add_argument(
@@ -645,6 +676,11 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--trace", metavar="FILE", help="a timeline of this --trace-out file")
     pt.add_argument(
         "--window", metavar="START,END", help="the --trace timeline from START to END seconds"
+    )
+    pt.add_argument(
+        "--timeline",
+        metavar="FILE",
+        help="attainment and capacity over time of a `twin run --json` or --timeline-csv file",
     )
     pt.add_argument("--out", metavar="DIR", help="where to write (default: DIR/plots, else .)")
     pt.set_defaults(func=cmd_plot)

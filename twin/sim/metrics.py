@@ -12,15 +12,20 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from twin._declare import FRACTION, choice, declared, seconds
 from twin.request import Request
-from twin.serving.observer import Observer, Outcome
+from twin.serving.observer import InstanceInfo, Observer, Outcome
 from twin.serving.sequence import Sequence
+
+if TYPE_CHECKING:
+    from twin.net.topology import Topology
+    from twin.sim.timeline import Timeline
 
 QUANTILES = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99))
 
@@ -57,6 +62,32 @@ class Distribution:
                 self._exact = None
         else:
             self._buckets[self._bucket(x)] += 1
+
+    def merge(self, other: Distribution) -> None:
+        """Fold ``other``'s values into this one (as if each had been added)."""
+        if other.count == 0:
+            return
+        if self._exact is not None and other._exact is not None:
+            self.count += other.count
+            self.total += other.total
+            self.min = min(self.min, other.min)
+            self.max = max(self.max, other.max)
+            self._exact.extend(other._exact)
+            if len(self._exact) > self.exact_limit:
+                for v in self._exact:
+                    self._buckets[self._bucket(v)] += 1
+                self._exact = None
+            return
+        for d in (self, other):
+            if d._exact is not None:
+                for v in d._exact:
+                    d._buckets[d._bucket(v)] += 1
+                d._exact = None
+        self.count += other.count
+        self.total += other.total
+        self.min = min(self.min, other.min)
+        self.max = max(self.max, other.max)
+        self._buckets.update(other._buckets)
 
     def _bucket(self, x: float) -> int:
         if x <= 1e-12:
@@ -171,15 +202,20 @@ class Metrics(Observer):
     later, so the gaps the client sees are decode steps (and recompute stalls),
     never the hand-off. (Seeing tokens 1 and 2 together at that step's end
     would count a zero gap: TPOT 0 for a 2-token request.) The engines record
-    the instants; the rule is applied here, and only here."""
+    the instants; the rule is applied here, and only here.
+
+    ``timeline`` (a :class:`~twin.sim.timeline.Timeline`), when given, gets the
+    same requests and the instances' changes, window by window."""
 
     def __init__(
         self,
         slo: SLO,
         on_row: Callable[[dict[str, Any]], None] | None = None,
         ttft_at: str = "decode",
+        timeline: Timeline | None = None,
     ) -> None:
         self.slo = slo
+        self.timeline = timeline
         self.on_row = on_row
         self.ttft_at_decode = ttft_at == "decode"
         self.completed = 0
@@ -206,6 +242,28 @@ class Metrics(Observer):
     def ended(self) -> int:
         return self.completed + self.rejected
 
+    def run_started(
+        self, name: str, instances: Seq[InstanceInfo], topology: Topology | None
+    ) -> None:
+        if self.timeline is not None:
+            self.timeline.start(instances)
+
+    def role_changed(self, now: float, instance: int, old: str, new: str) -> None:
+        if self.timeline is not None:
+            self.timeline.role_changed(now, instance, new)
+
+    def instance_up(self, now: float, instance: int, info: InstanceInfo | None = None) -> None:
+        if self.timeline is not None:
+            self.timeline.instance_up(now, instance, info)
+
+    def instance_down(self, now: float, instance: int) -> None:
+        if self.timeline is not None:
+            self.timeline.instance_down(now, instance)
+
+    def timeline_rows(self) -> list[dict[str, Any]]:
+        """The timeline's rows up to the last request's end ([] without one)."""
+        return self.timeline.rows(self.last_end_s) if self.timeline is not None else []
+
     def request_ended(
         self, now: float, instance: int, req: Request, seq: Sequence | None, outcome: Outcome,
         reason: str,
@@ -214,7 +272,7 @@ class Metrics(Observer):
             assert seq is not None
             self.complete(seq)
         else:
-            self.reject(req, reason, now)
+            self.reject(req, reason, now, outcome)
 
     def complete(self, s: Sequence) -> None:
         req = s.req
@@ -253,6 +311,11 @@ class Metrics(Observer):
         self.preemptions += s.preemptions
         if s.t_finish > self.last_end_s:
             self.last_end_s = s.t_finish
+        if self.timeline is not None:
+            self.timeline.completed(
+                req.arrival_s, s.t_finish, ttft, tpot, ttft_ok and tpot_ok, s.t_scheduled,
+                s.t_transfer_end, s.t_decode_start,
+            )  # fmt: skip
         if self.on_row is not None:
             costs: Any = s.handoff_costs if moved else None
             self.on_row(
@@ -299,11 +362,13 @@ class Metrics(Observer):
                 }
             )
 
-    def reject(self, req: Request, reason: str, now: float) -> None:
+    def reject(self, req: Request, reason: str, now: float, outcome: str = "rejected") -> None:
         self.rejected += 1
         self.reject_reasons[reason] += 1
         if now > self.last_end_s:
             self.last_end_s = now
+        if self.timeline is not None:
+            self.timeline.ended(req.arrival_s, now, outcome)
         if self.on_row is not None:
             row: dict[str, Any] = dict.fromkeys(REQUEST_COLUMNS, "")
             row.update(

@@ -43,6 +43,7 @@ from twin.serving.sequence import Sequence
 from twin.sim.control import ControlLoop, apply_plan
 from twin.sim.metrics import Metrics
 from twin.sim.spec import ExperimentSpec, apply_overrides, load_spec, resolve_spec
+from twin.sim.timeline import Timeline
 from twin.sim.trace import EventLog, TraceRecorder
 from twin.workload.stream import file_sha256, iter_requests
 
@@ -56,6 +57,7 @@ class Result:
     summary: dict[str, Any]
     instances: list[dict[str, Any]]
     links: list[dict[str, Any]] = field(default_factory=list)
+    timeline: list[dict[str, Any]] = field(default_factory=list)  # twin.sim.timeline rows
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -63,6 +65,7 @@ class Result:
             "summary": self.summary,
             "instances": self.instances,
             "links": self.links,
+            "timeline": self.timeline,
         }
 
 
@@ -97,7 +100,7 @@ class Simulation:
         self.rng_workload = np.random.default_rng(seeds[0])
         self.rng_scheduler = np.random.default_rng(seeds[1])
         self._requests = requests
-        self.metrics = Metrics(spec.slo, on_row, spec.ttft_at)
+        self.metrics = Metrics(spec.slo, on_row, spec.ttft_at, Timeline(spec.window_s))
         subscribers: list[Observer] = [self.metrics]
         if log is not None:
             subscribers.append(EventLog(log))
@@ -360,7 +363,8 @@ class Simulation:
         summary["kv_bytes_saved"] = self.handoff.bytes_saved if self.handoff else 0.0
         summary["kv_bytes_fetched"] = self.kv_bytes_fetched
         links = self.network.link_stats() if self.network is not None else []
-        return Result(self._header(), summary, self._instance_stats(), links)
+        timeline = self.metrics.timeline_rows()
+        return Result(self._header(), summary, self._instance_stats(), links, timeline)
 
     def _check_conservation(self) -> None:
         if self.metrics.ended != self._arrived:

@@ -47,6 +47,7 @@ from twin._declare import (
     one_of_schemas,
     read,
     schema,
+    seconds,
     section,
     string,
 )
@@ -59,6 +60,7 @@ from twin.scheduler import build_scheduler, scheduler_names
 from twin.serving.engine import EngineConfig
 from twin.serving.handoff import TransferConfig
 from twin.sim.metrics import SLO
+from twin.sim.timeline import DEFAULT_WINDOW_S
 from twin.workload.stream import WorkloadSpec
 
 PLACEMENTS = ("packed", "interleaved")
@@ -141,6 +143,15 @@ _SCHEDULER = Kind(_scheduler, one_of_schemas(_SCHEDULER_NAME.schema, lambda: sch
 
 
 @dataclass(frozen=True)
+class OutputKeys:
+    """What a run reports besides its summary (``output:``)."""
+
+    window_s: float = declared(
+        f"{DEFAULT_WINDOW_S:g} s", seconds(), "width of the timeline's windows", key="window"
+    )
+
+
+@dataclass(frozen=True)
 class TopKeys:
     """An experiment spec: the model, the GPU, the cluster, the engine, the
     performance model, the scheduler, the workload, the SLOs and the seed."""
@@ -169,6 +180,7 @@ class TopKeys:
     )  # fmt: skip
     slo: Any = declared(None, section(SLO), "latency objectives")
     transfer: Any = declared(None, section(TransferConfig), "how a split deployment moves KV")
+    output: Any = declared(None, section(OutputKeys), "what a run reports besides its summary")
 
 
 def spec_schema(extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
@@ -224,6 +236,7 @@ class ExperimentSpec:
     source: str
     base_dir: Path
     resolved: Mapping[str, Any] = field(repr=False)
+    window_s: float = DEFAULT_WINDOW_S  # output.window: the timeline's windows
 
     @property
     def sha256(self) -> str:
@@ -507,6 +520,11 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
     slo = read(SLO, top.slo, f"{where}: slo")
     out["slo"] = slo.written
 
+    # Only when given, so that specs without it keep their resolved form and sha256.
+    output = read(OutputKeys, top.output, f"{where}: output")
+    if "output" in top_read.given:
+        out["output"] = output.written
+
     return ExperimentSpec(
         name=name,
         seed=top.seed,
@@ -530,4 +548,5 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
         source=where,
         base_dir=base_dir,
         resolved=out,
+        window_s=output.value.window_s,
     )

@@ -16,7 +16,8 @@ Recorded:
 - a transfer span per network transfer (KV hand-offs ``kv <id>``, pool
   fetches ``fetch <id>``): start, end, bytes, label, and the instances (or,
   for a pool fetch, the node) at its two ends;
-- preemptions and role changes as instants.
+- preemptions, role changes and instances going down or coming up
+  (``down``, ``up``) as instants.
 
 The recorder is an :class:`~twin.serving.observer.Observer` that wants every
 iteration: it turns the engines' fast-forward off (as the :class:`EventLog` of
@@ -178,6 +179,12 @@ class TraceRecorder(Observer):
 
     def role_changed(self, now: float, instance: int, old: str, new: str) -> None:
         self._role_changes.append((now, instance, old, new))
+
+    def instance_up(self, now: float, instance: int, info: InstanceInfo | None = None) -> None:
+        self.instants.append((now, instance, "up"))
+
+    def instance_down(self, now: float, instance: int) -> None:
+        self.instants.append((now, instance, "down"))
 
     def transfer_ended(self, now: float, transfer: Transfer) -> None:
         t = transfer

@@ -20,7 +20,8 @@ Output layout (``twin sweep SPEC --out DIR``; ``twin.viz.plots`` relies on it)::
 
     DIR/spec.yaml          the sweep spec as given, --set overrides applied
     DIR/runs/<run_id>.json one run: Result.to_dict() (header, summary,
-                           instances, links) plus "params": {dotted key: value}
+                           instances, links, timeline) plus "params": {dotted
+                           key: value}
     DIR/runs.csv           one row per run, in run order (the cartesian order as
                            written), whatever order the runs finished in:
                              run_id, <each swept key by its dotted path, in the

@@ -7,6 +7,7 @@ from twin.viz.plots import (
     plot_cdfs,
     plot_dir,
     plot_goodput,
+    plot_over_time,
     plot_timeline,
 )
 from twin.viz.topology import draw as draw_topology
@@ -17,5 +18,6 @@ __all__ = [
     "plot_cdfs",
     "plot_dir",
     "plot_goodput",
+    "plot_over_time",
     "plot_timeline",
 ]

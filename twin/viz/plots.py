@@ -9,6 +9,9 @@
 - :func:`plot_timeline`: one run's iterations per instance and its KV
   transfers per instance pair (from a :class:`~twin.sim.trace.TraceRecorder` or
   a trace JSON of ``twin run --trace-out``);
+- :func:`plot_over_time`: one run's SLO attainment and capacity (instances up
+  per role, GPUs up) per window of simulated time, the spec's ``events``
+  marked (from ``twin run --json`` or ``--timeline-csv``);
 - :func:`plot_dir`: every plot a sweep folder allows.
 
 The sweep folder: ``runs.csv`` (``run_id``, swept keys by dotted path,
@@ -409,6 +412,128 @@ def plot_timeline(
     name = doc.get("otherData", {}).get("name") or "run"
     when = f", {window_s[0]:g} to {window_s[1]:g} s" if window_s else ""
     ax.set_title(f"Timeline of {name}{when}: iterations per instance, KV transfers per pair")
+    return _save(fig, out_base)
+
+
+# -- one run over time ------------------------------------------------------------------------
+ROLE_STYLES = {"mixed": ("#ff7f0e", "-"), "prefill": ("#1f77b4", "-"), "decode": ("#2ca02c", "--")}
+_EVENT_TARGETS = ("target", "instance", "node", "gpu", "link", "nic")
+
+
+def spec_events(spec: Any) -> list[tuple[float, str]]:
+    """``(time s, label)`` of a resolved spec's ``events:`` list, read
+    defensively: entries that are mappings with a time (``at`` or ``time``,
+    seconds or a duration) and a ``kind``; anything else is skipped."""
+    events = spec.get("events") if isinstance(spec, Mapping) else None
+    if not isinstance(events, list):
+        return []
+    out = []
+    for e in events:
+        if not isinstance(e, Mapping):
+            continue
+        t = _seconds(e.get("at", e.get("time")))
+        kind = e.get("kind")
+        if t is None or not math.isfinite(t) or kind is None:
+            continue
+        target = next((e[k] for k in _EVENT_TARGETS if e.get(k) is not None), None)
+        out.append((t, f"{kind}" if target is None else f"{kind} {target}"))
+    return sorted(out, key=lambda x: x[0])
+
+
+def load_run_timeline(
+    source: Mapping[str, Any] | str | Path,
+) -> tuple[list[dict[str, float | None]], list[tuple[float, str]], float | None, str]:
+    """(timeline rows with numbers, spec events, SLO target, name) of a run:
+    a result mapping, a ``twin run --json`` file or a ``--timeline-csv`` file
+    (told apart by content: a JSON object, else CSV with ``start_s``)."""
+    from twin.sim.timeline import TIMELINE_COLUMNS
+
+    where = "result" if isinstance(source, Mapping) else str(source)
+    if isinstance(source, Mapping):
+        doc: Any = source
+    else:
+        try:
+            text = Path(source).read_text(encoding="utf-8")
+        except OSError as e:
+            raise TwinError(f"{source}: cannot read: {e.strerror}") from None
+        if text.lstrip().startswith("{"):
+            try:
+                doc = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise TwinError(f"{source}: not JSON: {e}") from None
+        else:
+            doc = {"timeline": list(csv.DictReader(text.splitlines()))}
+    rows = doc.get("timeline") if isinstance(doc, Mapping) else None
+    if not isinstance(rows, list) or (rows and not isinstance(rows[0], Mapping)):
+        raise TwinError(f"{where}: no timeline (a `twin run --json` or --timeline-csv file)")
+    if rows and "start_s" not in rows[0]:
+        raise TwinError(
+            f"{where}: not a timeline CSV; expected columns {', '.join(TIMELINE_COLUMNS[:4])}, ..."
+        )
+
+    def sub(m: Any, key: str) -> Mapping[str, Any]:
+        v = m.get(key)
+        return v if isinstance(v, Mapping) else {}
+
+    spec = sub(sub(doc, "header"), "spec")
+    slo = sub(spec, "slo")
+    target = _float(slo.get("target"))
+    name = str(spec.get("name") or (Path(where).stem if where != "result" else "run"))
+    return (
+        [{k: _float(r.get(k)) for k in TIMELINE_COLUMNS} for r in rows],
+        spec_events(spec),
+        target,
+        name,
+    )
+
+
+def plot_over_time(source: Mapping[str, Any] | str | Path, out_base: str | Path) -> list[Path]:
+    """A run's SLO attainment per window (by arrival) above its capacity:
+    instances up per role and GPUs up, averaged over each window; the spec's
+    events as vertical lines in both."""
+    rows, events, target, name = load_run_timeline(source)
+    if not rows:
+        raise TwinError(f"{source if not isinstance(source, Mapping) else 'result'}: "
+                        "the timeline has no windows (no request ended)")  # fmt: skip
+    edges = [r["start_s"] or 0.0 for r in rows] + [rows[-1]["end_s"] or 0.0]
+
+    def steps(key: str) -> list[float]:
+        vals = [math.nan if r[key] is None else float(r[key]) for r in rows]  # type: ignore[arg-type]
+        return vals + vals[-1:]
+
+    fig = _figure(10.0, 6.0)
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(3, 2))
+    att = [v * 100 for v in steps("slo_attainment")]
+    top.step(edges, att, where="post", color=PALETTE[0], label="SLO attainment (by arrival)")
+    if target is not None:
+        top.axhline(target * 100, color="0.4", ls="--", lw=1, label=f"target {target * 100:g}%")
+    top.set_ylim(-2, 102)
+    top.set_ylabel("SLO attainment (%)")
+    top.grid(alpha=0.3)
+    _legend_outside(top)
+    for role, (color, ls) in ROLE_STYLES.items():
+        vals = steps(f"instances_{role}")
+        if any(v > 0 for v in vals if not math.isnan(v)):
+            bottom.step(edges, vals, where="post", color=color, ls=ls, label=f"{role} instances")
+    bottom.set_ylabel("instances up")
+    bottom.set_ylim(bottom=0)
+    bottom.grid(alpha=0.3)
+    gpus = bottom.twinx()
+    gpus.step(edges, steps("gpus_up"), where="post", color="0.3", ls=":", label="GPUs up")
+    gpus.set_ylabel("GPUs up")
+    gpus.set_ylim(bottom=0)
+    handles = bottom.get_legend_handles_labels()[0] + gpus.get_legend_handles_labels()[0]
+    bottom.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.1, 1.0))
+    for t, label in events:
+        for ax in (top, bottom):
+            ax.axvline(t, color="#d62728", lw=0.9, alpha=0.8)
+        top.annotate(label, (t, 1.0), xycoords=("data", "axes fraction"), xytext=(2, -2),
+                     textcoords="offset points", rotation=90, va="top", fontsize=7,
+                     color="#d62728")  # fmt: skip
+    bottom.set_xlabel("simulated time (s)")
+    bottom.set_xlim(edges[0], edges[-1] if edges[-1] > edges[0] else edges[0] + 1.0)
+    width = f" (windows of {edges[1] - edges[0]:g} s)" if len(rows) > 1 else ""
+    top.set_title(f"{name} over time{width}")
     return _save(fig, out_base)
 
 

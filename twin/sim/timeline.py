@@ -1,0 +1,273 @@
+"""Results over simulated time: one row of metrics per window of ``W`` seconds.
+
+:class:`Timeline` is fed by :class:`~twin.sim.metrics.Metrics` as requests end
+and as instances change role, come up or go down; it keeps a few counters, two
+small latency sketches and some time integrals per window, so its memory grows
+with the number of windows, not of requests. Windows are ``[k W, (k+1) W)``
+from time 0; the last one ends at the run's end (the last request's end) and
+includes it, so it may be shorter than ``W``.
+
+A row (:data:`TIMELINE_COLUMNS`, in this order in ``--timeline-csv``):
+
+- ``start_s``, ``end_s``: the window.
+- ``arrived``: requests that arrived in the window; ``completed``,
+  ``rejected``, ``failed``: how those requests ended (whenever they did).
+- ``slo_met``, ``slo_attainment``: of the requests that arrived in the
+  window, those that met both SLOs, and their share of ``arrived`` (rejected
+  and failed requests count as misses, as in the summary). Attribution is by
+  arrival, as goodput's is: a window's attainment is how the load offered in
+  it was served, and the rows add up to the summary's figures.
+- ``ttft_p50_s`` ... ``tpot_p99_s``: quantiles over the completed requests
+  that arrived in the window (exact up to :data:`WINDOW_EXACT` values per
+  window, then within 0.1%, see :class:`~twin.sim.metrics.Distribution`);
+  empty when none.
+- ``finished``: requests that ended (any outcome) in the window.
+- ``queued``: requests waiting for their first prefill step (arrival to
+  scheduled, the interval of the summary's ``queue_s``), summed over
+  instances and averaged over the window's time; ``decode_queued``: requests
+  whose KV has landed on the decode side, waiting to join its batch.
+- ``instances_mixed``, ``instances_prefill``, ``instances_decode``: instances
+  up in each role, and ``gpus_up``: their GPUs, each averaged over the
+  window's time (whole numbers while nothing changes; a change inside a
+  window shows as a fraction).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from twin.errors import TwinError
+from twin.serving.engine import ROLES
+from twin.serving.observer import InstanceInfo
+from twin.sim.metrics import Distribution
+
+# Ten seconds: fine enough to show a failure's dip and recovery at the rates
+# the bundled experiments run, coarse enough that an hour of trace is 360 rows;
+# fixed (not a share of the run) so that runs of different lengths line up.
+DEFAULT_WINDOW_S = 10.0
+# Latencies kept exactly per window before folding into buckets (memory bound).
+WINDOW_EXACT = 256
+
+TIMELINE_COLUMNS = (
+    "start_s",
+    "end_s",
+    "arrived",
+    "completed",
+    "rejected",
+    "failed",
+    "slo_met",
+    "slo_attainment",
+    "ttft_p50_s",
+    "ttft_p99_s",
+    "tpot_p50_s",
+    "tpot_p99_s",
+    "finished",
+    "queued",
+    "decode_queued",
+    *(f"instances_{r}" for r in ROLES),
+    "gpus_up",
+)
+
+# Time integrals kept per window: the two queues, instances per role, GPUs.
+_QUEUED, _DECODE_QUEUED = 0, 1
+_ROLE = {r: 2 + i for i, r in enumerate(ROLES)}
+_GPUS = 2 + len(ROLES)
+_AREAS = _GPUS + 1
+
+
+class _Window:
+    __slots__ = ("counts", "ttft", "tpot", "area")
+
+    def __init__(self) -> None:
+        # arrived, completed, rejected, failed, slo_met, finished
+        self.counts = [0, 0, 0, 0, 0, 0]
+        self.ttft = Distribution(WINDOW_EXACT)
+        self.tpot = Distribution(WINDOW_EXACT)
+        self.area = [0.0] * _AREAS
+
+    def merge(self, other: _Window) -> None:
+        self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
+        self.ttft.merge(other.ttft)
+        self.tpot.merge(other.tpot)
+        self.area = [a + b for a, b in zip(self.area, other.area, strict=True)]
+
+
+_OUTCOME = {"completed": 1, "rejected": 2, "failed": 3}
+
+
+class Timeline:
+    """Per-window metrics of one run (see the module's docstring)."""
+
+    def __init__(self, window_s: float = DEFAULT_WINDOW_S) -> None:
+        if not (window_s > 0 and math.isfinite(window_s)):
+            raise ValueError(f"window {window_s!r} s must be > 0")
+        self.window_s = float(window_s)
+        self._windows: list[_Window] = []
+        # instance -> [role, GPUs, up]; the step functions' last change
+        self._instances: dict[int, list[Any]] = {}
+        self._since = 0.0
+        self._levels = [0.0] * _AREAS
+
+    # -- windows ---------------------------------------------------------------------
+    def _window(self, t: float) -> _Window:
+        k = int(t // self.window_s)
+        wins = self._windows
+        while len(wins) <= k:
+            wins.append(_Window())
+        return wins[k]
+
+    def _spread(self, a: float, b: float, slot: int, level: float) -> None:
+        """Add ``level`` x the overlap of ``[a, b]`` with each window to its ``slot``."""
+        if not b > a or level == 0:
+            return
+        w = self.window_s
+        first, last = int(a // w), int(b // w)
+        self._window(b)
+        wins = self._windows
+        if first == last:
+            wins[first].area[slot] += level * (b - a)
+            return
+        wins[first].area[slot] += level * ((first + 1) * w - a)
+        for k in range(first + 1, last):
+            wins[k].area[slot] += level * w
+        wins[last].area[slot] += level * (b - last * w)
+
+    # -- requests --------------------------------------------------------------------
+    def completed(
+        self, arrival: float, finish: float, ttft: float, tpot: float | None, met: bool,
+        scheduled: float, landed: float, decode_start: float,
+    ) -> None:  # fmt: skip
+        """A request completed at ``finish``; ``scheduled`` its first prefill
+        step's start; ``landed``/``decode_start`` its KV's landing on the decode
+        side and its joining that side's batch (-1 when it never moved)."""
+        win = self._window(arrival)
+        c = win.counts
+        c[0] += 1
+        c[1] += 1
+        c[4] += met
+        win.ttft.add(ttft)
+        if tpot is not None:
+            win.tpot.add(tpot)
+        self._window(finish).counts[5] += 1
+        self._spread(arrival, scheduled, _QUEUED, 1.0)
+        if landed >= 0.0:
+            self._spread(landed, decode_start, _DECODE_QUEUED, 1.0)
+
+    def ended(self, arrival: float, now: float, outcome: str) -> None:
+        """A request ended at ``now`` without completing (``rejected``/``failed``)."""
+        c = self._window(arrival).counts
+        c[0] += 1
+        c[_OUTCOME.get(outcome, 2)] += 1
+        self._window(now).counts[5] += 1
+
+    # -- capacity --------------------------------------------------------------------
+    def start(self, instances: Sequence[InstanceInfo]) -> None:
+        """The instances the run starts with, all up at time 0."""
+        self._instances = {i.id: [i.role, len(i.gpus), True] for i in instances}
+        self._since = 0.0
+        self._levels = self._capacity()
+
+    def _capacity(self) -> list[float]:
+        levels = [0.0] * _AREAS
+        for role, gpus, up in self._instances.values():
+            if up:
+                levels[_ROLE[role]] += 1.0
+                levels[_GPUS] += gpus
+        return levels
+
+    def _advance(self, now: float) -> None:
+        """Integrate the capacity levels held since the last change up to ``now``."""
+        if now > self._since:
+            for slot in range(2, _AREAS):
+                self._spread(self._since, now, slot, self._levels[slot])
+            self._since = now
+
+    def _change(self, now: float, instance: int, role: str | None = None, up: bool | None = None,
+                info: InstanceInfo | None = None) -> None:  # fmt: skip
+        self._advance(now)
+        if info is not None:
+            self._instances[instance] = [info.role, len(info.gpus), True]
+        state = self._instances.get(instance)
+        if state is None:
+            return  # an instance never described: nothing to count
+        if role is not None:
+            state[0] = role
+        if up is not None:
+            state[2] = up
+        self._levels = self._capacity()
+
+    def role_changed(self, now: float, instance: int, role: str) -> None:
+        self._change(now, instance, role=role)
+
+    def instance_up(self, now: float, instance: int, info: InstanceInfo | None = None) -> None:
+        self._change(now, instance, up=True, info=info)
+
+    def instance_down(self, now: float, instance: int) -> None:
+        self._change(now, instance, up=False)
+
+    # -- the rows --------------------------------------------------------------------
+    def rows(self, end_s: float) -> list[dict[str, Any]]:
+        """One row per window from 0 to ``end_s`` (the run's end), in order;
+        none when nothing happened."""
+        if not self._windows and end_s <= 0:
+            return []
+        w = self.window_s
+        levels = self._levels
+        self._advance(end_s)
+        n = max(1, math.ceil(end_s / w))
+        self._window(end_s)
+        wins = self._windows
+        while len(wins) > n:  # what ended exactly at the end belongs to the last window
+            extra = wins.pop()
+            wins[-1].merge(extra)
+        out = []
+        for k, win in enumerate(wins):
+            start = k * w
+            end = end_s if k == n - 1 else (k + 1) * w
+            dur = end - start
+            arrived, completed, rejected, failed, met, finished = win.counts
+            row: dict[str, Any] = {
+                "start_s": start,
+                "end_s": end,
+                "arrived": arrived,
+                "completed": completed,
+                "rejected": rejected,
+                "failed": failed,
+                "slo_met": met,
+                "slo_attainment": met / arrived if arrived else None,
+                "ttft_p50_s": _q(win.ttft, 0.50),
+                "ttft_p99_s": _q(win.ttft, 0.99),
+                "tpot_p50_s": _q(win.tpot, 0.50),
+                "tpot_p99_s": _q(win.tpot, 0.99),
+                "finished": finished,
+            }
+            area = win.area
+            row["queued"] = area[_QUEUED] / dur if dur > 0 else 0.0
+            row["decode_queued"] = area[_DECODE_QUEUED] / dur if dur > 0 else 0.0
+            for r in ROLES:
+                row[f"instances_{r}"] = area[_ROLE[r]] / dur if dur > 0 else levels[_ROLE[r]]
+            row["gpus_up"] = area[_GPUS] / dur if dur > 0 else levels[_GPUS]
+            out.append(row)
+        return out
+
+
+def _q(d: Distribution, q: float) -> float | None:
+    return d.quantile(q) if d.count else None
+
+
+def write_timeline_csv(rows: Iterable[Mapping[str, Any]], path: str | Path) -> Path:
+    """Write timeline rows as CSV, columns :data:`TIMELINE_COLUMNS` in that
+    order, an empty cell for a value that is not there (no request)."""
+    try:
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            w = csv.writer(f, lineterminator="\n")
+            w.writerow(TIMELINE_COLUMNS)
+            for row in rows:
+                w.writerow(["" if row.get(c) is None else row[c] for c in TIMELINE_COLUMNS])
+    except OSError as e:
+        raise TwinError(f"{path}: cannot write: {e.strerror}") from None
+    return Path(path)
