@@ -135,8 +135,8 @@ def test_held_out_table_explains_a_miss() -> None:
     assert [ln.split()[-1] for ln in lines[3:6]] == ["PASS", "PASS", "FAIL"]
     assert "FAIL (2/3 sources)" in text
     # the reason names the parameter the fit without c moved
-    assert "  c: TPOT: only this source pins what prices it; fitted without it: " in text
-    assert "overhead_s@splitwise-sim 0.0075 -> 0.0575" in text
+    assert "  c: TPOT: in sample loss 0.00; the fit without it moves, most: " in text
+    assert "most: overhead_s@splitwise-sim 0.0075 -> 0.0575 (loss " in text
 
 
 @pytest.mark.slow  # about 20 s: one full start of the fitting routine

@@ -388,18 +388,23 @@ def held_out_reason(
     source: Source,
 ) -> str:
     """Why held-out row ``held`` misses the out-of-sample target: the in-sample row ``inside``
-    (fitted with it, ``p_all``) misses it too, or the fit without it (``p_out``) moves the
-    parameters that price it (the two that move most, by ratio)."""
+    (fitted with it, ``p_all``) misses it too, so the model's form does; or it does not, and the
+    fit without it (``p_out``) prices it differently: the two parameters whose held-out value,
+    put alone into ``p_all``, raises the source's loss (calibrate's: 1 = at the in-sample
+    target) the most."""
     prompt = max(held.prompt_median / HELD_OUT_MEDIAN, held.prompt_worst / HELD_OUT_WORST)
     tpot = max(held.tpot_median / HELD_OUT_MEDIAN, held.tpot_worst / HELD_OUT_WORST)
     phase = "prompt" if prompt >= tpot else "TPOT"
     if not inside.meets(HELD_OUT_MEDIAN, HELD_OUT_WORST):
-        return (f"{phase}: misses in sample too (prompt worst {inside.prompt_worst:.0%}, TPOT worst"
+        return (f"{phase}: misses in sample too (prompt median {inside.prompt_median:.0%}, worst"
+                f" {inside.prompt_worst:.0%}; TPOT median {inside.tpot_median:.0%}, worst"
                 f" {inside.tpot_worst:.0%}): the model's form, not the held-out fit")  # fmt: skip
-    ratio = {n: abs(math.log(p_out[n] / p_all[n])) for n in _used(source)}
-    moved = sorted((n for n in ratio if ratio[n] > 1e-9), key=lambda n: -ratio[n])[:2]
-    what = ", ".join(f"{n} {p_all[n]:.3g} -> {p_out[n]:.3g}" for n in moved)
-    return f"{phase}: only this source pins what prices it; fitted without it: {what}"
+    src = _Source(source)
+    base = src.loss(p_all)
+    alone = {n: src.loss({**p_all, n: p_out[n]}) for n in _used(source)}
+    top = sorted(alone, key=lambda n: -alone[n])[:2]
+    what = ", ".join(f"{n} {p_all[n]:.3g} -> {p_out[n]:.3g} (loss {alone[n]:.2f})" for n in top)
+    return f"{phase}: in sample loss {base:.2f}; the fit without it moves, most: {what}"
 
 
 def held_out_table(
