@@ -63,6 +63,15 @@ def test_json_is_byte_identical_across_runs(capsys, tmp_path):
         (["run", "no-such-experiment"], r"unknown experiment 'no-such-experiment'.*quickstart"),
         (["run", "missing.yaml"], r"missing\.yaml: no such experiment spec file"),
         (["kv", "llama-2-70"], r"unknown model 'llama-2-70'"),
+        (
+            [
+                "run",
+                "--set",
+                "gpu={name: x, flops_bf16: 1e15, hbm_bytes_s: 1e12, "
+                "memory_bytes: 80 GiB, tdp_w: 500, sustained_clock: 2}",
+            ],
+            r"quickstart\.yaml: gpu\.sustained_clock: 2 must be a share of the clock in \(0, 1\]",
+        ),  # fmt: skip
     ],
 )
 def test_bad_input_is_one_line_with_exit_code_2(capsys, args, message):

@@ -445,10 +445,11 @@ def test_profile_and_fit_rows_are_found_under_catalog_spellings(shared_data):
 
 def test_defaults_within_plausible_bounds() -> None:
     # every hard-coded fitted default lies within the bounds the calibration enforces
-    from twin.perf.calibrate import _BOUNDS, _EFF, _LINK, ENGINES, GPUS
+    from twin.perf.calibrate import _BOUNDS, _EFF, _LINK, CAPPED, ENGINES, GPUS
     from twin.perf.roofline import ENGINE_OVERHEADS, ENGINE_TERMS, GPU_EFFICIENCY
 
     values = [(k, v) for g in GPUS for k, v in zip((*_EFF, *_LINK), GPU_EFFICIENCY[g], strict=True)]
+    values += [("sustained_clock", get_gpu(g).sustained_clock) for g in CAPPED]
     values += [(k, ENGINE_OVERHEADS[e][k]) for e in ENGINES for k in ENGINE_TERMS]
     for k, v in values:
         lo, hi, _ = _BOUNDS[k]

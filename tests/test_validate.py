@@ -1,16 +1,19 @@
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from twin.errors import TwinError
+from twin.perf.iteration import Batch
 from twin.perf.validate import (
-    TARGET_MEDIAN,
-    TARGET_WORST,
+    Point,
+    Source,
     ValidationRow,
     find_data_dir,
     format_validation,
+    score,
     validate_perf,
 )
 
@@ -35,13 +38,114 @@ def test_format_marks_pass_and_fail() -> None:
 
 def test_validation_on_real_data(shared_data: Path) -> None:
     rows = {r.source: r for r in validate_perf(shared_data)}
-    assert len(rows) == 13
-    # The two anomalous TP-2 runs (512 x 64 prompt tokens) are the only exclusions.
-    assert sum(r.excluded for r in rows.values()) == 4
+    assert len(rows) == 19
+    # The anomalous TP-2 runs (512 x 64 prompt tokens, on H100 and so on the capped H100 too)
+    # are the only exclusions.
+    assert sum(r.excluded for r in rows.values()) == 6
     assert {r.engine for n, r in rows.items() if n.startswith("splitwise")} == {"splitwise-sim"}
     assert {r.engine for n, r in rows.items() if n.startswith("distserve")} == {"distserve"}
-    # What the calibrated defaults reach today (see twin/perf/roofline.py and calibrate.py): every
-    # source meets the target, with every fitted parameter within its plausible bound.
-    for r in rows.values():
-        assert max(r.prompt_median, r.tpot_median) <= TARGET_MEDIAN, r
-        assert max(r.prompt_worst, r.tpot_worst) <= TARGET_WORST, r
+    # What the calibrated defaults reach today (see twin/perf/roofline.py and calibrate.py): the
+    # 13 sources they were fitted on meet the target, with every fitted parameter within its
+    # plausible bound, and so do the capped H100 at TP 2 and BLOOM on it.
+    misses = {
+        "splitwise llama2-70b h100-80gb-pcap tp4",
+        "splitwise llama2-70b h100-80gb-pcap tp8",
+        "splitwise bloom-176b a100-80gb tp8",
+        "splitwise bloom-176b h100-80gb tp8",
+    }
+    assert {n for n, r in rows.items() if not r.passed} == misses
+    # The cap leaves decode alone: the capped H100's TPOT errors are the full H100's.
+    for model, tp in (("llama2-70b", 2), ("llama2-70b", 4), ("llama2-70b", 8), ("bloom-176b", 8)):
+        full = rows[f"splitwise {model} h100-80gb tp{tp}"]
+        cap = rows[f"splitwise {model} h100-80gb-pcap tp{tp}"]
+        assert (cap.tpot_median, cap.tpot_worst) == (full.tpot_median, full.tpot_worst)
+
+
+def test_pcap_clock_is_its_fit(shared_data: Path) -> None:
+    # the catalog's sustained clock of the capped H100 is what twin.perf.calibrate fits to the
+    # profile's h100-80gb-pcap rows (the other defaults held), rounded
+    from twin.perf.calibrate import fit_clock
+    from twin.perf.gpus import GPUS
+    from twin.perf.validate import load_sources
+
+    fitted = fit_clock(load_sources(shared_data), "h100-80gb-pcap")
+    assert GPUS["h100-80gb-pcap"].sustained_clock == pytest.approx(fitted, abs=0.005)
+
+
+# Leave-one-out mechanics on a tiny synthetic set: three sources whose "measured" times are the
+# Roofline's own at the defaults, so the defaults score 0% on every one.
+def _synthetic() -> list[Source]:
+    from twin.perf.calibrate import default_params, fitted_roofline
+
+    out = []
+    for name, gpu, tp in (("a", "a100-80gb", 2), ("b", "h100-80gb", 4), ("c", "h100-80gb-pcap", 8)):
+        shell = Source(name, "llama2-70b", gpu, tp, ())
+        model = fitted_roofline(default_params(), shell)
+        batches = [("prompt", Batch(prefill=((n, 0),) * b)) for n, b in ((512, 1), (2048, 4))]
+        batches += [("tpot", Batch(decode_count=b, decode_context_sum=b * 700)) for b in (1, 32)]
+        pts = tuple(Point(ph, bt, model.iteration_time(bt)) for ph, bt in batches)
+        out.append(Source(name, "llama2-70b", gpu, tp, pts))
+    return out
+
+
+def _bumped_unless(present: str, extra_s: float):  # type: ignore[no-untyped-def]
+    """A fit that records what it was given and returns the defaults, with ``extra_s`` more
+    fixed overhead per iteration when source ``present`` is not among them."""
+    from twin.perf.calibrate import default_params
+
+    calls: list[list[str]] = []
+
+    def fit(sources: Sequence[Source]) -> dict[str, float]:
+        calls.append([s.name for s in sources])
+        p = default_params()
+        if present not in calls[-1]:
+            p["overhead_s@splitwise-sim"] += extra_s
+        return p
+
+    return fit, calls
+
+
+def test_leave_one_out_holds_each_source_out() -> None:
+    from twin.perf.calibrate import leave_one_out
+
+    sources = _synthetic()
+    fit, calls = _bumped_unless("b", 0.002)
+    rows = leave_one_out(sources, fit)
+    assert calls == [["b", "c"], ["a", "c"], ["a", "b"]]
+    a, b, c = (r for r, _ in rows)
+    # a and c are scored with fits that saw b: the defaults, 0% error
+    for r in (a, c):
+        assert max(r.prompt_worst, r.tpot_worst) == pytest.approx(0.0, abs=1e-12)
+    # b is scored with the fit made without it: 2 ms more per iteration, error 2 ms / measured
+    pts = sources[1].points
+    worst = max(0.002 / p.measured_s for p in pts if p.phase == "tpot")
+    assert b.tpot_worst == pytest.approx(worst, rel=1e-9)
+    assert b.prompt_worst == pytest.approx(
+        max(0.002 / p.measured_s for p in pts if p.phase == "prompt"), rel=1e-9
+    )
+
+
+def test_held_out_table_explains_a_miss() -> None:
+    from twin.perf.calibrate import held_out_table
+
+    fit, _ = _bumped_unless("c", 0.05)  # 50 ms more: c misses the 40% worst target held out
+    text = held_out_table(_synthetic(), fit)
+    lines = text.splitlines()
+    assert lines[0].startswith("held out")
+    assert [ln.split()[-1] for ln in lines[3:6]] == ["PASS", "PASS", "FAIL"]
+    assert "FAIL (2/3 sources)" in text
+    # the reason names the parameter the fit without c moved
+    assert "  c: TPOT: in sample loss 0.00; the fit without it moves, most: " in text
+    assert "most: overhead_s@splitwise-sim 0.0075 -> 0.0575 (loss " in text
+
+
+@pytest.mark.slow  # about 20 s: one full start of the fitting routine
+def test_fit_sources_recovers_a_roofline_of_its_own() -> None:
+    # the fitting routine the held-out refit uses, on points the Roofline made: it fits them
+    from twin.perf.calibrate import fit_sources, fitted_roofline
+
+    sources = _synthetic()
+    p = fit_sources(sources, starts=1, from_defaults=False)
+    for s in sources:
+        r = score(s, fitted_roofline(p, s))
+        assert max(r.prompt_worst, r.tpot_worst) < 0.05, r

@@ -145,10 +145,16 @@ def cmd_kv(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from twin.perf.validate import find_data_dir, format_validation, validate_perf
+    from twin.perf.validate import find_data_dir, format_validation, load_sources, validate_perf
 
-    rows = validate_perf(find_data_dir(args.data))
-    print(format_validation(rows))
+    data = find_data_dir(args.data)
+    print("in sample (the calibrated defaults, fitted on every source)")
+    print(format_validation(validate_perf(data)))
+    if args.held_out:
+        from twin.perf.calibrate import held_out_table
+
+        print()
+        print(held_out_table(load_sources(data)))
     return 0
 
 
@@ -574,6 +580,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("what", choices=["perf"])
     v.add_argument(
         "--data", help="the public data folder (default: $TWIN_DATA, ./shared/data, ../shared/data)"
+    )
+    v.add_argument(
+        "--held-out",
+        action="store_true",
+        help="also refit leaving each source out and score it (one fit per source: minutes)",
     )
     v.set_defaults(func=cmd_validate)
 

@@ -6,6 +6,13 @@ NVLink (or Infinity Fabric) and PCIe bandwidths. :func:`get_gpu` looks a name
 up (case-insensitive, with aliases) or builds a user GPU from an inline
 mapping whose quantities may carry units (``"989 TFLOPS"``, ``"3.35 TB/s"``,
 ``"80 GiB"``, ``"700 W"``).
+
+A GPU run under a board power limit below its rated one is its own entry: the
+same peaks, a lower ``tdp_w`` and a ``sustained_clock`` below 1, the share of
+the datasheet tensor-core clock it holds under that limit. The clock scales
+the achievable FLOP/s (:attr:`GPUSpec.sustained_flops`); HBM bandwidth is
+left as it is (the memory clock is not what the power limit lowers first, and
+the measured profile's decode times are unchanged).
 """
 
 from __future__ import annotations
@@ -20,6 +27,16 @@ from twin.units import parse_bandwidth, parse_bytes, parse_flops
 
 GiB = 2**30
 
+# The sustained tensor-clock share of the 490 W H100 (see its entry in GPUS).
+PCAP_SUSTAINED_CLOCK = 0.73
+
+
+def _clock(v: object, where: str) -> float:
+    f = positive_float(v, where)
+    if f > 1.0:
+        raise SpecError(f"{where}: {v!r} must be a share of the clock in (0, 1]")
+    return f
+
 
 @dataclass(frozen=True, slots=True)
 class GPUSpec:
@@ -30,6 +47,8 @@ class GPUSpec:
     ``tdp_w``: board power limit, W. ``nvlink_bytes_s``: GPU-to-GPU bandwidth
     per GPU per direction, bytes/s (0 when the GPU has none).
     ``pcie_bytes_s``: host-link bandwidth per direction, bytes/s.
+    ``sustained_clock``: the share of the datasheet tensor-core clock the GPU
+    sustains under its power limit, in (0, 1]; 1 for a GPU at its rated power.
     """
 
     name: str
@@ -39,12 +58,19 @@ class GPUSpec:
     tdp_w: float
     nvlink_bytes_s: float
     pcie_bytes_s: float
+    sustained_clock: float = 1.0
 
     def __post_init__(self) -> None:
         where = f"gpu {self.name!r}"
         for field in ("flops_bf16", "hbm_bytes_s", "memory_bytes", "tdp_w", "pcie_bytes_s"):
             positive_float(getattr(self, field), f"{where}: {field}")
         nonneg_float(self.nvlink_bytes_s, f"{where}: nvlink_bytes_s")
+        _clock(self.sustained_clock, f"{where}: sustained_clock")
+
+    @property
+    def sustained_flops(self) -> float:
+        """Dense BF16 FLOP/s at the sustained clock: ``flops_bf16 x sustained_clock``."""
+        return self.flops_bf16 * self.sustained_clock
 
 
 # Dense BF16 peaks and bandwidths from each vendor datasheet (named per entry).
@@ -61,10 +87,17 @@ GPUS: Mapping[str, GPUSpec] = MappingProxyType(
         # sparsity), 3.35 TB/s, 700 W, NVLink 900 GB/s bidirectional, PCIe Gen5
         "h100-sxm": GPUSpec("h100-sxm", 989e12, 3.35e12, 80 * GiB, 700.0, 450e9, 64e9),
         # Same silicon power-capped as in Splitwise (splitwise-sim dgx-h100-pcap.yaml:
-        # 7,140 W per 8-GPU server vs 10,200 W, i.e. 70%): 0.7 x 700 W = 490 W.
-        # NOTE: peak FLOP/s and bandwidth are kept; a cap lowers sustained clocks,
-        # which only a measured profile captures.
-        "h100-80gb-pcap": GPUSpec("h100-80gb-pcap", 989e12, 3.35e12, 80 * GiB, 490.0, 450e9, 64e9),
+        # 7,140 W per 8-GPU server vs 10,200 W, i.e. 70%): 0.7 x 700 W = 490 W. Peaks and
+        # bandwidths are the H100's; the cap lowers the sustained tensor clock, HBM is kept.
+        # sustained_clock = PCAP_SUSTAINED_CLOCK, fitted by twin.perf.calibrate
+        # (sustained_clock@h100-80gb-pcap) to splitwise-sim perf_model.csv's h100-80gb-pcap
+        # rows (llama2-70b TP 2/4/8, bloom-176b TP 8): there every prompt_time is 1.30x the
+        # h100-80gb row's and every token_time equal to it, Splitwise's (ISCA'24, section III,
+        # power capping) finding that a cap slows the compute-bound prompt phase and leaves the
+        # memory-bound token phase almost untouched.
+        "h100-80gb-pcap": GPUSpec(
+            "h100-80gb-pcap", 989e12, 3.35e12, 80 * GiB, 490.0, 450e9, 64e9, PCAP_SUSTAINED_CLOCK
+        ),
         # NVIDIA H200 Tensor Core GPU datasheet (SXM): 989 TFLOPS BF16 dense, 4.8 TB/s,
         # 141 GB, 700 W, NVLink 900 GB/s bidirectional
         "h200": GPUSpec("h200", 989e12, 4.8e12, 141e9, 700.0, 450e9, 64e9),
@@ -98,7 +131,7 @@ _ALIASES: Mapping[str, str] = MappingProxyType(
 )
 
 _FIELDS = ("name", "flops_bf16", "hbm_bytes_s", "memory_bytes", "tdp_w")
-_OPTIONAL = ("nvlink_bytes_s", "pcie_bytes_s")
+_OPTIONAL = ("nvlink_bytes_s", "pcie_bytes_s", "sustained_clock")
 
 
 def _quantity(parse, value: object, where: str) -> float:  # type: ignore[no-untyped-def]
@@ -121,8 +154,10 @@ def _watts(value: object, where: str) -> float:
 def get_gpu(name_or_mapping: str | Mapping[str, object], where: str = "") -> GPUSpec:
     """A catalog GPU by name (case-insensitive; ``h100`` = ``h100-80gb`` = ``h100-sxm``),
     or a user GPU from an inline mapping with ``name, flops_bf16, hbm_bytes_s,
-    memory_bytes, tdp_w`` and optional ``nvlink_bytes_s`` (default 0) and
-    ``pcie_bytes_s`` (default 32 GB/s). ``where`` prefixes error messages.
+    memory_bytes, tdp_w`` and optional ``nvlink_bytes_s`` (default 0),
+    ``pcie_bytes_s`` (default 32 GB/s) and ``sustained_clock`` (default 1, the
+    share of the tensor clock held under the power limit). ``where`` prefixes
+    error messages.
 
     Raises :class:`UnknownNameError` for an unknown name and :class:`SpecError`
     for a malformed mapping.
@@ -157,7 +192,9 @@ def get_gpu(name_or_mapping: str | Mapping[str, object], where: str = "") -> GPU
         _quantity(parse_bandwidth, m.get("pcie_bytes_s", 32e9), entry(where, "pcie_bytes_s")),
         entry(where, "pcie_bytes_s"),
     )
-    return GPUSpec(m["name"], flops, hbm, mem, _watts(m["tdp_w"], entry(where, "tdp_w")), nvl, pcie)
+    clock = _clock(m.get("sustained_clock", 1.0), entry(where, "sustained_clock"))
+    tdp = _watts(m["tdp_w"], entry(where, "tdp_w"))
+    return GPUSpec(m["name"], flops, hbm, mem, tdp, nvl, pcie, clock)
 
 
 def gpu_names() -> list[str]:
