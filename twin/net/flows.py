@@ -221,12 +221,13 @@ def _spread(series: dict[int, float], t0: float, t1: float, rate: float, width: 
 
 
 class _LinkState:
-    __slots__ = ("src", "dst", "usable", "bytes", "busy_s", "load", "peak", "series")
+    __slots__ = ("src", "dst", "base", "usable", "bytes", "busy_s", "load", "peak", "series")
 
-    def __init__(self, link: LinkLike) -> None:
+    def __init__(self, link: LinkLike, factor: float = 1.0) -> None:
         self.src = link.src
         self.dst = link.dst
-        self.usable = link.usable_bytes_s
+        self.base = link.usable_bytes_s  # as built; ``usable`` is that x a degradation factor
+        self.usable = self.base if factor == 1.0 else self.base * factor
         self.bytes = 0.0
         self.busy_s = 0.0
         self.load = 0.0  # sum of the current rates, bytes/s
@@ -269,7 +270,10 @@ class Transfer:
     """A set of flows started together; ``done`` succeeds (with the transfer)
     when the last of them is delivered, at ``end_s``."""
 
-    __slots__ = ("id", "label", "done", "start_s", "end_s", "size_bytes", "_net", "_flows", "_left")
+    __slots__ = (
+        "id", "label", "done", "start_s", "end_s", "size_bytes", "cancelled", "_net", "_flows",
+        "_left",
+    )  # fmt: skip
 
     def __init__(self, net: Network, tid: int, label: str, size_bytes: float) -> None:
         self.id = tid
@@ -278,6 +282,7 @@ class Transfer:
         self.start_s: float = net.env.now
         self.end_s: float | None = None
         self.size_bytes = size_bytes
+        self.cancelled = False  # stopped by Network.cancel: ``done`` never succeeds
         self._net = net
         self._flows: list[_Flow] = []
         self._left = 0  # flows not yet delivered
@@ -330,6 +335,7 @@ class Network:
         self.observer = observer
         self._flows: dict[int, _Flow] = {}  # sending, in creation order
         self._links: dict[tuple[str, str], _LinkState] = {}
+        self._factors: dict[tuple[str, str], float] = {}  # degraded links: (src, dst) -> factor
         self._used: list[_LinkState] = []  # links under the flows now sending
         self._next_transfer = 0
         self._next_flow = 0
@@ -375,6 +381,41 @@ class Network:
         self._settle(now)
         return t
 
+    def cancel(self, t: Transfer) -> None:
+        """Stop transfer ``t`` now (an end of it failed): its flows stop sending
+        and release their share of every link; bytes already in flight are
+        dropped; ``t.done`` never succeeds."""
+        if t.cancelled or t.end_s is not None:
+            return
+        now = self.env.now
+        self._advance(now)
+        t.cancelled = True
+        for f in t._flows:
+            f.sending = False
+            self._flows.pop(f.fid, None)
+        t.end_s = now
+        self._in_flight -= 1
+        self._last_end = now if self._last_end is None else max(self._last_end, now)
+        if self.observer is not None:
+            self.observer.transfer_ended(now, t)
+        self._reshare(now)
+
+    def scale_link(self, src: str, dst: str, factor: float) -> None:
+        """From now on link ``src -> dst`` carries ``factor`` x its capacity
+        (1 restores it); the flows on it are re-shared at once."""
+        key = (src, dst)
+        if factor == 1.0:
+            self._factors.pop(key, None)
+        else:
+            self._factors[key] = factor
+        s = self._links.get(key)
+        if s is None:
+            return  # applied when a flow first takes it
+        now = self.env.now
+        self._advance(now)
+        s.usable = s.base if factor == 1.0 else s.base * factor
+        self._settle(now)
+
     def idle_time_s(self, flows: Seq[FlowSpec]) -> float:
         """Time ``flows`` would take on an idle network (0 for no flows)."""
         return max((f.idle_time_s for f in flows), default=0.0)
@@ -411,10 +452,10 @@ class Network:
                 {
                     "src": s.src,
                     "dst": s.dst,
-                    "usable_bytes_s": s.usable,
+                    "usable_bytes_s": s.base,
                     "bytes": b,
                     "busy_s": busy,
-                    "utilization": b / (s.usable * span) if span > 0.0 else 0.0,
+                    "utilization": b / (s.base * span) if span > 0.0 else 0.0,
                     "peak_rate_bytes_s": s.peak,
                 }
             )
@@ -424,7 +465,7 @@ class Network:
                 if s.load > 0.0 and dt > 0.0:
                     _spread(series, self._last, now, s.load, w)
                 out[-1]["series"] = [
-                    [b * w, series[b], series[b] / (s.usable * w)] for b in sorted(series)
+                    [b * w, series[b], series[b] / (s.base * w)] for b in sorted(series)
                 ]
         return out
 
@@ -433,8 +474,8 @@ class Network:
         key = (link.src, link.dst)
         s = self._links.get(key)
         if s is None:
-            self._links[key] = _LinkState(link)
-        elif s.usable != link.usable_bytes_s:
+            self._links[key] = _LinkState(link, self._factors.get(key, 1.0))
+        elif s.base != link.usable_bytes_s:
             raise SpecError(
                 f"link {_name(link)}: usable capacity {link.usable_bytes_s!r} bytes/s, but "
                 f"this network already has {s.usable!r} for {_name(link)}; "
@@ -531,8 +572,10 @@ class Network:
         at(self.env, now + f.latency, lambda _ev: self._deliver(f))
 
     def _deliver(self, f: _Flow) -> None:
-        self.bytes_delivered += f.size
         t = f.transfer
+        if t.cancelled:
+            return
+        self.bytes_delivered += f.size
         t._left -= 1
         if t._left == 0:
             self._finish_transfer(t)

@@ -93,6 +93,13 @@ class Observer:
     def role_changed(self, now: float, instance: int, old: str, new: str) -> None:
         """``instance`` moved from role ``old`` to ``new`` (its start-up cost paid)."""
 
+    # -- failures ------------------------------------------------------------------------
+    def instance_down(self, now: float, instance: int) -> None:
+        """``instance`` failed: it lost what it held and serves nothing until it is up."""
+
+    def instance_up(self, now: float, instance: int) -> None:
+        """``instance`` recovered: it serves again, empty."""
+
 
 class Broadcast(Observer):
     """Hands every report to each of ``observers``, in their order."""
@@ -148,6 +155,14 @@ class Broadcast(Observer):
     def role_changed(self, now: float, instance: int, old: str, new: str) -> None:
         for o in self.observers:
             o.role_changed(now, instance, old, new)
+
+    def instance_down(self, now: float, instance: int) -> None:
+        for o in self.observers:
+            o.instance_down(now, instance)
+
+    def instance_up(self, now: float, instance: int) -> None:
+        for o in self.observers:
+            o.instance_up(now, instance)
 
 
 def broadcast(observers: Iterable[Observer]) -> Observer:

@@ -58,6 +58,7 @@ from twin.perf.llm import ModelSpec, get_model
 from twin.scheduler import build_scheduler, scheduler_names
 from twin.serving.engine import EngineConfig
 from twin.serving.handoff import TransferConfig
+from twin.sim.faults import Event, EventKeys, RetryPolicy, read_events
 from twin.sim.metrics import SLO
 from twin.workload.stream import WorkloadSpec
 
@@ -169,6 +170,12 @@ class TopKeys:
     )  # fmt: skip
     slo: Any = declared(None, section(SLO), "latency objectives")
     transfer: Any = declared(None, section(TransferConfig), "how a split deployment moves KV")
+    events: Any = declared(
+        None, anything(lambda: {"type": "array", "items": schema(EventKeys)}),
+        "a timeline of failures and degradations (see Failures and degradation)",
+        nullable=True,
+    )  # fmt: skip
+    retry: Any = declared(None, section(RetryPolicy), "what a request whose instance fails does")
 
 
 def spec_schema(extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
@@ -224,6 +231,8 @@ class ExperimentSpec:
     source: str
     base_dir: Path
     resolved: Mapping[str, Any] = field(repr=False)
+    events: tuple[Event, ...] = ()
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     @property
     def sha256(self) -> str:
@@ -507,6 +516,14 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
     slo = read(SLO, top.slo, f"{where}: slo")
     out["slo"] = slo.written
 
+    # Only given: a spec without faults resolves (and hashes) as before.
+    events, out_events = read_events(top.events, f"{where}: events")
+    if out_events:
+        out["events"] = out_events
+    retry = read(RetryPolicy, top.retry, f"{where}: retry")
+    if "retry" in top_read.given:
+        out["retry"] = retry.written
+
     return ExperimentSpec(
         name=name,
         seed=top.seed,
@@ -530,4 +547,6 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
         source=where,
         base_dir=base_dir,
         resolved=out,
+        events=events,
+        retry=retry.value,
     )

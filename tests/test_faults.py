@@ -1,0 +1,274 @@
+"""Failures and degradation: the events: timeline, retries, and what is never lost."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_engine import Linear
+
+from twin.errors import SpecError
+from twin.request import Request
+from twin.scheduler import ClusterView, FaultEvent, InstanceSnapshot
+from twin.sim.simulation import Simulation
+from twin.sim.spec import resolve_spec
+
+WORKLOAD = {
+    "lengths": {"prompt": {"dist": "fixed", "value": 100}, "output": {"dist": "fixed", "value": 8}},
+    "arrival": {"process": "poisson", "rate": 10.0},
+    "max_requests": 10,
+}
+
+
+def spec(**over):
+    data = {"model": "llama-3.1-8b", "cluster": {"instances": 2}, "workload": WORKLOAD}
+    data.update(over)
+    return resolve_spec(data, "f.yaml", Path.cwd())
+
+
+def split(**over):
+    cluster = {
+        "topology": "dgx-h100-ib400",
+        "nodes": 2,
+        "prefill": {"instances": 2, "tp": 4},
+        "decode": {"instances": 2, "tp": 4},
+    }
+    over.setdefault("cluster", cluster)
+    return spec(scheduler="disagg", **over)
+
+
+def run(s, requests=None, perf=None, scheduler=None):
+    rows: list[dict] = []
+    sim = Simulation(s, requests=requests, on_row=rows.append, perf=perf, scheduler=scheduler)
+    result = sim.run()
+    return sim, result, {r["id"]: r for r in rows}
+
+
+@pytest.mark.parametrize("ff", [True, False])
+def test_a_request_whose_instance_fails_mid_decode_is_retried_elsewhere(ff):
+    # Linear: prefill 10 ms + 0.1 ms/token, a decode step 10 ms + 1 ms/sequence.
+    # Instance 0: the 100-token prompt ends at 0.02 (token 1); steps end at
+    # 0.031 (token 2) and 0.042 (token 3); the one to 0.053 is cut by the
+    # failure at 0.05. The retry goes to instance 1 at once and prefills the
+    # prompt and the 3 tokens seen (103 tokens: 20.3 ms), producing token 4 at
+    # 0.0703; tokens 5..11 take 7 steps of 11 ms: done at 0.1473.
+    s = spec(
+        events=[{"at": 0.05, "action": "fail", "instance": 0}],
+        engine={"fast_forward": ff},
+    )
+    sim, result, rows = run(s, requests=[Request(0, 0.0, 100, 11)], perf=Linear())
+    r = rows[0]
+    assert r["status"] == "completed"
+    assert r["instance"] == r["prefill_instance"] == 1
+    assert r["scheduled_s"] == 0.0
+    assert r["prefill_done_s"] == pytest.approx(0.02)
+    assert r["first_token_s"] == pytest.approx(0.02)
+    assert r["finish_s"] == pytest.approx(0.1473)
+    assert r["ttft_s"] == pytest.approx(0.02)
+    assert r["tpot_s"] == pytest.approx((0.1473 - 0.02) / 10)
+    assert r["max_itl_s"] == pytest.approx(0.0703 - 0.042)  # the stall of the retry
+    assert r["attempts"] == 2
+    assert r["lost_tokens"] == 100 + 3 - 1  # the prompt's and tokens 1-2's KV
+    assert r["time_lost_s"] == pytest.approx(0.05)
+    assert result.summary["retries"] == 1
+    assert result.summary["failed"] == 0
+    assert sim.engines[0].up is False and sim.engines[0].kv.free == sim.engines[0].kv.total
+
+
+def test_retries_are_bounded_by_attempts_backoff_and_deadline():
+    reqs = [Request(0, 0.0, 100, 11)]
+    fail0 = {"at": 0.05, "action": "fail", "instance": 0}
+    fail1 = {"at": 0.06, "action": "fail", "instance": 1}
+    _, res, rows = run(spec(events=[fail0], retry={"max_attempts": 1}), reqs, Linear())
+    assert rows[0]["status"] == "failed" and rows[0]["reason"] == "max_attempts"
+    assert res.summary["failed_by_reason"] == {"max_attempts": 1}
+    # Both fail: the retry waits for a recovery (1 s), then runs on instance 0.
+    ev = [fail0, fail1, {"at": 1.0, "action": "recover", "instance": 0}]
+    _, _, rows = run(spec(events=ev), reqs, Linear())
+    assert rows[0]["status"] == "completed" and rows[0]["instance"] == 0
+    assert rows[0]["finish_s"] == pytest.approx(1.0 + 0.0203 + 0.077)
+    # ... unless the deadline comes first.
+    _, _, rows = run(spec(events=ev, retry={"deadline": "0.5 s"}), reqs, Linear())
+    assert rows[0]["status"] == "failed" and rows[0]["reason"] == "retry_deadline"
+    # Nothing ever comes back.
+    _, res, rows = run(spec(events=[fail0, fail1]), reqs, Linear())
+    assert rows[0]["reason"] == "no_instance_up" and res.summary["failed"] == 1
+    # Backoff: 0.1 s before the retry.
+    _, _, rows = run(spec(events=[fail0], retry={"backoff": "100 ms"}), reqs, Linear())
+    assert rows[0]["finish_s"] == pytest.approx(0.15 + 0.0203 + 0.077)
+
+
+def test_a_degraded_gpu_runs_its_iterations_slower():
+    reqs = [Request(0, 0.0, 100, 1)]
+    ev = [{"at": 0.0, "action": "degrade", "gpu": 0, "factor": 0.5}]
+    _, _, rows = run(spec(events=ev, cluster={"instances": 1}), reqs, Linear())
+    assert rows[0]["finish_s"] == pytest.approx(0.04)
+    ev.append({"at": 0.0, "action": "restore", "gpu": 0})
+    _, _, rows = run(spec(events=ev, cluster={"instances": 1}), reqs, Linear())
+    assert rows[0]["finish_s"] == pytest.approx(0.02)
+
+
+def test_a_degraded_link_reshares_its_flows():
+    # One prompt's KV crosses n0 -> n1 on NIC 0's path; a tenth of the
+    # bandwidth on that NIC's uplink makes the transfer about ten times longer.
+    reqs = [Request(0, 0.0, 4000, 4)]
+    one = {"instances": 1, "tp": 8}
+    cluster = {"topology": "dgx-h100-ib400", "nodes": 2, "prefill": one, "decode": one}
+    _, _, rows = run(split(cluster=cluster), reqs)
+    ev = [{"at": 0.0, "action": "degrade", "link": f"n0.nic{k} -> switch", "factor": 0.1}
+          for k in range(8)]  # fmt: skip
+    _, _, slow_rows = run(split(cluster=cluster, events=ev), reqs)
+    assert slow_rows[0]["transfer_s"] > 5 * rows[0]["transfer_s"]
+
+
+def test_events_are_checked_with_their_key_and_value():
+    bad = [
+        ([{"at": 1, "action": "fail"}], "events[0]: give exactly one target"),
+        ([{"at": 1, "action": "explode", "instance": 0}], "events[0].action"),
+        ([{"at": 1, "action": "degrade", "gpu": 0}], "events[0].factor: missing"),
+        ([{"at": 1, "action": "fail", "instance": 0, "factor": 0.5}], "events[0].factor"),
+        ([{"at": 1, "action": "degrade", "gpu": 0, "factor": 2}], "events[0].factor"),
+        ([{"action": "fail", "instance": 0}], "events[0].at: missing"),
+        ([{"at": 1, "action": "fail", "link": "a -> b"}], "events[0].action"),
+        ([{"at": 1, "action": "fail", "instance": 0, "colour": 1}], "colour"),
+        ("soon", "events: 'soon' must be a list"),
+    ]
+    for events, msg in bad:
+        with pytest.raises(SpecError, match=msg.replace("[", r"\[").replace("]", r"\]")):
+            spec(events=events)
+    with pytest.raises(SpecError, match=r"events\[0\]\.instance: 5; instances are 0..1"):
+        Simulation(spec(events=[{"at": 1, "action": "fail", "instance": 5}]))
+    with pytest.raises(SpecError, match=r"events\[0\]\.link: 'a -> b'"):
+        Simulation(split(events=[{"at": 1, "action": "degrade", "link": "a -> b", "factor": 0.5}]))
+    with pytest.raises(SpecError, match=r"retry\.max_attempts"):
+        spec(retry={"max_attempts": 0})
+
+
+def test_a_spec_without_events_resolves_as_before():
+    assert "events" not in spec().resolved and "retry" not in spec().resolved
+    s = spec(events=[{"at": "1 s", "action": "fail", "node": 0}], retry={"max_attempts": 2})
+    assert s.resolved["events"] == [{"at": "1 s", "action": "fail", "node": 0}]
+    assert s.resolved["retry"]["max_attempts"] == 2
+
+
+class Watching:
+    """The disagg policy's routing, plus a record of the events it is told of."""
+
+    def __init__(self):
+        from schedulers.disagg import Disagg
+
+        self.inner = Disagg()
+        self.seen: list[tuple[FaultEvent, tuple[bool, ...]]] = []
+
+    def setup(self, cluster):
+        return self.inner.setup(cluster)
+
+    def route(self, req, view):
+        return self.inner.route(req, view)
+
+    def pick_decode(self, req, view):
+        return self.inner.pick_decode(req, view)
+
+    def on_event(self, event, view):
+        self.seen.append((event, tuple(i.up for i in view.instances)))
+
+
+def test_policies_see_health_and_are_told_of_events():
+    ev = [{"at": 0.5, "action": "fail", "node": 0}, {"at": 1.0, "action": "recover", "node": 0}]
+    w = Watching()
+    _, res, _ = run(split(events=ev), scheduler=w)
+    assert [(e.action, e.target, e.name, e.instances) for e, _ in w.seen] == [
+        ("fail", "node", 0, (0, 1)),
+        ("recover", "node", 0, (0, 1)),
+    ]
+    assert [up for _, up in w.seen] == [(False, False, True, True), (True, True, True, True)]
+    assert res.summary["completed"] + res.summary["failed"] == res.summary["requests"]
+    view = ClusterView([InstanceSnapshot(0), InstanceSnapshot(1, up=False)])
+    assert [i.id for i in view.of_role("mixed")] == [0] and [i.id for i in view.up()] == [0]
+
+
+class Stubborn:
+    """Routes everything to instance 0, up or not."""
+
+    def setup(self, cluster):
+        from twin.scheduler import Plan
+
+        return Plan()
+
+    def route(self, req, view):
+        from twin.scheduler import Route
+
+        return Route(0, 0)
+
+
+def test_routing_to_a_dead_instance_is_an_error():
+    ev = [{"at": 0.0, "action": "fail", "instance": 0}]
+    with pytest.raises(SpecError, match="routed to instance 0, which is down"):
+        run(spec(events=ev), scheduler=Stubborn())
+
+
+_EVENT = st.tuples(
+    st.floats(0.0, 3.0, allow_nan=False),
+    st.sampled_from(["fail", "recover", "degrade", "restore"]),
+    st.sampled_from(["instance", "node", "gpu"]),
+    st.integers(0, 3),
+    st.sampled_from([0.25, 0.5]),
+)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    events=st.lists(_EVENT, max_size=6),
+    mode=st.sampled_from(["serialized", "layerwise"]),
+    handoff=st.sampled_from(["push", "pull"]),
+    attempts=st.integers(1, 3),
+    colocated=st.booleans(),
+)
+def test_random_fault_timelines_lose_nothing_and_repeat_exactly(
+    events, mode, handoff, attempts, colocated
+):
+    if mode == "layerwise":
+        handoff = "push"
+    ev = []
+    for t, action, target, k, f in events:
+        if target == "instance":
+            k = k % (2 if colocated else 4)
+        elif target == "node":
+            k = k % (1 if colocated else 2)
+        elif target == "gpu":
+            k = k % (2 if colocated else 16)
+        e = {"at": round(t, 3), "action": action, target: k}
+        if action == "degrade":
+            e["factor"] = f
+        ev.append(e)
+    workload = {
+        "lengths": "azure-conv",
+        "arrival": {"process": "poisson", "rate": 30.0},
+        "max_requests": 40,
+    }
+    over = {"events": ev, "retry": {"max_attempts": attempts}, "workload": workload}
+    if colocated:
+        s = spec(**over)
+    else:
+        s = split(transfer={"mode": mode, "handoff": handoff}, **over)
+    outs = []
+    for _ in range(2):
+        sim, res, rows = run(s)  # the run checks conservation and that all blocks are free
+        summ = res.summary
+        assert summ["completed"] + summ["rejected"] + summ["failed"] == summ["requests"] == 40
+        assert len(rows) == 40
+        for r in rows.values():
+            assert r["status"] in ("completed", "rejected", "failed")
+            if r["status"] == "completed":
+                assert 0 <= r["queue_s"] <= r["ttft_s"] <= r["e2e_s"]
+                assert r["attempts"] >= 1 and r["time_lost_s"] >= 0
+        for e in sim.engines:
+            assert e.kv.free + (e.cache.cached_blocks if e.cache else 0) == e.kv.total
+        if sim.network is not None:
+            assert sim.network.max_link_load_ratio <= 1 + 1e-9
+            assert sim.network._in_flight == 0 and not sim.network._flows
+        outs.append(json.dumps(res.to_dict() | {"rows": rows}, sort_keys=True, default=str))
+    assert outs[0] == outs[1]

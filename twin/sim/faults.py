@@ -1,0 +1,248 @@
+"""Failures and degradation: the spec's ``events:`` timeline and ``retry:`` policy.
+
+Each entry of ``events:`` happens at its time ``at`` to one target, named by
+the ids ``twin topo`` and the results use: ``instance``, ``node`` (every
+instance on it), ``gpu`` (the instance holding it) or ``link`` (``"src ->
+dst"``, a directed link of the topology by its vertex names):
+
+- ``fail`` / ``recover`` an instance, a node or a GPU. A failed instance loses
+  everything it holds (queued and running requests, the KV it computed and the
+  blocks it reserved for KV on its way); it comes back empty.
+- ``degrade`` (with a ``factor`` in (0, 1]) / ``restore`` a GPU, an instance or
+  a node (each iteration of an instance on it takes 1/factor as long, from its
+  next iteration; an instance runs at its slowest GPU), or a link (it carries
+  factor x its capacity; the flows on it are re-shared at once).
+
+A request whose attempt is lost is retried per ``retry:``: after
+``backoff x backoff_factor^(attempt - 1)`` it goes back to the scheduler, which
+routes it again, and its prompt and the tokens it had produced are prefilled
+again (the lost work is recomputed); or it ends ``failed``, with the reason
+``max_attempts`` (its attempts are used up) or ``retry_deadline`` (the retry
+would start later than ``deadline`` after its arrival). While no instance that
+prefills or none that decodes is up, requests wait for a recovery (up to the
+deadline); those still waiting when nothing else can happen end ``failed``
+with ``no_instance_up``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from twin._clock import at
+from twin._declare import (
+    NONNEG_INT,
+    POSITIVE_INT,
+    POSITIVE_NUMBER,
+    TEXT,
+    choice,
+    declared,
+    interval,
+    read,
+    seconds,
+)
+from twin.errors import SpecError
+from twin.scheduler import FaultEvent, event_hook
+
+if TYPE_CHECKING:
+    from twin.sim.simulation import Simulation
+
+ACTIONS = ("fail", "recover", "degrade", "restore")
+TARGETS = ("instance", "node", "gpu", "link")
+
+
+@dataclass(frozen=True)
+class EventKeys:
+    """One entry of ``events:``: at a time, an action on one target (give
+    exactly one of instance, node, gpu, link)."""
+
+    at_s: float = declared(
+        None, seconds(positive=False), "when it happens (simulated time)", key="at",
+        required="give the time of the event (e.g. at: 30 s)",
+    )  # fmt: skip
+    action: str = declared(
+        None, choice(*ACTIONS), "fail | recover | degrade | restore",
+        required="give one of fail, recover, degrade, restore",
+    )  # fmt: skip
+    instance: int | None = declared(None, NONNEG_INT, "target: an instance id", nullable=True)
+    node: int | None = declared(
+        None, NONNEG_INT, "target: a node (all its instances, or its GPUs)", nullable=True
+    )
+    gpu: int | None = declared(
+        None, NONNEG_INT, "target: a GPU (global index; fails its instance)", nullable=True
+    )
+    link: str | None = declared(
+        None, TEXT, "target: a directed topology link 'src -> dst' (degrade/restore)",
+        nullable=True,
+    )  # fmt: skip
+    factor: float | None = declared(
+        None, interval(0, 1, lo_open=True),
+        "degrade: the share of speed or bandwidth left, in (0, 1]", nullable=True,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """What becomes of a request whose instance fails under it (``retry:``)."""
+
+    max_attempts: int = declared(
+        3, POSITIVE_INT, "attempts in all, the first included (1: never retry)"
+    )
+    backoff_s: float = declared(
+        "0 s", seconds(positive=False), "wait before the first retry", key="backoff"
+    )
+    backoff_factor: float = declared(
+        2.0, POSITIVE_NUMBER, "each further retry waits this times longer"
+    )
+    deadline_s: float = declared(
+        None, seconds(), "no retry starts later than this after the request's arrival "
+        "(null: none)", key="deadline", unset=math.inf, nullable=True,
+    )  # fmt: skip
+
+    def delay_s(self, attempt: int) -> float:
+        """The wait before the attempt after ``attempt`` (1-based)."""
+        return self.backoff_s * self.backoff_factor ** (attempt - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A checked ``events:`` entry: its index in the list (for messages)."""
+
+    index: int
+    at_s: float
+    action: str
+    target: str
+    name: int | str
+    factor: float
+
+
+def read_events(value: Any, where: str) -> tuple[tuple[Event, ...], list[dict[str, Any]]]:
+    """``events:`` checked: the entries, and their resolved form."""
+    if value is None:
+        return (), []
+    if not isinstance(value, list):
+        raise SpecError(f"{where}: {value!r} must be a list of events")
+    out: list[Event] = []
+    written: list[dict[str, Any]] = []
+    for i, item in enumerate(value):
+        at_ = f"{where}[{i}]"
+        r = read(EventKeys, item, at_)
+        e = r.value
+        targets = [t for t in TARGETS if t in r.given]
+        if len(targets) != 1:
+            raise SpecError(
+                f"{at_}: give exactly one target of {', '.join(TARGETS)}; got "
+                f"{', '.join(targets) if targets else 'none'}"
+            )
+        target = targets[0]
+        name: int | str = getattr(e, target)
+        if target == "link":
+            src, sep, dst = str(name).partition("->")
+            if not sep or not src.strip() or not dst.strip():
+                raise SpecError(f"{at_}.link: {name!r}; expected 'src -> dst' (vertex names)")
+            name = f"{src.strip()} -> {dst.strip()}"
+            if e.action in ("fail", "recover"):
+                raise SpecError(
+                    f"{at_}.action: {e.action!r} of a link is not modelled; degrade it "
+                    "(e.g. factor: 0.01) or fail the node or GPU at its end"
+                )
+        if e.action == "degrade" and e.factor is None:
+            raise SpecError(f"{at_}.factor: missing; degrade needs a factor in (0, 1]")
+        if e.action != "degrade" and e.factor is not None:
+            raise SpecError(f"{at_}.factor: {e.factor!r}; only degrade takes a factor")
+        out.append(Event(i, e.at_s, e.action, target, name, e.factor or 1.0))
+        w = {"at": r.written["at"], "action": e.action, target: name}
+        if e.factor is not None:
+            w["factor"] = r.written["factor"]
+        written.append(w)
+    return tuple(out), written
+
+
+class Faults:
+    """Carries out a simulation's ``events:``: each at its time, in list order
+    for the same time; checks every target against the cluster when made."""
+
+    def __init__(self, sim: Simulation, events: Sequence[Event]) -> None:
+        self.sim = sim
+        self.events = sorted(events, key=lambda e: (e.at_s, e.index))
+        self.where = f"{sim.spec.source}: events"
+        self.gpu_factor: dict[int, float] = {}
+        self.applied: list[FaultEvent] = []
+        gpus = sorted(g for p in sim.placements for g in p.gpus)
+        nodes = sorted({p.node for p in sim.placements})
+        topo = sim.spec.topology
+        for e in self.events:
+            key = f"{self.where}[{e.index}].{e.target}"
+            if e.target == "instance" and not e.name < len(sim.engines):  # type: ignore[operator]
+                raise SpecError(f"{key}: {e.name}; instances are 0..{len(sim.engines) - 1}")
+            if e.target == "node" and e.name not in nodes:
+                raise SpecError(f"{key}: {e.name}; instances run on nodes {nodes}")
+            if e.target == "gpu" and e.name not in gpus:
+                raise SpecError(f"{key}: {e.name}; instances run on GPUs {gpus[0]}..{gpus[-1]}")
+            if e.target == "link":
+                if topo is None:
+                    raise SpecError(f"{key}: {e.name!r}; a link needs cluster.topology")
+                src, _, dst = str(e.name).partition(" -> ")
+                try:
+                    topo.link(src, dst)
+                except KeyError as err:
+                    raise SpecError(f"{key}: {e.name!r}: {err.args[0]}") from None
+
+    def start(self) -> None:
+        env = self.sim.env
+        for e in self.events:
+            at(env, e.at_s, self._applier(e))
+
+    def _applier(self, e: Event) -> Callable[[object], None]:
+        return lambda _ev: self.apply(e)
+
+    def instances_of(self, e: Event) -> tuple[int, ...]:
+        sim = self.sim
+        if e.target == "instance":
+            return (int(e.name),)
+        if e.target == "node":
+            return tuple(p.instance for p in sim.placements if p.node == e.name)
+        if e.target == "gpu":
+            return tuple(p.instance for p in sim.placements if e.name in p.gpus)
+        return ()
+
+    def apply(self, e: Event) -> None:
+        sim = self.sim
+        ids = self.instances_of(e)
+        if e.action == "fail":
+            for i in ids:
+                sim.fail_instance(i)
+        elif e.action == "recover":
+            for i in ids:
+                sim.recover_instance(i)
+        elif e.target == "link":
+            assert sim.network is not None
+            src, _, dst = str(e.name).partition(" -> ")
+            sim.network.scale_link(src, dst, e.factor if e.action == "degrade" else 1.0)
+        else:
+            self._set_speed(e)
+        event = FaultEvent(sim.env.now, e.action, e.target, e.name, e.factor, ids)
+        self.applied.append(event)
+        hook = event_hook(sim.scheduler)
+        if hook is not None:
+            hook.on_event(event, sim.view)
+
+    def _set_speed(self, e: Event) -> None:
+        """A GPU's (or an instance's or a node's GPUs') speed; an instance runs
+        at its slowest GPU's (tensor- and pipeline-parallel ranks step together)."""
+        sim = self.sim
+        if e.target == "gpu":
+            gpus: tuple[int, ...] = (int(e.name),)
+        else:
+            gpus = tuple(g for i in self.instances_of(e) for g in sim.placements[i].gpus)
+        for g in gpus:
+            if e.action == "degrade":
+                self.gpu_factor[g] = e.factor
+            else:
+                self.gpu_factor.pop(g, None)
+        for p in sim.placements:
+            if set(p.gpus) & set(gpus):
+                speed = min((self.gpu_factor.get(g, 1.0) for g in p.gpus), default=1.0)
+                sim.engines[p.instance].set_speed(speed)
