@@ -272,3 +272,17 @@ def test_random_fault_timelines_lose_nothing_and_repeat_exactly(
             assert sim.network._in_flight == 0 and not sim.network._flows
         outs.append(json.dumps(res.to_dict() | {"rows": rows}, sort_keys=True, default=str))
     assert outs[0] == outs[1]
+
+
+def test_a_retry_left_with_its_last_token_ends_on_the_prefill_side():
+    # Token 3 of 3 is under way on the decode side when it fails: the retry's
+    # recompute (prompt + 2 tokens) produces it, so nothing is handed off again.
+    reqs = [Request(0, 0.0, 100, 3)]
+    _, _, rows = run(split(), reqs, Linear())
+    t3 = rows[0]["finish_s"]
+    ev = [{"at": t3 - 0.005, "action": "fail", "instance": rows[0]["decode_instance"]}]
+    sim, _, rows = run(split(events=ev), reqs, Linear())
+    r = rows[0]
+    assert r["status"] == "completed" and r["attempts"] == 2
+    assert sim.engines[r["instance"]].role == "prefill"
+    assert r["finish_s"] == pytest.approx(t3 - 0.005 + 0.01 + 0.0102)

@@ -318,8 +318,8 @@ class Simulation:
             )
         if seq is None:
             seq = Sequence(req, self.env.now)
-        if req.output_tokens == 1:
-            pass  # done when the prompt is: its KV never moves
+        if seq.generated + 1 >= req.output_tokens:
+            pass  # done when the prompt (or a retry's recompute) is: its KV never moves
         elif d is not None and d != p:
             if self.engines[d].role == "prefill":
                 raise SpecError(
