@@ -286,3 +286,26 @@ def test_a_retry_left_with_its_last_token_ends_on_the_prefill_side():
     assert r["status"] == "completed" and r["attempts"] == 2
     assert sim.engines[r["instance"]].role == "prefill"
     assert r["finish_s"] == pytest.approx(t3 - 0.005 + 0.01 + 0.0102)
+
+
+def test_random_failures_have_their_own_stream():
+    random = [{"component": "instance", "mtbf": "0.3 s", "repair": "0.1 s"}]
+
+    def rows_of(**failures):
+        s = spec(failures={"random": random, **failures}, workload=WORKLOAD | {"max_requests": 40})
+        _, res, rows = run(s)
+        return res.summary, rows
+
+    plain = run(spec(workload=WORKLOAD | {"max_requests": 40}))[2]
+    a, rows_a = rows_of()
+    b, rows_b = rows_of(seed=11)
+    assert a["retries"] > 0 and b["retries"] > 0
+    assert rows_of() == (a, rows_a)  # the same seeds, the same run
+    assert (a["retries"], a["lost_tokens"]) != (b["retries"], b["lost_tokens"])
+    for rows in (rows_a, rows_b):  # failures never move an arrival or a length
+        assert {i: (r["arrival_s"], r["prompt_tokens"], r["output_tokens"])
+                for i, r in rows.items()} == {
+            i: (r["arrival_s"], r["prompt_tokens"], r["output_tokens"]) for i, r in plain.items()
+        }  # fmt: skip
+    with pytest.raises(SpecError, match=r"failures\.random\[0\]\.mtbf: missing"):
+        spec(failures={"random": [{"component": "node", "repair": "1 s"}]})

@@ -31,16 +31,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from twin._clock import at
 from twin._declare import (
     NONNEG_INT,
     POSITIVE_INT,
     POSITIVE_NUMBER,
     TEXT,
+    anything,
     choice,
     declared,
     interval,
     read,
+    schema,
     seconds,
 )
 from twin.errors import SpecError
@@ -51,6 +55,12 @@ if TYPE_CHECKING:
 
 ACTIONS = ("fail", "recover", "degrade", "restore")
 TARGETS = ("instance", "node", "gpu", "link")
+COMPONENTS = ("instance", "node", "gpu")
+REPAIR_DISTS = ("exponential", "fixed")
+# The spawn key of the random failures' streams: distinct from the workload's
+# and the scheduler's (children 0 and 1 of the spec seed), so that drawing
+# failures, or changing their seed, never moves an arrival or a length.
+FAILURES_KEY = 0xFA11
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,58 @@ class RetryPolicy:
     def delay_s(self, attempt: int) -> float:
         """The wait before the attempt after ``attempt`` (1-based)."""
         return self.backoff_s * self.backoff_factor ** (attempt - 1)
+
+
+@dataclass(frozen=True)
+class RandomKeys:
+    """One class of random failures (an entry of ``failures.random``): every
+    component of the class fails after an exponential time of mean ``mtbf``
+    from its start or last repair, and is repaired ``repair`` later (its mean,
+    with ``repair_dist: exponential``)."""
+
+    component: str = declared(
+        None, choice(*COMPONENTS), "instance | node | gpu: each of them fails on its own",
+        required="give instance, node or gpu",
+    )  # fmt: skip
+    mtbf_s: float = declared(
+        None, seconds(), "mean time between failures of one component", key="mtbf",
+        required="give the mean time between failures (e.g. mtbf: 10 min)",
+    )  # fmt: skip
+    repair_s: float = declared(
+        None, seconds(), "time to repair (the mean, when exponential)", key="repair",
+        required="give the time to repair (e.g. repair: 30 s)",
+    )  # fmt: skip
+    repair_dist: str = declared(
+        "exponential", choice(*REPAIR_DISTS), "exponential | fixed repair times"
+    )
+
+
+@dataclass(frozen=True)
+class FailureKeys:
+    """Random failures (``failures:``), drawn from a stream of their own."""
+
+    seed: int | None = declared(
+        None, NONNEG_INT, "the failures' seed (null: the spec's seed)", nullable=True
+    )
+    random: Any = declared(
+        None, anything(lambda: {"type": "array", "items": schema(RandomKeys)}),
+        "classes of components that fail at random", nullable=True,
+    )  # fmt: skip
+
+
+def read_failures(value: Any, where: str) -> tuple[int | None, tuple[RandomKeys, ...], dict]:
+    """``failures:`` checked: its seed, its classes and its resolved form."""
+    r = read(FailureKeys, value, where)
+    items = r.value.random or []
+    if not isinstance(items, list):
+        raise SpecError(f"{where}.random: {items!r} must be a list")
+    classes = []
+    written = []
+    for i, item in enumerate(items):
+        c = read(RandomKeys, item, f"{where}.random[{i}]")
+        classes.append(c.value)
+        written.append(c.written)
+    return r.value.seed, tuple(classes), {"seed": r.value.seed, "random": written}
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +232,9 @@ class Faults:
         self.where = f"{sim.spec.source}: events"
         self.gpu_factor: dict[int, float] = {}
         self.applied: list[FaultEvent] = []
+        spec = sim.spec
+        self.random = spec.failures
+        self.seed = spec.seed if spec.failure_seed is None else spec.failure_seed
         gpus = sorted(g for p in sim.placements for g in p.gpus)
         nodes = sorted({p.node for p in sim.placements})
         topo = sim.spec.topology
@@ -194,6 +259,39 @@ class Faults:
         env = self.sim.env
         for e in self.events:
             at(env, e.at_s, self._applier(e))
+        sim = self.sim
+        ids = {
+            "instance": list(range(len(sim.engines))),
+            "node": sorted({p.node for p in sim.placements}),
+            "gpu": sorted(g for p in sim.placements for g in p.gpus),
+        }
+        for ci, c in enumerate(self.random):
+            for j, comp in enumerate(ids[c.component]):
+                seq = np.random.SeedSequence(self.seed, spawn_key=(FAILURES_KEY, ci, j))
+                self._next_failure(c, comp, np.random.default_rng(seq))
+
+    # -- random failures -----------------------------------------------------------
+    def _done(self) -> bool:
+        sim = self.sim
+        return sim._arrivals_done and sim.metrics.ended == sim._arrived
+
+    def _next_failure(self, c: RandomKeys, comp: int, rng: np.random.Generator) -> None:
+        when = self.sim.env.now + float(rng.exponential(c.mtbf_s))
+        at(self.sim.env, when, lambda _ev: self._random_fail(c, comp, rng))
+
+    def _random_fail(self, c: RandomKeys, comp: int, rng: np.random.Generator) -> None:
+        if self._done():
+            return  # nothing left to serve: no more failures
+        now = self.sim.env.now
+        self.apply(Event(-1, now, "fail", c.component, comp, 1.0))
+        repair = c.repair_s if c.repair_dist == "fixed" else float(rng.exponential(c.repair_s))
+
+        def repaired(_ev: object) -> None:
+            self.apply(Event(-1, now + repair, "recover", c.component, comp, 1.0))
+            if not self._done():
+                self._next_failure(c, comp, rng)
+
+        at(self.sim.env, now + repair, repaired)
 
     def _applier(self, e: Event) -> Callable[[object], None]:
         return lambda _ev: self.apply(e)

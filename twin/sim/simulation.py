@@ -98,7 +98,7 @@ class Simulation:
         self.rng_workload = np.random.default_rng(seeds[0])
         self.rng_scheduler = np.random.default_rng(seeds[1])
         self._requests = requests
-        faults = bool(spec.events) or "retry" in spec.resolved
+        faults = bool(spec.events or spec.failures) or "retry" in spec.resolved
         self.metrics = Metrics(spec.slo, on_row, spec.ttft_at, faults=faults)
         subscribers: list[Observer] = [self.metrics]
         if log is not None:

@@ -58,7 +58,15 @@ from twin.perf.llm import ModelSpec, get_model
 from twin.scheduler import build_scheduler, scheduler_names
 from twin.serving.engine import EngineConfig
 from twin.serving.handoff import TransferConfig
-from twin.sim.faults import Event, EventKeys, RetryPolicy, read_events
+from twin.sim.faults import (
+    Event,
+    EventKeys,
+    FailureKeys,
+    RandomKeys,
+    RetryPolicy,
+    read_events,
+    read_failures,
+)
 from twin.sim.metrics import SLO
 from twin.workload.stream import WorkloadSpec
 
@@ -176,6 +184,9 @@ class TopKeys:
         nullable=True,
     )  # fmt: skip
     retry: Any = declared(None, section(RetryPolicy), "what a request whose instance fails does")
+    failures: Any = declared(
+        None, section(FailureKeys), "random failures per component class (MTBF, repair time)"
+    )
 
 
 def spec_schema(extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
@@ -233,6 +244,8 @@ class ExperimentSpec:
     resolved: Mapping[str, Any] = field(repr=False)
     events: tuple[Event, ...] = ()
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    failures: tuple[RandomKeys, ...] = ()
+    failure_seed: int | None = None
 
     @property
     def sha256(self) -> str:
@@ -523,6 +536,9 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
     retry = read(RetryPolicy, top.retry, f"{where}: retry")
     if "retry" in top_read.given:
         out["retry"] = retry.written
+    failure_seed, failures, out_failures = read_failures(top.failures, f"{where}: failures")
+    if "failures" in top_read.given:
+        out["failures"] = out_failures
 
     return ExperimentSpec(
         name=name,
@@ -549,4 +565,6 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
         resolved=out,
         events=events,
         retry=retry.value,
+        failures=failures,
+        failure_seed=failure_seed,
     )
