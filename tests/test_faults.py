@@ -309,3 +309,26 @@ def test_random_failures_have_their_own_stream():
         }  # fmt: skip
     with pytest.raises(SpecError, match=r"failures\.random\[0\]\.mtbf: missing"):
         spec(failures={"random": [{"component": "node", "repair": "1 s"}]})
+
+
+def test_a_failed_nodes_kv_pool_is_gone():
+    from test_mooncake import conversation
+    from test_mooncake import spec as mooncake_spec
+
+    reqs = conversation(40)
+    ev = [{"at": 0.6, "action": "fail", "node": 0}, {"at": 1.0, "action": "recover", "node": 0}]
+    sim = Simulation(mooncake_spec(events=ev), requests=reqs)
+    pools = sim.pools
+    assert pools is not None
+    seen = []
+    orig = pools.fail_node
+
+    def fail_node(node):
+        before = pools.pools[node].used_bytes
+        orig(node)
+        seen.append((node, before > 0, pools.pools[node].used_bytes, node in pools._loading))
+
+    pools.fail_node = fail_node
+    s = sim.run().summary
+    assert seen == [(0, True, 0.0, False)]
+    assert s["completed"] + s["rejected"] + s["failed"] == 40

@@ -312,6 +312,8 @@ class Faults:
         if e.action == "fail":
             for i in ids:
                 sim.fail_instance(i)
+            if e.target == "node" and sim.pools is not None:
+                sim.pools.fail_node(int(e.name))  # host memory goes with the node
         elif e.action == "recover":
             for i in ids:
                 sim.recover_instance(i)
