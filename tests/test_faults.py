@@ -132,7 +132,7 @@ def test_events_are_checked_with_their_key_and_value():
         ([{"at": 1, "action": "fail", "instance": 0, "factor": 0.5}], "events[0].factor"),
         ([{"at": 1, "action": "degrade", "gpu": 0, "factor": 2}], "events[0].factor"),
         ([{"action": "fail", "instance": 0}], "events[0].at: missing"),
-        ([{"at": 1, "action": "fail", "link": "a -> b"}], "events[0].action"),
+        ([{"at": 1, "action": "fail", "link": "a"}], "events[0].link: 'a'; expected 'src -> dst'"),
         ([{"at": 1, "action": "fail", "instance": 0, "colour": 1}], "colour"),
         ("soon", "events: 'soon' must be a list"),
     ]
@@ -143,6 +143,8 @@ def test_events_are_checked_with_their_key_and_value():
         Simulation(spec(events=[{"at": 1, "action": "fail", "instance": 5}]))
     with pytest.raises(SpecError, match=r"events\[0\]\.link: 'a -> b'"):
         Simulation(split(events=[{"at": 1, "action": "degrade", "link": "a -> b", "factor": 0.5}]))
+    with pytest.raises(SpecError, match=r"events\[0\]\.nic: 'n9.nic0' is not a NIC"):
+        Simulation(split(events=[{"at": 1, "action": "fail", "nic": "n9.nic0"}]))
     with pytest.raises(SpecError, match=r"retry\.max_attempts"):
         spec(retry={"max_attempts": 0})
 
@@ -213,13 +215,13 @@ def test_routing_to_a_dead_instance_is_an_error():
 _EVENT = st.tuples(
     st.floats(0.0, 3.0, allow_nan=False),
     st.sampled_from(["fail", "recover", "degrade", "restore"]),
-    st.sampled_from(["instance", "node", "gpu"]),
-    st.integers(0, 3),
+    st.sampled_from(["instance", "node", "gpu", "nic"]),
+    st.integers(0, 15),
     st.sampled_from([0.25, 0.5]),
 )
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     events=st.lists(_EVENT, max_size=6),
     mode=st.sampled_from(["serialized", "layerwise"]),
@@ -234,7 +236,11 @@ def test_random_fault_timelines_lose_nothing_and_repeat_exactly(
         handoff = "push"
     ev = []
     for t, action, target, k, f in events:
-        if target == "instance":
+        if target == "nic" and colocated:
+            target = "instance"
+        if target == "nic":
+            k = f"n{k // 8}.nic{k % 8}"
+        elif target == "instance":
             k = k % (2 if colocated else 4)
         elif target == "node":
             k = k % (1 if colocated else 2)
@@ -332,3 +338,51 @@ def test_a_failed_nodes_kv_pool_is_gone():
     s = sim.run().summary
     assert seen == [(0, True, 0.0, False)]
     assert s["completed"] + s["rejected"] + s["failed"] == 40
+
+
+ONE_EACH = {
+    "topology": "dgx-h100-ib400",
+    "nodes": 2,
+    "prefill": {"instances": 1, "tp": 8},
+    "decode": {"instances": 1, "tp": 8},
+}
+
+
+def _link_bytes(result, src, dst):
+    return next((ln["bytes"] for ln in result.links if (ln["src"], ln["dst"]) == (src, dst)), 0.0)
+
+
+def test_a_transfer_is_rerouted_when_its_link_fails():
+    # Each of the 8 shards leaves node 0 through its GPU's own NIC. NIC 0's
+    # uplink fails as the transfer starts: shard 0 moves over NVLink to GPU 1
+    # and out through NIC 1, which it shares with shard 1 (half rate each).
+    reqs = [Request(0, 0.0, 4000, 4)]
+    _, base, rows = run(split(cluster=ONE_EACH), reqs)
+    t0 = rows[0]["prefill_done_s"]
+    ev = [{"at": t0, "action": "fail", "link": "n0.nic0 -> switch"}]
+    _, res, moved = run(split(cluster=ONE_EACH, events=ev), reqs)
+    assert moved[0]["status"] == "completed" and moved[0]["attempts"] == 1
+    assert _link_bytes(res, "n0.nic0", "switch") == 0.0
+    share = _link_bytes(base, "n0.nic1", "switch")
+    assert _link_bytes(res, "n0.nic1", "switch") == pytest.approx(2 * share)
+    # NIC 1 carries two shards: the bytes take twice as long (the fixed costs
+    # stay), and shard 0's detour over NVLink adds its latency.
+    busy = next(ln["busy_s"] for ln in base.links if ln["src"] == "n0.nic1")
+    topo = split(cluster=ONE_EACH).topology
+    detour = topo.latency_s(topo.path(0, 8, nic=1)) - topo.latency_s(topo.path(0, 8))
+    assert detour > 0
+    extra = moved[0]["transfer_s"] - rows[0]["transfer_s"]
+    assert extra == pytest.approx(busy + detour, rel=1e-9)
+    assert res.summary["kv_bytes_transferred"] == base.summary["kv_bytes_transferred"]
+
+
+def test_a_transfer_with_no_other_path_waits_for_the_repair_or_fails():
+    reqs = [Request(0, 0.0, 4000, 4)]
+    nic_down = [{"at": 0.0, "action": "fail", "nic": f"n0.nic{k}"} for k in range(8)]
+    up = [{"at": 2.0, "action": "recover", "nic": f"n0.nic{k}"} for k in range(8)]
+    _, _, rows = run(split(cluster=ONE_EACH, events=nic_down + up), reqs)
+    assert rows[0]["status"] == "completed" and rows[0]["first_token_s"] > 2.0
+    sim, res, rows = run(split(cluster=ONE_EACH, events=nic_down), reqs)
+    assert rows[0]["status"] == "failed" and rows[0]["reason"] == "link_down"
+    assert res.summary["failed_by_reason"] == {"link_down": 1}
+    assert all(e.kv.free == e.kv.total for e in sim.engines)

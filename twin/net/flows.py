@@ -51,7 +51,7 @@ re-share with 400 flows on a two-tier fabric).
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -249,6 +249,7 @@ class _Flow:
         "latency",
         "tol",
         "sending",
+        "path",
     )
 
     def __init__(self, fid: int, transfer: Transfer, index: int, spec: FlowSpec) -> None:
@@ -264,6 +265,7 @@ class _Flow:
         self.latency = spec.latency_s
         self.tol = max(REL_DONE * self.size, ABS_DONE)
         self.sending = True
+        self.path: tuple[LinkLike, ...] | None = spec.path
 
 
 class Transfer:
@@ -336,6 +338,10 @@ class Network:
         self._flows: dict[int, _Flow] = {}  # sending, in creation order
         self._links: dict[tuple[str, str], _LinkState] = {}
         self._factors: dict[tuple[str, str], float] = {}  # degraded links: (src, dst) -> factor
+        self._down: set[tuple[str, str]] = set()  # failed links: they carry nothing
+        # (first vertex, last vertex, failed links) -> another path for a flow
+        # that avoids them, or None; given by whoever knows the topology.
+        self.reroute: Callable[[str, str, frozenset], tuple[LinkLike, ...] | None] | None = None
         self._used: list[_LinkState] = []  # links under the flows now sending
         self._next_transfer = 0
         self._next_flow = 0
@@ -367,6 +373,16 @@ class Network:
             self._finish_transfer(t)
             return t
         self._advance(now)
+        if self._down:
+            flows = tuple(
+                spec
+                if (path := self._rerouted(spec.path)) is spec.path
+                else FlowSpec(path, spec.size_bytes, spec.rate_cap_bytes_s)
+                for spec in flows
+            )
+            for spec in flows:
+                for link in spec.path:
+                    self._register(link)
         for i, spec in enumerate(flows):
             f = _Flow(self._next_flow, t, i, spec)
             self._next_flow += 1
@@ -400,6 +416,65 @@ class Network:
             self.observer.transfer_ended(now, t)
         self._reshare(now)
 
+    def _usable(self, s: _LinkState) -> float:
+        key = (s.src, s.dst)
+        if key in self._down:
+            return 0.0
+        f = self._factors.get(key, 1.0)
+        return s.base if f == 1.0 else s.base * f
+
+    def _rerouted(self, path: tuple[LinkLike, ...]) -> tuple[LinkLike, ...]:
+        """``path``, or another that avoids the failed links when it crosses one
+        and there is one (else it waits on ``path`` for the repair)."""
+        if not self._down or self.reroute is None:
+            return path
+        keys = [(ln.src, ln.dst) for ln in path]
+        if not any(k in self._down for k in keys):
+            return path
+        hops = [ln for ln in path if getattr(ln, "hop", True)]
+        new = self.reroute(hops[0].src, hops[-1].dst, frozenset(self._down))
+        return path if new is None else new
+
+    def fail_link(self, src: str, dst: str) -> None:
+        """Link ``src -> dst`` fails now: each flow on it moves to another path
+        when there is one, else waits (at rate 0) for the repair."""
+        self._set_down((src, dst), True)
+
+    def recover_link(self, src: str, dst: str) -> None:
+        """Link ``src -> dst`` carries again; the flows waiting on it resume."""
+        self._set_down((src, dst), False)
+
+    def _set_down(self, key: tuple[str, str], down: bool) -> None:
+        now = self.env.now
+        self._advance(now)
+        if down:
+            self._down.add(key)
+        else:
+            self._down.discard(key)
+        s = self._links.get(key)
+        if s is not None:
+            s.usable = self._usable(s)
+        if down:
+            for f in self._flows.values():
+                if key in f.keys and f.path is not None:
+                    new = self._rerouted(f.path)
+                    if new is not f.path:
+                        for link in new:
+                            self._register(link)
+                        f.path = new
+                        f.keys = tuple((ln.src, ln.dst) for ln in new)
+                        f.latency = sum(ln.latency_s for ln in new)
+        self._settle(now)
+
+    @property
+    def stuck(self) -> list[Transfer]:
+        """Transfers with a flow that waits on a failed link, in start order."""
+        out: dict[int, Transfer] = {}
+        for f in self._flows.values():
+            if any(k in self._down for k in f.keys):
+                out.setdefault(f.transfer.id, f.transfer)
+        return [out[k] for k in sorted(out)]
+
     def scale_link(self, src: str, dst: str, factor: float) -> None:
         """From now on link ``src -> dst`` carries ``factor`` x its capacity
         (1 restores it); the flows on it are re-shared at once."""
@@ -413,7 +488,7 @@ class Network:
             return  # applied when a flow first takes it
         now = self.env.now
         self._advance(now)
-        s.usable = s.base if factor == 1.0 else s.base * factor
+        s.usable = self._usable(s)
         self._settle(now)
 
     def idle_time_s(self, flows: Seq[FlowSpec]) -> float:
@@ -474,7 +549,9 @@ class Network:
         key = (link.src, link.dst)
         s = self._links.get(key)
         if s is None:
-            self._links[key] = _LinkState(link, self._factors.get(key, 1.0))
+            s = self._links[key] = _LinkState(link, self._factors.get(key, 1.0))
+            if key in self._down:
+                s.usable = 0.0
         elif s.base != link.usable_bytes_s:
             raise SpecError(
                 f"link {_name(link)}: usable capacity {link.usable_bytes_s!r} bytes/s, but "
@@ -551,7 +628,8 @@ class Network:
         for s in self._used:
             if s.load > 0.0:
                 s.peak = max(s.peak, s.load)
-                self.max_link_load_ratio = max(self.max_link_load_ratio, s.load / s.usable)
+                ratio = s.load / s.usable if s.usable > 0.0 else math.inf
+                self.max_link_load_ratio = max(self.max_link_load_ratio, ratio)
         if earliest < math.inf:
             gen = self._gen
             at(self.env, earliest, lambda _ev: self._on_finish(gen))

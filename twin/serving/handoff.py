@@ -490,6 +490,30 @@ class _Stream:
             self.transfer.set_cap(None)
 
 
+def rerouter(topology: Topology) -> Callable[[str, str, frozenset], tuple[Any, ...] | None]:
+    """For :attr:`twin.net.flows.Network.reroute`: a path from GPU vertex
+    ``first`` to GPU vertex ``last`` that avoids the failed links: the GPU's
+    own path or, across nodes, the one through any other NIC of its node, the
+    widest first (then the least latency, then NIC order); None when every one
+    crosses a failed link (or the ends are not GPUs), and the flow waits."""
+    index = {name: i for i, name in enumerate(topology.gpus)}
+
+    def reroute(first: str, last: str, down: frozenset) -> tuple[Any, ...] | None:
+        g, d = index.get(first), index.get(last)
+        if g is None or d is None:
+            return None
+        paths = [topology.path(g, d)]
+        node = topology.node_of(g)
+        if node != topology.node_of(d):
+            paths += [topology.path(g, d, nic=k) for k in range(topology.nic_count(node))]
+        ok = [p for p in paths if not any((ln.src, ln.dst) in down for ln in p)]
+        if not ok:
+            return None
+        return min(ok, key=lambda p: (-topology.bottleneck_bytes_s(p), topology.latency_s(p)))
+
+    return reroute
+
+
 def pick_decode_with(scheduler: object, view: ClusterView) -> Callable[[Sequence], int]:
     """``pick_decode`` of the scheduler as the hand-off calls it, checked."""
     hook = decode_hook(scheduler)

@@ -100,6 +100,18 @@ class KVPools:
         # transfer or None (inside the node), whether the load is given up].
         self._loading: dict[int, list[list]] = {}
 
+    def give_up(self, transfers: set[int]) -> None:
+        """Give up the loads moving as ``transfers`` (ids; they wait on failed
+        links): their requests are submitted without the prefix."""
+        for loads in self._loading.values():
+            for load in list(loads):
+                seq, engine, transfer, _ = load
+                if transfer is not None and transfer.id in transfers:
+                    load[3] = True
+                    loads.remove(load)
+                    self.network.cancel(transfer)
+                    engine.submit(seq)
+
     def fail_node(self, node: int) -> None:
         """``node`` failed: its pool's contents are gone (it comes back empty),
         and the loads from it under way are given up: their requests are

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from twin.sim.simulation import Simulation
 
 ACTIONS = ("fail", "recover", "degrade", "restore")
-TARGETS = ("instance", "node", "gpu", "link")
+TARGETS = ("instance", "node", "gpu", "link", "nic")
 COMPONENTS = ("instance", "node", "gpu")
 REPAIR_DISTS = ("exponential", "fixed")
 # The spawn key of the random failures' streams: distinct from the workload's
@@ -85,6 +85,10 @@ class EventKeys:
     )
     link: str | None = declared(
         None, TEXT, "target: a directed topology link 'src -> dst' (degrade/restore)",
+        nullable=True,
+    )  # fmt: skip
+    nic: str | None = declared(
+        None, TEXT, "target: a NIC by its vertex name (every link to and from it)",
         nullable=True,
     )  # fmt: skip
     factor: float | None = declared(
@@ -205,11 +209,6 @@ def read_events(value: Any, where: str) -> tuple[tuple[Event, ...], list[dict[st
             if not sep or not src.strip() or not dst.strip():
                 raise SpecError(f"{at_}.link: {name!r}; expected 'src -> dst' (vertex names)")
             name = f"{src.strip()} -> {dst.strip()}"
-            if e.action in ("fail", "recover"):
-                raise SpecError(
-                    f"{at_}.action: {e.action!r} of a link is not modelled; degrade it "
-                    "(e.g. factor: 0.01) or fail the node or GPU at its end"
-                )
         if e.action == "degrade" and e.factor is None:
             raise SpecError(f"{at_}.factor: missing; degrade needs a factor in (0, 1]")
         if e.action != "degrade" and e.factor is not None:
@@ -246,6 +245,11 @@ class Faults:
                 raise SpecError(f"{key}: {e.name}; instances run on nodes {nodes}")
             if e.target == "gpu" and e.name not in gpus:
                 raise SpecError(f"{key}: {e.name}; instances run on GPUs {gpus[0]}..{gpus[-1]}")
+            if e.target == "nic":
+                if topo is None or topo.graph.nodes.get(e.name, {}).get("type") != "nic":
+                    raise SpecError(
+                        f"{key}: {e.name!r} is not a NIC of the topology (twin topo names them)"
+                    )
             if e.target == "link":
                 if topo is None:
                     raise SpecError(f"{key}: {e.name!r}; a link needs cluster.topology")
@@ -309,7 +313,17 @@ class Faults:
     def apply(self, e: Event) -> None:
         sim = self.sim
         ids = self.instances_of(e)
-        if e.action == "fail":
+        if e.target in ("link", "nic"):
+            net = sim.network
+            assert net is not None
+            for src, dst in self.links_of(e):
+                if e.action == "fail":
+                    net.fail_link(src, dst)
+                elif e.action == "recover":
+                    net.recover_link(src, dst)
+                else:
+                    net.scale_link(src, dst, e.factor if e.action == "degrade" else 1.0)
+        elif e.action == "fail":
             for i in ids:
                 sim.fail_instance(i)
             if e.target == "node" and sim.pools is not None:
@@ -317,10 +331,6 @@ class Faults:
         elif e.action == "recover":
             for i in ids:
                 sim.recover_instance(i)
-        elif e.target == "link":
-            assert sim.network is not None
-            src, _, dst = str(e.name).partition(" -> ")
-            sim.network.scale_link(src, dst, e.factor if e.action == "degrade" else 1.0)
         else:
             self._set_speed(e)
         event = FaultEvent(sim.env.now, e.action, e.target, e.name, e.factor, ids)
@@ -328,6 +338,14 @@ class Faults:
         hook = event_hook(sim.scheduler)
         if hook is not None:
             hook.on_event(event, sim.view)
+
+    def links_of(self, e: Event) -> list[tuple[str, str]]:
+        """The directed links a link or NIC target names."""
+        if e.target == "link":
+            src, _, dst = str(e.name).partition(" -> ")
+            return [(src, dst)]
+        g = self.sim.spec.topology.graph
+        return sorted({(u, v) for u, v in g.in_edges(e.name)} | set(g.out_edges(e.name)))
 
     def _set_speed(self, e: Event) -> None:
         """A GPU's (or an instance's or a node's GPUs') speed; an instance runs

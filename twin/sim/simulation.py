@@ -35,7 +35,7 @@ from twin.scheduler import (
 )
 from twin.serving.cluster import EngineView, place_instances, place_on_topology, placement_order
 from twin.serving.engine import Engine
-from twin.serving.handoff import KVHandoff, pick_decode_with
+from twin.serving.handoff import KVHandoff, pick_decode_with, rerouter
 from twin.serving.kvcache import BlockManager, blocks_for, kv_capacity_blocks
 from twin.serving.kvpool import KVPools
 from twin.serving.observer import InstanceInfo, Observer, broadcast
@@ -156,6 +156,7 @@ class Simulation:
             )  # fmt: skip
             gpus = [get_gpu(topo.gpu_type(p.gpus[0])) for p in placements]
             self.network: Network | None = Network(self.env, link_series_s, self.observer)
+            self.network.reroute = rerouter(topo)
         else:
             placements = place_instances(len(roles), sizes[0], spec.gpus_per_node)
             gpus = [spec.gpu] * len(roles)
@@ -435,6 +436,31 @@ class Simulation:
         s.epoch += 1
         self._lose(s, engine.id)
 
+    def _end_stuck(self) -> None:
+        """Nothing else can happen, and transfers wait on failed links no
+        repair comes for: a hand-off's request ends failed (``link_down``), a
+        KV-pool load is given up (the prefix is computed again)."""
+        assert self.network is not None
+        stuck = {t.id for t in self.network.stuck}
+        if self.pools is not None:
+            self.pools.give_up(stuck)
+        for e in self.engines:
+            for s in e.held():
+                t = s.transfer
+                t = getattr(t, "transfer", t)  # a layer-wise stream's flows
+                if t is not None and getattr(t, "id", None) in stuck:
+                    s.lost_tokens += self._kv_tokens(s)
+                    e.drop(s)
+                    assert self.handoff is not None
+                    self.handoff.drop(s)
+                    s.state = LOST
+                    s.epoch += 1
+                    seq = s.retry(self.env.now)
+                    seq.lost_s += self.env.now - s.t_attempt
+                    self._fail(seq, e.id, "link_down")
+        for t in self.network.stuck:  # none of ours: stop them
+            self.network.cancel(t)
+
     def _lose(self, old: Sequence, instance: int) -> None:
         """``old``'s attempt is over: retry per the policy, or end it failed."""
         now = self.env.now
@@ -478,6 +504,9 @@ class Simulation:
                     events += 1
             except simpy.core.EmptySchedule:
                 pass
+            if self.network is not None and self.network.stuck:
+                self._end_stuck()
+                continue
             if not self._parked:
                 break
             # Nothing else can happen: no instance comes back for them.
