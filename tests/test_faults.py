@@ -386,3 +386,14 @@ def test_a_transfer_with_no_other_path_waits_for_the_repair_or_fails():
     assert rows[0]["status"] == "failed" and rows[0]["reason"] == "link_down"
     assert res.summary["failed_by_reason"] == {"link_down": 1}
     assert all(e.kv.free == e.kv.total for e in sim.engines)
+
+
+def test_the_bundled_node_failure_costs_attainment_and_loses_nothing():
+    from twin.sim.simulation import run as run_spec
+
+    over = ["workload.max_requests=1400"]
+    hit = run_spec("node-failure", overrides=over).summary
+    calm = run_spec("node-failure", overrides=[*over, "events=[]"]).summary
+    assert hit["failed"] == 0 and hit["retries"] > 0
+    assert hit["completed"] == calm["completed"]
+    assert hit["slo_attainment"] < calm["slo_attainment"] - 0.05
