@@ -397,3 +397,10 @@ def test_the_bundled_node_failure_costs_attainment_and_loses_nothing():
     assert hit["failed"] == 0 and hit["retries"] > 0
     assert hit["completed"] == calm["completed"]
     assert hit["slo_attainment"] < calm["slo_attainment"] - 0.05
+
+
+@pytest.mark.parametrize("name", ["colocated", "disagg", "distserve", "splitwise", "mooncake"])
+def test_every_bundled_policy_keeps_the_contract_through_failures(name):
+    from twin.testing import check_scheduler
+
+    assert check_scheduler(name, seeds=(0,), faults=True) in ("colocated", "split", "both")
