@@ -40,7 +40,7 @@ class Colocated(Scheduler):
         return Plan()
 
     def route(self, req: Request, view: ClusterView) -> Route | Reject:
-        instances = view.instances
+        instances = view.up()
         if self.routing == "round_robin":
             inst = instances[self._next % len(instances)]
             self._next += 1

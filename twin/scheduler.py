@@ -135,6 +135,11 @@ class InstanceView(Protocol):
     def queue_tokens(self) -> int: ...
     @property
     def running_requests(self) -> int: ...
+    @property
+    def up(self) -> bool:
+        """Whether the instance serves (False from its failure to its recovery:
+        routing to it then is an error)."""
+        ...
 
     def estimate_prefill_s(self, tokens: int, cached: int = 0) -> float:
         """Time one prefill of ``tokens`` new tokens after ``cached`` cached ones
@@ -191,6 +196,7 @@ class InstanceSnapshot:
     cached_hashes: frozenset[int] = frozenset()
     fetch_s_per_token: float = 1e-6
     queue_s: float | None = None
+    up: bool = True
 
     def estimate_prefill_s(self, tokens: int, cached: int = 0) -> float:
         return tokens * self.prefill_s_per_token
@@ -258,7 +264,12 @@ class ClusterView:
         return self._now() if callable(self._now) else self._now
 
     def of_role(self, *roles: Role) -> tuple[InstanceView, ...]:
-        return tuple(i for i in self.instances if i.role in roles)
+        """The instances of ``roles`` that are up (a view without ``up`` is up)."""
+        return tuple(i for i in self.instances if i.role in roles and getattr(i, "up", True))
+
+    def up(self) -> tuple[InstanceView, ...]:
+        """The instances that are up."""
+        return tuple(i for i in self.instances if getattr(i, "up", True))
 
     def __getitem__(self, instance_id: int) -> InstanceView:
         return self.instances[instance_id]
@@ -296,6 +307,33 @@ class Ticks(Protocol):
     tick_s: float
 
     def tick(self, view: ClusterView) -> Sequence[SetRole]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FaultEvent:
+    """One event of the spec's ``events:`` timeline, as it takes effect:
+    ``action`` fail | recover | degrade | restore, ``target`` instance | node |
+    gpu | link and ``name`` its id (a link: ``"src -> dst"``), ``factor`` the
+    degradation (1 otherwise), and ``instances`` the instances it changed."""
+
+    time_s: float
+    action: str
+    target: str
+    name: int | str
+    factor: float = 1.0
+    instances: tuple[int, ...] = ()
+
+
+@runtime_checkable
+class OnEvent(Protocol):
+    """Optional hook: told of each ``events:`` entry after it took effect
+    (the view shows the instances' new health); what it returns is ignored."""
+
+    def on_event(self, event: FaultEvent, view: ClusterView) -> None: ...
+
+
+def event_hook(scheduler: object) -> OnEvent | None:
+    return scheduler if isinstance(scheduler, OnEvent) else None
 
 
 def decode_hook(scheduler: object) -> PicksDecode | None:

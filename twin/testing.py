@@ -70,7 +70,17 @@ def scenario_requests(seed: int, n: int = 60) -> list[Request]:
     return out
 
 
-def _spec(split: bool) -> Any:
+# The fault timeline of the contract's optional run (check_scheduler(faults=True)):
+# an instance fails and comes back, then a whole node.
+FAULTS = [
+    {"at": "2 s", "action": "fail", "instance": 0},
+    {"at": "5 s", "action": "recover", "instance": 0},
+    {"at": "8 s", "action": "fail", "node": 1},
+    {"at": "10 s", "action": "recover", "node": 1},
+]
+
+
+def _spec(split: bool, faults: bool = False) -> Any:
     from twin.sim.spec import resolve_spec
 
     cluster: dict[str, Any] = {"topology": "dgx-h100-ib400", "nodes": 2, "tp": 4}
@@ -78,7 +88,7 @@ def _spec(split: bool) -> Any:
         cluster.update(prefill=2, decode=2)
     else:
         cluster.update(instances=3)
-    data = {
+    data: dict[str, Any] = {
         "name": "contract",
         "model": "llama-3.1-8b",
         "cluster": cluster,
@@ -87,6 +97,8 @@ def _spec(split: bool) -> Any:
                      "max_requests": 1},
         "slo": {"ttft": "2 s", "tpot": "100 ms"},
     }  # fmt: skip
+    if faults:
+        data["events"] = FAULTS
     return resolve_spec(data, "contract", Path.cwd())
 
 
@@ -120,14 +132,16 @@ def _setup_code(policy: Any) -> CodeType | None:
     return getattr(inspect.unwrap(fn), "__code__", None) if callable(fn) else None
 
 
-def _run(make: Callable[[], Any], split: bool, seed: int) -> tuple[str, list[dict[str, Any]]]:
+def _run(
+    make: Callable[[], Any], split: bool, seed: int, faults: bool = False
+) -> tuple[str, list[dict[str, Any]]]:
     from twin.sim.simulation import Simulation
 
     reqs = scenario_requests(seed)
     rows: list[dict[str, Any]] = []
     policy = make()
     try:
-        sim = Simulation(_spec(split), requests=reqs, on_row=rows.append, scheduler=policy)
+        sim = Simulation(_spec(split, faults), requests=reqs, on_row=rows.append, scheduler=policy)
     except SpecError as refusal:
         code = _setup_code(policy)  # None: a setup without Python code; trust the error
         if code is None or _raised_in(refusal, code):
@@ -139,16 +153,16 @@ def _run(make: Callable[[], Any], split: bool, seed: int) -> tuple[str, list[dic
         f"every request must end exactly once; ended ids differ from 0..{len(reqs) - 1}"
     )
     for r in rows:
-        if r["status"] == "rejected":
+        if r["status"] in ("rejected", "failed"):
             assert isinstance(r["reason"], str) and r["reason"], (
-                f"request {r['id']} was rejected without a reason"
+                f"request {r['id']} was {r['status']} without a reason"
             )
         else:
             assert r["arrival_s"] <= r["first_token_s"] <= r["finish_s"], (
                 f"request {r['id']}: timestamps out of order"
             )
     s = result.summary
-    assert s["completed"] + s["rejected"] == len(reqs)
+    assert s["completed"] + s["rejected"] + s.get("failed", 0) == len(reqs)
     for e in sim.engines:
         assert e.kv.free == e.kv.total, f"instance {e.id} ended with KV blocks held"
     return json.dumps(result.to_dict(), sort_keys=True, default=str), rows
@@ -159,12 +173,12 @@ def _kind(split: bool) -> str:
 
 
 def _attempt(
-    make: Callable[[], Any], split: bool, seed: int, *, may_refuse: bool
+    make: Callable[[], Any], split: bool, seed: int, *, may_refuse: bool, faults: bool = False
 ) -> tuple[str, list[dict[str, Any]]]:
     """One contract run; a failure becomes an ``AssertionError`` naming the
     cluster, except a refusal at setup when ``may_refuse``."""
     try:
-        return _run(make, split, seed)
+        return _run(make, split, seed, faults)
     except _Refused as e:
         if may_refuse:
             raise
@@ -181,7 +195,11 @@ def _attempt(
 
 
 def check_scheduler(
-    policy: Any, params: dict[str, Any] | None = None, seeds: tuple[int, ...] = (0, 1)
+    policy: Any,
+    params: dict[str, Any] | None = None,
+    seeds: tuple[int, ...] = (0, 1),
+    *,
+    faults: bool = False,
 ) -> str:
     """Run the scheduler contract on ``policy`` (a class, a factory or a
     registered name) on a colocated and on a split cluster. Returns where it
@@ -198,6 +216,12 @@ def check_scheduler(
     ends exactly once, completed or rejected with a reason; no KV block leaks;
     and two runs of the same inputs give identical results. Any other failure,
     a ``SpecError`` raised after setup included, breaks the contract.
+
+    ``faults``: also run each accepted cluster through :data:`FAULTS` (an
+    instance, then a node, fails and recovers): the policy must route only to
+    instances that are up (``InstanceView.up``; ``ClusterView.of_role`` and
+    ``up()`` list only those), and every request still ends exactly once,
+    completed, rejected or failed with a reason.
     """
     make = _factory(policy, params)
     probe = make()
@@ -221,5 +245,9 @@ def check_scheduler(
             assert first == second, (
                 f"on the {_kind(split)} cluster, two runs with seed {seed} gave different results"
             )
+        if faults:
+            a = _attempt(make, split, seeds[0], may_refuse=False, faults=True)
+            b = _attempt(make, split, seeds[0], may_refuse=False, faults=True)
+            assert a == b, f"on the {_kind(split)} cluster with faults, two runs differ"
     assert accepted, f"the policy's setup refused both clusters: {'; '.join(refusals)}"
     return _kind(accepted[0]) if len(accepted) == 1 else "both"

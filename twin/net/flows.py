@@ -51,7 +51,7 @@ re-share with 400 flows on a two-tier fabric).
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -221,12 +221,13 @@ def _spread(series: dict[int, float], t0: float, t1: float, rate: float, width: 
 
 
 class _LinkState:
-    __slots__ = ("src", "dst", "usable", "bytes", "busy_s", "load", "peak", "series")
+    __slots__ = ("src", "dst", "base", "usable", "bytes", "busy_s", "load", "peak", "series")
 
-    def __init__(self, link: LinkLike) -> None:
+    def __init__(self, link: LinkLike, factor: float = 1.0) -> None:
         self.src = link.src
         self.dst = link.dst
-        self.usable = link.usable_bytes_s
+        self.base = link.usable_bytes_s  # as built; ``usable`` is that x a degradation factor
+        self.usable = self.base if factor == 1.0 else self.base * factor
         self.bytes = 0.0
         self.busy_s = 0.0
         self.load = 0.0  # sum of the current rates, bytes/s
@@ -248,6 +249,7 @@ class _Flow:
         "latency",
         "tol",
         "sending",
+        "path",
     )
 
     def __init__(self, fid: int, transfer: Transfer, index: int, spec: FlowSpec) -> None:
@@ -263,13 +265,17 @@ class _Flow:
         self.latency = spec.latency_s
         self.tol = max(REL_DONE * self.size, ABS_DONE)
         self.sending = True
+        self.path: tuple[LinkLike, ...] | None = spec.path
 
 
 class Transfer:
     """A set of flows started together; ``done`` succeeds (with the transfer)
     when the last of them is delivered, at ``end_s``."""
 
-    __slots__ = ("id", "label", "done", "start_s", "end_s", "size_bytes", "_net", "_flows", "_left")
+    __slots__ = (
+        "id", "label", "done", "start_s", "end_s", "size_bytes", "cancelled", "_net", "_flows",
+        "_left",
+    )  # fmt: skip
 
     def __init__(self, net: Network, tid: int, label: str, size_bytes: float) -> None:
         self.id = tid
@@ -278,6 +284,7 @@ class Transfer:
         self.start_s: float = net.env.now
         self.end_s: float | None = None
         self.size_bytes = size_bytes
+        self.cancelled = False  # stopped by Network.cancel: ``done`` never succeeds
         self._net = net
         self._flows: list[_Flow] = []
         self._left = 0  # flows not yet delivered
@@ -330,6 +337,11 @@ class Network:
         self.observer = observer
         self._flows: dict[int, _Flow] = {}  # sending, in creation order
         self._links: dict[tuple[str, str], _LinkState] = {}
+        self._factors: dict[tuple[str, str], float] = {}  # degraded links: (src, dst) -> factor
+        self._down: set[tuple[str, str]] = set()  # failed links: they carry nothing
+        # (first vertex, last vertex, failed links) -> another path for a flow
+        # that avoids them, or None; given by whoever knows the topology.
+        self.reroute: Callable[[str, str, frozenset], tuple[LinkLike, ...] | None] | None = None
         self._used: list[_LinkState] = []  # links under the flows now sending
         self._next_transfer = 0
         self._next_flow = 0
@@ -361,6 +373,16 @@ class Network:
             self._finish_transfer(t)
             return t
         self._advance(now)
+        if self._down:
+            flows = tuple(
+                spec
+                if (path := self._rerouted(spec.path)) is spec.path
+                else FlowSpec(path, spec.size_bytes, spec.rate_cap_bytes_s)
+                for spec in flows
+            )
+            for spec in flows:
+                for link in spec.path:
+                    self._register(link)
         for i, spec in enumerate(flows):
             f = _Flow(self._next_flow, t, i, spec)
             self._next_flow += 1
@@ -374,6 +396,100 @@ class Network:
             self.observer.transfer_started(now, t)
         self._settle(now)
         return t
+
+    def cancel(self, t: Transfer) -> None:
+        """Stop transfer ``t`` now (an end of it failed): its flows stop sending
+        and release their share of every link; bytes already in flight are
+        dropped; ``t.done`` never succeeds."""
+        if t.cancelled or t.end_s is not None:
+            return
+        now = self.env.now
+        self._advance(now)
+        t.cancelled = True
+        for f in t._flows:
+            f.sending = False
+            self._flows.pop(f.fid, None)
+        t.end_s = now
+        self._in_flight -= 1
+        self._last_end = now if self._last_end is None else max(self._last_end, now)
+        if self.observer is not None:
+            self.observer.transfer_ended(now, t)
+        self._reshare(now)
+
+    def _usable(self, s: _LinkState) -> float:
+        key = (s.src, s.dst)
+        if key in self._down:
+            return 0.0
+        f = self._factors.get(key, 1.0)
+        return s.base if f == 1.0 else s.base * f
+
+    def _rerouted(self, path: tuple[LinkLike, ...]) -> tuple[LinkLike, ...]:
+        """``path``, or another that avoids the failed links when it crosses one
+        and there is one (else it waits on ``path`` for the repair)."""
+        if not self._down or self.reroute is None:
+            return path
+        keys = [(ln.src, ln.dst) for ln in path]
+        if not any(k in self._down for k in keys):
+            return path
+        hops = [ln for ln in path if getattr(ln, "hop", True)]
+        new = self.reroute(hops[0].src, hops[-1].dst, frozenset(self._down))
+        return path if new is None else new
+
+    def fail_link(self, src: str, dst: str) -> None:
+        """Link ``src -> dst`` fails now: each flow on it moves to another path
+        when there is one, else waits (at rate 0) for the repair."""
+        self._set_down((src, dst), True)
+
+    def recover_link(self, src: str, dst: str) -> None:
+        """Link ``src -> dst`` carries again; the flows waiting on it resume."""
+        self._set_down((src, dst), False)
+
+    def _set_down(self, key: tuple[str, str], down: bool) -> None:
+        now = self.env.now
+        self._advance(now)
+        if down:
+            self._down.add(key)
+        else:
+            self._down.discard(key)
+        s = self._links.get(key)
+        if s is not None:
+            s.usable = self._usable(s)
+        if down:
+            for f in self._flows.values():
+                if key in f.keys and f.path is not None:
+                    new = self._rerouted(f.path)
+                    if new is not f.path:
+                        for link in new:
+                            self._register(link)
+                        f.path = new
+                        f.keys = tuple((ln.src, ln.dst) for ln in new)
+                        f.latency = sum(ln.latency_s for ln in new)
+        self._settle(now)
+
+    @property
+    def stuck(self) -> list[Transfer]:
+        """Transfers with a flow that waits on a failed link, in start order."""
+        out: dict[int, Transfer] = {}
+        for f in self._flows.values():
+            if any(k in self._down for k in f.keys):
+                out.setdefault(f.transfer.id, f.transfer)
+        return [out[k] for k in sorted(out)]
+
+    def scale_link(self, src: str, dst: str, factor: float) -> None:
+        """From now on link ``src -> dst`` carries ``factor`` x its capacity
+        (1 restores it); the flows on it are re-shared at once."""
+        key = (src, dst)
+        if factor == 1.0:
+            self._factors.pop(key, None)
+        else:
+            self._factors[key] = factor
+        s = self._links.get(key)
+        if s is None:
+            return  # applied when a flow first takes it
+        now = self.env.now
+        self._advance(now)
+        s.usable = self._usable(s)
+        self._settle(now)
 
     def idle_time_s(self, flows: Seq[FlowSpec]) -> float:
         """Time ``flows`` would take on an idle network (0 for no flows)."""
@@ -411,10 +527,10 @@ class Network:
                 {
                     "src": s.src,
                     "dst": s.dst,
-                    "usable_bytes_s": s.usable,
+                    "usable_bytes_s": s.base,
                     "bytes": b,
                     "busy_s": busy,
-                    "utilization": b / (s.usable * span) if span > 0.0 else 0.0,
+                    "utilization": b / (s.base * span) if span > 0.0 else 0.0,
                     "peak_rate_bytes_s": s.peak,
                 }
             )
@@ -424,7 +540,7 @@ class Network:
                 if s.load > 0.0 and dt > 0.0:
                     _spread(series, self._last, now, s.load, w)
                 out[-1]["series"] = [
-                    [b * w, series[b], series[b] / (s.usable * w)] for b in sorted(series)
+                    [b * w, series[b], series[b] / (s.base * w)] for b in sorted(series)
                 ]
         return out
 
@@ -433,8 +549,10 @@ class Network:
         key = (link.src, link.dst)
         s = self._links.get(key)
         if s is None:
-            self._links[key] = _LinkState(link)
-        elif s.usable != link.usable_bytes_s:
+            s = self._links[key] = _LinkState(link, self._factors.get(key, 1.0))
+            if key in self._down:
+                s.usable = 0.0
+        elif s.base != link.usable_bytes_s:
             raise SpecError(
                 f"link {_name(link)}: usable capacity {link.usable_bytes_s!r} bytes/s, but "
                 f"this network already has {s.usable!r} for {_name(link)}; "
@@ -510,7 +628,8 @@ class Network:
         for s in self._used:
             if s.load > 0.0:
                 s.peak = max(s.peak, s.load)
-                self.max_link_load_ratio = max(self.max_link_load_ratio, s.load / s.usable)
+                ratio = s.load / s.usable if s.usable > 0.0 else math.inf
+                self.max_link_load_ratio = max(self.max_link_load_ratio, ratio)
         if earliest < math.inf:
             gen = self._gen
             at(self.env, earliest, lambda _ev: self._on_finish(gen))
@@ -531,8 +650,10 @@ class Network:
         at(self.env, now + f.latency, lambda _ev: self._deliver(f))
 
     def _deliver(self, f: _Flow) -> None:
-        self.bytes_delivered += f.size
         t = f.transfer
+        if t.cancelled:
+            return
+        self.bytes_delivered += f.size
         t._left -= 1
         if t._left == 0:
             self._finish_transfer(t)

@@ -228,6 +228,10 @@ class EngineView:
     def running_requests(self) -> int:
         return self._engine.running_requests
 
+    @property
+    def up(self) -> bool:
+        return self._engine.up
+
     def estimate_prefill_s(self, tokens: int, cached: int = 0) -> float:
         return self._engine.perf.iteration_time(Batch(((max(tokens, 1), cached),)))
 

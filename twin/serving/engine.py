@@ -54,7 +54,16 @@ from twin.request import Request
 from twin.serving.fastforward import FastForward
 from twin.serving.kvcache import BlockManager, PrefixCache, blocks_for, cacheable
 from twin.serving.observer import Observer
-from twin.serving.sequence import DECODE, DONE, HANDOFF, INCOMING, PREFILL, WAITING, Sequence
+from twin.serving.sequence import (
+    DECODE,
+    DONE,
+    HANDOFF,
+    INCOMING,
+    LOST,
+    PREFILL,
+    WAITING,
+    Sequence,
+)
 
 ROLES = ("mixed", "prefill", "decode")
 # The decode bookkeeping of one pipeline lane; the engine's attributes of these
@@ -216,11 +225,22 @@ class Engine:
         self.iterations = 0
         self.busy_s = 0.0
         self.preemptions = 0
+        # Failures: whether the instance serves, its life (bumped by each
+        # failure: a loop of an earlier life stops), its speed (a throttled GPU
+        # runs each iteration 1/speed as long), and who takes a sequence handed
+        # to it while it is down.
+        self.up = True
+        self.life = 0
+        self.speed = 1.0
+        self.on_lost: Callable[[Sequence], None] | None = None
+        self._start_loops()
+
+    def _start_loops(self) -> None:
         if self.pp == 1:
-            self.process = env.process(self.serve())
+            self.process = self.env.process(self.serve())
         else:
             for lane in range(self.pp):
-                self.process = env.process(self._serve_lane(lane))
+                self.process = self.env.process(self._serve_lane(lane))
 
     # -- what a router may look at -------------------------------------------------
     @property
@@ -248,8 +268,106 @@ class Engine:
             max_num_seqs=max_num_seqs or cfg.max_num_seqs,
         )
 
+    # -- failures --------------------------------------------------------------------
+    def set_speed(self, speed: float) -> None:
+        """Run at ``speed`` x the perf model's rate from the next iteration
+        (the one in progress keeps its length); 1 is nominal."""
+        self._interrupt()
+        self.speed = speed
+
+    def held(self) -> list[Sequence]:
+        """Every sequence this instance holds: queued, admitted (any phase) and
+        prefilled with its KV waiting here to move, in that order."""
+        return (
+            list(self.waiting)
+            + list(self.running.values())
+            + [s for s, _, _ in self.handoff.values()]
+        )
+
+    def fail(self) -> list[Sequence]:
+        """The instance fails now: everything it holds is gone. Returns the
+        sequences it held (see :meth:`held`), their produced-token counts and
+        last-token times brought up to the last step that ended; the KV
+        reserved here for incoming hand-offs is dropped with the rest. The
+        iteration in progress never ends; the instance comes back empty
+        (:meth:`recover`)."""
+        self.sync()
+        for lane in range(self.pp):
+            self._use_lane(lane)
+            for s in self.running.values():
+                if s.state == DECODE and s.lane == lane:
+                    self._close_gaps(s)
+                    s.generated = s.g_join + (self.steps + 1 - s.d_join)
+        lost = self.held()
+        self.up = False
+        self.life += 1
+        self._wake = None  # the loops of this life wait for it: they never wake
+        self.waiting.clear()
+        self.waiting_tokens = 0
+        self.running.clear()
+        self.prefilling.clear()
+        self.handoff.clear()
+        self._landed.clear()
+        self.reserved.clear()
+        fresh = [0, 0, 0, [], [], [], [], [], -1.0]
+        for a, v in zip(_LANE_STATE, fresh, strict=True):
+            setattr(self, a, v)
+        self._lane = 0
+        self._lanes = [[0, 0, 0, [], [], [], [], [], -1.0] for _ in range(self.pp)]
+        self._stage_free = [0.0] * self.pp
+        old = self.kv
+        self.kv = BlockManager(old.total, old.block_size, old.watermark)
+        self.kv.peak_used = old.peak_used
+        if self.cache is not None:
+            self.cache = PrefixCache(self.kv)
+        if self._ff is not None:
+            self._ff = FastForward(self)
+        return lost
+
+    def recover(self) -> None:
+        """The instance serves again, empty, from now."""
+        self.up = True
+        self._start_loops()
+
+    def drop(self, seq: Sequence) -> None:
+        """Give up ``seq`` here, whose decode side failed: queued, prefilling
+        (a chunk in the iteration under way is wasted) or prefilled with its
+        KV waiting to move; everything it holds is freed."""
+        rid = seq.req.id
+        self._interrupt()
+        if rid in self.handoff:
+            _, blocks, units = self.handoff.pop(rid)
+            self.kv.release(blocks)
+            if units:
+                assert self.cache is not None
+                self.cache.release(units)
+        elif self.running.get(rid) is seq:
+            assert seq.state == PREFILL, f"request {rid} is {seq.state} on instance {self.id}"
+            del self.running[rid]
+            self.prefilling.remove(seq)
+            self._drop_blocks(seq)
+        else:
+            self.waiting.remove(seq)
+            self.waiting_tokens -= seq.prefill_len
+        self._blocks_freed()
+
+    def unreserve(self, seq: Sequence) -> None:
+        """Decode side: give back the blocks reserved for ``seq``'s KV (its
+        prefill side failed)."""
+        self._interrupt()
+        blocks, units = self.reserved.pop(seq.req.id)
+        self.kv.release(blocks)
+        if units:
+            assert self.cache is not None
+            self.cache.release(units)
+        self._blocks_freed()
+
     # -- input -----------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
+        if not self.up:  # it failed while the request was on its way (a KV-pool load)
+            assert self.on_lost is not None
+            self.on_lost(seq)
+            return
         seq.instance = self.id
         seq.prefill_instance = self.id
         seq.t_arrival = self.env.now
@@ -364,14 +482,17 @@ class Engine:
     def serve(self):  # noqa: ANN201 - a SimPy process
         """Form a batch, run it for the time the perf model gives, apply it; repeat."""
         env = self.env
+        life = self.life
         while True:
             batch, chunks, decoding = self._plan()
             if batch.is_empty:
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
+                if self.life != life:
+                    return
                 continue
-            dt = self.perf.iteration_time(batch)
+            dt = self.iteration_time(batch)
             if not dt > 0.0:
                 raise SpecError(f"perf model {self.perf.name!r} gave iteration time {dt!r} <= 0")
             obs = self._iter_observer
@@ -387,8 +508,12 @@ class Engine:
                 stretch = self._ff.plan(dt, batch)
                 if stretch is not None:
                     yield from self._ff.run(stretch)
+                    if self.life != life:
+                        return  # it failed during the stretch
                     continue
             yield env.timeout(dt)
+            if self.life != life:
+                return  # it failed during the iteration: its work is lost
             self.iterations += 1
             self.busy_s += dt
             if obs is not None:
@@ -402,17 +527,24 @@ class Engine:
         perf = self.perf
         assert isinstance(perf, Pipelined)
         free = self._stage_free
+        life = self.life
         while True:
             while free[0] > env.now:  # the first stage holds the micro-batch before
                 yield at(env, free[0])
+                if self.life != life:
+                    return
             self._use_lane(lane)
             batch, chunks, decoding = self._plan()
             if batch.is_empty:
                 if self._wake is None or self._wake.triggered:
                     self._wake = env.event()
                 yield self._wake
+                if self.life != life:
+                    return
                 continue
             first, later = perf.stage_times(batch)
+            if self.speed != 1.0:
+                first, later = first / self.speed, later / self.speed
             if not first > 0.0 or not later >= 0.0:
                 raise SpecError(
                     f"perf model {perf.name!r} gave stage times {(first, later)!r}; "
@@ -434,12 +566,19 @@ class Engine:
                     if seq.handoff and seq.prefilled + n >= seq.prefill_len:
                         self.hooks.on_prefill_start(self, seq, dt)
             yield at(env, t)
+            if self.life != life:
+                return
             self._use_lane(lane)
             self.iterations += 1
             self.busy_s += first  # the time the pipeline's entrance was taken
             if obs is not None:
                 obs.iteration_ended(env.now, self.id)
             self._complete(chunks, decoding)
+
+    def iteration_time(self, batch: Batch) -> float:
+        """Seconds one iteration of ``batch`` takes here, at the instance's speed."""
+        dt = self.perf.iteration_time(batch)
+        return dt if self.speed == 1.0 else dt / self.speed
 
     def _use_lane(self, lane: int) -> None:
         """Make ``lane``'s decode bookkeeping the engine's (``pp > 1``)."""
@@ -638,6 +777,8 @@ class Engine:
         if decoded:
             self._complete_decode_step(now)
         for s, n in chunks:
+            if s.state == LOST:  # dropped during the iteration (its decode side failed)
+                continue
             s.prefilled += n
             if s.prefilled < s.prefill_len:
                 continue

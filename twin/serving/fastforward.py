@@ -102,7 +102,7 @@ class FastForward:
         dts, ends = [dt], [t]
         for _ in range(last - first):
             ctx += count
-            d = eng.perf.iteration_time(Batch((), count, ctx))
+            d = eng.iteration_time(Batch((), count, ctx))
             t += d  # the same float sum stepping makes: now + dt, one step at a time
             dts.append(d)
             ends.append(t)
@@ -114,9 +114,13 @@ class FastForward:
         self.stretch = st
         self.cut = env.event()
         yield env.any_of([at(env, st.ends[-1]), self.cut])
+        if eng._ff is not self:
+            return  # the engine failed: its state was reset
         if env.now < st.ends[-1]:
             # An arrival: run on to the end of the step in progress, then replan.
             yield at(env, st.ends[bisect_left(st.ends, env.now)])
+            if eng._ff is not self:
+                return
         self.advance(env.now, inclusive=True)
         # Steps computed past an arrival are wasted: aim the next stretch at
         # about twice the length arrivals have been leaving (only speed depends

@@ -63,7 +63,7 @@ from twin.net.topology import Topology
 from twin.scheduler import ClusterView, decode_hook
 from twin.serving.engine import Engine
 from twin.serving.kvcache import blocks_for
-from twin.serving.sequence import Sequence
+from twin.serving.sequence import LOST, Sequence
 
 MODES = ("serialized", "layerwise")
 PROTOCOLS = ("push", "pull")
@@ -307,10 +307,18 @@ class KVHandoff:
         self.bytes_moved = 0.0
         self.bytes_saved = 0.0  # KV the decode side's prefix cache held: not moved
         self.transfers = 0
+        # Takes a prefilled sequence no live instance can decode (all failed):
+        # (prefill engine, sequence); set by the simulation.
+        self.on_stranded: Callable[[Engine, Sequence], None] | None = None
+
+    def _no_decode_up(self, seq: Sequence) -> bool:
+        return seq.decode_instance is None and not any(
+            e.up and e.role in ("decode", "mixed") for e in self.engines
+        )
 
     # -- engine hooks ----------------------------------------------------------------
     def on_prefill_start(self, engine: Engine, seq: Sequence, dt: float) -> None:
-        if self.config.handoff != "push":
+        if self.config.handoff != "push" or self._no_decode_up(seq):
             return
         d = self._decode_of(seq)
         if d == engine.id:
@@ -330,6 +338,10 @@ class KVHandoff:
     def on_prefilled(self, engine: Engine, seq: Sequence) -> None:
         if isinstance(seq.transfer, _Stream):  # streaming: the rest goes at full speed
             seq.transfer.uncap()
+            return
+        if self._no_decode_up(seq):
+            assert self.on_stranded is not None
+            self.on_stranded(engine, seq)
             return
         d = self._decode_of(seq)
         if d == engine.id:  # picked now (pull): the KV stays, see on_prefill_start
@@ -351,6 +363,25 @@ class KVHandoff:
             seq.decode_instance = self.pick_decode(seq)
         return seq.decode_instance
 
+    # -- failures --------------------------------------------------------------------
+    def drop(self, seq: Sequence) -> None:
+        """``seq``'s attempt is lost (one end of its hand-off failed): stop its
+        transfer, take it out of the queue for decode blocks and give back the
+        blocks a live decode side reserved for it."""
+        t: Any = seq.transfer
+        if isinstance(t, _Stream):
+            t.cancelled = True
+            t = t.transfer
+        if t is not None:
+            self.network.cancel(t)
+        seq.transfer = None
+        for q in self.pending:
+            if seq in q:
+                q.remove(seq)
+        d = seq.decode_instance
+        if d is not None and self.engines[d].up and seq.req.id in self.engines[d].reserved:
+            self.engines[d].unreserve(seq)
+
     def _pump(self, d: int) -> None:
         queue = self.pending[d]
         engine = self.engines[d]
@@ -359,6 +390,8 @@ class KVHandoff:
             self._start(seq, seq.prefill_instance, d)
 
     def _start(self, seq: Sequence, src: int, dst: int, stream_s: float | None = None) -> None:
+        if seq.state == LOST:
+            return
         # Only what the decode side lacks moves: the leading prefix units its
         # prefix cache holds (taken with the reservation) stay out.
         held = self.engines[dst].reserved_prefix_tokens(seq)
@@ -402,6 +435,8 @@ class KVHandoff:
             seq.t_transfer_start = now + lead
 
         def begin(_ev: object) -> None:
+            if stream.cancelled:
+                return
             stream.transfer = self._send(seq, src, dst, capped, after_s=costs.after_s)
             if stream.uncapped:
                 stream.transfer.set_cap(None)
@@ -412,6 +447,8 @@ class KVHandoff:
         self, seq: Sequence, src: int, dst: int, flows: list[FlowSpec], after_s: float = 0.0
     ) -> Any:
         """Start the flows; the KV lands when the last byte is in, ``after_s`` later."""
+        if seq.state == LOST:  # lost during the fixed costs before the first byte
+            return None
         transfer = self.network.start(flows, label=f"kv {seq.req.id}")
         if seq.transfer is None:
             seq.transfer = transfer
@@ -426,6 +463,8 @@ class KVHandoff:
         return transfer
 
     def _landed(self, seq: Sequence, src: int, dst: int) -> None:
+        if seq.state == LOST:  # lost during the fixed costs after the last byte
+            return
         if seq.t_transfer_end < 0:
             seq.t_transfer_end = self.env.now
         seq.transfer = None
@@ -438,16 +477,41 @@ class _Stream:
     """A layer-wise transfer: started one layer into the prefill iteration,
     uncapped when the prefill ends (which may come first when L is 1)."""
 
-    __slots__ = ("transfer", "uncapped")
+    __slots__ = ("transfer", "uncapped", "cancelled")
 
     def __init__(self) -> None:
         self.transfer: Any = None
         self.uncapped = False
+        self.cancelled = False
 
     def uncap(self) -> None:
         self.uncapped = True
-        if self.transfer is not None:
+        if self.transfer is not None and not self.cancelled:
             self.transfer.set_cap(None)
+
+
+def rerouter(topology: Topology) -> Callable[[str, str, frozenset], tuple[Any, ...] | None]:
+    """For :attr:`twin.net.flows.Network.reroute`: a path from GPU vertex
+    ``first`` to GPU vertex ``last`` that avoids the failed links: the GPU's
+    own path or, across nodes, the one through any other NIC of its node, the
+    widest first (then the least latency, then NIC order); None when every one
+    crosses a failed link (or the ends are not GPUs), and the flow waits."""
+    index = {name: i for i, name in enumerate(topology.gpus)}
+
+    def reroute(first: str, last: str, down: frozenset) -> tuple[Any, ...] | None:
+        g, d = index.get(first), index.get(last)
+        if g is None or d is None:
+            return None
+        paths = [topology.path(g, d)]
+        node = topology.node_of(g)
+        if node != topology.node_of(d):
+            paths += [topology.path(g, d, nic=k) for k in range(topology.nic_count(node))]
+        ok = [p for p in paths if not any((ln.src, ln.dst) in down for ln in p)]
+        if not ok:
+            return None
+        return min(ok, key=lambda p: (-topology.bottleneck_bytes_s(p), topology.latency_s(p)))
+
+    return reroute
 
 
 def pick_decode_with(scheduler: object, view: ClusterView) -> Callable[[Sequence], int]:
@@ -469,6 +533,11 @@ def pick_decode_with(scheduler: object, view: ClusterView) -> Callable[[Sequence
             raise SpecError(
                 f"scheduler {type(scheduler).__name__}: pick_decode() gave {d!r} for request "
                 f"{seq.req.id}; expected the id of a decode or mixed instance"
+            )
+        if not view[d].up:
+            raise SpecError(
+                f"scheduler {type(scheduler).__name__}: pick_decode() gave instance {d} for "
+                f"request {seq.req.id}, which is down (InstanceView.up is False)"
             )
         return d
 

@@ -96,6 +96,35 @@ class KVPools:
         self.block_size = block_size
         self.bytes_fetched = 0.0
         self._rates: dict[tuple[int, int], tuple[float, float]] = {}
+        # Loads under way, by the node whose pool they read: [seq, engine,
+        # transfer or None (inside the node), whether the load is given up].
+        self._loading: dict[int, list[list]] = {}
+
+    def give_up(self, transfers: set[int]) -> None:
+        """Give up the loads moving as ``transfers`` (ids; they wait on failed
+        links): their requests are submitted without the prefix."""
+        for loads in self._loading.values():
+            for load in list(loads):
+                seq, engine, transfer, _ = load
+                if transfer is not None and transfer.id in transfers:
+                    load[3] = True
+                    loads.remove(load)
+                    self.network.cancel(transfer)
+                    engine.submit(seq)
+
+    def fail_node(self, node: int) -> None:
+        """``node`` failed: its pool's contents are gone (it comes back empty),
+        and the loads from it under way are given up: their requests are
+        submitted without the prefix, which is computed again."""
+        pool = self.pools[node]
+        pool.units.clear()
+        pool.used_bytes = 0.0
+        for load in self._loading.pop(node, []):
+            seq, engine, transfer, _ = load
+            load[3] = True
+            if transfer is not None:
+                self.network.cancel(transfer)
+            engine.submit(seq)
 
     def keep_prompt(self, engine: Engine, seq: Seq) -> None:
         """An engine computed ``seq``'s prompt: its node's pool keeps the prefix."""
@@ -162,15 +191,21 @@ class KVPools:
         nbytes = tokens * self.kv_bytes_per_token
         self.bytes_fetched += nbytes
         inst = engine.id
+        load: list = [seq, engine, None, False]
 
         def landed(_ev: object) -> None:
+            if load[3]:
+                return  # given up: the pool's node failed
+            self._loading[node].remove(load)
             seq.preloaded_tokens = tokens
             engine.submit(seq)
 
+        self._loading.setdefault(node, []).append(load)
         if node == self.placements[inst].node:
             lat, rate = self._rate(inst, node)
             self.env.timeout(lat + nbytes / rate).callbacks.append(landed)
         else:
             src = self.topology.gpus_of_node(node)[: len(self.placements[inst].gpus)]
             flows = shard_flows(self.topology, src, self.placements[inst].gpus, nbytes)
-            self.network.start(flows, label=f"fetch {req.id}").done.callbacks.append(landed)
+            load[2] = self.network.start(flows, label=f"fetch {req.id}")
+            load[2].done.callbacks.append(landed)

@@ -98,7 +98,8 @@ class Observer:
         it). Every instance of :meth:`run_started` is up from the start."""
 
     def instance_down(self, now: float, instance: int) -> None:
-        """``instance`` stopped serving (failed, or released)."""
+        """``instance`` stopped serving (failed, or released): it lost what it held
+        and serves nothing until it is up again."""
 
 
 class Broadcast(Observer):

@@ -13,6 +13,9 @@ WAITING, PREFILL, DECODE, DONE = "waiting", "prefill", "decode", "done"
 # Disaggregated serving: prompt done, KV held here until it has moved (prefill
 # side); blocks reserved here, KV on its way (decode side).
 HANDOFF, INCOMING = "handoff", "incoming"
+# An attempt that ended with its instance (or the instance its KV was bound
+# for): the request goes on in a new Sequence, or ends as failed.
+LOST = "lost"
 
 
 class Sequence:
@@ -39,6 +42,9 @@ class Sequence:
       first decode step, or the recompute of one preempted before that step).
     - ``t_first_decode``: the decode side's first decode step for it ended.
     - ``t_finish``: the last token was produced (once).
+
+    A request whose instance fails goes on in a new Sequence (:meth:`retry`),
+    which keeps these timestamps and the tokens the client has seen.
 
     ``t_last_token`` is not a phase's timestamp but a running value: when the
     latest token was produced, from which the next inter-token gap is measured.
@@ -82,6 +88,10 @@ class Sequence:
         "handoff_costs",
         "kv_moved_bytes",
         "kv_saved_bytes",
+        "attempt",
+        "t_attempt",
+        "lost_tokens",
+        "lost_s",
     )
 
     def __init__(self, req: Request, now: float) -> None:
@@ -132,6 +142,23 @@ class Sequence:
         self.handoff_costs: object | None = None
         self.kv_moved_bytes = 0.0
         self.kv_saved_bytes = 0.0
+        # Failures: this attempt's number (1 at the first dispatch), when it was
+        # dispatched, and over the attempts lost before it the KV tokens lost
+        # and the time they had run.
+        self.attempt = 0
+        self.t_attempt = now
+        self.lost_tokens = 0
+        self.lost_s = 0.0
+
+    def retry(self, now: float) -> Sequence:
+        """The next attempt of this request, after this one was lost: its first
+        timestamps, the tokens already produced (the prompt and they are
+        prefilled again, as after a preemption) and its attempt history."""
+        s = Sequence(self.req, now)
+        for name in _KEPT:
+            setattr(s, name, getattr(self, name))
+        s.prefill_len = self.req.prompt_tokens + self.generated
+        return s
 
     @property
     def held_blocks(self) -> int:
@@ -141,3 +168,12 @@ class Sequence:
     def length_at(self, step: int) -> int:
         """Tokens in the sequence (its KV context) when decode step ``step`` runs."""
         return self.prefill_len + 1 + (step - self.d_join)
+
+
+# What a retry keeps of the attempt before it (Sequence.retry).
+_KEPT = (
+    "generated", "t_arrival", "t_scheduled", "t_prefill_done", "t_first_token", "t_last_token",
+    "max_gap", "preemptions", "t_transfer_start", "t_transfer_end", "t_first_decode",
+    "t_decode_start", "landing_gap", "decode_gap", "cached_tokens", "handoff_costs",
+    "kv_moved_bytes", "kv_saved_bytes", "attempt", "lost_tokens", "lost_s",
+)  # fmt: skip

@@ -173,6 +173,9 @@ REQUEST_COLUMNS = (
     "max_itl_s",
     "preemptions",
     "slo_met",
+    "attempts",
+    "lost_tokens",
+    "time_lost_s",
 )
 
 
@@ -213,14 +216,20 @@ class Metrics(Observer):
         on_row: Callable[[dict[str, Any]], None] | None = None,
         ttft_at: str = "decode",
         timeline: Timeline | None = None,
+        faults: bool = False,
     ) -> None:
         self.slo = slo
         self.timeline = timeline
+        self.faults = faults
         self.on_row = on_row
         self.ttft_at_decode = ttft_at == "decode"
         self.completed = 0
         self.rejected = 0
         self.reject_reasons: Counter[str] = Counter()
+        self.failed = 0
+        self.fail_reasons: Counter[str] = Counter()
+        self.retries = 0  # attempts after the first, of requests that ended
+        self.lost_tokens = 0
         self.slo_met = 0
         self.ttft_met = 0
         self.tpot_met = 0
@@ -240,7 +249,7 @@ class Metrics(Observer):
 
     @property
     def ended(self) -> int:
-        return self.completed + self.rejected
+        return self.completed + self.rejected + self.failed
 
     def run_started(
         self, name: str, instances: Seq[InstanceInfo], topology: Topology | None
@@ -271,6 +280,9 @@ class Metrics(Observer):
         if outcome == "completed":
             assert seq is not None
             self.complete(seq)
+        elif outcome == "failed":
+            assert seq is not None
+            self.fail(seq, reason, now)
         else:
             self.reject(req, reason, now, outcome)
 
@@ -359,8 +371,44 @@ class Metrics(Observer):
                     "max_itl_s": max_gap if req.output_tokens > 1 else "",
                     "preemptions": s.preemptions,
                     "slo_met": int(ttft_ok and tpot_ok),
+                    "attempts": s.attempt,
+                    "lost_tokens": s.lost_tokens,
+                    "time_lost_s": s.lost_s,
                 }
             )
+        self._attempts(s)
+
+    def _attempts(self, s: Sequence) -> None:
+        self.retries += max(0, s.attempt - 1)
+        self.lost_tokens += s.lost_tokens
+
+    def fail(self, s: Sequence, reason: str, now: float) -> None:
+        """``s``'s request ended failed: its instance failed under it and it
+        was not (or could no more be) retried."""
+        req = s.req
+        self.failed += 1
+        self.fail_reasons[reason] += 1
+        self._attempts(s)
+        if now > self.last_end_s:
+            self.last_end_s = now
+        if self.timeline is not None:
+            self.timeline.ended(req.arrival_s, now, "failed")
+        if self.on_row is not None:
+            row: dict[str, Any] = dict.fromkeys(REQUEST_COLUMNS, "")
+            row.update(
+                id=req.id,
+                status="failed",
+                reason=reason,
+                arrival_s=req.arrival_s,
+                prompt_tokens=req.prompt_tokens,
+                output_tokens=req.output_tokens,
+                preemptions=s.preemptions,
+                slo_met=0,
+                attempts=s.attempt,
+                lost_tokens=s.lost_tokens,
+                time_lost_s=s.lost_s,
+            )
+            self.on_row(row)
 
     def reject(self, req: Request, reason: str, now: float, outcome: str = "rejected") -> None:
         self.rejected += 1
@@ -380,6 +428,9 @@ class Metrics(Observer):
                 output_tokens=req.output_tokens,
                 preemptions=0,
                 slo_met=0,
+                attempts=0,
+                lost_tokens=0,
+                time_lost_s=0.0,
             )
             self.on_row(row)
 
@@ -410,4 +461,14 @@ class Metrics(Observer):
             else None,
             "wasted_prefill_tokens": self.wasted_prefill_tokens,
             "truncated": self.truncated,
+        } | (self.fault_summary() if self.faults else {})
+
+    def fault_summary(self) -> dict[str, Any]:
+        """The keys of a run with an ``events:`` timeline (left out without one,
+        so that such a run reads as before)."""
+        return {
+            "failed": self.failed,
+            "failed_by_reason": dict(sorted(self.fail_reasons.items())),
+            "retries": self.retries,
+            "lost_tokens": self.lost_tokens,
         }

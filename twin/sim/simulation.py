@@ -19,7 +19,7 @@ import numpy as np
 import simpy
 
 from twin import _version
-from twin._clock import Arrival
+from twin._clock import Arrival, at
 from twin.errors import CapacityError, SpecError, TwinError
 from twin.net.flows import Network
 from twin.perf.build import build_perf_model
@@ -35,12 +35,13 @@ from twin.scheduler import (
 )
 from twin.serving.cluster import EngineView, place_instances, place_on_topology, placement_order
 from twin.serving.engine import Engine
-from twin.serving.handoff import KVHandoff, pick_decode_with
+from twin.serving.handoff import KVHandoff, pick_decode_with, rerouter
 from twin.serving.kvcache import BlockManager, blocks_for, kv_capacity_blocks
 from twin.serving.kvpool import KVPools
 from twin.serving.observer import InstanceInfo, Observer, broadcast
-from twin.serving.sequence import Sequence
+from twin.serving.sequence import DECODE, HANDOFF, INCOMING, LOST, PREFILL, Sequence
 from twin.sim.control import ControlLoop, apply_plan
+from twin.sim.faults import Faults
 from twin.sim.metrics import Metrics
 from twin.sim.spec import ExperimentSpec, apply_overrides, load_spec, resolve_spec
 from twin.sim.timeline import Timeline
@@ -100,7 +101,10 @@ class Simulation:
         self.rng_workload = np.random.default_rng(seeds[0])
         self.rng_scheduler = np.random.default_rng(seeds[1])
         self._requests = requests
-        self.metrics = Metrics(spec.slo, on_row, spec.ttft_at, Timeline(spec.window_s))
+        faults = bool(spec.events or spec.failures) or "retry" in spec.resolved
+        self.metrics = Metrics(
+            spec.slo, on_row, spec.ttft_at, Timeline(spec.window_s), faults=faults
+        )
         subscribers: list[Observer] = [self.metrics]
         if log is not None:
             subscribers.append(EventLog(log))
@@ -128,6 +132,12 @@ class Simulation:
             on_roles=self._update_limits,
         )  # fmt: skip
         self._update_limits()
+        self._parked: list[Sequence] = []  # waiting for an instance to come back up
+        for e in self.engines:
+            e.on_lost = lambda seq, i=e.id: self._lose(seq, i)
+        if self.handoff is not None:
+            self.handoff.on_stranded = self._stranded
+        self.faults = Faults(self, spec.events)
         self.observer.run_started(
             spec.name,
             [InstanceInfo(e.id, e.role, p.node, p.gpus)
@@ -151,6 +161,7 @@ class Simulation:
             )  # fmt: skip
             gpus = [get_gpu(topo.gpu_type(p.gpus[0])) for p in placements]
             self.network: Network | None = Network(self.env, link_series_s, self.observer)
+            self.network.reroute = rerouter(topo)
         else:
             placements = place_instances(len(roles), sizes[0], spec.gpus_per_node)
             gpus = [spec.gpu] * len(roles)
@@ -254,20 +265,42 @@ class Simulation:
             admitted = self._admit(req)
             if admitted is None:
                 continue
-            req = admitted
-            decision = self.scheduler.route(req, self.view)
-            if isinstance(decision, Reject):
-                self.observer.request_ended(env.now, -1, req, None, "rejected", decision.reason)
-                continue
-            if not isinstance(decision, Route):
-                raise SpecError(
-                    f"scheduler {self.spec.scheduler!r}: route() returned {decision!r}; "
-                    "expected Route or Reject"
-                )
-            self._dispatch(req, decision)
+            self._route(Sequence(admitted, env.now))
         self._arrivals_done = True
 
-    def _dispatch(self, req: Request, decision: Route) -> None:
+    def _route(self, seq: Sequence) -> None:
+        """Ask the policy where ``seq``'s next attempt runs, and send it there;
+        while no instance can serve it, it waits for one to come back."""
+        req = seq.req
+        if not self._can_serve():
+            self._parked.append(seq)
+            deadline = req.arrival_s + self.spec.retry.deadline_s
+            if deadline < float("inf"):
+                at(self.env, deadline, lambda _ev: self._expire(seq))
+            return
+        decision = self.scheduler.route(req, self.view)
+        if isinstance(decision, Reject):
+            self.observer.request_ended(self.env.now, -1, req, None, "rejected", decision.reason)
+            return
+        if not isinstance(decision, Route):
+            raise SpecError(
+                f"scheduler {self.spec.scheduler!r}: route() returned {decision!r}; "
+                "expected Route or Reject"
+            )
+        seq.attempt += 1
+        seq.t_attempt = self.env.now
+        self._dispatch(req, decision, seq)
+
+    def _can_serve(self) -> bool:
+        """Some instance that prefills and some that decodes are up."""
+        pre = dec = False
+        for e in self.engines:
+            if e.up:
+                pre = pre or e.role != "decode"
+                dec = dec or e.role != "prefill"
+        return pre and dec
+
+    def _dispatch(self, req: Request, decision: Route, seq: Sequence | None = None) -> None:
         name = self.spec.scheduler
         p, d = decision.prefill, decision.decode
         n = len(self.engines)
@@ -278,14 +311,21 @@ class Simulation:
                 f"scheduler {name!r}: route for request {req.id} names {decision}; "
                 f"instances are 0..{n - 1}"
             )
+        for i in (p, d):
+            if i is not None and not self.engines[i].up:
+                raise SpecError(
+                    f"scheduler {name!r}: request {req.id} routed to instance {i}, which is "
+                    "down (InstanceView.up is False)"
+                )
         src = self.engines[p]
         if src.role == "decode":
             raise SpecError(
                 f"scheduler {name!r}: request {req.id} routed to prefill on decode instance {p}"
             )
-        seq = Sequence(req, self.env.now)
-        if req.output_tokens == 1:
-            pass  # done when the prompt is: its KV never moves
+        if seq is None:
+            seq = Sequence(req, self.env.now)
+        if seq.generated + 1 >= req.output_tokens:
+            pass  # done when the prompt (or a retry's recompute) is: its KV never moves
         elif d is not None and d != p:
             if self.engines[d].role == "prefill":
                 raise SpecError(
@@ -343,19 +383,141 @@ class Simulation:
             "give instances more GPUs, or set engine.oversized: reject"
         )
 
+    # -- failures --------------------------------------------------------------------
+    def fail_instance(self, i: int) -> None:
+        """Instance ``i`` fails now: what it held is lost, and so is every
+        request bound to it elsewhere (KV on its way to it, or a prefill whose
+        KV was to move there); each is retried or ends failed."""
+        eng = self.engines[i]
+        if not eng.up:
+            return
+        now = self.env.now
+        lost = [(s, self._kv_tokens(s)) for s in eng.fail()]
+        for e in self.engines:
+            if e is eng or not e.up:
+                continue
+            for s in e.held():
+                if s.handoff and s.decode_instance == i and s.state != DECODE:
+                    lost.append((s, self._kv_tokens(s)))
+                    e.drop(s)
+        self.observer.instance_down(now, i)
+        for s, tokens in lost:
+            s.state = LOST
+            s.epoch += 1
+            s.lost_tokens += tokens
+            if self.handoff is not None:
+                self.handoff.drop(s)
+        for s, _ in lost:
+            self._lose(s, i)
+
+    def recover_instance(self, i: int) -> None:
+        """Instance ``i`` serves again, empty; the requests waiting for an
+        instance are routed again."""
+        eng = self.engines[i]
+        if eng.up:
+            return
+        eng.recover()
+        self.observer.instance_up(self.env.now, i)
+        parked, self._parked = self._parked, []
+        for s in parked:
+            if s.state != LOST:  # not ended at its deadline meanwhile
+                self._route(s)
+
+    @staticmethod
+    def _kv_tokens(s: Sequence) -> int:
+        """Tokens whose KV ``s`` had computed (lost with its instance)."""
+        if s.state == PREFILL:
+            return s.prefilled
+        if s.state in (HANDOFF, INCOMING, DECODE):
+            return s.req.prompt_tokens + s.generated - 1
+        return 0
+
+    def _stranded(self, engine: Engine, s: Sequence) -> None:
+        """A prefilled ``s`` that no live instance can decode: its KV is given
+        up and it waits, as a new attempt, for a decode instance."""
+        s.lost_tokens += self._kv_tokens(s)
+        engine.drop(s)
+        s.state = LOST
+        s.epoch += 1
+        self._lose(s, engine.id)
+
+    def _end_stuck(self) -> None:
+        """Nothing else can happen, and transfers wait on failed links no
+        repair comes for: a hand-off's request ends failed (``link_down``), a
+        KV-pool load is given up (the prefix is computed again)."""
+        assert self.network is not None
+        stuck = {t.id for t in self.network.stuck}
+        if self.pools is not None:
+            self.pools.give_up(stuck)
+        for e in self.engines:
+            for s in e.held():
+                t = s.transfer
+                t = getattr(t, "transfer", t)  # a layer-wise stream's flows
+                if t is not None and getattr(t, "id", None) in stuck:
+                    s.lost_tokens += self._kv_tokens(s)
+                    e.drop(s)
+                    assert self.handoff is not None
+                    self.handoff.drop(s)
+                    s.state = LOST
+                    s.epoch += 1
+                    seq = s.retry(self.env.now)
+                    seq.lost_s += self.env.now - s.t_attempt
+                    self._fail(seq, e.id, "link_down")
+        for t in self.network.stuck:  # none of ours: stop them
+            self.network.cancel(t)
+
+    def _lose(self, old: Sequence, instance: int) -> None:
+        """``old``'s attempt is over: retry per the policy, or end it failed."""
+        now = self.env.now
+        old.state = LOST
+        seq = old.retry(now)
+        seq.lost_s += now - old.t_attempt
+        policy = self.spec.retry
+        req = seq.req
+        if seq.attempt >= policy.max_attempts:
+            self._fail(seq, instance, "max_attempts")
+            return
+        when = now + policy.delay_s(seq.attempt)
+        deadline = req.arrival_s + policy.deadline_s
+        if when > deadline:
+            self._fail(seq, instance, "retry_deadline")
+            return
+        at(self.env, when, lambda _ev: self._route(seq))
+
+    def _expire(self, seq: Sequence) -> None:
+        """The retry deadline of a request still waiting for an instance."""
+        if any(s is seq for s in self._parked):
+            self._parked.remove(seq)
+            self._fail(seq, -1, "retry_deadline")
+
+    def _fail(self, seq: Sequence, instance: int, reason: str) -> None:
+        seq.state = LOST
+        self.observer.request_ended(self.env.now, instance, seq.req, seq, "failed", reason)
+
     # -- running ---------------------------------------------------------------------
     def run(self) -> Result:
         env = self.env
         env.process(self.arrive())
         self.control.start()
+        self.faults.start()
         events = 0
         step = env.step
-        try:
-            while True:
-                step()
-                events += 1
-        except simpy.core.EmptySchedule:
-            pass
+        while True:
+            try:
+                while True:
+                    step()
+                    events += 1
+            except simpy.core.EmptySchedule:
+                pass
+            if self.network is not None and self.network.stuck:
+                self._end_stuck()
+                continue
+            if not self._parked:
+                break
+            # Nothing else can happen: no instance comes back for them.
+            parked, self._parked = self._parked, []
+            for s in parked:
+                self._fail(s, -1, "no_instance_up")
         self.events = events
         self._check_conservation()
         summary = self.metrics.summary()

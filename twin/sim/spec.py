@@ -59,6 +59,15 @@ from twin.perf.llm import ModelSpec, get_model
 from twin.scheduler import build_scheduler, scheduler_names
 from twin.serving.engine import EngineConfig
 from twin.serving.handoff import TransferConfig
+from twin.sim.faults import (
+    Event,
+    EventKeys,
+    FailureKeys,
+    RandomKeys,
+    RetryPolicy,
+    read_events,
+    read_failures,
+)
 from twin.sim.metrics import SLO
 from twin.sim.timeline import DEFAULT_WINDOW_S
 from twin.workload.stream import WorkloadSpec
@@ -180,6 +189,15 @@ class TopKeys:
     )  # fmt: skip
     slo: Any = declared(None, section(SLO), "latency objectives")
     transfer: Any = declared(None, section(TransferConfig), "how a split deployment moves KV")
+    events: Any = declared(
+        None, anything(lambda: {"type": "array", "items": schema(EventKeys)}),
+        "a timeline of failures and degradations (see Failures and degradation)",
+        nullable=True,
+    )  # fmt: skip
+    retry: Any = declared(None, section(RetryPolicy), "what a request whose instance fails does")
+    failures: Any = declared(
+        None, section(FailureKeys), "random failures per component class (MTBF, repair time)"
+    )
     output: Any = declared(None, section(OutputKeys), "what a run reports besides its summary")
 
 
@@ -237,6 +255,10 @@ class ExperimentSpec:
     base_dir: Path
     resolved: Mapping[str, Any] = field(repr=False)
     window_s: float = DEFAULT_WINDOW_S  # output.window: the timeline's windows
+    events: tuple[Event, ...] = ()
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    failures: tuple[RandomKeys, ...] = ()
+    failure_seed: int | None = None
 
     @property
     def sha256(self) -> str:
@@ -520,6 +542,16 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
     slo = read(SLO, top.slo, f"{where}: slo")
     out["slo"] = slo.written
 
+    # Only given: a spec without faults resolves (and hashes) as before.
+    events, out_events = read_events(top.events, f"{where}: events")
+    if out_events:
+        out["events"] = out_events
+    retry = read(RetryPolicy, top.retry, f"{where}: retry")
+    if "retry" in top_read.given:
+        out["retry"] = retry.written
+    failure_seed, failures, out_failures = read_failures(top.failures, f"{where}: failures")
+    if "failures" in top_read.given:
+        out["failures"] = out_failures
     # Only when given, so that specs without it keep their resolved form and sha256.
     output = read(OutputKeys, top.output, f"{where}: output")
     if "output" in top_read.given:
@@ -549,4 +581,8 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
         base_dir=base_dir,
         resolved=out,
         window_s=output.value.window_s,
+        events=events,
+        retry=retry.value,
+        failures=failures,
+        failure_seed=failure_seed,
     )

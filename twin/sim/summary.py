@@ -75,4 +75,10 @@ def format_summary(result: dict[str, Any]) -> str:
     if s["rejected_by_reason"]:
         reasons = ", ".join(f"{k}: {v}" for k, v in s["rejected_by_reason"].items())
         lines.append(f"rejected: {reasons}")
+    if "failed" in s:  # a run with failures (events:, failures: or retry:)
+        reasons = ", ".join(f"{k}: {v}" for k, v in s["failed_by_reason"].items())
+        lines.append(
+            f"failures: {s['retries']:,} retries, {s['lost_tokens']:,} KV tokens lost; "
+            f"failed {s['failed']:,}" + (f" ({reasons})" if reasons else "")
+        )
     return "\n".join(lines)

@@ -1,0 +1,366 @@
+"""Failures and degradation: the spec's ``events:`` timeline and ``retry:`` policy.
+
+Each entry of ``events:`` happens at its time ``at`` to one target, named by
+the ids ``twin topo`` and the results use: ``instance``, ``node`` (every
+instance on it), ``gpu`` (the instance holding it) or ``link`` (``"src ->
+dst"``, a directed link of the topology by its vertex names):
+
+- ``fail`` / ``recover`` an instance, a node or a GPU. A failed instance loses
+  everything it holds (queued and running requests, the KV it computed and the
+  blocks it reserved for KV on its way); it comes back empty.
+- ``degrade`` (with a ``factor`` in (0, 1]) / ``restore`` a GPU, an instance or
+  a node (each iteration of an instance on it takes 1/factor as long, from its
+  next iteration; an instance runs at its slowest GPU), or a link (it carries
+  factor x its capacity; the flows on it are re-shared at once).
+
+A request whose attempt is lost is retried per ``retry:``: after
+``backoff x backoff_factor^(attempt - 1)`` it goes back to the scheduler, which
+routes it again, and its prompt and the tokens it had produced are prefilled
+again (the lost work is recomputed); or it ends ``failed``, with the reason
+``max_attempts`` (its attempts are used up) or ``retry_deadline`` (the retry
+would start later than ``deadline`` after its arrival). While no instance that
+prefills or none that decodes is up, requests wait for a recovery (up to the
+deadline); those still waiting when nothing else can happen end ``failed``
+with ``no_instance_up``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from twin._clock import at
+from twin._declare import (
+    NONNEG_INT,
+    POSITIVE_INT,
+    POSITIVE_NUMBER,
+    TEXT,
+    anything,
+    choice,
+    declared,
+    interval,
+    read,
+    schema,
+    seconds,
+)
+from twin.errors import SpecError
+from twin.scheduler import FaultEvent, event_hook
+
+if TYPE_CHECKING:
+    from twin.sim.simulation import Simulation
+
+ACTIONS = ("fail", "recover", "degrade", "restore")
+TARGETS = ("instance", "node", "gpu", "link", "nic")
+COMPONENTS = ("instance", "node", "gpu")
+REPAIR_DISTS = ("exponential", "fixed")
+# The spawn key of the random failures' streams: distinct from the workload's
+# and the scheduler's (children 0 and 1 of the spec seed), so that drawing
+# failures, or changing their seed, never moves an arrival or a length.
+FAILURES_KEY = 0xFA11
+
+
+@dataclass(frozen=True)
+class EventKeys:
+    """One entry of ``events:``: at a time, an action on one target (give
+    exactly one of instance, node, gpu, link)."""
+
+    at_s: float = declared(
+        None, seconds(positive=False), "when it happens (simulated time)", key="at",
+        required="give the time of the event (e.g. at: 30 s)",
+    )  # fmt: skip
+    action: str = declared(
+        None, choice(*ACTIONS), "fail | recover | degrade | restore",
+        required="give one of fail, recover, degrade, restore",
+    )  # fmt: skip
+    instance: int | None = declared(None, NONNEG_INT, "target: an instance id", nullable=True)
+    node: int | None = declared(
+        None, NONNEG_INT, "target: a node (all its instances, or its GPUs)", nullable=True
+    )
+    gpu: int | None = declared(
+        None, NONNEG_INT, "target: a GPU (global index; fails its instance)", nullable=True
+    )
+    link: str | None = declared(
+        None, TEXT, "target: a directed topology link 'src -> dst' (degrade/restore)",
+        nullable=True,
+    )  # fmt: skip
+    nic: str | None = declared(
+        None, TEXT, "target: a NIC by its vertex name (every link to and from it)",
+        nullable=True,
+    )  # fmt: skip
+    factor: float | None = declared(
+        None, interval(0, 1, lo_open=True),
+        "degrade: the share of speed or bandwidth left, in (0, 1]", nullable=True,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """What becomes of a request whose instance fails under it (``retry:``)."""
+
+    max_attempts: int = declared(
+        3, POSITIVE_INT, "attempts in all, the first included (1: never retry)"
+    )
+    backoff_s: float = declared(
+        "0 s", seconds(positive=False), "wait before the first retry", key="backoff"
+    )
+    backoff_factor: float = declared(
+        2.0, POSITIVE_NUMBER, "each further retry waits this times longer"
+    )
+    deadline_s: float = declared(
+        None, seconds(), "no retry starts later than this after the request's arrival "
+        "(null: none)", key="deadline", unset=math.inf, nullable=True,
+    )  # fmt: skip
+
+    def delay_s(self, attempt: int) -> float:
+        """The wait before the attempt after ``attempt`` (1-based)."""
+        return self.backoff_s * self.backoff_factor ** (attempt - 1)
+
+
+@dataclass(frozen=True)
+class RandomKeys:
+    """One class of random failures (an entry of ``failures.random``): every
+    component of the class fails after an exponential time of mean ``mtbf``
+    from its start or last repair, and is repaired ``repair`` later (its mean,
+    with ``repair_dist: exponential``)."""
+
+    component: str = declared(
+        None, choice(*COMPONENTS), "instance | node | gpu: each of them fails on its own",
+        required="give instance, node or gpu",
+    )  # fmt: skip
+    mtbf_s: float = declared(
+        None, seconds(), "mean time between failures of one component", key="mtbf",
+        required="give the mean time between failures (e.g. mtbf: 10 min)",
+    )  # fmt: skip
+    repair_s: float = declared(
+        None, seconds(), "time to repair (the mean, when exponential)", key="repair",
+        required="give the time to repair (e.g. repair: 30 s)",
+    )  # fmt: skip
+    repair_dist: str = declared(
+        "exponential", choice(*REPAIR_DISTS), "exponential | fixed repair times"
+    )
+
+
+@dataclass(frozen=True)
+class FailureKeys:
+    """Random failures (``failures:``), drawn from a stream of their own."""
+
+    seed: int | None = declared(
+        None, NONNEG_INT, "the failures' seed (null: the spec's seed)", nullable=True
+    )
+    random: Any = declared(
+        None, anything(lambda: {"type": "array", "items": schema(RandomKeys)}),
+        "classes of components that fail at random", nullable=True,
+    )  # fmt: skip
+
+
+def read_failures(value: Any, where: str) -> tuple[int | None, tuple[RandomKeys, ...], dict]:
+    """``failures:`` checked: its seed, its classes and its resolved form."""
+    r = read(FailureKeys, value, where)
+    items = r.value.random or []
+    if not isinstance(items, list):
+        raise SpecError(f"{where}.random: {items!r} must be a list")
+    classes = []
+    written = []
+    for i, item in enumerate(items):
+        c = read(RandomKeys, item, f"{where}.random[{i}]")
+        classes.append(c.value)
+        written.append(c.written)
+    return r.value.seed, tuple(classes), {"seed": r.value.seed, "random": written}
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A checked ``events:`` entry: its index in the list (for messages)."""
+
+    index: int
+    at_s: float
+    action: str
+    target: str
+    name: int | str
+    factor: float
+
+
+def read_events(value: Any, where: str) -> tuple[tuple[Event, ...], list[dict[str, Any]]]:
+    """``events:`` checked: the entries, and their resolved form."""
+    if value is None:
+        return (), []
+    if not isinstance(value, list):
+        raise SpecError(f"{where}: {value!r} must be a list of events")
+    out: list[Event] = []
+    written: list[dict[str, Any]] = []
+    for i, item in enumerate(value):
+        at_ = f"{where}[{i}]"
+        r = read(EventKeys, item, at_)
+        e = r.value
+        targets = [t for t in TARGETS if t in r.given]
+        if len(targets) != 1:
+            raise SpecError(
+                f"{at_}: give exactly one target of {', '.join(TARGETS)}; got "
+                f"{', '.join(targets) if targets else 'none'}"
+            )
+        target = targets[0]
+        name: int | str = getattr(e, target)
+        if target == "link":
+            src, sep, dst = str(name).partition("->")
+            if not sep or not src.strip() or not dst.strip():
+                raise SpecError(f"{at_}.link: {name!r}; expected 'src -> dst' (vertex names)")
+            name = f"{src.strip()} -> {dst.strip()}"
+        if e.action == "degrade" and e.factor is None:
+            raise SpecError(f"{at_}.factor: missing; degrade needs a factor in (0, 1]")
+        if e.action != "degrade" and e.factor is not None:
+            raise SpecError(f"{at_}.factor: {e.factor!r}; only degrade takes a factor")
+        out.append(Event(i, e.at_s, e.action, target, name, e.factor or 1.0))
+        w = {"at": r.written["at"], "action": e.action, target: name}
+        if e.factor is not None:
+            w["factor"] = r.written["factor"]
+        written.append(w)
+    return tuple(out), written
+
+
+class Faults:
+    """Carries out a simulation's ``events:``: each at its time, in list order
+    for the same time; checks every target against the cluster when made."""
+
+    def __init__(self, sim: Simulation, events: Sequence[Event]) -> None:
+        self.sim = sim
+        self.events = sorted(events, key=lambda e: (e.at_s, e.index))
+        self.where = f"{sim.spec.source}: events"
+        self.gpu_factor: dict[int, float] = {}
+        self.applied: list[FaultEvent] = []
+        spec = sim.spec
+        self.random = spec.failures
+        self.seed = spec.seed if spec.failure_seed is None else spec.failure_seed
+        gpus = sorted(g for p in sim.placements for g in p.gpus)
+        nodes = sorted({p.node for p in sim.placements})
+        topo = sim.spec.topology
+        for e in self.events:
+            key = f"{self.where}[{e.index}].{e.target}"
+            if e.target == "instance" and not e.name < len(sim.engines):  # type: ignore[operator]
+                raise SpecError(f"{key}: {e.name}; instances are 0..{len(sim.engines) - 1}")
+            if e.target == "node" and e.name not in nodes:
+                raise SpecError(f"{key}: {e.name}; instances run on nodes {nodes}")
+            if e.target == "gpu" and e.name not in gpus:
+                raise SpecError(f"{key}: {e.name}; instances run on GPUs {gpus[0]}..{gpus[-1]}")
+            if e.target == "nic":
+                if topo is None or topo.graph.nodes.get(e.name, {}).get("type") != "nic":
+                    raise SpecError(
+                        f"{key}: {e.name!r} is not a NIC of the topology (twin topo names them)"
+                    )
+            if e.target == "link":
+                if topo is None:
+                    raise SpecError(f"{key}: {e.name!r}; a link needs cluster.topology")
+                src, _, dst = str(e.name).partition(" -> ")
+                try:
+                    topo.link(src, dst)
+                except KeyError as err:
+                    raise SpecError(f"{key}: {e.name!r}: {err.args[0]}") from None
+
+    def start(self) -> None:
+        env = self.sim.env
+        for e in self.events:
+            at(env, e.at_s, self._applier(e))
+        sim = self.sim
+        ids = {
+            "instance": list(range(len(sim.engines))),
+            "node": sorted({p.node for p in sim.placements}),
+            "gpu": sorted(g for p in sim.placements for g in p.gpus),
+        }
+        for ci, c in enumerate(self.random):
+            for j, comp in enumerate(ids[c.component]):
+                seq = np.random.SeedSequence(self.seed, spawn_key=(FAILURES_KEY, ci, j))
+                self._next_failure(c, comp, np.random.default_rng(seq))
+
+    # -- random failures -----------------------------------------------------------
+    def _done(self) -> bool:
+        sim = self.sim
+        return sim._arrivals_done and sim.metrics.ended == sim._arrived
+
+    def _next_failure(self, c: RandomKeys, comp: int, rng: np.random.Generator) -> None:
+        when = self.sim.env.now + float(rng.exponential(c.mtbf_s))
+        at(self.sim.env, when, lambda _ev: self._random_fail(c, comp, rng))
+
+    def _random_fail(self, c: RandomKeys, comp: int, rng: np.random.Generator) -> None:
+        if self._done():
+            return  # nothing left to serve: no more failures
+        now = self.sim.env.now
+        self.apply(Event(-1, now, "fail", c.component, comp, 1.0))
+        repair = c.repair_s if c.repair_dist == "fixed" else float(rng.exponential(c.repair_s))
+
+        def repaired(_ev: object) -> None:
+            self.apply(Event(-1, now + repair, "recover", c.component, comp, 1.0))
+            if not self._done():
+                self._next_failure(c, comp, rng)
+
+        at(self.sim.env, now + repair, repaired)
+
+    def _applier(self, e: Event) -> Callable[[object], None]:
+        return lambda _ev: self.apply(e)
+
+    def instances_of(self, e: Event) -> tuple[int, ...]:
+        sim = self.sim
+        if e.target == "instance":
+            return (int(e.name),)
+        if e.target == "node":
+            return tuple(p.instance for p in sim.placements if p.node == e.name)
+        if e.target == "gpu":
+            return tuple(p.instance for p in sim.placements if e.name in p.gpus)
+        return ()
+
+    def apply(self, e: Event) -> None:
+        sim = self.sim
+        ids = self.instances_of(e)
+        if e.target in ("link", "nic"):
+            net = sim.network
+            assert net is not None
+            for src, dst in self.links_of(e):
+                if e.action == "fail":
+                    net.fail_link(src, dst)
+                elif e.action == "recover":
+                    net.recover_link(src, dst)
+                else:
+                    net.scale_link(src, dst, e.factor if e.action == "degrade" else 1.0)
+        elif e.action == "fail":
+            for i in ids:
+                sim.fail_instance(i)
+            if e.target == "node" and sim.pools is not None:
+                sim.pools.fail_node(int(e.name))  # host memory goes with the node
+        elif e.action == "recover":
+            for i in ids:
+                sim.recover_instance(i)
+        else:
+            self._set_speed(e)
+        event = FaultEvent(sim.env.now, e.action, e.target, e.name, e.factor, ids)
+        self.applied.append(event)
+        hook = event_hook(sim.scheduler)
+        if hook is not None:
+            hook.on_event(event, sim.view)
+
+    def links_of(self, e: Event) -> list[tuple[str, str]]:
+        """The directed links a link or NIC target names."""
+        if e.target == "link":
+            src, _, dst = str(e.name).partition(" -> ")
+            return [(src, dst)]
+        g = self.sim.spec.topology.graph
+        return sorted({(u, v) for u, v in g.in_edges(e.name)} | set(g.out_edges(e.name)))
+
+    def _set_speed(self, e: Event) -> None:
+        """A GPU's (or an instance's or a node's GPUs') speed; an instance runs
+        at its slowest GPU's (tensor- and pipeline-parallel ranks step together)."""
+        sim = self.sim
+        if e.target == "gpu":
+            gpus: tuple[int, ...] = (int(e.name),)
+        else:
+            gpus = tuple(g for i in self.instances_of(e) for g in sim.placements[i].gpus)
+        for g in gpus:
+            if e.action == "degrade":
+                self.gpu_factor[g] = e.factor
+            else:
+                self.gpu_factor.pop(g, None)
+        for p in sim.placements:
+            if set(p.gpus) & set(gpus):
+                speed = min((self.gpu_factor.get(g, 1.0) for g in p.gpus), default=1.0)
+                sim.engines[p.instance].set_speed(speed)
