@@ -98,7 +98,7 @@ def test_time_averaged_queue_and_capacity():
                 decode_start=-1.0)  # fmt: skip
     # a second one whose KV waits on the decode side 0.5 -> 1.5
     t.completed(0.0, 1.9, ttft=0.2, tpot=0.01, met=True, scheduled=0.0, landed=0.5,
-                decode_start=1.5)  # fmt: skip
+                decode_start=1.5, transfer=0.125)  # fmt: skip
     t.role_changed(1.0, 1, "prefill")  # [1, 3): two prefill instances
     t.instance_down(3.0, 0)  # [3, 5): instance 1 alone, 8 GPUs
     t.instance_up(4.0, 2, InstanceInfo(2, "decode", 2, (16, 17, 18, 19)))  # a new one
@@ -110,6 +110,7 @@ def test_time_averaged_queue_and_capacity():
     assert [r["instances_decode"] for r in rows] == [0.5, 0.0, 1.0]
     assert [r["gpus_up"] for r in rows] == [16.0, 12.0, 16.0]  # (8 + 4 + 16 + 4) / 2
     assert [r["finished"] for r in rows] == [1, 0, 1]
+    assert [r["transfer_p50_s"] for r in rows] == [0.125, None, None]  # by arrival
 
 
 def test_a_bad_window_is_refused():
@@ -190,27 +191,63 @@ def test_twin_run_writes_the_timeline_csv_and_json(tmp_path, capsys):
     assert "output.window" in capsys.readouterr().err
 
 
-def test_spec_events_are_read_defensively():
+def test_spec_events_are_read_in_the_events_schema():
     spec = {
         "events": [
-            {"at": "30 s", "kind": "fail", "instance": 1},
-            {"time": 10, "kind": "degrade", "link": "n0-nic0"},
-            {"kind": "recover"},  # no time
-            {"at": 5},  # no kind
+            {"at": "30 s", "action": "fail", "node": 0},
+            {"at": 10, "action": "degrade", "link": "n0.nic0 -> switch", "factor": 0.25},
+            {"at": 12, "action": "degrade", "gpu": 3, "factor": "0.5"},
+            {"at": 45.0, "action": "recover", "node": 0},
+            {"action": "recover", "node": 0},  # no time
+            {"at": 5, "node": 0},  # no action
+            {"at": 5, "action": "explode", "node": 0},  # not an action
+            {"at": 5, "action": "fail"},  # no target
+            {"at": "30 s", "kind": "fail", "instance": 1},  # not the schema
             "fail",
         ]
     }
-    assert spec_events(spec) == [(10.0, "degrade n0-nic0"), (30.0, "fail 1")]
+    assert spec_events(spec) == [
+        (10.0, "degrade link n0.nic0 -> switch x0.25"),
+        (12.0, "degrade gpu 3 x0.5"),
+        (30.0, "fail node 0"),
+        (45.0, "recover node 0"),
+    ]
     assert spec_events({}) == [] and spec_events({"events": "x"}) == []
+    # a whole fabric at once is one label
+    fabric = [
+        {"at": 30, "action": "degrade", "nic": f"n{i}.nic0", "factor": 0.25} for i in range(4)
+    ]
+    assert spec_events({"events": fabric}) == [(30.0, "degrade 4 nics x0.25")]
+
+
+def test_the_plot_marks_what_the_fault_log_says_took_effect():
+    # random failures are only in the result's fault_log, which wins over the spec
+    result = Simulation(small()).run().to_dict()
+    result["header"]["spec"]["events"] = [{"at": 3.0, "action": "fail", "node": 0}]
+    rows, events, _, _ = load_run_timeline(result)
+    assert events == [(3.0, "fail node 0")]
+    result["fault_log"] = [
+        {"time_s": 1.5, "action": "fail", "target": "gpu", "name": 1, "instances": [0]},
+        {"time_s": 2.25, "action": "recover", "target": "gpu", "name": 1, "instances": [0]},
+        {"time_s": 2.5, "action": "degrade", "target": "link", "name": "a -> b", "factor": 0.25,
+         "instances": []},
+        {"time_s": "x"},
+    ]  # fmt: skip
+    rows, events, _, _ = load_run_timeline(result)
+    assert events == [
+        (1.5, "fail gpu 1"),
+        (2.25, "recover gpu 1"),
+        (2.5, "degrade link a -> b x0.25"),
+    ]
 
 
 def test_plot_over_time_from_json_and_csv(tmp_path, capsys):
     result = Simulation(small()).run().to_dict()
-    result["header"]["spec"]["events"] = [{"at": 3.0, "kind": "fail", "node": 0}]
+    result["header"]["spec"]["events"] = [{"at": 3.0, "action": "fail", "node": 0}]
     path = tmp_path / "run.json"
     path.write_text(json.dumps(result))
     rows, events, target, _ = load_run_timeline(path)
-    assert len(rows) == len(result["timeline"]) and events == [(3.0, "fail 0")]
+    assert len(rows) == len(result["timeline"]) and events == [(3.0, "fail node 0")]
     assert target == 0.9
     check_written(plot_over_time(path, tmp_path / "a"), tmp_path / "a")
     out_csv = tmp_path / "t.csv"

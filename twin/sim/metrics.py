@@ -304,11 +304,13 @@ class Metrics(Observer):
         self.ttft.add(ttft)
         self.e2e.add(e2e)
         self.queue.add(queue)
+        transfer: float | None = None
         if moved:
             # What the hand-off adds after the prompt is done (a layer-wise
             # stream overlaps the prefill; only its residual shows).
             sent_from = max(s.t_transfer_start, s.t_prefill_done)
-            self.transfer.add(s.t_transfer_end - sent_from)
+            transfer = s.t_transfer_end - sent_from
+            self.transfer.add(transfer)
         ttft_ok = ttft <= self.slo.ttft_s
         tpot_ok = tpot is None or tpot <= self.slo.tpot_s
         self.completed += 1
@@ -326,7 +328,7 @@ class Metrics(Observer):
         if self.timeline is not None:
             self.timeline.completed(
                 req.arrival_s, s.t_finish, ttft, tpot, ttft_ok and tpot_ok, s.t_scheduled,
-                s.t_transfer_end, s.t_decode_start,
+                s.t_transfer_end, s.t_decode_start, transfer,
             )  # fmt: skip
         if self.on_row is not None:
             costs: Any = s.handoff_costs if moved else None

@@ -30,6 +30,9 @@ A row (:data:`TIMELINE_COLUMNS`, in this order in ``--timeline-csv``):
   up in each role, and ``gpus_up``: their GPUs, each averaged over the
   window's time (whole numbers while nothing changes; a change inside a
   window shows as a fraction).
+- ``transfer_p50_s``: the median KV hand-off time (the summary's
+  ``transfer_s``: from the prompt's end to the KV's landing) of the completed
+  requests that arrived in the window and moved; empty when none did.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ TIMELINE_COLUMNS = (
     "decode_queued",
     *(f"instances_{r}" for r in ROLES),
     "gpus_up",
+    "transfer_p50_s",
 )
 
 # Time integrals kept per window: the two queues, instances per role, GPUs.
@@ -80,19 +84,21 @@ _AREAS = _GPUS + 1
 
 
 class _Window:
-    __slots__ = ("counts", "ttft", "tpot", "area")
+    __slots__ = ("counts", "ttft", "tpot", "transfer", "area")
 
     def __init__(self) -> None:
         # arrived, completed, rejected, failed, slo_met, finished
         self.counts = [0, 0, 0, 0, 0, 0]
         self.ttft = Distribution(WINDOW_EXACT)
         self.tpot = Distribution(WINDOW_EXACT)
+        self.transfer = Distribution(WINDOW_EXACT)
         self.area = [0.0] * _AREAS
 
     def merge(self, other: _Window) -> None:
         self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
         self.ttft.merge(other.ttft)
         self.tpot.merge(other.tpot)
+        self.transfer.merge(other.transfer)
         self.area = [a + b for a, b in zip(self.area, other.area, strict=True)]
 
 
@@ -139,11 +145,12 @@ class Timeline:
     # -- requests --------------------------------------------------------------------
     def completed(
         self, arrival: float, finish: float, ttft: float, tpot: float | None, met: bool,
-        scheduled: float, landed: float, decode_start: float,
+        scheduled: float, landed: float, decode_start: float, transfer: float | None = None,
     ) -> None:  # fmt: skip
         """A request completed at ``finish``; ``scheduled`` its first prefill
         step's start; ``landed``/``decode_start`` its KV's landing on the decode
-        side and its joining that side's batch (-1 when it never moved)."""
+        side and its joining that side's batch (-1 when it never moved);
+        ``transfer`` its hand-off time (None when it never moved)."""
         win = self._window(arrival)
         c = win.counts
         c[0] += 1
@@ -152,6 +159,8 @@ class Timeline:
         win.ttft.add(ttft)
         if tpot is not None:
             win.tpot.add(tpot)
+        if transfer is not None:
+            win.transfer.add(transfer)
         self._window(finish).counts[5] += 1
         self._spread(arrival, scheduled, _QUEUED, 1.0)
         if landed >= 0.0:
@@ -251,6 +260,7 @@ class Timeline:
             for r in ROLES:
                 row[f"instances_{r}"] = area[_ROLE[r]] / dur if dur > 0 else levels[_ROLE[r]]
             row["gpus_up"] = area[_GPUS] / dur if dur > 0 else levels[_GPUS]
+            row["transfer_p50_s"] = _q(win.transfer, 0.50)
             out.append(row)
         return out
 
