@@ -404,3 +404,94 @@ def test_every_bundled_policy_keeps_the_contract_through_failures(name):
     from twin.testing import check_scheduler
 
     assert check_scheduler(name, seeds=(0,), faults=True) in ("colocated", "split", "both")
+
+
+def test_the_trace_shows_failures_repairs_and_instance_lifetimes():
+    # The scenario of the mid-decode failure above: instance 0 fails at 0.05
+    # (its iteration from 0.042 is cut there) and is back at 0.08; the retry
+    # ends on instance 1 at 0.1473, the last moment recorded.
+    from twin.sim.trace import TraceRecorder, chrome_trace
+
+    s = spec(events=[
+        {"at": 0.05, "action": "fail", "instance": 0},
+        {"at": 0.08, "action": "recover", "instance": 0},
+    ])  # fmt: skip
+    rec = TraceRecorder()
+    Simulation(s, requests=[Request(0, 0.0, 100, 11)], perf=Linear(), trace=rec).run()
+    events = chrome_trace(rec)["traceEvents"]
+    spans = [(e["tid"], e["ts"], e["dur"]) for e in events if e.get("cat") == "lifetime"]
+    assert spans == [(1, 0, 50000), (1, 80000, 67300), (2, 0, 147300)]
+    instants = [(e["tid"], e["ts"], e["cat"], e["name"]) for e in events if e["ph"] == "i"]
+    assert instants == [
+        (1, 50000, "event", "down"),
+        (1, 50000, "fault", "fail instance 0"),
+        (1, 80000, "event", "up"),
+        (1, 80000, "fault", "recover instance 0"),
+    ]
+    iters = [(e["ts"], e["dur"]) for e in events if e.get("cat") == "iteration" and e["tid"] == 1]
+    assert iters[-1] == (42000, 8000)  # cut short by the failure
+    # each thread's spans nest: every iteration lies within a lifetime
+    for e in events:
+        if e.get("cat") == "iteration":
+            assert any(
+                t == e["tid"] and a <= e["ts"] and e["ts"] + e["dur"] <= a + d for t, a, d in spans
+            )
+
+
+def test_the_result_logs_faults_as_they_took_effect_and_the_trace_marks_a_link():
+    from twin.sim.trace import TraceRecorder, chrome_trace
+
+    s = split(events=[
+        {"at": 0.1, "action": "degrade", "nic": "n0.nic0", "factor": 0.25},
+        {"at": 0.2, "action": "restore", "nic": "n0.nic0"},
+        {"at": 0.3, "action": "fail", "node": 1},
+    ])  # fmt: skip
+    rec = TraceRecorder()
+    result = Simulation(s, trace=rec).run()
+    log = result.to_dict()["fault_log"]
+    assert [(e["time_s"], e["action"], e["target"], e["name"]) for e in log] == [
+        (0.1, "degrade", "nic", "n0.nic0"),
+        (0.2, "restore", "nic", "n0.nic0"),
+        (0.3, "fail", "node", 1),
+    ]
+    assert log[0]["factor"] == 0.25 and "factor" not in log[1]
+    assert log[0]["instances"] == [] and log[2]["instances"] == [2, 3]  # node 1: D2, D3
+    faults = [(e["ts"], e["s"], e["tid"], e["name"]) for e in chrome_trace(rec)["traceEvents"]
+              if e.get("cat") == "fault"]  # fmt: skip
+    assert faults == [
+        (100000, "g", 0, "degrade nic n0.nic0 x0.25"),
+        (200000, "g", 0, "restore nic n0.nic0"),
+        (300000, "t", 3, "fail node 1"),
+        (300000, "t", 4, "fail node 1"),
+    ]
+    # without events or failures, no fault_log: such results keep their bytes
+    assert "fault_log" not in Simulation(split()).run().to_dict()
+
+
+def test_random_failures_reach_the_fault_log():
+    s = spec(failures={"seed": 3, "random": [{"component": "instance", "mtbf": 0.2, "repair": 0.05,
+                                               "repair_dist": "fixed"}]})  # fmt: skip
+    log = Simulation(s).run().to_dict()["fault_log"]
+    assert log and {e["action"] for e in log} <= {"fail", "recover"}
+    fails = [e for e in log if e["action"] == "fail"]
+    for f in fails:  # each repaired exactly 0.05 s later, unless the run ended first
+        back = [e for e in log if e["action"] == "recover" and e["name"] == f["name"]
+                and e["time_s"] > f["time_s"]]  # fmt: skip
+        assert not back or back[0]["time_s"] == pytest.approx(f["time_s"] + 0.05)
+
+
+def test_the_bundled_link_flap_slows_the_handoff_for_a_minute():
+    from twin.sim.simulation import run as run_spec
+
+    result = run_spec("link-flap", overrides=["workload.max_requests=1500"]).to_dict()
+    rows = result["timeline"]
+
+    def p50(lo, hi):
+        vals = [r["transfer_p50_s"] for r in rows if lo <= r["start_s"] < hi]
+        vals = [v for v in vals if v is not None]  # windows with no arrival have none
+        return max(vals), min(vals)
+
+    before, during, after = p50(0, 30), p50(30, 90), p50(90, 1e9)
+    assert during[1] > 1.5 * before[0]  # every window of the flap above every one before
+    assert after[0] < during[1] and result["summary"]["failed"] == 0
+    assert len(result["fault_log"]) == 64  # 32 NICs degraded, then restored

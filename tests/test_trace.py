@@ -44,17 +44,29 @@ def _ns(us: float) -> int:
 
 
 def check_trace(doc: dict) -> dict[tuple[int, int], list[dict]]:
-    """The format's promises; returns the X events per (pid, tid)."""
+    """The format's promises; returns the X events per (pid, tid) but the
+    instances' lifetimes, which hold them (spans of one thread nest)."""
     assert doc["displayTimeUnit"] == "ms"
     by_thread: dict[tuple[int, int], list[dict]] = {}
+    lifetimes: dict[tuple[int, int], list[dict]] = {}
     for e in doc["traceEvents"]:
         assert e["ph"] in {"X", "M", "i"}
         if e["ph"] == "X":
             assert e["ts"] >= 0 and e["dur"] >= 0
-            by_thread.setdefault((e["pid"], e["tid"]), []).append(e)
-    for events in by_thread.values():
+            into = lifetimes if e["cat"] == "lifetime" else by_thread
+            into.setdefault((e["pid"], e["tid"]), []).append(e)
+    for events in [*by_thread.values(), *lifetimes.values()]:
         for a, b in zip(events, events[1:], strict=False):
             assert _ns(a["ts"]) + _ns(a["dur"]) <= _ns(b["ts"]), (a, b)
+    for key, events in by_thread.items():
+        if key[0] != 1:
+            continue
+        for e in events:  # each iteration within one of its instance's lifetimes
+            assert any(
+                _ns(life["ts"]) <= _ns(e["ts"])
+                and _ns(e["ts"]) + _ns(e["dur"]) <= _ns(life["ts"]) + _ns(life["dur"])
+                for life in lifetimes[key]
+            ), e
     return by_thread
 
 
@@ -78,6 +90,8 @@ def test_a_colocated_run_gives_one_ordered_track_per_instance():
         (1, 2): "M1 mixed, node 0",
     }
     assert set(by_thread) == {(1, 1), (1, 2)}
+    lives = [(e["tid"], e["ts"]) for e in doc["traceEvents"] if e.get("cat") == "lifetime"]
+    assert lives == [(1, 0), (2, 0)]  # each up from the start to the run's end
     for inst in result.instances:
         spans = [s for s in rec.iterations if s.instance == inst["id"]]
         assert len(spans) == len(by_thread[(1, inst["id"] + 1)]) == inst["iterations"]

@@ -24,6 +24,7 @@ from twin.net.flows import Transfer
 from twin.net.topology import Topology
 from twin.perf.iteration import Batch
 from twin.request import Request
+from twin.scheduler import FaultEvent
 from twin.serving.sequence import Sequence as Seq
 
 __all__ = ["Broadcast", "InstanceInfo", "Observer", "Outcome", "broadcast"]
@@ -101,6 +102,12 @@ class Observer:
         """``instance`` stopped serving (failed, or released): it lost what it held
         and serves nothing until it is up again."""
 
+    # -- failures and degradation --------------------------------------------------------
+    def fault_event(self, now: float, event: FaultEvent) -> None:
+        """A failure, repair, degradation or restoration (an ``events:`` entry,
+        or a random failure or its repair) took effect; the instances it took
+        down or brought up were reported first."""
+
 
 class Broadcast(Observer):
     """Hands every report to each of ``observers``, in their order."""
@@ -164,6 +171,10 @@ class Broadcast(Observer):
     def instance_down(self, now: float, instance: int) -> None:
         for o in self.observers:
             o.instance_down(now, instance)
+
+    def fault_event(self, now: float, event: FaultEvent) -> None:
+        for o in self.observers:
+            o.fault_event(now, event)
 
 
 def broadcast(observers: Iterable[Observer]) -> Observer:

@@ -63,6 +63,12 @@ REPAIR_DISTS = ("exponential", "fixed")
 FAILURES_KEY = 0xFA11
 
 
+def label(action: str, target: str, name: int | str, factor: float | None = None) -> str:
+    """An event in words: ``fail node 0``, ``degrade link n0.nic0 -> switch x0.25``."""
+    x = f" x{factor:g}" if action == "degrade" and factor else ""
+    return f"{action} {target} {name}{x}"
+
+
 @dataclass(frozen=True)
 class EventKeys:
     """One entry of ``events:``: at a time, an action on one target (give
@@ -297,6 +303,20 @@ class Faults:
 
         at(self.sim.env, now + repair, repaired)
 
+    def log(self) -> list[dict[str, Any]]:
+        """The events as they took effect, for the result's ``fault_log``:
+        ``time_s``, ``action``, ``target``, ``name``, ``factor`` (degrade
+        only) and the ``instances`` it changed."""
+        out = []
+        for e in self.applied:
+            row: dict[str, Any] = {"time_s": e.time_s, "action": e.action, "target": e.target,
+                                   "name": e.name}  # fmt: skip
+            if e.action == "degrade":
+                row["factor"] = e.factor
+            row["instances"] = list(e.instances)
+            out.append(row)
+        return out
+
     def _applier(self, e: Event) -> Callable[[object], None]:
         return lambda _ev: self.apply(e)
 
@@ -335,6 +355,7 @@ class Faults:
             self._set_speed(e)
         event = FaultEvent(sim.env.now, e.action, e.target, e.name, e.factor, ids)
         self.applied.append(event)
+        sim.observer.fault_event(event.time_s, event)
         hook = event_hook(sim.scheduler)
         if hook is not None:
             hook.on_event(event, sim.view)

@@ -59,15 +59,21 @@ class Result:
     instances: list[dict[str, Any]]
     links: list[dict[str, Any]] = field(default_factory=list)
     timeline: list[dict[str, Any]] = field(default_factory=list)  # twin.sim.timeline rows
+    # The failures, repairs and degradations as they took effect (the spec's
+    # events and random failures); None, and not in to_dict, without either.
+    fault_log: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "header": self.header,
             "summary": self.summary,
             "instances": self.instances,
             "links": self.links,
             "timeline": self.timeline,
         }
+        if self.fault_log is not None:
+            out["fault_log"] = self.fault_log
+        return out
 
 
 class Simulation:
@@ -526,7 +532,8 @@ class Simulation:
         summary["kv_bytes_fetched"] = self.kv_bytes_fetched
         links = self.network.link_stats() if self.network is not None else []
         timeline = self.metrics.timeline_rows()
-        return Result(self._header(), summary, self._instance_stats(), links, timeline)
+        fault_log = self.faults.log() if self.spec.events or self.spec.failures else None
+        return Result(self._header(), summary, self._instance_stats(), links, timeline, fault_log)
 
     def _check_conservation(self) -> None:
         if self.metrics.ended != self._arrived:

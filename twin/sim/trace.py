@@ -17,7 +17,15 @@ Recorded:
   fetches ``fetch <id>``): start, end, bytes, label, and the instances (or,
   for a pool fetch, the node) at its two ends;
 - preemptions, role changes and instances going down or coming up
-  (``down``, ``up``) as instants.
+  (``down``, ``up``) as instants;
+- failures, repairs, degradations and restorations (the spec's ``events:``
+  and random failures) as instants named as the event (``fail node 0``,
+  ``degrade gpu 3 x0.5``) on the track of each instance they changed; one
+  that changes no instance (a link or a NIC) is a global instant;
+- each instance's lifetime, from the run's start (or its coming up) to its
+  going down (or the run's end, its last recorded moment), as a ``lifetime``
+  span on its track (category ``lifetime``) under its iterations; an
+  iteration cut short by a failure ends at the failure.
 
 The recorder is an :class:`~twin.serving.observer.Observer` that wants every
 iteration: it turns the engines' fast-forward off (as the :class:`EventLog` of
@@ -51,8 +59,10 @@ from twin.net.flows import Transfer
 from twin.net.topology import Topology
 from twin.perf.iteration import Batch
 from twin.request import Request
+from twin.scheduler import FaultEvent
 from twin.serving.observer import InstanceInfo, Observer, Outcome
 from twin.serving.sequence import Sequence
+from twin.sim.faults import label as event_label
 
 PID_INSTANCES = 1
 PID_LINKS = 2
@@ -144,6 +154,12 @@ class TraceRecorder(Observer):
         self._role_changes: list[tuple[float, int, str, str]] = []
         self._gpu_owner: dict[str, str] = {}  # GPU name -> instance name
         self._gpu_node: dict[str, int] = {}
+        # (time s, label, instances changed) per failure, repair, degradation
+        self.faults: list[tuple[float, str, tuple[int, ...]]] = []
+        self.lifetimes: list[tuple[int, float, float]] = []  # (instance, up s, down s)
+        self._up_since: dict[int, float] = {}
+        self._downs: dict[int, list[float]] = {}
+        self.end_s = 0.0  # the last moment recorded
 
     # -- what the run reports ------------------------------------------------------------
     def run_started(
@@ -154,18 +170,33 @@ class TraceRecorder(Observer):
         if self.instances:
             raise TwinError("a TraceRecorder records one simulation; make a new one per run")
         self.name = name
+        self._topology = topology
         for inst in instances:
-            label = f"{ROLE_LETTER[inst.role]}{inst.id}"
-            self.instances.append(
-                {"id": inst.id, "name": label, "role": inst.role, "node": inst.node,
-                 "gpus": inst.gpus}
-            )  # fmt: skip
-            if topology is not None:
-                for g in inst.gpus:
-                    self._gpu_owner[topology.gpus[g]] = label
+            self._describe(inst)
+            self._up_since[inst.id] = 0.0
         if topology is not None:
             for g, gname in enumerate(topology.gpus):
                 self._gpu_node[gname] = topology.node_of(g)
+
+    def _describe(self, inst: InstanceInfo) -> None:
+        label = f"{ROLE_LETTER[inst.role]}{inst.id}"
+        self.instances.append(
+            {"id": inst.id, "name": label, "role": inst.role, "node": inst.node,
+             "gpus": inst.gpus}
+        )  # fmt: skip
+        if self._topology is not None:
+            for g in inst.gpus:
+                self._gpu_owner[self._topology.gpus[g]] = label
+
+    def _saw(self, t_s: float) -> None:
+        if t_s > self.end_s:
+            self.end_s = t_s
+
+    def request_ended(
+        self, now: float, instance: int, req: Request, seq: Sequence | None, outcome: Outcome,
+        reason: str,
+    ) -> None:  # fmt: skip
+        self._saw(now)
 
     def iteration_started(
         self, now: float, instance: int, dt: float, prefill_ids: tuple[int, ...], batch: Batch
@@ -173,6 +204,7 @@ class TraceRecorder(Observer):
         self.iterations.append(
             IterationSpan(instance, now, dt, prefill_ids, batch.prefill_tokens, batch.decode_count)
         )
+        self._saw(now + dt)
 
     def preempted(self, now: float, instance: int, req: Request) -> None:
         self.instants.append((now, instance, f"preempt {req.id}"))
@@ -181,10 +213,24 @@ class TraceRecorder(Observer):
         self._role_changes.append((now, instance, old, new))
 
     def instance_up(self, now: float, instance: int, info: InstanceInfo | None = None) -> None:
+        if info is not None and all(i["id"] != instance for i in self.instances):
+            self._describe(info)  # an instance started during the run
         self.instants.append((now, instance, "up"))
+        self._up_since.setdefault(instance, now)
+        self._saw(now)
 
     def instance_down(self, now: float, instance: int) -> None:
         self.instants.append((now, instance, "down"))
+        start = self._up_since.pop(instance, None)
+        if start is not None:
+            self.lifetimes.append((instance, start, now))
+        self._downs.setdefault(instance, []).append(now)
+        self._saw(now)
+
+    def fault_event(self, now: float, event: FaultEvent) -> None:
+        what = event_label(event.action, event.target, event.name, event.factor)
+        self.faults.append((now, what, event.instances))
+        self._saw(now)
 
     def transfer_ended(self, now: float, transfer: Transfer) -> None:
         t = transfer
@@ -199,6 +245,13 @@ class TraceRecorder(Observer):
         self.transfers.append(
             TransferSpan(t.label, src, dst, t.start_s, t.end_s, t.size_bytes, len(ends))
         )
+        self._saw(now)
+
+    def lifetime_spans(self) -> list[tuple[int, float, float]]:
+        """(instance, up s, down s) per stretch each instance served, in the
+        order they ended; one still up ends at :attr:`end_s`."""
+        still = [(i, t, max(t, self.end_s)) for i, t in sorted(self._up_since.items())]
+        return self.lifetimes + still
 
     @property
     def role_changes(self) -> list[tuple[float, int, str, str]]:
@@ -249,9 +302,20 @@ def chrome_trace(rec: TraceRecorder) -> dict[str, Any]:
         label = f"{inst['name']} {inst['role']}, node {inst['node']}"
         meta(PID_INSTANCES, inst["id"] + 1, "thread_name", label, inst["id"])
     body: list[dict[str, Any]] = []
+    names = {inst["id"]: inst["name"] for inst in rec.instances}
+    for i, up_s, down_s in rec.lifetime_spans():
+        a, b = _ns(up_s), _ns(down_s)
+        body.append(
+            {"ph": "X", "cat": "lifetime", "name": "lifetime", "pid": PID_INSTANCES,
+             "tid": i + 1, "ts": _us(a), "dur": _us(b - a),
+             "args": {"instance": names.get(i, str(i))}}
+        )  # fmt: skip
+    downs = {i: sorted(ts) for i, ts in rec._downs.items()}
     for it in rec.iterations:
         a = _ns(it.start_s)
-        b = _ns(it.start_s + it.dt_s)
+        end_s = it.start_s + it.dt_s
+        cut = next((d for d in downs.get(it.instance, ()) if it.start_s <= d < end_s), None)
+        b = _ns(end_s if cut is None else cut)  # cut short by a failure
         body.append(
             {
                 "ph": "X",
@@ -272,6 +336,11 @@ def chrome_trace(rec: TraceRecorder) -> dict[str, Any]:
         body.append(_instant(t_s, i, what))
     for t_s, i, old, new in rec.role_changes:
         body.append(_instant(t_s, i, f"role {old} -> {new}"))
+    for t_s, what, ids in rec.faults:
+        if ids:
+            body.extend(_instant(t_s, i, what, "fault") for i in ids)
+        else:  # a link or a NIC: no instance's track
+            body.append(_instant(t_s, -1, what, "fault") | {"s": "g"})
     lanes = _lanes(rec.transfers)
     if lanes:
         meta(PID_LINKS, 0, "process_name", "links", PID_LINKS)
@@ -302,11 +371,11 @@ def chrome_trace(rec: TraceRecorder) -> dict[str, Any]:
     }
 
 
-def _instant(t_s: float, instance: int, name: str) -> dict[str, Any]:
+def _instant(t_s: float, instance: int, name: str, cat: str = "event") -> dict[str, Any]:
     return {
         "ph": "i",
         "s": "t",
-        "cat": "event",
+        "cat": cat,
         "name": name,
         "pid": PID_INSTANCES,
         "tid": instance + 1,
