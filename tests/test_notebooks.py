@@ -50,4 +50,5 @@ def test_there_are_notebooks():
         "02-pool-ratio",
         "03-topology-whatif",
         "04-your-own-scheduler",
+        "05-failures-and-autoscaling",
     }
