@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import schedulers.sla_planner  # noqa: F401 - registers sla-planner
 from schedulers.sla_planner import SlaPlanner
@@ -217,3 +219,56 @@ def test_planner_is_deterministic() -> None:
     a, b = run(d).to_dict(), run(d).to_dict()
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
     assert a["summary"]["gpu_seconds"] > 0
+
+
+def test_compare_table_has_gpu_seconds_when_a_run_scales() -> None:
+    from pathlib import Path
+
+    from twin.studies.compare import run_compare
+
+    data = {
+        **json.loads(json.dumps(BASE)),
+        "cluster": {"topology": "dgx-h100-ib400", "nodes": 1, "tp": 1,
+                    "prefill": {"instances": 1}, "decode": {"instances": 1}},
+        "workload": {"lengths": {"prompt": FIXED(512), "output": FIXED(32)},
+                     "arrival": {"process": "poisson", "rate": 60.0}, "duration": "20 s"},
+        "compare": {
+            "static": {"scheduler": "distserve"},
+            "planner": {"scheduler.name": "sla-planner", "scheduler.adjustment_interval": "2 s",
+                        "scheduler.max_gpus": 4},
+        },
+    }  # fmt: skip
+    result = run_compare(data, "<test>", Path.cwd())
+    static, planner = result.runs["static"].summary, result.runs["planner"].summary
+    # both give scaling: (from BASE); the static one holds its 2 GPUs throughout
+    assert static["gpu_seconds"] == pytest.approx(2 * static["simulated_s"])
+    assert planner["gpu_seconds"] > 2 * planner["simulated_s"]  # it added capacity
+    head = result.format_table().splitlines()[2]
+    assert head.split()[-1] == "GPU-s"
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    low=st.floats(0.5, 20.0),
+    high=st.floats(20.0, 150.0),
+    t_step=st.floats(2.0, 15.0),
+    budget=st.integers(2, 5),
+    down=st.booleans(),
+)
+def test_planner_keeps_its_budget_over_random_steps(
+    low: float, high: float, t_step: float, budget: int, down: bool
+) -> None:
+    s = spec(
+        cluster={"topology": "dgx-h100-ib400", "nodes": 1, "tp": 1,
+                 "prefill": {"instances": 1}, "decode": {"instances": 1}},
+        scheduler={"name": "sla-planner", "adjustment_interval": "2 s", "max_gpus": budget},
+        scaling={"storage_bandwidth": "16 GB/s", "warmup": "1 s"},
+    )  # fmt: skip
+    a, b = (high, low) if down else (low, high)
+    sim = Simulation(s, requests=_step_requests(a, b, t_step, 25.0))
+    sim.run()  # checks conservation: every request ended once, no block held
+    alloc = sim.scaler.alloc.values()
+    for t in sorted({start for start, _, _ in alloc}):
+        assert sum(g for a0, r, g in alloc if a0 <= t and (r is None or r > t)) <= budget
+    ids = [e.id for e in sim.engines]
+    assert ids == list(range(len(ids)))  # never reused
