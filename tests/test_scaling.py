@@ -272,3 +272,23 @@ def test_planner_keeps_its_budget_over_random_steps(
         assert sum(g for a0, r, g in alloc if a0 <= t and (r is None or r > t)) <= budget
     ids = [e.id for e in sim.engines]
     assert ids == list(range(len(ids)))  # never reused
+
+
+def test_an_instance_whose_node_fails_while_it_starts_comes_up_down() -> None:
+    # instance 0 on node 0 (GPU 0), instance 1 on node 0 (GPU 1) added at 1 s;
+    # node 0 fails at 2 s (instance 1 still starting) and recovers at 60 s
+    s = spec(
+        cluster={"instances": 2, "tp": 1, "gpus_per_node": 3},
+        events=[{"at": "2 s", "action": "fail", "node": 0},
+                {"at": "60 s", "action": "recover", "node": 0}],
+    )  # fmt: skip
+    reqs = [Request(0, 0.0, 256, 8), Request(1, 70.0, 256, 8)]
+    sim = Simulation(s, requests=reqs, scheduler=Scripted({1: [AddInstance("mixed")]}))
+    result = sim.run()
+    ((_, ready, inst),) = sim.scaler.started
+    assert inst == 2 and sim.placements[2].node == 0
+    assert ready < 60.0 and sim.engines[2].state == "serving"
+    # down from its start (a failed node) until the repair, then it serves request 1
+    assert result.summary["completed"] == 2
+    assert sim.engines[2].iterations > 0
+    assert sim.engines[2].life == 1  # it failed once: as it came up on the failed node

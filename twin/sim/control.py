@@ -145,6 +145,10 @@ class ControlLoop:
         if not is_int(i) or not 0 <= i < n:
             raise SpecError(f"scheduler {name!r}: {action} names instance {i!r}; instances are "
                             f"0..{n - 1}")  # fmt: skip
+        if getattr(self.engines[i], "state", "serving") != "serving":
+            raise SpecError(
+                f"scheduler {name!r}: {action}: instance {i} is {self.engines[i].state}"
+            )
         if role not in ROLES:
             raise SpecError(
                 f"scheduler {name!r}: {action} gives role {role!r}; expected one of "

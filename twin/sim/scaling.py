@@ -86,6 +86,7 @@ class Scaler:
         self.started: list[tuple[float, float, int]] = []  # (asked, serving, instance)
         self.released: list[tuple[float, float, int]] = []  # (asked, released, instance)
         self._drain_asked: dict[int, float] = {}
+        self.failed_starting: set[int] = set()  # failed (their node, say) while starting
 
     # -- GPU-seconds -------------------------------------------------------------------
     def gpu_seconds(self, end_s: float) -> float:
@@ -183,6 +184,9 @@ class Scaler:
         self.started.append((asked, now, eng.id))
         sim.on_capacity()
         sim.observer.instance_up(now, eng.id, InstanceInfo(eng.id, eng.role, p.node, p.gpus))
+        if eng.id in self.failed_starting:  # it failed while starting: down until repaired
+            self.failed_starting.discard(eng.id)
+            sim.fail_instance(eng.id)
 
     # -- removing ----------------------------------------------------------------------
     def remove(self, a: RemoveInstance) -> None:

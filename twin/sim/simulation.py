@@ -428,8 +428,11 @@ class Simulation:
         request bound to it elsewhere (KV on its way to it, or a prefill whose
         KV was to move there); each is retried or ends failed."""
         eng = self.engines[i]
-        if not eng.up or eng.state in ("starting", "stopped"):
-            return  # NOTE: an instance still starting keeps starting
+        if eng.state == "starting":
+            self.scaler.failed_starting.add(i)  # it comes up failed, unless repaired first
+            return
+        if not eng.up or eng.state == "stopped":
+            return
         now = self.env.now
         lost = [(s, self._kv_tokens(s)) for s in eng.fail()]
         for e in self.engines:
@@ -456,6 +459,7 @@ class Simulation:
         """Instance ``i`` serves again, empty; the requests waiting for an
         instance are routed again."""
         eng = self.engines[i]
+        self.scaler.failed_starting.discard(i)
         if eng.up or eng.state != "serving":
             return  # up, still starting, or released
         eng.recover()
