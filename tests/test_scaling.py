@@ -69,12 +69,28 @@ class Scripted:
         return self.script.get(self._n, [])
 
 
+@dataclass
+class Watching(Scripted):
+    """Scripted, keeping what each tick's view showed of the instances."""
+
+    seen: list[list[tuple[int, str, bool]]] = field(default_factory=list)
+
+    def tick(self, view: ClusterView) -> list[object]:
+        self.seen.append([(i.id, i.state, i.accepting) for i in view.instances])
+        return super().tick(view)
+
+
 def test_add_instance_starts_after_weights_and_warmup() -> None:
     s = spec()
     reqs = [Request(0, 0.0, 256, 8), Request(1, 10.0, 256, 8)]
     log: list[tuple] = []
-    sim = Simulation(s, requests=reqs, scheduler=Scripted({1: [AddInstance("mixed")]}), log=log)
+    sched = Watching({1: [AddInstance("mixed")]})
+    sim = Simulation(s, requests=reqs, scheduler=sched, log=log)
     result = sim.run()
+    # ready at 1 + 16.06 GB / 4 GB/s + 2 s = 7.015 s: starting at ticks 2..7, then serving
+    assert sched.seen[0] == [(0, "serving", True)]
+    assert sched.seen[1] == [(0, "serving", True), (1, "starting", False)]
+    assert sched.seen[7] == [(0, "serving", True), (1, "serving", True)]
     startup = s.model.weight_bytes / 4e9 + 2.0
     ((asked, ready, inst),) = sim.scaler.started
     assert (asked, inst) == (1.0, 1) and ready == pytest.approx(1.0 + startup)
