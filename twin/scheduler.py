@@ -106,6 +106,49 @@ class SetRole:
     cost_s: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class AddInstance:
+    """A ``tick`` action: start a new instance of ``role`` with ``tp`` x ``pp``
+    GPUs, on free GPUs of one node (``node`` when given, else of ``template``
+    when given, else the first node with room).
+
+    It pays a start-up cost before it serves (the spec's ``scaling:`` keys:
+    the weights loaded from storage or from a peer over the network, plus the
+    engine's warm-up); meanwhile its view's ``state`` is ``"starting"`` and it
+    takes no work. Its id is the next one (``len(view.instances)``); ids are
+    never reused. With no free GPUs for it, the action is an error.
+    """
+
+    role: Role
+    tp: int = 1
+    pp: int = 1
+    node: int | None = None
+    template: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RemoveInstance:
+    """A ``tick`` action: drain instance ``instance``, then release its GPUs.
+
+    From now on it takes no new work (its view's ``accepting`` is False and
+    ``state`` is ``"draining"``; routing to it is an error); what it holds
+    (queued, running, KV waiting to move or on its way to it) it finishes,
+    then its GPUs are released (``state`` ``"stopped"``). Removing an
+    instance already draining or stopped is ignored.
+    """
+
+    instance: int
+
+
+Action = SetRole | AddInstance | RemoveInstance
+"""What ``tick`` may return."""
+
+INSTANCE_STATES = ("starting", "serving", "draining", "stopped")
+"""An instance's life under scaling: ``starting`` (paying its start-up cost),
+``serving``, ``draining`` (finishing what it holds, taking nothing new) and
+``stopped`` (its GPUs released). A failed instance is ``serving`` but not up."""
+
+
 # -- views ---------------------------------------------------------------------------
 @runtime_checkable
 class InstanceView(Protocol):
@@ -139,6 +182,17 @@ class InstanceView(Protocol):
     def up(self) -> bool:
         """Whether the instance serves (False from its failure to its recovery:
         routing to it then is an error)."""
+        ...
+
+    @property
+    def accepting(self) -> bool:
+        """Whether new work may be routed here: up, and neither starting nor
+        draining nor stopped."""
+        ...
+
+    @property
+    def state(self) -> str:
+        """One of :data:`INSTANCE_STATES`."""
         ...
 
     def estimate_prefill_s(self, tokens: int, cached: int = 0) -> float:
@@ -197,6 +251,11 @@ class InstanceSnapshot:
     fetch_s_per_token: float = 1e-6
     queue_s: float | None = None
     up: bool = True
+    state: str = "serving"
+
+    @property
+    def accepting(self) -> bool:
+        return self.up and self.state == "serving"
 
     def estimate_prefill_s(self, tokens: int, cached: int = 0) -> float:
         return tokens * self.prefill_s_per_token
@@ -264,18 +323,34 @@ class ClusterView:
         return self._now() if callable(self._now) else self._now
 
     def of_role(self, *roles: Role) -> tuple[InstanceView, ...]:
-        """The instances of ``roles`` that are up (a view without ``up`` is up)."""
-        return tuple(i for i in self.instances if i.role in roles and getattr(i, "up", True))
+        """The instances of ``roles`` that take new work: up, and not starting,
+        draining or stopped (a view without ``accepting`` takes it when up)."""
+        return tuple(i for i in self.instances if i.role in roles and _accepting(i))
 
     def up(self) -> tuple[InstanceView, ...]:
-        """The instances that are up."""
-        return tuple(i for i in self.instances if getattr(i, "up", True))
+        """The instances that take new work (see :meth:`of_role`)."""
+        return tuple(i for i in self.instances if _accepting(i))
+
+    def in_state(self, *states: str) -> tuple[InstanceView, ...]:
+        """The instances in ``states`` (:data:`INSTANCE_STATES`; a view
+        without ``state`` is ``serving``)."""
+        return tuple(i for i in self.instances if getattr(i, "state", "serving") in states)
+
+    def _add(self, instance: InstanceView) -> None:
+        """A new instance (scaling): the list grows, ids stay in order."""
+        assert instance.id == len(self.instances)
+        self.instances = (*self.instances, instance)
 
     def __getitem__(self, instance_id: int) -> InstanceView:
         return self.instances[instance_id]
 
     def __len__(self) -> int:
         return len(self.instances)
+
+
+def _accepting(i: InstanceView) -> bool:
+    accepting = getattr(i, "accepting", None)
+    return bool(getattr(i, "up", True) if accepting is None else accepting)
 
 
 # -- the protocols -------------------------------------------------------------------
@@ -300,13 +375,13 @@ class PicksDecode(Protocol):
 
 @runtime_checkable
 class Ticks(Protocol):
-    """Optional hook: periodic actions (:class:`SetRole`), asked every
-    ``tick_s`` seconds (> 0) from the start of the run while requests remain
-    to arrive or to finish."""
+    """Optional hook: periodic actions (:class:`SetRole`, :class:`AddInstance`,
+    :class:`RemoveInstance`), asked every ``tick_s`` seconds (> 0) from the
+    start of the run while requests remain to arrive or to finish."""
 
     tick_s: float
 
-    def tick(self, view: ClusterView) -> Sequence[SetRole]: ...
+    def tick(self, view: ClusterView) -> Sequence[Action]: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -232,6 +232,14 @@ class EngineView:
     def up(self) -> bool:
         return self._engine.up
 
+    @property
+    def state(self) -> str:
+        return self._engine.state
+
+    @property
+    def accepting(self) -> bool:
+        return self._engine.up and self._engine.state == "serving"
+
     def estimate_prefill_s(self, tokens: int, cached: int = 0) -> float:
         return self._engine.perf.iteration_time(Batch(((max(tokens, 1), cached),)))
 

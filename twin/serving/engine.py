@@ -233,6 +233,10 @@ class Engine:
         self.life = 0
         self.speed = 1.0
         self.on_lost: Callable[[Sequence], None] | None = None
+        # Scaling: starting | serving | draining | stopped (twin.scheduler.
+        # INSTANCE_STATES), and who is told when a draining instance may be empty.
+        self.state = "serving"
+        self.on_idle: Callable[[Engine], None] | None = None
         self._start_loops()
 
     def _start_loops(self) -> None:
@@ -471,6 +475,12 @@ class Engine:
             self._poke()
         if self.hooks is not None:
             self.hooks.on_blocks_freed(self)
+        if self.on_idle is not None:
+            self.on_idle(self)
+
+    def holds_work(self) -> bool:
+        """Whether anything is queued, admitted, waiting to move or reserved here."""
+        return bool(self.waiting or self.running or self.handoff or self._landed or self.reserved)
 
     def sync(self) -> None:
         """Bring the state up to now inside a fast-forwarded stretch, so that a
@@ -880,6 +890,8 @@ class Engine:
         self.observer.request_ended(now, self.id, s.req, s, "completed", "")
         if self.hooks is not None:
             self.hooks.on_blocks_freed(self)
+        if self.on_idle is not None:
+            self.on_idle(self)
 
     # -- inter-token gaps ------------------------------------------------------------
     def _push_gap(self, step: int, gap: float) -> None:

@@ -296,7 +296,7 @@ class KVHandoff:
     ) -> None:
         self.env = env
         self.engines = engines
-        self.gpus = gpus
+        self.gpus = list(gpus)  # grows as instances are added
         self.topology = topology
         self.network = network
         self.kv_bytes_per_token = kv_bytes_per_token
@@ -538,6 +538,11 @@ def pick_decode_with(scheduler: object, view: ClusterView) -> Callable[[Sequence
             raise SpecError(
                 f"scheduler {type(scheduler).__name__}: pick_decode() gave instance {d} for "
                 f"request {seq.req.id}, which is down (InstanceView.up is False)"
+            )
+        if not getattr(view[d], "accepting", True):
+            raise SpecError(
+                f"scheduler {type(scheduler).__name__}: pick_decode() gave instance {d} for "
+                f"request {seq.req.id}, which is {view[d].state} (InstanceView.accepting is False)"
             )
         return d
 

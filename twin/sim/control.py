@@ -20,7 +20,7 @@ import simpy
 
 from twin._check import is_int, is_number
 from twin.errors import SpecError
-from twin.scheduler import ClusterView, Plan, SetRole, tick_hook
+from twin.scheduler import AddInstance, ClusterView, Plan, RemoveInstance, SetRole, tick_hook
 from twin.serving.engine import ROLES, Engine
 from twin.serving.observer import Observer
 
@@ -103,6 +103,7 @@ class ControlLoop:
         self.moving: dict[int, tuple[str, int]] = {}
         self._moves = 0
         self.role_changes: list[tuple[float, int, str, str]] = []
+        self.scaler: Any = None  # twin.sim.scaling.Scaler: AddInstance, RemoveInstance
 
     def start(self) -> None:
         if self.tick_s is not None:
@@ -121,18 +122,33 @@ class ControlLoop:
                 arrived and env.peek() == math.inf and not self.moving
             ):
                 return
+            if self.scaler is not None:
+                self.scaler.recheck()
             actions = self.ticks.tick(self.view)
             for action in actions or ():
                 self.act(action)
 
     def act(self, action: object) -> None:
         name, n = self.name, len(self.engines)
+        if isinstance(action, AddInstance) and self.scaler is not None:
+            self.scaler.add(action)
+            return
+        if isinstance(action, RemoveInstance) and self.scaler is not None:
+            self.scaler.remove(action)
+            return
         if not isinstance(action, SetRole):
-            raise SpecError(f"scheduler {name!r}: tick() returned {action!r}; expected SetRole")
+            raise SpecError(
+                f"scheduler {name!r}: tick() returned {action!r}; expected SetRole, "
+                "AddInstance or RemoveInstance"
+            )
         i, role, cost = action.instance, action.role, action.cost_s
         if not is_int(i) or not 0 <= i < n:
             raise SpecError(f"scheduler {name!r}: {action} names instance {i!r}; instances are "
                             f"0..{n - 1}")  # fmt: skip
+        if getattr(self.engines[i], "state", "serving") != "serving":
+            raise SpecError(
+                f"scheduler {name!r}: {action}: instance {i} is {self.engines[i].state}"
+            )
         if role not in ROLES:
             raise SpecError(
                 f"scheduler {name!r}: {action} gives role {role!r}; expected one of "

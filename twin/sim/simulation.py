@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,13 @@ from twin.scheduler import (
     Route,
     build_scheduler,
 )
-from twin.serving.cluster import EngineView, place_instances, place_on_topology, placement_order
+from twin.serving.cluster import (
+    EngineView,
+    Placement,
+    place_instances,
+    place_on_topology,
+    placement_order,
+)
 from twin.serving.engine import Engine
 from twin.serving.handoff import KVHandoff, pick_decode_with, rerouter
 from twin.serving.kvcache import BlockManager, blocks_for, kv_capacity_blocks
@@ -43,6 +50,7 @@ from twin.serving.sequence import DECODE, HANDOFF, INCOMING, LOST, PREFILL, Sequ
 from twin.sim.control import ControlLoop, apply_plan
 from twin.sim.faults import Faults
 from twin.sim.metrics import Metrics
+from twin.sim.scaling import Scaler, ScalingKeys
 from twin.sim.spec import ExperimentSpec, apply_overrides, load_spec, resolve_spec
 from twin.sim.timeline import Timeline
 from twin.sim.trace import EventLog, TraceRecorder
@@ -144,6 +152,8 @@ class Simulation:
         if self.handoff is not None:
             self.handoff.on_stranded = self._stranded
         self.faults = Faults(self, spec.events)
+        self.scaler = Scaler(self, spec.scaling or ScalingKeys(), self._name)
+        self.control.scaler = self.scaler
         self.observer.run_started(
             spec.name,
             [InstanceInfo(e.id, e.role, p.node, p.gpus)
@@ -196,40 +206,64 @@ class Simulation:
                 layers=spec.model.layers,
             )
         self.capacity: list[int] = []
-        perfs: dict[tuple[str, int, int], PerfModel] = {}
-        fetch_s = self.pools.estimate_s if self.pools else None
-        on_prompt = self.pools.keep_prompt if self.pools else None
+        self.perfs: dict[tuple[str, int, int], PerfModel] = {}
+        self._perf_override = perf
+        self._views: list[EngineView] = views
         for p, role, gpu, (tp, pp) in zip(placements, roles, gpus, shapes, strict=True):
-            key = (gpu.name, tp, pp)
-            if key not in perfs:
-                perfs[key] = perf or build_perf_model(
-                    spec.perf, spec.model, gpu, tp, pp,
-                    where=f"{spec.source}: perf", base_dir=spec.base_dir,
-                )  # fmt: skip
-            blocks = kv_capacity_blocks(
-                gpu_memory_bytes=gpu.memory_bytes,
-                memory_utilization=spec.memory_utilization,
-                weight_bytes=spec.model.weight_bytes,
-                activation_reserve_bytes=spec.activation_reserve_bytes,
-                kv_bytes_per_token=spec.model.kv_bytes_per_token_tp(tp),  # KV heads replicated
-                tp=tp,
-                pp=pp,
-                block_size=spec.engine.block_size,
-            )
-            watermark = int(spec.engine.watermark * blocks)
-            kv = BlockManager(blocks, spec.engine.block_size, watermark)
-            eng = Engine(
-                self.env, p.instance, perfs[key], kv, spec.engine, self.observer, role=role,
-                hooks=self.handoff, on_prompt=on_prompt,
-            )  # fmt: skip
-            self.engines.append(eng)
-            self.capacity.append(blocks - watermark)
-            views.append(EngineView(eng, p, fetch_s))
-        self.perfs = perfs
+            self._make_engine(p, role, gpu, tp, pp)
         slo = Objectives(spec.slo.ttft_s, spec.slo.tpot_s)
         pools = self.pools.prefix if self.pools else None
         self.view = ClusterView(views, lambda: self.env.now, slo, pools, rng=self.rng_scheduler)
         pick = pick_decode_with(self.scheduler, self.view)
+
+    def _make_engine(self, p: Placement, role: str, gpu: Any, tp: int, pp: int) -> Engine:
+        """Build instance ``p.instance``'s engine (its perf model shared by
+        instances of the same GPU and shape) and its view."""
+        spec = self.spec
+        key = (gpu.name, tp, pp)
+        if key not in self.perfs:
+            self.perfs[key] = self._perf_override or build_perf_model(
+                spec.perf, spec.model, gpu, tp, pp,
+                where=f"{spec.source}: perf", base_dir=spec.base_dir,
+            )  # fmt: skip
+        blocks = kv_capacity_blocks(
+            gpu_memory_bytes=gpu.memory_bytes,
+            memory_utilization=spec.memory_utilization,
+            weight_bytes=spec.model.weight_bytes,
+            activation_reserve_bytes=spec.activation_reserve_bytes,
+            kv_bytes_per_token=spec.model.kv_bytes_per_token_tp(tp),  # KV heads replicated
+            tp=tp,
+            pp=pp,
+            block_size=spec.engine.block_size,
+        )
+        watermark = int(spec.engine.watermark * blocks)
+        kv = BlockManager(blocks, spec.engine.block_size, watermark)
+        eng = Engine(
+            self.env, p.instance, self.perfs[key], kv, spec.engine, self.observer, role=role,
+            hooks=self.handoff, on_prompt=self.pools.keep_prompt if self.pools else None,
+        )  # fmt: skip
+        self.engines.append(eng)
+        self.capacity.append(blocks - watermark)
+        fetch_s = self.pools.estimate_s if self.pools else None
+        self._views.append(EngineView(eng, p, fetch_s))
+        return eng
+
+    def add_engine(self, p: Placement, role: str, tp: int, pp: int) -> Engine:
+        """A new instance during the run (scaling): engine, view, hand-off queue."""
+        topo = self.spec.topology
+        gpu = get_gpu(topo.gpu_type(p.gpus[0])) if topo is not None else self.spec.gpu
+        self.placements.append(p)
+        if self.handoff is not None:
+            self.handoff.gpus.append(p.gpus)
+            self.handoff.pending.append(deque())
+        eng = self._make_engine(p, role, gpu, tp, pp)
+        eng.on_lost = lambda seq, i=eng.id: self._lose(seq, i)
+        self.view._add(self._views[-1])
+        return eng
+
+    def on_capacity(self) -> None:
+        """Instances started or began draining: admission limits follow."""
+        self._update_limits()
 
     @property
     def role_changes(self) -> list[tuple[float, int, str, str]]:
@@ -243,12 +277,12 @@ class Simulation:
     def _update_limits(self) -> None:
         """Longest sequences that can always finish, even alone on an instance
         (of the roles instances have now)."""
-        self._max_prompt_blocks = min(
-            c for c, e in zip(self.capacity, self.engines, strict=True) if e.role != "decode"
-        )
-        self._max_blocks = min(
-            c for c, e in zip(self.capacity, self.engines, strict=True) if e.role != "prefill"
-        )
+        live = [
+            (c, e) for c, e in zip(self.capacity, self.engines, strict=True)
+            if e.state in ("serving", "starting")
+        ]  # fmt: skip
+        self._max_prompt_blocks = min(c for c, e in live if e.role != "decode")
+        self._max_blocks = min(c for c, e in live if e.role != "prefill")
 
     # -- processes -------------------------------------------------------------------
     def _request_stream(self) -> Iterator[Request]:
@@ -301,7 +335,7 @@ class Simulation:
         """Some instance that prefills and some that decodes are up."""
         pre = dec = False
         for e in self.engines:
-            if e.up:
+            if e.up and e.state == "serving":
                 pre = pre or e.role != "decode"
                 dec = dec or e.role != "prefill"
         return pre and dec
@@ -322,6 +356,11 @@ class Simulation:
                 raise SpecError(
                     f"scheduler {name!r}: request {req.id} routed to instance {i}, which is "
                     "down (InstanceView.up is False)"
+                )
+            if i is not None and self.engines[i].state != "serving":
+                raise SpecError(
+                    f"scheduler {name!r}: request {req.id} routed to instance {i}, which is "
+                    f"{self.engines[i].state} (InstanceView.accepting is False)"
                 )
         src = self.engines[p]
         if src.role == "decode":
@@ -395,7 +434,10 @@ class Simulation:
         request bound to it elsewhere (KV on its way to it, or a prefill whose
         KV was to move there); each is retried or ends failed."""
         eng = self.engines[i]
-        if not eng.up:
+        if eng.state == "starting":
+            self.scaler.failed_starting.add(i)  # it comes up failed, unless repaired first
+            return
+        if not eng.up or eng.state == "stopped":
             return
         now = self.env.now
         lost = [(s, self._kv_tokens(s)) for s in eng.fail()]
@@ -415,13 +457,17 @@ class Simulation:
                 self.handoff.drop(s)
         for s, _ in lost:
             self._lose(s, i)
+        if eng.state == "draining":  # nothing left to finish: its GPUs go
+            self.scaler.stop(eng)
+        self.scaler.recheck()
 
     def recover_instance(self, i: int) -> None:
         """Instance ``i`` serves again, empty; the requests waiting for an
         instance are routed again."""
         eng = self.engines[i]
-        if eng.up:
-            return
+        self.scaler.failed_starting.discard(i)
+        if eng.up or eng.state != "serving":
+            return  # up, still starting, or released
         eng.recover()
         self.observer.instance_up(self.env.now, i)
         parked, self._parked = self._parked, []
@@ -530,6 +576,8 @@ class Simulation:
         summary["kv_bytes_transferred"] = self.handoff.bytes_moved if self.handoff else 0.0
         summary["kv_bytes_saved"] = self.handoff.bytes_saved if self.handoff else 0.0
         summary["kv_bytes_fetched"] = self.kv_bytes_fetched
+        if self.scaler.scaled or spec_scales(self.spec):
+            summary["gpu_seconds"] = self.scaler.gpu_seconds(self.metrics.last_end_s)
         links = self.network.link_stats() if self.network is not None else []
         timeline = self.metrics.timeline_rows()
         fault_log = self.faults.log() if self.spec.events or self.spec.failures else None
@@ -585,6 +633,11 @@ class Simulation:
             }
             for e, v in zip(self.engines, self.view.instances, strict=True)
         ]
+
+
+def spec_scales(spec: ExperimentSpec) -> bool:
+    """Whether the spec gives ``scaling:`` (its runs then report ``gpu_seconds``)."""
+    return "scaling" in spec.resolved
 
 
 def truncate(req: Request, limit: int) -> Request:

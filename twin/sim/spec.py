@@ -69,6 +69,7 @@ from twin.sim.faults import (
     read_failures,
 )
 from twin.sim.metrics import SLO
+from twin.sim.scaling import ScalingKeys
 from twin.sim.timeline import DEFAULT_WINDOW_S
 from twin.workload.stream import WorkloadSpec
 
@@ -198,6 +199,9 @@ class TopKeys:
     failures: Any = declared(
         None, section(FailureKeys), "random failures per component class (MTBF, repair time)"
     )
+    scaling: Any = declared(
+        None, section(ScalingKeys), "start-up cost of instances a policy adds (AddInstance)"
+    )
     output: Any = declared(None, section(OutputKeys), "what a run reports besides its summary")
 
 
@@ -259,6 +263,7 @@ class ExperimentSpec:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     failures: tuple[RandomKeys, ...] = ()
     failure_seed: int | None = None
+    scaling: ScalingKeys | None = None  # given: runs report gpu_seconds
 
     @property
     def sha256(self) -> str:
@@ -552,6 +557,9 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
     failure_seed, failures, out_failures = read_failures(top.failures, f"{where}: failures")
     if "failures" in top_read.given:
         out["failures"] = out_failures
+    scaling = read(ScalingKeys, top.scaling, f"{where}: scaling")
+    if "scaling" in top_read.given:
+        out["scaling"] = scaling.written
     # Only when given, so that specs without it keep their resolved form and sha256.
     output = read(OutputKeys, top.output, f"{where}: output")
     if "output" in top_read.given:
@@ -585,4 +593,5 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
         retry=retry.value,
         failures=failures,
         failure_seed=failure_seed,
+        scaling=scaling.value if "scaling" in top_read.given else None,
     )

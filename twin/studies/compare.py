@@ -54,6 +54,7 @@ COLUMNS = (
     ("req/s", 8),
     ("KV GiB", 9),
 )
+GPU_SECONDS_COLUMN = ("GPU-s", 8)  # only when a run reports gpu_seconds
 
 
 @dataclass(frozen=True)
@@ -73,11 +74,17 @@ class CompareResult:
         h = self.header
         slo = h["slo"]
         rows = [_row(label, r) for label, r in self.runs.items()]
+        columns: tuple[tuple[str, int], ...] = COLUMNS
+        if any("gpu_seconds" in r.summary for r in self.runs.values()):
+            # runs that scale (or give scaling:): the GPUs they held over time
+            columns = (*COLUMNS, GPU_SECONDS_COLUMN)
+            for row, r in zip(rows, self.runs.values(), strict=True):
+                row.append(_num(r.summary.get("gpu_seconds"), 1.0, 0))
         widths = [
             max(w, len(title), *(len(row[i]) for row in rows))
-            for i, (title, w) in enumerate(COLUMNS)
+            for i, (title, w) in enumerate(columns)
         ]
-        titles = [title for title, _ in COLUMNS]
+        titles = [title for title, _ in columns]
 
         def line(cells: Sequence[str]) -> str:
             first = [f"{cells[0]:<{widths[0]}}", f"{cells[1]:<{widths[1]}}"]

@@ -1,0 +1,258 @@
+"""Scaling: instances a policy adds and removes as the run goes.
+
+A ``tick`` may return :class:`~twin.scheduler.AddInstance` and
+:class:`~twin.scheduler.RemoveInstance`. An added instance is placed on free
+GPUs of one node (a topology's nodes, or nodes of ``cluster.gpus_per_node``
+GPUs without one), built as the spec's instances are, and pays a start-up
+cost before it serves: its weights loaded at a modelled bandwidth (from
+storage, or from a serving peer over the topology's path) plus a warm-up.
+A removed instance drains: it takes nothing new, finishes what it holds
+(queued prompts included), then releases its GPUs.
+
+GPU-seconds count every instance's GPUs from its allocation (0, or when it
+was added: start-up included) to its release or the run's end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from twin._check import is_int
+from twin._declare import Kind, choice, declared, seconds
+from twin.errors import SpecError, UnitError
+from twin.scheduler import ROLES, AddInstance, RemoveInstance
+from twin.serving.cluster import Placement
+from twin.serving.engine import Engine
+from twin.serving.observer import InstanceInfo
+from twin.units import parse_bandwidth
+
+if TYPE_CHECKING:
+    from twin.sim.simulation import Simulation
+
+
+def _bandwidth(value: Any, where: str) -> float:
+    try:
+        x = parse_bandwidth(value)
+    except UnitError as e:
+        raise SpecError(f"{where}: {e}") from None
+    if not x > 0:
+        raise SpecError(f"{where}: {value!r} must be > 0")
+    return x
+
+
+BANDWIDTH = Kind(
+    _bandwidth, {"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string"}]},
+    unit="bytes/s", keep=True,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ScalingKeys:
+    """The start-up cost of an instance a policy adds (``scaling:``)."""
+
+    weights_from: str = declared(
+        "storage", choice("storage", "network"),
+        "storage: weights read at storage_bandwidth; network: from a serving peer "
+        "instance over the topology's path (storage without a peer or a topology)",
+    )  # fmt: skip
+    # ServerlessLLM (Fu et al., OSDI 2024, section 2): a 130 GB checkpoint takes
+    # about 26 s to fetch at 5 GB/s, their figure for a server's model download.
+    storage_bandwidth: float = declared(
+        "5 GB/s", BANDWIDTH, "bytes/s an instance reads its weights at from storage"
+    )
+    # vLLM's engine init after loading weights, with torch.compile cached: "init
+    # engine (profile, create kv cache, warmup model) took 34.11 seconds", 17 s
+    # of it CUDA graph capture (vllm-project/vllm issue 20264, Llama 3.2 log).
+    warmup_s: float = declared(
+        "34 s", seconds(positive=False), "engine init after the weights: profiling, "
+        "KV cache, CUDA graph capture", key="warmup",
+    )  # fmt: skip
+
+
+class Scaler:
+    """Carries out a policy's :class:`AddInstance` and :class:`RemoveInstance`
+    on ``sim``'s cluster, and keeps the GPU-seconds."""
+
+    def __init__(self, sim: Simulation, keys: ScalingKeys, name: str) -> None:
+        self.sim = sim
+        self.keys = keys
+        self.name = name
+        # instance -> [allocated at, released at or None, GPUs]
+        self.alloc: dict[int, list[Any]] = {
+            p.instance: [0.0, None, len(p.gpus)] for p in sim.placements
+        }
+        self.scaled = False  # a policy added or removed an instance
+        self.started: list[tuple[float, float, int]] = []  # (asked, serving, instance)
+        self.released: list[tuple[float, float, int]] = []  # (asked, released, instance)
+        self._drain_asked: dict[int, float] = {}
+        self.failed_starting: set[int] = set()  # failed (their node, say) while starting
+
+    # -- GPU-seconds -------------------------------------------------------------------
+    def gpu_seconds(self, end_s: float) -> float:
+        """GPUs allocated, integrated from 0 to ``end_s``."""
+        total = 0.0
+        for start, stop, gpus in self.alloc.values():
+            stop = end_s if stop is None else min(stop, end_s)
+            total += gpus * max(0.0, stop - start)
+        return total
+
+    # -- adding ------------------------------------------------------------------------
+    def _free_gpus(self) -> dict[int, list[int]]:
+        """Node -> its free GPUs (not held by an instance that is not stopped)."""
+        sim = self.sim
+        held = {g for e, p in zip(sim.engines, sim.placements, strict=True)
+                if e.state != "stopped" for g in p.gpus}  # fmt: skip
+        topo = sim.spec.topology
+        if topo is not None:
+            return {
+                k: [g for g in topo.gpus_of_node(k) if g not in held] for k in range(topo.num_nodes)
+            }
+        per = sim.spec.gpus_per_node
+        top = max(held, default=-1)
+        nodes = (top + 1) // per + 2  # the nodes in use and a fresh one
+        return {
+            k: [g for g in range(k * per, (k + 1) * per) if g not in held] for k in range(nodes)
+        }
+
+    def _place(self, a: AddInstance, need: int) -> Placement:
+        sim, name = self.sim, self.name
+        free = self._free_gpus()
+        topo = sim.spec.topology
+        nodes = sorted(free)
+        if a.node is not None:
+            if not is_int(a.node) or a.node not in free:
+                raise SpecError(f"scheduler {name!r}: {a} names node {a.node!r}; nodes are "
+                                f"0..{len(free) - 1}")  # fmt: skip
+            nodes = [a.node]
+        elif a.template is not None:
+            if topo is None or a.template not in topo.templates:
+                raise SpecError(f"scheduler {name!r}: {a} names node template {a.template!r}")
+            nodes = [k for k in nodes if topo.template_of(k) == a.template]
+        node = next((k for k in nodes if len(free[k]) >= need), None)
+        if node is None:
+            raise SpecError(
+                f"scheduler {name!r}: {a} needs {need} free GPUs in one node; none has them"
+            )
+        return Placement(len(sim.engines), node, tuple(free[node][:need]))
+
+    def startup_s(self, placement: Placement) -> float:
+        """Weights loaded (from storage, or from a serving peer over the
+        topology's bottleneck bandwidth) plus the warm-up."""
+        sim, keys = self.sim, self.keys
+        weights = sim.spec.model.weight_bytes
+        bandwidth = keys.storage_bandwidth
+        topo = sim.spec.topology
+        if keys.weights_from == "network" and topo is not None:
+            peers = [p for e, p in zip(sim.engines, sim.placements, strict=True)
+                     if e.up and e.state == "serving"]  # fmt: skip
+            if peers:
+                dst = placement.gpus[0]
+                bandwidth = max(topo.bottleneck_bytes_s(topo.path(p.gpus[0], dst)) for p in peers)
+        return weights / bandwidth + keys.warmup_s
+
+    def add(self, a: AddInstance) -> None:
+        sim, name = self.sim, self.name
+        if a.role not in ROLES:
+            raise SpecError(f"scheduler {name!r}: {a} gives role {a.role!r}; expected one of "
+                            f"{', '.join(ROLES)}")  # fmt: skip
+        for key in ("tp", "pp"):
+            v = getattr(a, key)
+            if not is_int(v) or v <= 0:
+                raise SpecError(f"scheduler {name!r}: {a}: {key} {v!r} must be a positive integer")
+        if a.role != "mixed" and sim.spec.topology is None:
+            raise SpecError(
+                f"scheduler {name!r}: {a}: a {a.role} instance needs a topology for the KV "
+                "cache to travel over (cluster.topology)"
+            )
+        placement = self._place(a, a.tp * a.pp)
+        now = sim.env.now
+        eng = sim.add_engine(placement, a.role, a.tp, a.pp)
+        eng.up = False
+        eng.state = "starting"
+        self.scaled = True
+        self.alloc[eng.id] = [now, None, len(placement.gpus)]
+        cost = self.startup_s(placement)
+        sim.env.timeout(cost).callbacks.append(lambda _ev: self._ready(eng, now))
+
+    def _ready(self, eng: Engine, asked: float) -> None:
+        sim = self.sim
+        eng.up = True
+        eng.state = "serving"
+        p = sim.placements[eng.id]
+        now = sim.env.now
+        self.started.append((asked, now, eng.id))
+        sim.on_capacity()
+        sim.observer.instance_up(now, eng.id, InstanceInfo(eng.id, eng.role, p.node, p.gpus))
+        if eng.id in self.failed_starting:  # it failed while starting: down until repaired
+            self.failed_starting.discard(eng.id)
+            sim.fail_instance(eng.id)
+
+    # -- removing ----------------------------------------------------------------------
+    def remove(self, a: RemoveInstance) -> None:
+        sim, name = self.sim, self.name
+        i, n = a.instance, len(sim.engines)
+        if not is_int(i) or not 0 <= i < n:
+            raise SpecError(f"scheduler {name!r}: {a} names instance {i!r}; instances are "
+                            f"0..{n - 1}")  # fmt: skip
+        eng = sim.engines[i]
+        if eng.state in ("draining", "stopped"):
+            return
+        if eng.state == "starting":
+            raise SpecError(f"scheduler {name!r}: {a}: instance {i} is still starting")
+        left = [e for e in sim.engines if e is not eng and e.state == "serving"]
+        pre = any(e.role != "decode" for e in left)
+        dec = any(e.role != "prefill" for e in left)
+        if not (pre and dec):
+            raise SpecError(
+                f"scheduler {name!r}: {a} would leave no serving instance that "
+                f"{'prefills' if not pre else 'decodes'}"
+            )
+        self.scaled = True
+        eng.state = "draining"
+        self._drain_asked[i] = sim.env.now
+        eng.on_idle = self._check_drained
+        sim.on_capacity()
+        self._check_drained(eng)
+
+    def _check_drained(self, eng: Engine) -> None:
+        """Release ``eng`` once nothing is left on it or bound to it (a prompt
+        prefilling elsewhere whose KV is to move here), a step later so that
+        the engine finishes the change it is making."""
+        if eng.state != "draining" or eng.holds_work() or self._bound_to(eng.id):
+            return
+        self.sim.env.timeout(0).callbacks.append(lambda _ev: self._release(eng))
+
+    def _bound_to(self, i: int) -> bool:
+        return any(
+            s.handoff and s.decode_instance == i
+            for e in self.sim.engines
+            if e.id != i and e.state != "stopped"
+            for s in e.held()
+        )
+
+    def _release(self, eng: Engine) -> None:
+        if eng.state != "draining" or eng.holds_work() or self._bound_to(eng.id):
+            return
+        self.stop(eng)
+
+    def stop(self, eng: Engine) -> None:
+        """Release ``eng``'s GPUs now (drained, or failed while draining)."""
+        sim = self.sim
+        now = sim.env.now
+        was_up = eng.up
+        eng.state = "stopped"
+        eng.on_idle = None
+        eng.up = False
+        eng.life += 1  # its loops wait on nothing that comes
+        eng._wake = None
+        self.alloc[eng.id][1] = now
+        self.released.append((self._drain_asked.get(eng.id, now), now, eng.id))
+        if was_up:
+            sim.observer.instance_down(now, eng.id)
+
+    def recheck(self) -> None:
+        """Drains whose last bound request went elsewhere (its prefill side failed)."""
+        for e in self.sim.engines:
+            if e.state == "draining":
+                self._check_drained(e)
