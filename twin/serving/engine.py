@@ -232,6 +232,9 @@ class Engine:
         self.up = True
         self.life = 0
         self.speed = 1.0
+        # Seconds one iteration of a batch takes here, at the instance's speed:
+        # the perf model's own method at speed 1 (no wrapper on the hot path).
+        self.iteration_time: Callable[[Batch], float] = perf.iteration_time
         self.on_lost: Callable[[Sequence], None] | None = None
         # Scaling: starting | serving | draining | stopped (twin.scheduler.
         # INSTANCE_STATES), and who is told when a draining instance may be empty.
@@ -278,6 +281,8 @@ class Engine:
         (the one in progress keeps its length); 1 is nominal."""
         self._interrupt()
         self.speed = speed
+        timed = self.perf.iteration_time
+        self.iteration_time = timed if speed == 1.0 else (lambda batch: timed(batch) / speed)
 
     def held(self) -> list[Sequence]:
         """Every sequence this instance holds: queued, admitted (any phase) and
@@ -506,14 +511,7 @@ class Engine:
             if not dt > 0.0:
                 raise SpecError(f"perf model {self.perf.name!r} gave iteration time {dt!r} <= 0")
             obs = self._iter_observer
-            if obs is not None:
-                obs.iteration_started(
-                    env.now, self.id, dt, tuple(s.req.id for s, _ in chunks), batch
-                )
-            if self.hooks is not None:
-                for seq, n in chunks:
-                    if seq.handoff and seq.prefilled + n >= seq.prefill_len:
-                        self.hooks.on_prefill_start(self, seq, dt)
+            self._started(batch, chunks, dt)
             if decoding and not chunks and self._ff is not None:
                 stretch = self._ff.plan(dt, batch)
                 if stretch is not None:
@@ -567,14 +565,7 @@ class Engine:
                 free[k] = t
             dt = t - env.now  # this micro-batch's latency through the pipeline
             obs = self._iter_observer
-            if obs is not None:
-                obs.iteration_started(
-                    env.now, self.id, dt, tuple(s.req.id for s, _ in chunks), batch
-                )
-            if self.hooks is not None:
-                for seq, n in chunks:
-                    if seq.handoff and seq.prefilled + n >= seq.prefill_len:
-                        self.hooks.on_prefill_start(self, seq, dt)
+            self._started(batch, chunks, dt)
             yield at(env, t)
             if self.life != life:
                 return
@@ -585,10 +576,18 @@ class Engine:
                 obs.iteration_ended(env.now, self.id)
             self._complete(chunks, decoding)
 
-    def iteration_time(self, batch: Batch) -> float:
-        """Seconds one iteration of ``batch`` takes here, at the instance's speed."""
-        dt = self.perf.iteration_time(batch)
-        return dt if self.speed == 1.0 else dt / self.speed
+    def _started(self, batch: Batch, chunks: list[tuple[Sequence, int]], dt: float) -> None:
+        """Tell the iteration observer and the hand-off hooks that an iteration
+        of ``batch`` (prefill ``chunks``) lasting ``dt`` starts now."""
+        obs = self._iter_observer
+        if obs is not None:
+            obs.iteration_started(
+                self.env.now, self.id, dt, tuple(s.req.id for s, _ in chunks), batch
+            )
+        if self.hooks is not None:
+            for seq, n in chunks:
+                if seq.handoff and seq.prefilled + n >= seq.prefill_len:
+                    self.hooks.on_prefill_start(self, seq, dt)
 
     def _use_lane(self, lane: int) -> None:
         """Make ``lane``'s decode bookkeeping the engine's (``pp > 1``)."""

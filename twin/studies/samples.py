@@ -10,8 +10,9 @@ things make a small sample mislead:
   goodput reads 82.3 +- 27.5, 45.3 +- 8.6, 41.5 +- 4.5 and 40.9 +- 2.5 req/s
   at 250, 500, 1,000 and 2,000 requests (+101%, +11%, +1.5% against the
   largest), and ``twin plan``'s (two nodes) 19.7 +- 5.7, 21.4 +- 2.8,
-  19.1 +- 2.7 and 17.8 +- 1.3 req/s (+11%, +20%, +7%). Hence
-  :data:`DEFAULT_SAMPLE`: the smallest size within 10% of the largest for both.
+  18.1 +- 1.7 and 17.2 +- 2.2 req/s (+15%, +24%, +5%; from 1,000 on it
+  also picks another decode shape, TP4 PP2). Hence :data:`DEFAULT_SAMPLE`:
+  the smallest size within 10% of the largest for both.
 - **granularity**: at an attainment target ``p`` a sample of ``n`` requests
   allows ``n (1 - p)`` misses; below :data:`MIN_MISSES` of them the verdict of
   every probe turns on a handful of requests.
