@@ -388,6 +388,92 @@ def test_a_transfer_with_no_other_path_waits_for_the_repair_or_fails():
     assert all(e.kv.free == e.kv.total for e in sim.engines)
 
 
+def test_a_transfer_waiting_on_a_failed_link_ends_at_the_retry_deadline():
+    # Every NIC of node 0 is down from 0 s: the KV cannot leave. With a 1 s
+    # deadline the wait ends at 0 + 1 s (the attempt ran 1 s); a retry would
+    # start 0.1 s later, past the deadline, so the request fails link_down.
+    reqs = [Request(0, 0.0, 4000, 4)]
+    nic_down = [{"at": 0.0, "action": "fail", "nic": f"n0.nic{k}"} for k in range(8)]
+    retry = {"deadline": "1 s", "backoff": "100 ms"}
+    sim, res, rows = run(split(cluster=ONE_EACH, events=nic_down, retry=retry), reqs)
+    r = rows[0]
+    assert r["status"] == "failed" and r["reason"] == "link_down"
+    assert r["attempts"] == 1 and r["lost_tokens"] == 4000
+    assert r["time_lost_s"] == 1.0
+    assert sim.network.stuck == [] and sim.network.bytes_delivered == 0.0
+    assert all(e.kv.free == e.kv.total and not e.reserved for e in sim.engines)
+    # Without a backoff a retry may start at the deadline itself: it prefills
+    # again, its transfer waits past the deadline and is given up at once.
+    _, _, rows = run(split(cluster=ONE_EACH, events=nic_down, retry={"deadline": "1 s"}), reqs)
+    assert rows[0]["reason"] == "link_down" and rows[0]["attempts"] == 2
+    # The repair at 0.5 s comes first: the KV moves then, the timer is ignored.
+    up = [{"at": 0.5, "action": "recover", "nic": f"n0.nic{k}"} for k in range(8)]
+    _, base, b = run(split(cluster=ONE_EACH), reqs)
+    _, _, rows = run(split(cluster=ONE_EACH, events=nic_down + up, retry=retry), reqs)
+    r = rows[0]
+    assert r["status"] == "completed" and r["attempts"] == 1
+    # The fixed costs were paid before the flows started to wait; the bytes
+    # leave at the repair and take the idle-network time, and the first token
+    # comes as they land.
+    b0 = b[0]
+    moved = b0["transfer_s"] - b0["handoff_descriptors_s"] - b0["handoff_router_s"]
+    assert b0["first_token_s"] == pytest.approx(b0["prefill_done_s"] + b0["transfer_s"])
+    assert r["first_token_s"] == pytest.approx(0.5 + moved, rel=1e-9)
+
+
+def test_a_link_failing_under_a_transfer_starts_its_deadline():
+    # The NICs fail while the KV is moving: the same 1 s bound applies.
+    reqs = [Request(0, 0.0, 4000, 4)]
+    _, _, b = run(split(cluster=ONE_EACH), reqs)
+    t = b[0]["prefill_done_s"] + b[0]["transfer_s"] / 2
+    down = [{"at": t, "action": "fail", "nic": f"n0.nic{k}"} for k in range(8)]
+    retry = {"deadline": "1 s", "backoff": "100 ms"}
+    sim, _, rows = run(split(cluster=ONE_EACH, events=down, retry=retry), reqs)
+    assert rows[0]["reason"] == "link_down" and rows[0]["time_lost_s"] == 1.0
+    assert all(e.kv.free == e.kv.total for e in sim.engines)
+
+
+@pytest.mark.parametrize("handoff", ["push", "pull"])
+def test_a_decode_instance_failing_mid_transfer_hands_the_kv_to_another(handoff):
+    # Instance 0 prefills, instance 2 was to decode. Instance 2 fails 3 ms into
+    # the hand-off: the KV, still on instance 0, goes to instance 3 from then,
+    # as a new hand-off on an idle network: it lands 3 ms later than before.
+    reqs = [Request(0, 0.0, 4000, 4)]
+    _, base, b = run(split(transfer={"handoff": handoff}), reqs)
+    assert b[0]["prefill_instance"] == 0 and b[0]["instance"] == 2
+    t = b[0]["prefill_done_s"] + 0.003
+    ev = [{"at": t, "action": "fail", "instance": 2}]
+    sim, res, rows = run(split(transfer={"handoff": handoff}, events=ev), reqs)
+    r = rows[0]
+    assert r["status"] == "completed" and r["instance"] == 3 and r["prefill_instance"] == 0
+    assert r["attempts"] == 1 and r["lost_tokens"] == 0 and r["time_lost_s"] == 0.0
+    assert r["prefill_done_s"] == b[0]["prefill_done_s"]
+    assert r["first_token_s"] == pytest.approx(b[0]["first_token_s"] + 0.003, rel=1e-9)
+    assert [i["iterations"] for i in res.instances][:2] == [
+        i["iterations"] for i in base.instances
+    ][:2]  # no second prefill
+    assert res.summary["retries"] == 0
+    assert all(e.kv.free == e.kv.total for e in sim.engines)
+
+
+def test_with_no_other_decode_instance_the_request_goes_back_to_route():
+    # One decode instance: when it fails mid-transfer the KV has nowhere to
+    # go; the attempt is lost and the retry prefills again after the repair.
+    reqs = [Request(0, 0.0, 4000, 4)]
+    _, _, b = run(split(cluster=ONE_EACH), reqs)
+    t = b[0]["prefill_done_s"] + 0.003
+    ev = [
+        {"at": t, "action": "fail", "instance": 1},
+        {"at": 1.0, "action": "recover", "instance": 1},
+    ]
+    sim, res, rows = run(split(cluster=ONE_EACH, events=ev), reqs)
+    r = rows[0]
+    assert r["status"] == "completed" and r["attempts"] == 2
+    assert r["lost_tokens"] == 4000 and r["time_lost_s"] == pytest.approx(t)
+    assert [i["iterations"] for i in res.instances][0] == 2  # prefilled twice
+    assert all(e.kv.free == e.kv.total for e in sim.engines)
+
+
 def test_the_bundled_node_failure_costs_attainment_and_loses_nothing():
     from twin.sim.simulation import run as run_spec
 

@@ -466,6 +466,12 @@ class Network:
                         f.latency = sum(ln.latency_s for ln in new)
         self._settle(now)
 
+    def waits(self, t: Transfer) -> bool:
+        """Whether a flow of ``t`` still sending waits on a failed link."""
+        if not self._down or t.cancelled or t.end_s is not None:
+            return False
+        return any(k in self._down for f in t._flows if f.sending for k in f.keys)
+
     @property
     def stuck(self) -> list[Transfer]:
         """Transfers with a flow that waits on a failed link, in start order."""

@@ -310,6 +310,9 @@ class KVHandoff:
         # Takes a prefilled sequence no live instance can decode (all failed):
         # (prefill engine, sequence); set by the simulation.
         self.on_stranded: Callable[[Engine, Sequence], None] | None = None
+        # Told of a transfer whose flows wait on a failed link as they start
+        # (the simulation bounds that wait by the retry deadline).
+        self.on_waiting: Callable[[Sequence], None] | None = None
 
     def _no_decode_up(self, seq: Sequence) -> bool:
         return seq.decode_instance is None and not any(
@@ -382,6 +385,16 @@ class KVHandoff:
         if d is not None and self.engines[d].up and seq.req.id in self.engines[d].reserved:
             self.engines[d].unreserve(seq)
 
+    def redirect(self, engine: Engine, seq: Sequence) -> None:
+        """``seq``'s decode instance failed while its KV is still on prefill
+        instance ``engine``: its transfer (if any) is stopped and the KV goes to
+        the decode instance ``pick_decode`` gives now; a prompt not yet done
+        picks one when it is (nothing is computed again)."""
+        self.drop(seq)
+        seq.decode_instance = None
+        if engine.handoff.get(seq.req.id) is not None:
+            self.on_prefilled(engine, seq)
+
     def _pump(self, d: int) -> None:
         queue = self.pending[d]
         engine = self.engines[d]
@@ -447,11 +460,13 @@ class KVHandoff:
         self, seq: Sequence, src: int, dst: int, flows: list[FlowSpec], after_s: float = 0.0
     ) -> Any:
         """Start the flows; the KV lands when the last byte is in, ``after_s`` later."""
-        if seq.state == LOST:  # lost during the fixed costs before the first byte
-            return None
+        if seq.state == LOST or seq.decode_instance != dst:
+            return None  # lost, or sent elsewhere, during the fixed costs before the first byte
         transfer = self.network.start(flows, label=f"kv {seq.req.id}")
         if seq.transfer is None:
             seq.transfer = transfer
+        if self.on_waiting is not None and self.network.waits(transfer):
+            self.on_waiting(seq)
         if after_s > 0:
 
             def done(_ev: object) -> None:
@@ -463,8 +478,8 @@ class KVHandoff:
         return transfer
 
     def _landed(self, seq: Sequence, src: int, dst: int) -> None:
-        if seq.state == LOST:  # lost during the fixed costs after the last byte
-            return
+        if seq.state == LOST or not self.engines[dst].up or seq.decode_instance != dst:
+            return  # lost, or its decode side failed, during the fixed costs after the last byte
         if seq.t_transfer_end < 0:
             seq.t_transfer_end = self.env.now
         seq.transfer = None

@@ -21,7 +21,11 @@ again (the lost work is recomputed); or it ends ``failed``, with the reason
 would start later than ``deadline`` after its arrival). While no instance that
 prefills or none that decodes is up, requests wait for a recovery (up to the
 deadline); those still waiting when nothing else can happen end ``failed``
-with ``no_instance_up``.
+with ``no_instance_up``. A hand-off waiting on a failed link with no other
+path waits at most until the retry deadline, then is given up the same way
+(``link_down`` when it cannot be retried). A hand-off whose decode instance
+fails while the KV is still on the prefill side goes to another decode
+instance instead (nothing is lost).
 """
 
 from __future__ import annotations
@@ -343,6 +347,8 @@ class Faults:
                     net.recover_link(src, dst)
                 else:
                     net.scale_link(src, dst, e.factor if e.action == "degrade" else 1.0)
+            if e.action == "fail" and sim.handoff is not None:
+                sim.link_failed()  # a wait for the repair ends at the retry deadline
         elif e.action == "fail":
             for i in ids:
                 sim.fail_instance(i)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from twin.scheduler import (
     Reject,
     Route,
     build_scheduler,
+    decode_hook,
 )
 from twin.serving.cluster import (
     EngineView,
@@ -147,10 +149,12 @@ class Simulation:
         )  # fmt: skip
         self._update_limits()
         self._parked: list[Sequence] = []  # waiting for an instance to come back up
+        self._link_timers: dict[int, int] = {}  # request id -> attempt whose link wait is timed
         for e in self.engines:
             e.on_lost = lambda seq, i=e.id: self._lose(seq, i)
         if self.handoff is not None:
             self.handoff.on_stranded = self._stranded
+            self.handoff.on_waiting = self._link_wait
         self.faults = Faults(self, spec.events)
         self.scaler = Scaler(self, spec.scaling or ScalingKeys(), self._name)
         self.control.scaler = self.scaler
@@ -441,11 +445,16 @@ class Simulation:
             return
         now = self.env.now
         lost = [(s, self._kv_tokens(s)) for s in eng.fail()]
+        redirect = self.handoff is not None and self._can_redirect()
         for e in self.engines:
             if e is eng or not e.up:
                 continue
             for s in e.held():
                 if s.handoff and s.decode_instance == i and s.state != DECODE:
+                    if redirect:  # its KV is still here: another decode instance takes it
+                        assert self.handoff is not None
+                        self.handoff.redirect(e, s)
+                        continue
                     lost.append((s, self._kv_tokens(s)))
                     e.drop(s)
         self.observer.instance_down(now, i)
@@ -460,6 +469,54 @@ class Simulation:
         if eng.state == "draining":  # nothing left to finish: its GPUs go
             self.scaler.stop(eng)
         self.scaler.recheck()
+
+    def _can_redirect(self) -> bool:
+        """Whether a hand-off bound for a failed decode instance can go to
+        another: the policy picks decode instances, and one is up."""
+        return decode_hook(self.scheduler) is not None and any(
+            e.up and e.state == "serving" and e.role in ("decode", "mixed") for e in self.engines
+        )
+
+    def _link_wait(self, s: Sequence) -> None:
+        """``s``'s transfer waits on a failed link: it waits at most until its
+        retry deadline (one timer per attempt), then is given up."""
+        deadline = s.req.arrival_s + self.spec.retry.deadline_s
+        if math.isinf(deadline) or self._link_timers.get(s.req.id) == s.attempt:
+            return
+        self._link_timers[s.req.id] = s.attempt
+        epoch = s.epoch
+        at(self.env, max(deadline, self.env.now), lambda _ev: self._link_deadline(s, epoch))
+
+    def link_failed(self) -> None:
+        """A link failed: the hand-offs it leaves waiting wait at most until
+        their requests' retry deadlines."""
+        assert self.network is not None
+        for e in self.engines:
+            for s in e.held():
+                t: Any = s.transfer
+                t = getattr(t, "transfer", t)
+                if t is not None and self.network.waits(t):
+                    self._link_wait(s)
+
+    def _link_deadline(self, s: Sequence, epoch: int) -> None:
+        """The retry deadline of ``s`` whose transfer waited on a failed link:
+        if it still waits (not repaired, landed or lost meanwhile), its flows
+        are cancelled, the KV on both sides freed, and it is retried or ends
+        failed (``link_down``)."""
+        assert self.network is not None and self.handoff is not None
+        if s.state == LOST or s.epoch != epoch:
+            return
+        t: Any = s.transfer
+        t = getattr(t, "transfer", t)  # a layer-wise stream's flows
+        if t is None or not self.network.waits(t):
+            return
+        e = self.engines[s.prefill_instance]
+        s.lost_tokens += self._kv_tokens(s)
+        e.drop(s)
+        self.handoff.drop(s)
+        s.state = LOST
+        s.epoch += 1
+        self._lose(s, e.id, "link_down")
 
     def recover_instance(self, i: int) -> None:
         """Instance ``i`` serves again, empty; the requests waiting for an
@@ -518,8 +575,9 @@ class Simulation:
         for t in self.network.stuck:  # none of ours: stop them
             self.network.cancel(t)
 
-    def _lose(self, old: Sequence, instance: int) -> None:
-        """``old``'s attempt is over: retry per the policy, or end it failed."""
+    def _lose(self, old: Sequence, instance: int, why: str | None = None) -> None:
+        """``old``'s attempt is over: retry per the policy, or end it failed
+        (with ``why`` for the reason, when given, else the rule that stops it)."""
         now = self.env.now
         old.state = LOST
         seq = old.retry(now)
@@ -527,12 +585,12 @@ class Simulation:
         policy = self.spec.retry
         req = seq.req
         if seq.attempt >= policy.max_attempts:
-            self._fail(seq, instance, "max_attempts")
+            self._fail(seq, instance, why or "max_attempts")
             return
         when = now + policy.delay_s(seq.attempt)
         deadline = req.arrival_s + policy.deadline_s
         if when > deadline:
-            self._fail(seq, instance, "retry_deadline")
+            self._fail(seq, instance, why or "retry_deadline")
             return
         at(self.env, when, lambda _ev: self._route(seq))
 
