@@ -317,6 +317,33 @@ def test_random_failures_have_their_own_stream():
         spec(failures={"random": [{"component": "node", "repair": "1 s"}]})
 
 
+@pytest.mark.parametrize("component", ["nic", "link"])
+def test_random_nic_and_link_failures_repeat_exactly_and_lose_nothing(component):
+    random = [{"component": component, "mtbf": "0.5 s", "repair": "50 ms",
+               "repair_dist": "fixed"}]  # fmt: skip
+    s = split(failures={"random": random}, workload=WORKLOAD | {"max_requests": 60})
+    sim, res, rows = run(s)
+    log = sim.faults.log()
+    fails = [e for e in log if e["action"] == "fail"]
+    assert fails and all(e["target"] == ("link" if component == "link" else "nic") for e in log)
+    if component == "link":  # a cable fails both ways at once
+        names = {(e["time_s"], e["name"]) for e in fails}
+        for t, name in names:
+            u, _, v = name.partition(" -> ")
+            assert (t, f"{v} -> {u}") in names
+    # every failure is repaired 50 ms later
+    for e in fails:
+        assert any(r["action"] == "recover" and r["name"] == e["name"]
+                   and r["time_s"] == pytest.approx(e["time_s"] + 0.05) for r in log)  # fmt: skip
+    assert res.summary["completed"] + res.summary["rejected"] + res.summary["failed"] == 60
+    assert all(e.kv.free == e.kv.total for e in sim.engines)
+    again = run(split(failures={"random": random}, workload=WORKLOAD | {"max_requests": 60}))
+    assert again[2] == rows and again[0].faults.log() == log
+    with pytest.raises(SpecError, match=r"failures\.random\[0\]\.component: 'nic' needs"):
+        Simulation(spec(failures={"random": [{"component": "nic", "mtbf": "1 s",
+                                                "repair": "1 s"}]}))  # fmt: skip
+
+
 def test_a_failed_nodes_kv_pool_is_gone():
     from test_mooncake import conversation
     from test_mooncake import spec as mooncake_spec

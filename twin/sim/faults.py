@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
 ACTIONS = ("fail", "recover", "degrade", "restore")
 TARGETS = ("instance", "node", "gpu", "link", "nic")
-COMPONENTS = ("instance", "node", "gpu")
+COMPONENTS = ("instance", "node", "gpu", "nic", "link")
 REPAIR_DISTS = ("exponential", "fixed")
 # The spawn key of the random failures' streams: distinct from the workload's
 # and the scheduler's (children 0 and 1 of the spec seed), so that drawing
@@ -138,8 +138,9 @@ class RandomKeys:
     with ``repair_dist: exponential``)."""
 
     component: str = declared(
-        None, choice(*COMPONENTS), "instance | node | gpu: each of them fails on its own",
-        required="give instance, node or gpu",
+        None, choice(*COMPONENTS),
+        "instance | node | gpu | nic | link: each of them fails on its own (a link both ways)",
+        required="give instance, node, gpu, nic or link",
     )  # fmt: skip
     mtbf_s: float = declared(
         None, seconds(), "mean time between failures of one component", key="mtbf",
@@ -247,6 +248,12 @@ class Faults:
         gpus = sorted(g for p in sim.placements for g in p.gpus)
         nodes = sorted({p.node for p in sim.placements})
         topo = sim.spec.topology
+        for ci, c in enumerate(self.random):
+            if c.component in ("nic", "link") and topo is None:
+                raise SpecError(
+                    f"{spec.source}: failures.random[{ci}].component: {c.component!r} needs "
+                    "cluster.topology"
+                )
         for e in self.events:
             key = f"{self.where}[{e.index}].{e.target}"
             if e.target == "instance" and not e.name < len(sim.engines):  # type: ignore[operator]
@@ -274,11 +281,17 @@ class Faults:
         for e in self.events:
             at(env, e.at_s, self._applier(e))
         sim = self.sim
-        ids = {
+        ids: dict[str, list[int | str]] = {
             "instance": list(range(len(sim.engines))),
-            "node": sorted({p.node for p in sim.placements}),
-            "gpu": sorted(g for p in sim.placements for g in p.gpus),
+            "node": list(sorted({p.node for p in sim.placements})),
+            "gpu": list(sorted(g for p in sim.placements for g in p.gpus)),
         }
+        topo = sim.spec.topology
+        if topo is not None:
+            g = topo.graph
+            ids["nic"] = [n for n in sorted(g.nodes) if g.nodes[n].get("type") == "nic"]
+            # a link is a cable: one component for both directions, named u -> v with u < v
+            ids["link"] = list(sorted({f"{min(u, v)} -> {max(u, v)}" for u, v in g.edges}))
         for ci, c in enumerate(self.random):
             for j, comp in enumerate(ids[c.component]):
                 seq = np.random.SeedSequence(self.seed, spawn_key=(FAILURES_KEY, ci, j))
@@ -289,19 +302,27 @@ class Faults:
         sim = self.sim
         return sim._arrivals_done and sim.metrics.ended == sim._arrived
 
-    def _next_failure(self, c: RandomKeys, comp: int, rng: np.random.Generator) -> None:
+    def _both_ways(self, c: RandomKeys, comp: int | str, action: str, now: float) -> None:
+        """Apply ``action`` to one random component; a link in both directions."""
+        self.apply(Event(-1, now, action, c.component, comp, 1.0))
+        if c.component == "link":
+            u, _, v = str(comp).partition(" -> ")
+            if self.sim.spec.topology.graph.has_edge(v, u):
+                self.apply(Event(-1, now, action, "link", f"{v} -> {u}", 1.0))
+
+    def _next_failure(self, c: RandomKeys, comp: int | str, rng: np.random.Generator) -> None:
         when = self.sim.env.now + float(rng.exponential(c.mtbf_s))
         at(self.sim.env, when, lambda _ev: self._random_fail(c, comp, rng))
 
-    def _random_fail(self, c: RandomKeys, comp: int, rng: np.random.Generator) -> None:
+    def _random_fail(self, c: RandomKeys, comp: int | str, rng: np.random.Generator) -> None:
         if self._done():
             return  # nothing left to serve: no more failures
         now = self.sim.env.now
-        self.apply(Event(-1, now, "fail", c.component, comp, 1.0))
+        self._both_ways(c, comp, "fail", now)
         repair = c.repair_s if c.repair_dist == "fixed" else float(rng.exponential(c.repair_s))
 
         def repaired(_ev: object) -> None:
-            self.apply(Event(-1, now + repair, "recover", c.component, comp, 1.0))
+            self._both_ways(c, comp, "recover", now + repair)
             if not self._done():
                 self._next_failure(c, comp, rng)
 
