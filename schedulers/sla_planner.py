@@ -19,7 +19,10 @@ Dynamo reads from its pre-deployment profile):
   ``ceil(rate / (that x utilization))``.
 
 ``utilization`` (default 0.7) is the share of that capacity a pool is sized
-to run at: the headroom queueing needs to keep latencies within target.
+to run at: the headroom queueing needs to keep latencies within target. At
+0.7 an M/D/1 queue's mean wait is rho / (2 (1 - rho)) = 1.2 service times
+(the Pollaczek-Khinchine formula, Kleinrock, *Queueing Systems* vol. 1,
+section 5.6); a chosen value, not a fitted one.
 
 Predictors: ``constant`` (next = last), ``moving-average`` (mean of the last
 ``window`` intervals) and ``seasonal`` (the interval one ``period`` ago, the

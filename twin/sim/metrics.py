@@ -387,34 +387,28 @@ class Metrics(Observer):
     def fail(self, s: Sequence, reason: str, now: float) -> None:
         """``s``'s request ended failed: its instance failed under it and it
         was not (or could no more be) retried."""
-        req = s.req
         self.failed += 1
         self.fail_reasons[reason] += 1
         self._attempts(s)
-        if now > self.last_end_s:
-            self.last_end_s = now
-        if self.timeline is not None:
-            self.timeline.ended(req.arrival_s, now, "failed")
-        if self.on_row is not None:
-            row: dict[str, Any] = dict.fromkeys(REQUEST_COLUMNS, "")
-            row.update(
-                id=req.id,
-                status="failed",
-                reason=reason,
-                arrival_s=req.arrival_s,
-                prompt_tokens=req.prompt_tokens,
-                output_tokens=req.output_tokens,
-                preemptions=s.preemptions,
-                slo_met=0,
-                attempts=s.attempt,
-                lost_tokens=s.lost_tokens,
-                time_lost_s=s.lost_s,
-            )
-            self.on_row(row)
+        self._unserved(
+            s.req, "failed", reason, now, "failed",
+            preemptions=s.preemptions, attempts=s.attempt, lost_tokens=s.lost_tokens,
+            time_lost_s=s.lost_s,
+        )  # fmt: skip
 
     def reject(self, req: Request, reason: str, now: float, outcome: str = "rejected") -> None:
         self.rejected += 1
         self.reject_reasons[reason] += 1
+        self._unserved(
+            req, "rejected", reason, now, outcome,
+            preemptions=0, attempts=0, lost_tokens=0, time_lost_s=0.0,
+        )  # fmt: skip
+
+    def _unserved(
+        self, req: Request, status: str, reason: str, now: float, outcome: str, **counts: Any
+    ) -> None:
+        """The end of a request that did not complete: the run's end, the
+        timeline and its row (``counts``: its preemptions and attempt history)."""
         if now > self.last_end_s:
             self.last_end_s = now
         if self.timeline is not None:
@@ -423,16 +417,13 @@ class Metrics(Observer):
             row: dict[str, Any] = dict.fromkeys(REQUEST_COLUMNS, "")
             row.update(
                 id=req.id,
-                status="rejected",
+                status=status,
                 reason=reason,
                 arrival_s=req.arrival_s,
                 prompt_tokens=req.prompt_tokens,
                 output_tokens=req.output_tokens,
-                preemptions=0,
                 slo_met=0,
-                attempts=0,
-                lost_tokens=0,
-                time_lost_s=0.0,
+                **counts,
             )
             self.on_row(row)
 
