@@ -453,10 +453,19 @@ def cmd_schedulers(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from twin.studies.bench import run_bench
+    from twin.studies.bench import DEFAULT_SIZES, bench, format_rows, parse_configs, parse_sizes
 
-    sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
-    print(run_bench(sizes, args.trace, args.data))
+    sizes = parse_sizes(args.sizes if args.sizes is not None else DEFAULT_SIZES)
+    configs = parse_configs(args.config)
+    repeat = args.repeat if args.repeat is not None else (3 if args.vs is not None else 1)
+    if repeat < 1:
+        raise TwinError(f"--repeat: {repeat} must be >= 1")
+    if args.json:
+        _open_out(args.json).close()  # fail before the runs, not after them
+    rows = bench(sizes, configs, repeat, vs=args.vs)
+    if args.json:
+        _write_json(args.json, {"rows": rows})
+    print(format_rows(rows))
     return 0
 
 
@@ -697,11 +706,30 @@ def build_parser() -> argparse.ArgumentParser:
     pt.set_defaults(func=cmd_plot)
 
     b = sub.add_parser(
-        "bench", help="measure simulation speed and memory on the Azure conversation trace"
+        "bench",
+        help="CPU, wall, events and iterations per request and peak memory of the colocated "
+        "and split benchmark runs; --vs times another command on the same requests",
     )
-    b.add_argument("--sizes", default="1000,10000,100000", help="request counts, comma-separated")
-    b.add_argument("--trace", help="path of AzureLLMInferenceTrace_conv.csv")
-    b.add_argument("--data", help="the public data folder holding traces/azure_llm_2023/")
+    b.add_argument(
+        "--sizes", help="request counts, comma-separated, k/M suffixes (default 10k,100k)"
+    )
+    b.add_argument(
+        "--config", default="colocated,split", help="colocated, split or both (the default)"
+    )
+    b.add_argument(
+        "--repeat",
+        type=int,
+        metavar="R",
+        help="runs per row, median reported (default 1; with --vs: 3 pairs)",
+    )
+    b.add_argument("--json", metavar="PATH", help="write the rows, every run included, as JSON")
+    b.add_argument(
+        "--vs",
+        metavar="CMD",
+        help="a shell command to time in alternation with each row's run (A B A B ...); "
+        "{requests_csv}, {n} and {config} are replaced by a CSV of the simulated requests "
+        "(arrival_s,prompt_tokens,output_tokens), the request count and the configuration",
+    )
     b.set_defaults(func=cmd_bench)
     return p
 

@@ -1,102 +1,394 @@
-"""``twin bench``: how fast the twin runs and how much memory it takes.
+"""``twin bench``: what a run costs, and how that compares with another command.
 
-Replays the Azure LLM inference 2023 conversation trace, looped to reach each
-request count, on a colocated cluster of 4 instances of Llama-2-70B TP8 on
-H100, and reports per size the wall seconds, simulated requests per wall
-second, SimPy events per second and peak resident memory. Each size runs in a
-fresh process so that its peak memory is its own.
+Two configurations on the same requests (Azure LLM inference 2023
+conversation lengths from the bundled ``azure-conv`` table, Poisson arrivals
+at 8 requests/s, seed 0), on 4 DGX-H100 nodes (``dgx-h100-ib400``) serving
+Llama-2-70B at TP 8:
+
+- ``colocated``: 4 mixed instances, one per node, ``colocated`` least-loaded;
+- ``split``: 2 prefill + 2 decode instances, ``splitwise``, TTFT at decode.
+
+Each (configuration, size) runs in a fresh child process (``python -m
+twin.studies.bench CONFIG N``), so that its CPU seconds (user + system, from
+``os.wait4``), wall seconds and peak resident memory (``ru_maxrss``) are its
+own, start-up and imports included: the whole process, as a user pays it. The
+child reports the SimPy events it processed, the engine iterations (summed
+over instances) and the simulated seconds. With ``repeat`` > 1 each figure is
+the median over the runs.
+
+``vs`` names another command (a shell command line) to time on the same
+machine in alternation with twin's own run, A B A B ..., ``repeat`` pairs. To
+let it simulate the same requests, the requests the twin simulates are written
+to a CSV first (``arrival_s,prompt_tokens,output_tokens``, one row per
+request, drawn from the simulation's own request stream) and ``{requests_csv}``,
+``{n}`` and ``{config}`` in the command are replaced by its path (shell-quoted),
+the request count and the configuration name. The other command's CPU is the
+rusage of the shell that runs it, which includes every process it waited for.
+The ratio B/A is the median over pairs of the pair's ratio, which stays
+meaningful when the machine's speed drifts between pairs.
 """
 
 from __future__ import annotations
 
+import csv
 import json
-import resource
+import os
+import re
+import shlex
+import statistics
 import subprocess
 import sys
-import time
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from twin.errors import TwinError
 
-TRACE = Path("traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv")
+CONFIGS = ("colocated", "split")
+DEFAULT_SIZES = "10k,100k"
+REQUEST_CSV_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
+
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)([kKmM]?)")
+_SUFFIX = {"": 1, "k": 1_000, "m": 1_000_000}
 
 
-def bench_spec(trace: Path, requests: int) -> dict[str, Any]:
-    return {
-        "name": f"bench-{requests}",
+def parse_sizes(text: str) -> list[int]:
+    """``"10k,100k,1M"`` -> ``[10000, 100000, 1000000]``; plain integers too.
+
+    A suffix ``k`` is thousands, ``M`` millions (either case); ``1.5k`` is
+    1500. Each size must be a whole number of requests > 0."""
+    items = [x.strip() for x in text.split(",")]
+    if not any(items):
+        raise TwinError(f"--sizes: {text!r} names no size; give e.g. 10k,100k,1M")
+    sizes = []
+    for item in items:
+        m = _SIZE.fullmatch(item.replace("_", ""))
+        if m is None:
+            raise TwinError(
+                f"--sizes: {item!r} is not a request count; give e.g. 10k,100k,1M or 5000"
+            )
+        exact = Fraction(m.group(1)) * _SUFFIX[m.group(2).lower()]
+        if exact.denominator != 1:
+            raise TwinError(f"--sizes: {item!r} is not a whole number of requests")
+        value = int(exact)
+        if value <= 0:
+            raise TwinError(f"--sizes: {item!r} must be > 0 requests")
+        sizes.append(value)
+    return sizes
+
+
+def parse_configs(text: str) -> list[str]:
+    """``"colocated,split"`` -> ``["colocated", "split"]``, each known, no repeats."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise TwinError(f"--config: {text!r} names no configuration; choose from colocated, split")
+    for item in items:
+        if item not in CONFIGS:
+            raise TwinError(
+                f"--config: {item!r} is not a configuration; choose from {', '.join(CONFIGS)}"
+            )
+    return list(dict.fromkeys(items))
+
+
+def bench_spec(config: str, n: int) -> dict[str, Any]:
+    """The spec (a mapping, as parsed from YAML) of ``config`` with ``n`` requests."""
+    if config not in CONFIGS:
+        raise TwinError(
+            f"twin bench: {config!r} is not a configuration; choose from colocated, split"
+        )
+    spec: dict[str, Any] = {
+        "name": f"bench-{config}",
+        "seed": 0,
         "model": "llama-2-70b",
-        "gpu": "h100-sxm",
-        "cluster": {"instances": 4, "tp": 8},
-        "scheduler": {"name": "colocated", "routing": "least_loaded"},
         "workload": {
-            "trace": str(trace),
-            "format": "azure",
-            "repeat": True,
-            "max_requests": requests,
+            "lengths": "azure-conv",
+            "arrival": {"process": "poisson", "rate": 8.0},
+            "max_requests": n,
         },
-        "slo": {"ttft": "1 s", "tpot": "50 ms"},
     }
+    if config == "colocated":
+        spec["cluster"] = {"topology": "dgx-h100-ib400", "nodes": 4, "instances": 4, "tp": 8}
+        spec["scheduler"] = {"name": "colocated", "routing": "least_loaded"}
+        spec["slo"] = {"ttft": "1 s", "tpot": "50 ms"}
+    else:
+        spec["cluster"] = {
+            "topology": "dgx-h100-ib400",
+            "nodes": 4,
+            "prefill": {"instances": 2, "tp": 8},
+            "decode": {"instances": 2, "tp": 8},
+            "placement": "packed",
+        }
+        spec["scheduler"] = {"name": "splitwise"}
+        spec["slo"] = {"ttft": "1 s", "tpot": "50 ms", "ttft_at": "decode"}
+    return spec
 
 
-def run_one(trace: Path, requests: int) -> dict[str, Any]:
-    """Run one size in this process; wall time covers building and running."""
-    from twin.sim.simulation import Simulation
+def _resolved(config: str, n: int) -> Any:
     from twin.sim.spec import resolve_spec
 
-    t0 = time.perf_counter()
-    spec = resolve_spec(bench_spec(trace, requests), "bench", Path.cwd())
-    sim = Simulation(spec)
+    return resolve_spec(bench_spec(config, n), f"bench {config}", Path.cwd())
+
+
+def bench_requests(config: str, n: int) -> Iterator[tuple[float, int, int]]:
+    """``(arrival_s, prompt_tokens, output_tokens)`` of each request the run of
+    ``config`` with ``n`` requests simulates: the simulation's own stream."""
+    from twin.sim.simulation import Simulation
+    from twin.workload.stream import iter_requests
+
+    sim = Simulation(_resolved(config, n))
+    for req in iter_requests(sim.spec.workload, sim.rng_workload):
+        yield req.arrival_s, req.prompt_tokens, req.output_tokens
+
+
+def write_requests_csv(rows: Iterable[tuple[float, int, int]], out: IO[str]) -> int:
+    """One CSV row per request; ``arrival_s`` as ``repr`` of the float, so it
+    reads back exactly. Returns the number of rows."""
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(REQUEST_CSV_COLUMNS)
+    count = 0
+    for t, p, o in rows:
+        w.writerow((repr(t), p, o))
+        count += 1
+    return count
+
+
+def run_one(config: str, n: int) -> dict[str, Any]:
+    """One run in this process (the child's work): its counts, no timing."""
+    from twin.sim.simulation import Simulation
+
+    sim = Simulation(_resolved(config, n))
     result = sim.run()
-    wall = time.perf_counter() - t0
-    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
         "requests": result.summary["requests"],
-        "wall_s": wall,
+        "completed": result.summary["completed"],
         "events": sim.events,
-        "rss_mib": rss_kib / 1024.0,
+        "iterations": sum(e.iterations for e in sim.engines),
         "simulated_s": result.summary["simulated_s"],
     }
 
 
-def resolve_trace(trace: str | None, data: str | None) -> Path:
-    if trace:
-        path = Path(trace)
-    else:
-        from twin.perf.validate import find_data_dir
+# -- measuring a child process -------------------------------------------------------------
+@dataclass(frozen=True)
+class Usage:
+    """What one finished child cost: CPU (user + system) and wall seconds, and
+    its peak resident memory in MiB (the largest of it and the processes it
+    waited for)."""
 
-        path = find_data_dir(data) / TRACE
-    if not path.is_file():
-        raise TwinError(f"{path}: Azure conversation trace not found; pass --trace PATH")
-    return path
+    cpu_s: float
+    wall_s: float
+    rss_mib: float
+    stdout: str
 
 
-def run_bench(sizes: list[int], trace: str | None, data: str | None) -> str:
-    path = resolve_trace(trace, data)
+# Linux keeps a process's peak RSS across fork and exec: a child forked from
+# this process (which has imported the twin and, for --vs, drawn the requests)
+# would report this process's peak as its own floor. So a bare interpreter
+# (``python -S``, no site) starts each measured command and reports its
+# ``os.wait4`` figures; the floor is then that interpreter's own few MiB.
+_MEASURER = """
+import json, os, sys, time
+argv = json.loads(sys.argv[1])
+t0 = time.perf_counter()
+pid = os.posix_spawnp(argv[0], argv, os.environ)
+_, status, ru = os.wait4(pid, 0)
+wall = time.perf_counter() - t0
+with open(sys.argv[2], "w") as f:
+    json.dump({"status": os.waitstatus_to_exitcode(status), "wall_s": wall,
+               "cpu_s": ru.ru_utime + ru.ru_stime, "maxrss_kib": ru.ru_maxrss}, f)
+"""
+
+
+def _measure(argv: list[str], env: dict[str, str] | None, what: str) -> Usage:
+    """Run ``argv`` to its end; its resource usage from ``os.wait4`` in the
+    bare interpreter that started it (user + system seconds of it and of every
+    process it waited for; its peak RSS, or the largest of theirs)."""
+    with (
+        tempfile.TemporaryDirectory(prefix="twin-bench-m-") as tmp,
+        open(Path(tmp) / "out", "w+b") as out,
+        open(Path(tmp) / "err", "w+b") as err,
+    ):
+        report = Path(tmp) / "usage.json"
+        measurer = [sys.executable, "-S", "-c", _MEASURER, json.dumps(argv), str(report)]
+        rc = subprocess.call(measurer, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env)
+        out.seek(0)
+        err.seek(0)
+        stdout = out.read().decode("utf-8", "replace")
+        stderr = err.read().decode("utf-8", "replace")
+        if rc != 0 or not report.is_file():
+            tail = stderr.strip().splitlines()[-1:]
+            raise TwinError(f"{what}: could not be started: {tail[0] if tail else rc}")
+        u = json.loads(report.read_text(encoding="utf-8"))
+    if u["status"] != 0:
+        tail = stderr.strip().splitlines()[-1:]
+        why = tail[0] if tail else "no message"
+        raise TwinError(f"{what} exited with status {u['status']}: {why}")
+    # Linux reports ru_maxrss in KiB
+    return Usage(u["cpu_s"], u["wall_s"], u["maxrss_kib"] / 1024.0, stdout)
+
+
+def _child_env() -> dict[str, str]:
+    """This environment, with the twin this process imported first on the path."""
+    import twin
+
+    root = str(Path(twin.__file__).resolve().parent.parent)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def measure_twin(config: str, n: int) -> dict[str, Any]:
+    """One run of ``config`` with ``n`` requests in a fresh child process."""
+    argv = [sys.executable, "-m", "twin.studies.bench", config, str(n)]
+    u = _measure(argv, _child_env(), f"twin bench: {config} with {n} requests")
+    counts = json.loads(u.stdout)
+    return {**counts, "cpu_s": u.cpu_s, "wall_s": u.wall_s, "rss_mib": u.rss_mib}
+
+
+def vs_command(template: str, requests_csv: Path, n: int, config: str) -> str:
+    """``template`` with its placeholders filled (the path shell-quoted)."""
+    return (
+        template.replace("{requests_csv}", shlex.quote(str(requests_csv)))
+        .replace("{n}", str(n))
+        .replace("{config}", config)
+    )
+
+
+def measure_command(command: str) -> dict[str, Any]:
+    """One run of a shell command line; its output is not kept."""
+    u = _measure(["/bin/sh", "-c", command], None, f"--vs: {command!r}")
+    return {"cpu_s": u.cpu_s, "wall_s": u.wall_s, "rss_mib": u.rss_mib}
+
+
+# -- the table -----------------------------------------------------------------------------
+def _median(runs: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def summarize(config: str, n: int, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from the runs of one (configuration, size): medians of the
+    measured figures, the counts (identical in every run) per request."""
+    first = runs[0]
+    for r in runs[1:]:
+        if (r["events"], r["iterations"]) != (first["events"], first["iterations"]):
+            raise TwinError(f"twin bench: {config} with {n} requests is not deterministic")
+    req = first["requests"]
+    cpu = _median(runs, "cpu_s")
+    return {
+        "config": config,
+        "size": n,
+        "requests": req,
+        "completed": first["completed"],
+        "runs": len(runs),
+        "cpu_s": cpu,
+        "wall_s": _median(runs, "wall_s"),
+        "cpu_us_per_request": cpu / req * 1e6,
+        "events_per_request": first["events"] / req,
+        "iterations_per_request": first["iterations"] / req,
+        "events": first["events"],
+        "iterations": first["iterations"],
+        "rss_mib": _median(runs, "rss_mib"),
+        "simulated_s": first["simulated_s"],
+    }
+
+
+def _vs_row(a_runs: list[dict[str, Any]], b_runs: list[dict[str, Any]], command: str) -> dict:
+    pairs = list(zip(a_runs, b_runs, strict=True))
+
+    def ratio(key: str) -> float | None:
+        if any(a[key] <= 0 for a, _ in pairs):
+            return None
+        return statistics.median(b[key] / a[key] for a, b in pairs)
+
+    return {
+        "command": command,
+        "pairs": len(pairs),
+        "cpu_s": _median(b_runs, "cpu_s"),
+        "wall_s": _median(b_runs, "wall_s"),
+        "rss_mib": _median(b_runs, "rss_mib"),
+        "cpu_ratio": ratio("cpu_s"),
+        "wall_ratio": ratio("wall_s"),
+        "runs": b_runs,
+    }
+
+
+def bench(
+    sizes: list[int],
+    configs: list[str],
+    repeat: int,
+    vs: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """The rows of ``twin bench``: per size, per configuration, twin's figures
+    and, with ``vs``, the other command's beside them."""
+    if repeat < 1:
+        raise TwinError(f"--repeat: {repeat} must be >= 1")
+    if vs is not None and not vs.strip():
+        raise TwinError("--vs: the command is empty")
     rows = []
-    for n in sizes:
-        if n <= 0:
-            raise TwinError(f"twin bench: --sizes: {n} must be > 0")
-        out = subprocess.run(
-            [sys.executable, "-m", "twin.studies.bench", str(path), str(n)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if out.returncode != 0:
-            raise TwinError(f"twin bench: size {n} failed: {out.stderr.strip().splitlines()[-1:]}")
-        rows.append(json.loads(out.stdout))
-    lines = [
-        f"{'requests':>10}{'wall s':>10}{'req/s':>12}{'events/s':>12}"
-        f"{'peak RSS MiB':>14}{'sim s':>10}",
-    ]
+    with tempfile.TemporaryDirectory(prefix="twin-bench-") as tmp:
+        for n in sizes:
+            for config in configs:
+                if progress is not None:
+                    progress(f"{config} {n:,} requests")
+                if vs is None:
+                    runs = [measure_twin(config, n) for _ in range(repeat)]
+                    rows.append({**summarize(config, n, runs), "raw": runs})
+                    continue
+                path = Path(tmp) / f"requests-{config}-{n}.csv"
+                with open(path, "w", encoding="utf-8", newline="") as f:
+                    write_requests_csv(bench_requests(config, n), f)
+                command = vs_command(vs, path, n, config)
+                a_runs, b_runs = [], []
+                for _ in range(repeat):  # A B A B ...
+                    a_runs.append(measure_twin(config, n))
+                    b_runs.append(measure_command(command))
+                row = summarize(config, n, a_runs)
+                rows.append({**row, "raw": a_runs, "vs": _vs_row(a_runs, b_runs, command)})
+    return rows
+
+
+def format_rows(rows: list[dict[str, Any]]) -> str:
+    head = (
+        f"{'config':<10}{'requests':>10}{'CPU s':>9}{'wall s':>9}{'CPU us/req':>12}"
+        f"{'events/req':>12}{'iter/req':>10}{'peak MiB':>10}{'sim s':>9}"
+    )
+    lines = [head]
     for r in rows:
         lines.append(
-            f"{r['requests']:>10,}{r['wall_s']:>10.2f}{r['requests'] / r['wall_s']:>12,.0f}"
-            f"{r['events'] / r['wall_s']:>12,.0f}{r['rss_mib']:>14.1f}{r['simulated_s']:>10.0f}"
+            f"{r['config']:<10}{r['requests']:>10,}{r['cpu_s']:>9.2f}{r['wall_s']:>9.2f}"
+            f"{r['cpu_us_per_request']:>12.1f}{r['events_per_request']:>12.2f}"
+            f"{r['iterations_per_request']:>10.2f}{r['rss_mib']:>10.1f}{r['simulated_s']:>9.0f}"
         )
+    versus = [r for r in rows if "vs" in r]
+    if versus:
+        lines.append("")
+        lines.append(
+            f"{'config':<10}{'requests':>10}{'pairs':>7}{'A CPU s':>9}{'B CPU s':>9}"
+            f"{'B/A CPU':>9}{'A wall s':>10}{'B wall s':>10}{'B/A wall':>10}{'B MiB':>8}"
+        )
+        for r in versus:
+            v = r["vs"]
+            cr = "-" if v["cpu_ratio"] is None else f"{v['cpu_ratio']:.2f}x"
+            wr = "-" if v["wall_ratio"] is None else f"{v['wall_ratio']:.2f}x"
+            lines.append(
+                f"{r['config']:<10}{r['requests']:>10,}{v['pairs']:>7}{r['cpu_s']:>9.2f}"
+                f"{v['cpu_s']:>9.2f}{cr:>9}{r['wall_s']:>10.2f}{v['wall_s']:>10.2f}{wr:>10}"
+                f"{v['rss_mib']:>8.1f}"
+            )
+        lines.append(f"B: {versus[0]['vs']['command'] if len(versus) == 1 else 'see --json'}")
     return "\n".join(lines)
 
 
+def _main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m twin.studies.bench CONFIG N", file=sys.stderr)
+        return 2
+    print(json.dumps(run_one(argv[0], int(argv[1]))))
+    return 0
+
+
 if __name__ == "__main__":
-    print(json.dumps(run_one(Path(sys.argv[1]), int(sys.argv[2]))))
+    sys.exit(_main(sys.argv[1:]))
