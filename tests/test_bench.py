@@ -157,7 +157,7 @@ def test_vs_fills_the_placeholders_and_gives_a_ratio(capsys, tmp_path):
     )
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert "B/A CPU" in out and "split" in out
+    assert "B/A CPU" in out and "split" in out and f"B: {cmd}" in out
     (row,) = json.loads(out_json.read_text())["rows"]
     v = row["vs"]
     assert v["pairs"] == 1 and len(v["runs"]) == 1 and len(row["raw"]) == 1

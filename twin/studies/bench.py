@@ -39,13 +39,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from twin.errors import TwinError
+
+if TYPE_CHECKING:
+    from twin.sim.spec import ExperimentSpec
 
 CONFIGS = ("colocated", "split")
 DEFAULT_SIZES = "10k,100k"
@@ -126,7 +129,7 @@ def bench_spec(config: str, n: int) -> dict[str, Any]:
     return spec
 
 
-def _resolved(config: str, n: int) -> Any:
+def _resolved(config: str, n: int) -> ExperimentSpec:
     from twin.sim.spec import resolve_spec
 
     return resolve_spec(bench_spec(config, n), f"bench {config}", Path.cwd())
@@ -294,7 +297,9 @@ def summarize(config: str, n: int, runs: list[dict[str, Any]]) -> dict[str, Any]
     }
 
 
-def _vs_row(a_runs: list[dict[str, Any]], b_runs: list[dict[str, Any]], command: str) -> dict:
+def _vs_row(
+    a_runs: list[dict[str, Any]], b_runs: list[dict[str, Any]], template: str, command: str
+) -> dict[str, Any]:
     pairs = list(zip(a_runs, b_runs, strict=True))
 
     def ratio(key: str) -> float | None:
@@ -303,6 +308,7 @@ def _vs_row(a_runs: list[dict[str, Any]], b_runs: list[dict[str, Any]], command:
         return statistics.median(b[key] / a[key] for a, b in pairs)
 
     return {
+        "template": template,
         "command": command,
         "pairs": len(pairs),
         "cpu_s": _median(b_runs, "cpu_s"),
@@ -319,7 +325,6 @@ def bench(
     configs: list[str],
     repeat: int,
     vs: str | None = None,
-    progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """The rows of ``twin bench``: per size, per configuration, twin's figures
     and, with ``vs``, the other command's beside them."""
@@ -331,8 +336,6 @@ def bench(
     with tempfile.TemporaryDirectory(prefix="twin-bench-") as tmp:
         for n in sizes:
             for config in configs:
-                if progress is not None:
-                    progress(f"{config} {n:,} requests")
                 if vs is None:
                     runs = [measure_twin(config, n) for _ in range(repeat)]
                     rows.append({**summarize(config, n, runs), "raw": runs})
@@ -346,7 +349,7 @@ def bench(
                     a_runs.append(measure_twin(config, n))
                     b_runs.append(measure_command(command))
                 row = summarize(config, n, a_runs)
-                rows.append({**row, "raw": a_runs, "vs": _vs_row(a_runs, b_runs, command)})
+                rows.append({**row, "raw": a_runs, "vs": _vs_row(a_runs, b_runs, vs, command)})
     return rows
 
 
@@ -378,7 +381,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
                 f"{v['cpu_s']:>9.2f}{cr:>9}{r['wall_s']:>10.2f}{v['wall_s']:>10.2f}{wr:>10}"
                 f"{v['rss_mib']:>8.1f}"
             )
-        lines.append(f"B: {versus[0]['vs']['command'] if len(versus) == 1 else 'see --json'}")
+        lines.append(f"B: {versus[0]['vs']['template']}")
     return "\n".join(lines)
 
 
