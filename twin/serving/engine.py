@@ -49,7 +49,14 @@ from twin._check import is_int
 from twin._clock import at
 from twin._declare import BOOL, FRACTION, POSITIVE_INT, choice, declared, interval, nbytes
 from twin.errors import SpecError
-from twin.perf.iteration import Batch, PerfModel, Pipelined, pipeline_stages
+from twin.perf.iteration import (
+    Batch,
+    DecodeSteps,
+    PerfModel,
+    Pipelined,
+    decode_steps,
+    pipeline_stages,
+)
 from twin.request import Request
 from twin.serving.fastforward import FastForward
 from twin.serving.kvcache import BlockManager, PrefixCache, blocks_for, cacheable
@@ -235,6 +242,8 @@ class Engine:
         # Seconds one iteration of a batch takes here, at the instance's speed:
         # the perf model's own method at speed 1 (no wrapper on the hot path).
         self.iteration_time: Callable[[Batch], float] = perf.iteration_time
+        # ... and of a stretch of decode-only steps of one batch, in one call
+        self.decode_steps: DecodeSteps = decode_steps(perf)
         self.on_lost: Callable[[Sequence], None] | None = None
         # Scaling: starting | serving | draining | stopped (twin.scheduler.
         # INSTANCE_STATES), and who is told when a draining instance may be empty.
@@ -283,6 +292,10 @@ class Engine:
         self.speed = speed
         timed = self.perf.iteration_time
         self.iteration_time = timed if speed == 1.0 else (lambda batch: timed(batch) / speed)
+        steps = decode_steps(self.perf)
+        self.decode_steps = (
+            steps if speed == 1.0 else (lambda c, x, n: [d / speed for d in steps(c, x, n)])
+        )
 
     def held(self) -> list[Sequence]:
         """Every sequence this instance holds: queued, admitted (any phase) and

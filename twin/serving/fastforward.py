@@ -3,17 +3,21 @@
 Between two events that change an engine's decode batch (an arrival, a KV
 landing, a sequence finishing, a block running short) every decode step is
 known in advance: the batch grows one token per sequence per step and the perf
-model prices each step. :class:`FastForward` computes such a stretch of steps in
-closed form, waits for its end with one event, and applies the steps in bulk
-(block allocations, inter-token gaps, counters) exactly as stepping would; a
-change from outside cuts the stretch at the step in progress. The results are
-bit-identical to stepping (``tests/test_engine.py`` holds the two side by side).
+model prices each step. :class:`FastForward` prices such a stretch in one call
+(:func:`twin.perf.iteration.decode_steps`), waits for its end with one event,
+and applies the steps in bulk (block allocations, inter-token gaps, counters)
+exactly as stepping would; a change from outside cuts the stretch at the step
+in progress. The results are bit-identical to stepping (``tests/test_engine.py``
+holds the two side by side).
 """
 
 from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, bisect_right
+from functools import reduce
+from itertools import accumulate
+from operator import add, sub
 from typing import TYPE_CHECKING
 
 import simpy
@@ -97,16 +101,12 @@ class FastForward:
                     need += max(0, blocks_for(s.length_at(last), bs) - s.held_blocks)
             if need > eng.kv.free:
                 return None
-        count, ctx = batch.decode_count, batch.decode_context_sum
-        t = eng.env.now + dt
-        dts, ends = [dt], [t]
-        for _ in range(last - first):
-            ctx += count
-            d = eng.iteration_time(Batch((), count, ctx))
-            t += d  # the same float sum stepping makes: now + dt, one step at a time
-            dts.append(d)
-            ends.append(t)
-        return Stretch(dts, ends)
+        count = batch.decode_count
+        later = eng.decode_steps(count, batch.decode_context_sum + count, last - first)
+        # the same float sums stepping makes: now + dt, then one step at a time
+        ends = list(accumulate(later, initial=eng.env.now + dt))
+        later.insert(0, dt)
+        return Stretch(later, ends)
 
     def run(self, st: Stretch):  # noqa: ANN201 - part of the engine's serve process
         eng = self.engine
@@ -159,42 +159,61 @@ class FastForward:
         k0 = st.ended
         if end_to <= k0:
             return
-        gap_steps, gap_vals = eng._gap_steps, eng._gap_vals
-        dts = st.dts
-        busy = eng.busy_s
-        step = eng.steps
-        prev = ends[k0 - 1]
-        for k in range(k0, end_to):
-            e = ends[k]
-            gap = e - prev
-            prev = e
-            step += 1
-            while gap_vals and gap_vals[-1] <= gap:
-                gap_vals.pop()
-                gap_steps.pop()
-            gap_steps.append(step)
-            gap_vals.append(gap)
-            busy += dts[k]
         n = end_to - k0
-        eng.busy_s = busy
+        step = eng.steps
+        self._push_gaps(step + 1, list(map(sub, ends[k0:end_to], ends[k0 - 1 : end_to - 1])))
+        step += n
+        eng.busy_s = reduce(add, st.dts[k0:end_to], eng.busy_s)  # one step at a time
         eng.iterations += n
         eng.steps = step
         eng.decode_ctx_sum += eng.decode_count * n
-        eng._last_decode_end = prev
+        eng._last_decode_end = ends[end_to - 1]
         st.ended = end_to
-        if len(gap_steps) > 4096:
+        if len(eng._gap_steps) > 4096:
             eng._prune_gaps(step)
 
+    def _push_gaps(self, step: int, gaps: list[float]) -> None:
+        """Push the gaps of steps ``step, step + 1, ...`` onto the engine's monotone
+        stack, leaving it as pushing them one by one would: what stays of them is
+        the last largest, then the last largest of those after it, and so on."""
+        eng = self.engine
+        steps, vals = eng._gap_steps, eng._gap_vals
+        top = max(gaps)
+        while vals and vals[-1] <= top:
+            vals.pop()
+            steps.pop()
+        lo, n = 0, len(gaps)
+        for _ in range(8):  # in a stretch gaps mostly grow: one or two rounds
+            rest = gaps[lo:]
+            top = max(rest)
+            lo += len(rest) - rest[::-1].index(top)  # past the last occurrence
+            steps.append(step + lo - 1)
+            vals.append(top)
+            if lo == n:
+                return
+        for k in range(lo, n):  # falling gaps: one at a time
+            gap = gaps[k]
+            while vals and vals[-1] <= gap:
+                vals.pop()
+                steps.pop()
+            steps.append(step + k)
+            vals.append(gap)
+
     def _allocate_through(self, last: int) -> None:
-        """The blocks decode steps up to ``last`` take, all known to be free."""
+        """The blocks decode steps up to ``last`` take, all known to be free: each
+        sequence due takes every block it needs by then at once."""
         eng = self.engine
         heap = eng._alloc_heap
-        kv = eng.kv
-        bs = kv.block_size
+        bs = eng.kv.block_size
+        taken = 0
         while heap and heap[0][0] <= last:
-            need_at, _, epoch, s = heapq.heappop(heap)
+            need_at, rid, epoch, s = heap[0]
             if epoch != s.epoch or s.state != DECODE:
+                heapq.heappop(heap)
                 continue
-            kv.allocate(1)
-            s.blocks += 1
-            heapq.heappush(heap, (need_at + bs, s.req.id, s.epoch, s))
+            k = (last - need_at) // bs + 1
+            s.blocks += k
+            taken += k
+            heapq.heapreplace(heap, (need_at + k * bs, rid, epoch, s))
+        if taken:
+            eng.kv.allocate(taken)
