@@ -313,7 +313,7 @@ class Engine:
         reserved here for incoming hand-offs is dropped with the rest. The
         iteration in progress never ends; the instance comes back empty
         (:meth:`recover`)."""
-        self.sync()
+        self._interrupt()  # a stretch ends where the step in progress would have
         for lane in range(self.pp):
             self._use_lane(lane)
             for s in self.running.values():
@@ -408,6 +408,7 @@ class Engine:
         evicted before the KV lands) and only the rest is reserved and moved;
         at least the prompt's last token always moves, as a prefill always
         computes it."""
+        self.sync()  # the blocks the decode steps under way have taken
         kv = self.kv
         if self.running_requests >= self.config.max_num_seqs * self.pp:
             return False

@@ -1,14 +1,18 @@
-"""Fast-forward: one event for a stretch of decode steps in which nothing can change.
+"""Fast-forward: one event for a stretch of decode steps of one batch.
 
 Between two events that change an engine's decode batch (an arrival, a KV
 landing, a sequence finishing, a block running short) every decode step is
 known in advance: the batch grows one token per sequence per step and the perf
 model prices each step. :class:`FastForward` prices such a stretch in one call
-(:func:`twin.perf.iteration.decode_steps`), waits for its end with one event,
-and applies the steps in bulk (block allocations, inter-token gaps, counters)
-exactly as stepping would; a change from outside cuts the stretch at the step
-in progress. The results are bit-identical to stepping (``tests/test_engine.py``
-holds the two side by side).
+(:func:`twin.perf.iteration.decode_steps`), up to and including the next step in
+which a sequence finishes, waits for its end with one event, and applies the
+steps in bulk (block allocations, inter-token gaps, counters) exactly as
+stepping would, the last step (where the batch changes) as stepping does. A
+change from outside cuts the stretch at the step in progress: the same event is
+moved forward to that step's end (:func:`twin._clock.move`), so a stretch costs
+one event whether it runs to its end or not. The results are bit-identical to
+stepping (``tests/test_engine.py`` and ``tests/test_fastforward.py`` hold the two
+side by side).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import simpy
 
-from twin._clock import at
+from twin._clock import at, move
 from twin.perf.iteration import Batch
 from twin.serving.kvcache import blocks_for
 from twin.serving.sequence import DECODE
@@ -30,43 +34,57 @@ from twin.serving.sequence import DECODE
 if TYPE_CHECKING:
     from twin.serving.engine import Engine
 
-MIN_STRETCH = 3  # steps; shorter stretches are stepped
+MIN_STRETCH = 2  # steps; a single step is stepped
 MAX_STRETCH = 4096
+# After a cut the next stretch is priced at most this far, or four times the
+# steps the cut one ran: pricing is cheap next to an event, and a stretch that
+# ends short of its next finish costs one more event.
+CUT_STRETCH = 128
 
 
 class Stretch:
     """Decode steps covered by one event: step ``i`` runs ``dts[i]`` seconds and
     ends at ``ends[i]`` (it starts at the previous end, the first when the
     stretch is made). ``begun`` and ``ended`` count the steps applied so far;
-    the first is planned (begun) before the stretch is made."""
+    the first is planned (begun) before the stretch is made. ``stop`` is the
+    number of steps it runs (fewer than planned once cut), ``event`` the one
+    event that fires at the end of step ``stop - 1``."""
 
-    __slots__ = ("dts", "ends", "begun", "ended")
+    __slots__ = ("dts", "ends", "begun", "ended", "stop", "event")
 
     def __init__(self, dts: list[float], ends: list[float]) -> None:
         self.dts = dts
         self.ends = ends
         self.begun = 1
         self.ended = 0
+        self.stop = len(ends)
+        self.event: simpy.Event | None = None
 
 
 class FastForward:
-    """The fast-forward of one engine: the stretch in progress, if any, the event
-    that cuts it short, and the length the next stretch aims at."""
+    """The fast-forward of one engine: the stretch in progress, if any, and the
+    length the next stretch aims at."""
 
-    __slots__ = ("engine", "stretch", "cap", "cut")
+    __slots__ = ("engine", "stretch", "cap")
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.stretch: Stretch | None = None
         self.cap = MAX_STRETCH
-        self.cut: simpy.Event = engine.env.event()
 
     def interrupt(self) -> None:
         """A change from outside: end the stretch at the step in progress."""
-        if self.stretch is not None:
-            self.advance(self.engine.env.now, inclusive=False)
-            if not self.cut.triggered:
-                self.cut.succeed()
+        st = self.stretch
+        if st is None:
+            return
+        env = self.engine.env
+        now = env.now
+        self.advance(now, inclusive=False)
+        k = bisect_left(st.ends, now)  # the step in progress (or ending now)
+        if k + 1 < st.stop:
+            st.stop = k + 1
+            assert st.event is not None
+            move(env, st.event, st.ends[k])
 
     def sync(self) -> None:
         """Bring the engine up to now inside a stretch, so that a reader sees
@@ -75,10 +93,10 @@ class FastForward:
             self.advance(self.engine.env.now, inclusive=False)
 
     def plan(self, dt: float, batch: Batch) -> Stretch | None:
-        """A stretch of the decode steps from the one just planned up to, not
-        including, the next step in which a sequence finishes, when every block
-        those steps need is free (so no preemption can happen) and it is long
-        enough to be worth it. Arrivals, the only other change, cut it short."""
+        """A stretch of the decode steps from the one just planned up to and
+        including the next step in which a sequence finishes, when every block
+        those steps need is free (so no preemption can happen) and it is longer
+        than one step. Arrivals, the only other change, cut it short."""
         eng = self.engine
         if eng._preempted:
             return None  # the preempted may be admitted again at the next step
@@ -88,7 +106,7 @@ class FastForward:
         if not heap:
             return None
         first = eng.steps + 1
-        last = min(heap[0][0] - 1, first + self.cap - 1)
+        last = min(heap[0][0], first + self.cap - 1)
         if last - first < MIN_STRETCH - 1:
             return None
         bs = eng.kv.block_size
@@ -112,45 +130,58 @@ class FastForward:
         eng = self.engine
         env = eng.env
         self.stretch = st
-        self.cut = env.event()
-        yield env.any_of([at(env, st.ends[-1]), self.cut])
+        st.event = at(env, st.ends[-1])
+        yield st.event
         if eng._ff is not self:
             return  # the engine failed: its state was reset
-        if env.now < st.ends[-1]:
-            # An arrival: run on to the end of the step in progress, then replan.
-            yield at(env, st.ends[bisect_left(st.ends, env.now)])
-            if eng._ff is not self:
-                return
-        self.advance(env.now, inclusive=True)
-        # Steps computed past an arrival are wasted: aim the next stretch at
-        # about twice the length arrivals have been leaving (only speed depends
-        # on this, never a result).
-        if st.ended < len(st.ends):
-            self.cap = max(2 * MIN_STRETCH, st.ended + st.ended // 2 + 2)
-        else:
-            self.cap = min(MAX_STRETCH, 2 * self.cap)
+        last = len(st.ends) - 1
+        if st.stop <= last:
+            # Cut by a change at the step in progress, which has just ended. Steps
+            # priced past it were wasted: bound the next stretch's pricing by the
+            # length changes have been leaving (only speed depends on this).
+            self.advance(env.now, inclusive=True)
+            self.stretch = None
+            self.cap = max(CUT_STRETCH, 4 * st.stop)
+            return
+        self._begin(len(st.ends))
+        self._end(last)
         self.stretch = None
+        self.cap = min(MAX_STRETCH, 2 * self.cap)
+        # The last step, in which the batch changes, as stepping completes it.
+        eng.iterations += 1
+        eng.busy_s += st.dts[last]
+        eng._complete_decode_step(env.now)
 
     def advance(self, now: float, *, inclusive: bool) -> None:
         """Apply the stretch's steps that stepping would have applied by ``now``:
         a step begins (takes its blocks) at its start and ends (tokens out) at
         its end. Events at ``now`` itself are applied only when ``inclusive``
-        (same-time arrivals see the state before them, as when stepping).
-
-        Steps are applied in bulk: nothing in a stretch can fail or finish, so
-        only the totals, and the gaps in the order stepping pushes them, matter.
-        """
-        eng = self.engine
+        (same-time arrivals see the state before them, as when stepping)."""
         st = self.stretch
         assert st is not None
         ends = st.ends
-        begin_to = min(len(ends), bisect_left(ends, now) + 1)
-        if begin_to > st.begun:
-            self._allocate_through(eng.steps + 1 + (begin_to - 1 - st.ended))
-            st.begun = begin_to
+        self._begin(min(st.stop, bisect_left(ends, now) + 1))
         end_to = bisect_right(ends, now) if inclusive else bisect_left(ends, now)
+        self._end(min(st.stop, end_to))
+
+    def _begin(self, begin_to: int) -> None:
+        """Begin the stretch's steps before ``begin_to``: take their blocks."""
+        st = self.stretch
+        assert st is not None
+        if begin_to > st.begun:
+            self._allocate_through(self.engine.steps + 1 + (begin_to - 1 - st.ended))
+            st.begun = begin_to
+
+    def _end(self, end_to: int) -> None:
+        """End the stretch's steps before ``end_to``, in bulk: nothing in them can
+        fail or finish, so only the totals, and the gaps in the order stepping
+        pushes them, matter."""
+        eng = self.engine
+        st = self.stretch
+        assert st is not None
         if end_to <= st.ended:
             return
+        ends = st.ends
         if st.ended == 0:
             eng.iterations += 1
             eng.busy_s += st.dts[0]
