@@ -12,7 +12,10 @@ what the model needs of that order:
 SimPy schedules by delay only (``now + delay``), and ``now + (when - now)`` can
 miss ``when`` by one ulp. Fast-forward must land exactly on the instants that
 stepping reaches, and an idle path must take exactly latency + size / rate, so
-:func:`at` pushes onto SimPy's queue directly. This module is the one place
+:func:`at` pushes onto SimPy's queue directly. SimPy cannot take an event back
+once scheduled; :func:`move` brings one of :func:`at`'s forward instead (a
+fast-forwarded stretch cut short ends earlier), so that no stale event is left
+to fire. This module is the one place
 that touches SimPy's private ``Environment._queue`` and ``_eid`` (SimPy 4.x;
 the dependency is pinned to that major version).
 """
@@ -24,7 +27,7 @@ from collections.abc import Callable
 
 import simpy
 
-__all__ = ["ARRIVAL", "ORDINARY", "Arrival", "at"]
+__all__ = ["ARRIVAL", "ORDINARY", "Arrival", "at", "move"]
 
 ARRIVAL = simpy.core.URGENT
 ORDINARY = simpy.core.NORMAL
@@ -54,3 +57,15 @@ def at(
         ev.callbacks.append(callback)  # type: ignore[union-attr]
     heapq.heappush(env._queue, (when, ORDINARY, next(env._eid), ev))  # type: ignore[attr-defined]
     return ev
+
+
+def move(env: simpy.Environment, ev: simpy.Event, when: float) -> None:
+    """Make ``ev``, scheduled by :func:`at` and not yet fired, fire at ``when``
+    instead, ordered among the events of that instant as if scheduled now."""
+    queue = env._queue  # type: ignore[attr-defined]
+    for i, entry in enumerate(queue):
+        if entry[3] is ev:
+            queue[i] = (when, ORDINARY, next(env._eid), ev)  # type: ignore[attr-defined]
+            heapq.heapify(queue)
+            return
+    raise AssertionError(f"move: {ev!r} is not scheduled")

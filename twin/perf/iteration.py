@@ -9,12 +9,23 @@ tables of :mod:`twin.perf.tables`; :mod:`twin.perf.build` makes one from a spec.
 An instance with pipeline parallelism (:class:`Pipelined`) also says how long
 a batch holds each stage, so that an engine can keep up to ``pp`` micro-batches
 in flight: ``iteration_time`` is then a batch's latency through all stages.
+
+A stretch of decode-only steps of one batch (the same sequences, each one token
+longer per step) is priced in one call, :func:`decode_steps`: a model with a
+``decode_steps(count, context_sum, n)`` method gives the ``n`` step times at
+once (closed form per step, vectorised for long stretches), bit-identical to
+calling ``iteration_time`` step by step; any other model is called step by step.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+# Stretches of at least this many decode steps are priced with numpy: below it
+# the fixed cost of some twenty array operations is more than a plain loop.
+VECTOR_STEPS = 80
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,3 +83,23 @@ def pipeline_stages(perf: PerfModel) -> int:
     """The pipeline stages an engine may overlap micro-batches across: ``perf.pp``
     for a :class:`Pipelined` model, else 1."""
     return int(perf.pp) if isinstance(perf, Pipelined) else 1
+
+
+DecodeSteps = Callable[[int, int, int], list[float]]
+
+
+def decode_steps(perf: PerfModel) -> DecodeSteps:
+    """``f(count, context_sum, n)``: the seconds of ``n`` successive decode-only
+    iterations of ``count`` sequences whose contexts sum to ``context_sum`` in the
+    first and grow by ``count`` per iteration, equal to the last bit to
+    ``perf.iteration_time(Batch((), count, context_sum + k * count))`` for
+    ``k = 0 .. n-1``. The model's own ``decode_steps`` where it has one."""
+    own = getattr(perf, "decode_steps", None)
+    if own is not None:
+        return own  # type: ignore[no-any-return]
+    timed = perf.iteration_time
+
+    def stepped(count: int, context_sum: int, n: int) -> list[float]:
+        return [timed(Batch((), count, context_sum + k * count)) for k in range(n)]
+
+    return stepped

@@ -7,10 +7,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+import numpy as np
+
 from twin._check import is_int, is_number
 from twin.errors import SpecError, UnknownNameError
 from twin.perf.gpus import GPUSpec
-from twin.perf.iteration import Batch
+from twin.perf.iteration import VECTOR_STEPS, Batch
 from twin.perf.llm import ModelSpec
 
 # Calibrated defaults: fitted by twin.perf.calibrate (``python -m twin.perf.calibrate --data
@@ -363,3 +365,41 @@ class Roofline:
         else:
             roof = mem_s + self.no_overlap * compute_s
         return roof + self._fixed + self._seq * seqs + self._comm_fixed + self._comm_token * tokens
+
+    def decode_steps(self, count: int, context_sum: int, n: int) -> list[float]:
+        """Seconds of ``n`` decode-only iterations of ``count`` sequences, their
+        contexts summing to ``context_sum`` in the first and ``count`` more in each
+        next one: :meth:`iteration_time` of each, the same float operations in the
+        same order (so the same bits), without building the batches; one numpy
+        pass over the steps when there are many."""
+        tokens = seqs = count
+        c0 = (self._flop_token * tokens + self._flop_seq * seqs) * self._inv_compute
+        fa, ia = self._flop_attn, self._inv_attn
+        knee, throttle = self.throttle_knee_s, self.throttle
+        w_b, kv_b, inv_mem, no = self._w_b, self._kv_b, self._inv_mem, self.no_overlap
+        fixed, per_seq = self._fixed, self._seq * seqs
+        comm_fixed, comm = self._comm_fixed, self._comm_token * tokens
+        stop = context_sum + n * count
+        if n < VECTOR_STEPS:
+            out = []
+            for ctx in range(context_sum, stop, count):
+                compute_s = c0 + fa * ctx * ia
+                if compute_s > knee:
+                    compute_s += throttle * (compute_s - knee)
+                mem_s = (w_b + kv_b * (ctx + tokens)) * inv_mem
+                roof = compute_s + no * mem_s if compute_s > mem_s else mem_s + no * compute_s
+                out.append(roof + fixed + per_seq + comm_fixed + comm)
+            return out
+        ctx_a = np.arange(context_sum, stop, count, dtype=np.int64)
+        compute = c0 + fa * ctx_a.astype(np.float64) * ia
+        hot = compute > knee
+        if hot.any():
+            compute = np.where(hot, compute + throttle * (compute - knee), compute)
+        mem = (w_b + kv_b * (ctx_a + tokens).astype(np.float64)) * inv_mem
+        bound = compute > mem
+        roof_a = np.where(bound, compute + no * mem, mem + no * compute)
+        t = roof_a + fixed
+        t += per_seq
+        t += comm_fixed
+        t += comm
+        return t.tolist()  # type: ignore[no-any-return]

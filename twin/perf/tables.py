@@ -14,10 +14,12 @@ from bisect import bisect_right
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from twin._check import is_int, is_number
 from twin.errors import ProfileError, TwinError
 from twin.perf.gpus import get_gpu
-from twin.perf.iteration import Batch
+from twin.perf.iteration import VECTOR_STEPS, Batch
 from twin.perf.llm import get_model
 
 
@@ -71,6 +73,36 @@ class _Grid:
             if ks[i - 1] == k:
                 return self._row(i - 1, x)
         y0, y1 = self._row(i - 1, x), self._row(i, x)
+        return y0 + (y1 - y0) * (k - ks[i - 1]) / (ks[i] - ks[i - 1])
+
+    def _rows_many(self, i: int, x: np.ndarray) -> np.ndarray:
+        """:meth:`_row` of each element of ``x``, the same operations elementwise."""
+        xs, ys = self._rows[i]
+        if len(xs) == 1:
+            out = np.full(x.shape, ys[0])
+        else:
+            xa, ya = np.array(xs), np.array(ys)
+            j = np.clip(np.searchsorted(xa, x, side="right"), 1, len(xs) - 1)
+            x0, y0 = xa[j - 1], ya[j - 1]
+            out = y0 + (ya[j] - y0) * (x - x0) / (xa[j] - x0)
+        top = ys[-1] * x / xs[-1] if self._above == "proportional" else ys[-1]
+        out = np.where(x >= xs[-1], top, out)
+        return np.where(x <= xs[0], ys[0], out)
+
+    def many(self, k: float, x: np.ndarray) -> np.ndarray:
+        """``self(k, v)`` for each ``v`` of ``x``, the same operations elementwise."""
+        ks = self._ks
+        if k <= ks[0]:
+            return self._rows_many(0, x)
+        if k >= ks[-1]:
+            if not self._extra_k or len(ks) == 1 or k == ks[-1]:
+                return self._rows_many(len(ks) - 1, x)
+            i = len(ks) - 1
+        else:
+            i = bisect_right(ks, k)
+            if ks[i - 1] == k:
+                return self._rows_many(i - 1, x)
+        y0, y1 = self._rows_many(i - 1, x), self._rows_many(i, x)
         return y0 + (y1 - y0) * (k - ks[i - 1]) / (ks[i] - ks[i - 1])
 
 
@@ -185,6 +217,17 @@ class ProfileTable:
             )
             t += d if d > 0.0 else 0.0
         return t
+
+    def decode_steps(self, count: int, context_sum: int, n: int) -> list[float]:
+        """Seconds of ``n`` decode-only iterations of ``count`` sequences, their
+        contexts summing to ``context_sum`` in the first and ``count`` more in each
+        next one: :meth:`iteration_time` of each, to the last bit."""
+        stop = context_sum + n * count
+        if n < VECTOR_STEPS:
+            dec = self._decode
+            return [dec(count, c / count) for c in range(context_sum, stop, count)]
+        ctx = np.arange(context_sum, stop, count, dtype=np.int64)
+        return self._decode.many(count, ctx / count).tolist()  # type: ignore[no-any-return]
 
     @classmethod
     def from_splitwise(
@@ -408,6 +451,27 @@ class DistServeFit:
         if batch.prefill:
             rest += self.prefill_overhead_s * pp
         return rest + self.overhead_s + self.token_overhead_s * tokens, rest
+
+    def decode_steps(self, count: int, context_sum: int, n: int) -> list[float]:
+        """Seconds of ``n`` decode-only iterations of ``count`` sequences, their
+        contexts summing to ``context_sum`` in the first and ``count`` more in each
+        next one: :meth:`iteration_time` of each, the same float operations in the
+        same order (so the same bits)."""
+        a, b, c = self.decode_small if count < self.threshold else self.decode_large
+        pp = self.pp
+        later = pp - 1
+        oh, toh = self.overhead_s, self.token_overhead_s
+        stop = context_sum + n * count
+        if n < VECTOR_STEPS:
+            out = []
+            for ctx in range(context_sum, stop, count):
+                rest = (0.0 + (a + b * ctx + c * count)) * 1e-3 / pp
+                out.append(rest + oh + toh * (ctx - count) + later * rest)
+            return out
+        ctx_a = np.arange(context_sum, stop, count, dtype=np.int64)
+        rest_a = (0.0 + (a + b * ctx_a.astype(np.float64) + c * count)) * 1e-3 / pp
+        first = rest_a + oh + toh * (ctx_a - count).astype(np.float64)
+        return (first + later * rest_a).tolist()  # type: ignore[no-any-return]
 
     def iteration_time(self, batch: Batch) -> float:
         """Seconds for ``batch`` through every stage, per the fitted formulas and overheads."""

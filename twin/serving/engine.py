@@ -49,7 +49,14 @@ from twin._check import is_int
 from twin._clock import at
 from twin._declare import BOOL, FRACTION, POSITIVE_INT, choice, declared, interval, nbytes
 from twin.errors import SpecError
-from twin.perf.iteration import Batch, PerfModel, Pipelined, pipeline_stages
+from twin.perf.iteration import (
+    Batch,
+    DecodeSteps,
+    PerfModel,
+    Pipelined,
+    decode_steps,
+    pipeline_stages,
+)
 from twin.request import Request
 from twin.serving.fastforward import FastForward
 from twin.serving.kvcache import BlockManager, PrefixCache, blocks_for, cacheable
@@ -235,6 +242,8 @@ class Engine:
         # Seconds one iteration of a batch takes here, at the instance's speed:
         # the perf model's own method at speed 1 (no wrapper on the hot path).
         self.iteration_time: Callable[[Batch], float] = perf.iteration_time
+        # ... and of a stretch of decode-only steps of one batch, in one call
+        self.decode_steps: DecodeSteps = decode_steps(perf)
         self.on_lost: Callable[[Sequence], None] | None = None
         # Scaling: starting | serving | draining | stopped (twin.scheduler.
         # INSTANCE_STATES), and who is told when a draining instance may be empty.
@@ -283,6 +292,10 @@ class Engine:
         self.speed = speed
         timed = self.perf.iteration_time
         self.iteration_time = timed if speed == 1.0 else (lambda batch: timed(batch) / speed)
+        steps = decode_steps(self.perf)
+        self.decode_steps = (
+            steps if speed == 1.0 else (lambda c, x, n: [d / speed for d in steps(c, x, n)])
+        )
 
     def held(self) -> list[Sequence]:
         """Every sequence this instance holds: queued, admitted (any phase) and
@@ -300,7 +313,7 @@ class Engine:
         reserved here for incoming hand-offs is dropped with the rest. The
         iteration in progress never ends; the instance comes back empty
         (:meth:`recover`)."""
-        self.sync()
+        self._interrupt()  # a stretch ends where the step in progress would have
         for lane in range(self.pp):
             self._use_lane(lane)
             for s in self.running.values():
@@ -395,6 +408,7 @@ class Engine:
         evicted before the KV lands) and only the rest is reserved and moved;
         at least the prompt's last token always moves, as a prefill always
         computes it."""
+        self.sync()  # the blocks the decode steps under way have taken
         kv = self.kv
         if self.running_requests >= self.config.max_num_seqs * self.pp:
             return False

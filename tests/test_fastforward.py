@@ -1,0 +1,169 @@
+"""Fast-forward against stepping: the perf models' stretch pricing, and whole runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import simpy
+from helpers import small_spec
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_disagg import split_spec
+from test_engine import Linear, largest_relative_difference
+
+from twin._clock import Arrival
+from twin.perf.gpus import get_gpu
+from twin.perf.iteration import VECTOR_STEPS, Batch, decode_steps
+from twin.perf.llm import get_model
+from twin.perf.roofline import Roofline
+from twin.perf.tables import DistServeFit, ProfileTable
+from twin.request import Request
+from twin.serving.engine import Engine, EngineConfig
+from twin.serving.kvcache import BlockManager
+from twin.serving.observer import Observer
+from twin.serving.sequence import Sequence
+from twin.sim.simulation import Simulation
+
+H100 = get_gpu("h100-sxm")
+A100 = get_gpu("a100-80gb")
+
+
+def table() -> ProfileTable:
+    """A small measured-looking table: decode rows for batch 1, 8 and 32 (the
+    last two extrapolated past), contexts 128 to 4,096 (clamped outside)."""
+    decode = {
+        (b, c): 0.006 + 1e-4 * b + 2e-7 * b * c for b in (1, 8, 32) for c in (128, 1024, 4096)
+    }
+    prefill = {(1, p): 0.01 + 6e-5 * p for p in (128, 1024, 8192)}
+    return ProfileTable("profile:test", None, prefill, decode)
+
+
+def fit(pp: int = 1) -> DistServeFit:
+    """DistServe's formula with round coefficients (ms), its overheads and ``pp`` stages."""
+    return DistServeFit("distserve:test", None, (5.0, 0.05, 1e-6), (8.0, 2e-4, 0.1),
+                        (9.0, 1.5e-4, 0.08), 24, pp=pp, overhead_s=2e-3,
+                        token_overhead_s=1e-7, prefill_overhead_s=1e-3)  # fmt: skip
+
+
+MODELS = {
+    "roofline": lambda: Roofline(get_model("llama-3.1-8b"), H100, 1),
+    "roofline-70b-tp8-pp2": lambda: Roofline(get_model("llama-2-70b"), A100, 8, 2),
+    "roofline-throttled": lambda: Roofline(get_model("llama-2-70b"), H100, 8, throttle_knee_s=0.0),
+    "roofline-splitwise": lambda: Roofline(
+        get_model("llama-2-70b"), A100, 4, engine="splitwise-sim", no_overlap=0.4
+    ),
+    "profile": table,
+    "distserve": fit,
+    "distserve-pp4": lambda: fit(4),
+    "linear": lambda: Linear(per_context=1e-6),  # no decode_steps of its own
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(sorted(MODELS)),
+    count=st.integers(1, 300),
+    mean_ctx=st.integers(1, 6000),
+    n=st.sampled_from([1, 2, 7, VECTOR_STEPS - 1, VECTOR_STEPS, 300]),
+)
+def test_a_stretch_is_priced_to_the_last_bit_as_step_by_step(name, count, mean_ctx, n):
+    perf = MODELS[name]()
+    ctx = count * mean_ctx
+    got = decode_steps(perf)(count, ctx, n)
+    want = [perf.iteration_time(Batch((), count, ctx + k * count)) for k in range(n)]
+    assert isinstance(got, list) and all(type(x) is float for x in got)
+    assert got == want
+
+
+@st.composite
+def runs(draw):
+    """A small cluster, colocated or split, under a random fault timeline."""
+    layout = draw(st.sampled_from(["colocated", "split", "splitwise"]))
+    engine = {
+        "chunked_prefill": draw(st.booleans()),
+        "gpu_memory_utilization": draw(st.sampled_from([0.22, 0.9])),  # 0.22: preemptions
+    }
+    workload = {
+        "lengths": "azure-conv",
+        "arrival": {"process": "gamma", "rate": draw(st.sampled_from([2.0, 8.0])), "cv": 2},
+        "max_requests": draw(st.integers(5, 60)),
+    }
+    events = []
+    for _ in range(draw(st.integers(0, 3))):
+        action = draw(st.sampled_from(["fail", "recover", "degrade", "restore"]))
+        e = {"at": draw(st.sampled_from([0.3, 1.1, 2.5, 4.0])), "action": action,
+             "instance": draw(st.integers(0, 1))}  # fmt: skip
+        if action == "degrade":
+            e["factor"] = draw(st.sampled_from([0.25, 0.5]))
+        events.append(e)
+    events.sort(key=lambda e: e["at"])
+    over = {"engine": engine, "workload": workload, "events": events}
+    if layout == "colocated":
+        routing = draw(st.sampled_from(["least_loaded", "round_robin"]))
+        data = {"cluster": {"instances": 2, "tp": 1}, "seed": draw(st.integers(0, 3)),
+                "scheduler": {"name": "colocated", "routing": routing}}  # fmt: skip
+        return "colocated", data | over
+    cluster = {
+        "nodes": 1,
+        "prefill": {"instances": 1, "tp": 1},
+        "decode": {"instances": 1, "tp": 1},
+    }
+    sched = "disagg" if layout == "split" else "splitwise"
+    return "split", {"cluster": cluster, "scheduler": sched} | over
+
+
+def outcome(kind: str, data: dict, ff: bool, perf=None):
+    data = json.loads(json.dumps(data))
+    data["engine"]["fast_forward"] = ff
+    spec = small_spec(**data) if kind == "colocated" else split_spec(**data)
+    rows: list[dict] = []
+    sim = Simulation(spec, on_row=rows.append, perf=perf)
+    res = sim.run().to_dict()
+    del res["header"]  # the resolved spec, which names fast_forward
+    return {"result": res, "rows": sorted(rows, key=lambda r: r["id"])}, sim.events
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(run=runs(), model=st.sampled_from(["spec", "profile", "distserve"]))
+def test_whole_runs_fast_forwarded_are_those_stepped(run, model):
+    """Every timestamp, counter and summary of a run, colocated or split, with
+    preemptions, chunked prefill, failures and throttled GPUs, is the same to
+    the last bit with fast-forward as stepping."""
+    kind, data = run
+    perf = {"spec": None, "profile": table(), "distserve": fit()}[model]
+    stepped, n_stepped = outcome(kind, data, False, perf)
+    jumped, n_jumped = outcome(kind, data, True, perf)
+    worst, where = largest_relative_difference(jumped, stepped)
+    assert worst == 0.0, f"largest relative difference {worst:.3g} at {where}"
+    assert jumped == stepped
+    assert n_jumped <= n_stepped
+
+
+def test_a_cut_stretch_leaves_no_stale_event():
+    """An arrival in the middle of a stretch moves the stretch's one event to the
+    end of the step in progress: every event popped does something."""
+    env = simpy.Environment()
+    # Linear: prefill 10 ms + 0.1 ms/token; a decode step 10 ms + 1 ms/sequence.
+    eng = Engine(env, 0, Linear(), BlockManager(1000, 16), EngineConfig(), Observer())
+    reqs = [Request(0, 0.0, 100, 50), Request(1, 0.1055, 100, 3)]
+
+    def arrive():
+        for r in reqs:
+            yield Arrival(env, r.arrival_s - env.now)
+            eng.submit(Sequence(r, env.now))
+
+    env.process(arrive())
+    popped: list[float] = []
+    while env.peek() < float("inf"):
+        popped.append(env.peek())
+        env.step()
+    # t=0: the two processes start, r0 arrives, the idle engine wakes. r0's
+    # prompt runs to 0.02, then one stretch of its 49 decode steps of 11 ms; r1
+    # arrives at 0.1055 (its process ends there) in the step 0.097-0.108, which
+    # the stretch's event is moved to. r1's prompt runs to 0.128; a stretch of
+    # two 12 ms steps of both ends with r1's finish at 0.152; r0's last 39 steps
+    # end at 0.581.
+    want = [0.0] * 4 + [0.02, 0.1055, 0.1055, 0.108, 0.128, 0.152, 0.581]
+    assert popped == pytest.approx(want, abs=1e-12)
+    assert eng.iterations == 2 + 49  # two prompts; r1 rides in two of r0's steps
