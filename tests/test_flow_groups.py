@@ -63,11 +63,16 @@ def test_shards_on_parallel_rails_move_as_one_group_with_one_event():
     env = simpy.Environment()
     net = Network(env)
     t = net.start([FlowSpec(p, 20.0) for p in rails(8)])
+    seen = []
+    t.then(lambda tr: seen.append((env.now, tr)))
     assert net.groups() == [(0, tuple(range(8)))]
     assert list(net.rates().values()) == [10.0] * 8
-    # the finish event and one delivery for all eight shards, then ``done``
-    assert steps(env) == 3
+    # the finish event and one delivery for all eight shards (``done`` is an
+    # event only once asked for)
+    assert steps(env) == 2
     assert t.end_s == 2.0 + 3e-3
+    assert seen == [(t.end_s, t)]
+    assert t.done.triggered and t.done.value is t
     assert net.bytes_delivered == 160.0
     stats = net.link_stats()
     assert len(stats) == 24 and all(s["bytes"] == 20.0 for s in stats)
@@ -111,8 +116,8 @@ def test_symmetric_contention_keeps_both_groups_whole():
     assert net.groups() == [(0, tuple(range(8))), (1, tuple(range(8)))]
     assert set(net.rates().values()) == {5.0}
     # the finish armed by the first start (stale once the second halves the
-    # rates), the one finish event, and per transfer a delivery and its done
-    assert steps(env) == 6
+    # rates), the one finish event, and a delivery per transfer
+    assert steps(env) == 4
 
 
 def test_a_tp8_hand_off_across_nodes_is_one_group():

@@ -139,6 +139,17 @@ class FlowSpec:
                 )
             prev, prev_i = link, i
 
+    def resized(self, size_bytes: float) -> FlowSpec:
+        """This flow with ``size_bytes`` instead (its path and cap are checked
+        already, so only the size is)."""
+        if not (0.0 <= size_bytes < math.inf):
+            raise SpecError(f"flow: size_bytes={size_bytes!r} must be finite and >= 0")
+        new = object.__new__(FlowSpec)
+        object.__setattr__(new, "path", self.path)
+        object.__setattr__(new, "size_bytes", size_bytes)
+        object.__setattr__(new, "rate_cap_bytes_s", self.rate_cap_bytes_s)
+        return new
+
     @property
     def latency_s(self) -> float:
         """Sum of the path's link latencies, s."""
@@ -361,17 +372,19 @@ class _Flow:
 
 class Transfer:
     """A set of flows started together; ``done`` succeeds (with the transfer)
-    when the last of them is delivered, at ``end_s``."""
+    when the last of them is delivered, at ``end_s``, and the callbacks given
+    to :meth:`then` are called then, in the same event."""
 
     __slots__ = (
-        "id", "label", "done", "start_s", "end_s", "size_bytes", "cancelled", "_net", "_flows",
-        "_left",
+        "id", "label", "_done", "_then", "start_s", "end_s", "size_bytes", "cancelled", "_net",
+        "_flows", "_left",
     )  # fmt: skip
 
     def __init__(self, net: Network, tid: int, label: str, size_bytes: float) -> None:
         self.id = tid
         self.label = label
-        self.done: simpy.Event = net.env.event()
+        self._done: simpy.Event | None = None  # made when asked for
+        self._then: list[Callable[[Transfer], None]] = []
         self.start_s: float = net.env.now
         self.end_s: float | None = None
         self.size_bytes = size_bytes
@@ -379,6 +392,27 @@ class Transfer:
         self._net = net
         self._flows: list[_Flow] = []  # its flow groups
         self._left = 0  # groups not yet delivered
+
+    @property
+    def done(self) -> simpy.Event:
+        """Succeeds with the transfer when it is done (an event of its own:
+        waiting on it costs one more SimPy event than :meth:`then`)."""
+        if self._done is None:
+            self._done = self._net.env.event()
+            if self.end_s is not None and not self.cancelled:
+                self._done.succeed(self)
+        return self._done
+
+    def then(self, callback: Callable[[Transfer], None]) -> None:
+        """Call ``callback(transfer)`` when the transfer is done, at once as its
+        last byte lands (or, if it is done already, in an event of its own now)."""
+        if self.end_s is not None:
+            if not self.cancelled:
+                ev = self._net.env.event()
+                ev.callbacks.append(lambda _ev: callback(self))  # type: ignore[union-attr]
+                ev.succeed(self)
+            return
+        self._then.append(callback)
 
     @property
     def flow_ends(self) -> tuple[tuple[str, str], ...]:
@@ -890,7 +924,10 @@ class Network:
         self._last_end = now if self._last_end is None else max(self._last_end, now)
         if self.observer is not None:
             self.observer.transfer_ended(now, t)
-        t.done.succeed(t)
+        for fn in t._then:
+            fn(t)
+        if t._done is not None:
+            t._done.succeed(t)
 
 
 def _groups(t: Transfer, base: int, flows: Seq[FlowSpec]) -> list[_Flow]:
