@@ -67,9 +67,9 @@ def test_shards_on_parallel_rails_move_as_one_group_with_one_event():
     t.then(lambda tr: seen.append((env.now, tr)))
     assert net.groups() == [(0, tuple(range(8)))]
     assert list(net.rates().values()) == [10.0] * 8
-    # the finish event and one delivery for all eight shards (``done`` is an
-    # event only once asked for)
-    assert steps(env) == 2
+    # alone on its links, the group's finish moves no other rate: one event,
+    # the delivery of all eight shards (``done`` is an event only once asked for)
+    assert steps(env) == 1
     assert t.end_s == 2.0 + 3e-3
     assert seen == [(t.end_s, t)]
     assert t.done.triggered and t.done.value is t
@@ -115,8 +115,8 @@ def test_symmetric_contention_keeps_both_groups_whole():
     net.start([FlowSpec(p, 10.0) for p in paths])
     assert net.groups() == [(0, tuple(range(8))), (1, tuple(range(8)))]
     assert set(net.rates().values()) == {5.0}
-    # the finish armed by the first start (stale once the second halves the
-    # rates), the one finish event, and a delivery per transfer
+    # the delivery planned by the first start while it was alone (stale once
+    # the second halves the rates), the one finish event, a delivery per transfer
     assert steps(env) == 4
 
 

@@ -31,6 +31,12 @@ Semantics:
   re-share where it would not (one rail degraded, or shared with another
   transfer), it is split into its flows for good. Rates are always those of
   the flows taken one by one.
+- Lone groups. A group alone in its component (no other flow on its links)
+  finishes without changing any other rate, so no event marks its finish:
+  its delivery is planned as its rate is set, and it stops sending as time
+  passes its finish (the next change brings the network up to then first, in
+  order). Anything that joins its component re-shares it and the plan is
+  dropped. A hand-off on an otherwise idle fabric thus costs one event.
 - Completion. A flow's last byte leaves when its bytes, integrated over its
   rates, are sent; it is delivered its path latency (sum of link latencies)
   later. The latency does not hold bandwidth: a flow stops sharing links when
@@ -330,7 +336,7 @@ class _Flow:
 
     __slots__ = (
         "fid", "transfer", "index", "members", "paths", "keys", "n", "size", "remaining", "cap",
-        "rate", "finish_at", "latency", "tol", "sending",
+        "rate", "finish_at", "latency", "tol", "sending", "plan",
     )  # fmt: skip
 
     def __init__(
@@ -358,6 +364,7 @@ class _Flow:
         self.latency = latency
         self.tol = max(REL_DONE * size, ABS_DONE)
         self.sending = True
+        self.plan = 0  # the delivery planned while it is alone (0: none), see Network
 
     def split(self) -> list[_Flow]:
         """One group per flow, in the state this one is in."""
@@ -484,6 +491,11 @@ class Network:
         self._next_flow = 0
         self._gen = 0
         self._armed = math.inf  # when the finish event of generation _gen fires
+        # Groups alone in their component, by fid: their finish moves no other
+        # rate, so no event marks it; their delivery is planned instead, and
+        # they stop sending (are retired) as time passes their finish.
+        self._lazy: dict[int, _Flow] = {}
+        self._plans = 0
         self._last = env.now  # rates are integrated up to here
         self._sent = 0.0
         self._first_start: float | None = None
@@ -552,6 +564,7 @@ class Network:
                 self._remove(f)
                 keys.extend(f.keys)
             f.sending = False
+            f.plan = 0
         t.end_s = now
         self._in_flight -= 1
         self._last_end = now if self._last_end is None else max(self._last_end, now)
@@ -625,11 +638,13 @@ class Network:
         """Whether a flow of ``t`` still sending waits on a failed link."""
         if not self._down or t.cancelled or t.end_s is not None:
             return False
+        self._catch_up(self.env.now)
         return any(k in self._down for f in t._flows if f.sending for k in f.keys)
 
     @property
     def stuck(self) -> list[Transfer]:
         """Transfers with a flow that waits on a failed link, in start order."""
+        self._catch_up(self.env.now)
         out: dict[int, Transfer] = {}
         for f in self._flows.values():
             if any(k in self._down for k in f.keys):
@@ -660,18 +675,21 @@ class Network:
     @property
     def bytes_sent(self) -> float:
         """Bytes that have left their senders: the integral of the flow rates."""
+        self._catch_up(self.env.now)
         dt = self.env.now - self._last
         return self._sent + dt * sum(f.rate * f.n for f in self._flows.values())
 
     def rates(self) -> dict[tuple[int, int], float]:
         """Current rate (bytes/s) of every flow still sending, keyed by
         (transfer id, flow index), in creation order."""
+        self._catch_up(self.env.now)
         out = {(f.transfer.id, i): f.rate for f in self._flows.values() for i in f.index}
         return dict(sorted(out.items()))
 
     def groups(self) -> list[tuple[int, tuple[int, ...]]]:
         """The flow groups still sending, in creation order: (transfer id,
         the indices of its flows that move as one)."""
+        self._catch_up(self.env.now)
         return [(f.transfer.id, f.index) for f in self._flows.values()]
 
     def link_stats(self) -> list[dict]:
@@ -680,6 +698,7 @@ class Network:
         bytes / (usable x span), span from the first transfer's start to the
         last one's end (or now, while transfers are in flight)."""
         now = self.env.now
+        self._catch_up(now)
         dt = now - self._last
         end = self._last_end if self._in_flight == 0 and self._last_end is not None else now
         span = end - self._first_start if self._first_start is not None else 0.0
@@ -738,6 +757,7 @@ class Network:
 
     def _remove(self, f: _Flow) -> None:
         del self._flows[f.fid]
+        self._lazy.pop(f.fid, None)
         on = self._on_link
         for k in dict.fromkeys(f.keys):
             d = on[k]
@@ -750,6 +770,7 @@ class Network:
         if f.n == 1:
             return [f]
         parts = f.split()
+        f.plan = 0
         self._remove(f)
         for g in parts:
             self._add(g)
@@ -769,6 +790,28 @@ class Network:
         self._settle(now, [f for f in t._flows if f.sending])
 
     def _advance(self, now: float) -> None:
+        """Bring the network to ``now``: retire the lone groups that finished
+        since, then integrate the current rates."""
+        self._catch_up(now)
+        self._integrate(now)
+
+    def _catch_up(self, now: float) -> None:
+        """Retire the lone groups whose finish is at or before ``now``, in
+        order, integrating up to each finish as its own event would have."""
+        lazy = self._lazy
+        while lazy:
+            f = min(lazy.values(), key=lambda g: (g.finish_at, g.fid))
+            if f.finish_at > now:
+                return
+            self._integrate(f.finish_at)
+            self._remove(f)
+            for k in f.keys:
+                self._links[k].load = 0.0
+            f.sending = False
+            f.rate = 0.0
+            f.remaining = 0.0
+
+    def _integrate(self, now: float) -> None:
         """Integrate the current rates from the last update to ``now``."""
         dt = now - self._last
         self._last = now
@@ -805,6 +848,7 @@ class Network:
                 done.append(f)
         keys = list(keys)
         for f in done:
+            f.plan = 0
             self._remove(f)
             keys.extend(f.keys)
             self._drain(f, now)
@@ -854,6 +898,10 @@ class Network:
         """Max-min rates of the groups ``comp``, one component over links ``keys``."""
         links = self._links
         comp.sort(key=lambda f: f.fid)
+        for f in comp:
+            if f.plan:  # its planned delivery no longer holds
+                f.plan = 0
+                self._lazy.pop(f.fid, None)
         capacity = {k: links[k].usable for k in keys}
         while True:
             rates, bad = _fill(
@@ -880,10 +928,18 @@ class Network:
                 s.peak = max(s.peak, s.load)
                 ratio = s.load / s.usable if s.usable > 0.0 else math.inf
                 self.max_link_load_ratio = max(self.max_link_load_ratio, ratio)
+        if len(comp) == 1 and comp[0].finish_at < math.inf:
+            # Alone: its finish changes no other rate. Its delivery is planned
+            # now, and nothing marks the finish itself unless something joins.
+            f = comp[0]
+            self._plans += 1
+            f.plan = plan = self._plans
+            self._lazy[f.fid] = f
+            at(self.env, f.finish_at + f.latency, lambda _ev: self._planned(f, plan))
 
     def _arm(self) -> None:
         """Make the one finish event fire at the earliest finish, unless it does."""
-        earliest = min((f.finish_at for f in self._flows.values()), default=math.inf)
+        earliest = min((f.finish_at for f in self._flows.values() if not f.plan), default=math.inf)
         if earliest == self._armed:
             return
         self._gen += 1
@@ -901,6 +957,13 @@ class Network:
         self._settle(now)
 
     # -- delivery --------------------------------------------------------------------
+    def _planned(self, f: _Flow, plan: int) -> None:
+        """The planned delivery of lone group ``f``, unless a re-share changed it."""
+        if f.plan != plan:
+            return
+        self._catch_up(f.finish_at)
+        self._deliver(f)
+
     def _drain(self, f: _Flow, now: float) -> None:
         """``f``'s last byte has left; it arrives ``f.latency`` later."""
         f.sending = False
