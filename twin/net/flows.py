@@ -279,12 +279,13 @@ def _fill(
         at_cap = [i for i in capped if cap_of[i] <= level]
         if members is not None:
             full_set = set(full)
-            for i in hold:
+            for i in dict.fromkeys(hold):  # each group once
                 m = members[i]
                 if m is None or cap_of[i] <= level:
                     continue
-                if not all(any(k in full_set for k in links) for links in m):
-                    return [], i
+                for links in m:
+                    if full_set.isdisjoint(links):
+                        return [], i
         hold.extend(at_cap)
         for i in hold:
             if frozen[i]:
@@ -298,6 +299,30 @@ def _fill(
         open_links = [k for k in open_links if count[k]]
         capped = [i for i in capped if not frozen[i]]
     return rate, -1
+
+
+def _fill_one(f: _Flow, capacity: dict[_Key, float]) -> tuple[list[float], int]:
+    """:func:`_fill` of the one group ``f`` (the same operations, one round)."""
+    mult: dict[_Key, int] = {}
+    for k in f.keys:
+        mult[k] = mult.get(k, 0) + 1
+    level = math.inf
+    for k, m in mult.items():
+        share = capacity[k] / m
+        if share < level:
+            level = share
+    cap = math.inf if f.cap is None else f.cap
+    if cap < level:
+        level = cap
+    if level == math.inf:
+        return [math.inf], -1
+    level = max(level, 0.0)
+    if f.n > 1 and cap > level:
+        full = {k for k, m in mult.items() if capacity[k] / m <= level * (1.0 + 1e-12)}
+        for links in f.members:
+            if full.isdisjoint(links):
+                return [], 0
+    return [level], -1
 
 
 def _spread(series: dict[int, float], t0: float, t1: float, rate: float, width: float) -> None:
@@ -345,6 +370,7 @@ class _Flow:
         transfer: Transfer,
         index: tuple[int, ...],
         paths: list[tuple[LinkLike, ...]],
+        members: list[tuple[_Key, ...]],
         size: float,
         cap: float | None,
         latency: float,
@@ -353,7 +379,7 @@ class _Flow:
         self.transfer = transfer
         self.index = index
         self.paths = paths
-        self.members = [tuple((link.src, link.dst) for link in p) for p in paths]
+        self.members = members
         self.keys = tuple(k for m in self.members for k in m)
         self.n = len(index)
         self.size = size  # of each flow
@@ -370,8 +396,8 @@ class _Flow:
         """One group per flow, in the state this one is in."""
         out = []
         base = self.fid - self.index[0]
-        for i, p in zip(self.index, self.paths, strict=True):
-            f = _Flow(base + i, self.transfer, (i,), [p], self.size, self.cap, self.latency)
+        for i, p, m in zip(self.index, self.paths, self.members, strict=True):
+            f = _Flow(base + i, self.transfer, (i,), [p], [m], self.size, self.cap, self.latency)
             f.remaining, f.rate, f.finish_at = self.remaining, self.rate, self.finish_at
             out.append(f)
         return out
@@ -496,6 +522,8 @@ class Network:
         # they stop sending (are retired) as time passes their finish.
         self._lazy: dict[int, _Flow] = {}
         self._plans = 0
+        # id of a path tuple -> (the tuple, its link keys, its latency), its links registered
+        self._paths: dict[int, tuple[tuple[LinkLike, ...], tuple[_Key, ...], float]] = {}
         self._last = env.now  # rates are integrated up to here
         self._sent = 0.0
         self._first_start: float | None = None
@@ -508,9 +536,7 @@ class Network:
     def start(self, flows: Seq[FlowSpec], label: str = "") -> Transfer:
         """Start a transfer of ``flows`` now; they share links from this instant."""
         flows = tuple(flows)
-        for spec in flows:
-            for link in spec.path:
-                self._register(link)
+        routes = [self._route(spec.path) for spec in flows]
         now = self.env.now
         t = Transfer(self, self._next_transfer, label, sum(f.size_bytes for f in flows))
         self._next_transfer += 1
@@ -530,13 +556,11 @@ class Network:
                 else FlowSpec(path, spec.size_bytes, spec.rate_cap_bytes_s)
                 for spec in flows
             )
-            for spec in flows:
-                for link in spec.path:
-                    self._register(link)
+            routes = [self._route(spec.path) for spec in flows]
         base = self._next_flow
         self._next_flow += len(flows)
         new = []
-        for f in _groups(t, base, flows):
+        for f in _groups(t, base, flows, routes):
             t._flows.append(f)
             t._left += 1
             if f.size <= f.tol:
@@ -745,6 +769,21 @@ class Network:
                 "links are identified by (src, dst)"
             )
 
+    def _route(self, path: tuple[LinkLike, ...]) -> tuple[tuple[_Key, ...], float]:
+        """``path``'s link keys and latency, its links registered (remembered
+        for the path tuples used again, as a hand-off's are)."""
+        got = self._paths.get(id(path))
+        if got is not None and got[0] is path:
+            return got[1], got[2]
+        for link in path:
+            self._register(link)
+        if len(self._paths) >= 4096:  # paths built afresh each time: keep it small
+            self._paths.clear()
+        keys = tuple((link.src, link.dst) for link in path)
+        latency = sum(link.latency_s for link in path)
+        self._paths[id(path)] = (path, keys, latency)
+        return keys, latency
+
     def _add(self, f: _Flow) -> None:
         self._flows[f.fid] = f
         on = self._on_link
@@ -904,12 +943,15 @@ class Network:
                 self._lazy.pop(f.fid, None)
         capacity = {k: links[k].usable for k in keys}
         while True:
-            rates, bad = _fill(
-                [f.keys for f in comp],
-                [f.cap for f in comp],
-                capacity,
-                [f.members if f.n > 1 else None for f in comp],
-            )
+            if len(comp) == 1:
+                rates, bad = _fill_one(comp[0], capacity)
+            else:
+                rates, bad = _fill(
+                    [f.keys for f in comp],
+                    [f.cap for f in comp],
+                    capacity,
+                    [f.members if f.n > 1 else None for f in comp],
+                )
             if bad < 0:
                 break
             parts = self._split(comp[bad])
@@ -993,15 +1035,26 @@ class Network:
             t._done.succeed(t)
 
 
-def _groups(t: Transfer, base: int, flows: Seq[FlowSpec]) -> list[_Flow]:
+def _groups(
+    t: Transfer, base: int, flows: Seq[FlowSpec], routes: Seq[tuple[tuple[_Key, ...], float]]
+) -> list[_Flow]:
     """The flow groups of ``flows`` (transfer ``t``, creation numbers from
-    ``base``): flows with the same size, cap and path latency start as one
-    (local flows, with no links, only with local ones), in order of first flow."""
+    ``base``; ``routes``: each one's link keys and latency): flows with the
+    same size, cap and path latency start as one (local flows, with no links,
+    only with local ones), in order of first flow."""
     by: dict[tuple, list[int]] = {}
-    for i, spec in enumerate(flows):
-        key = (spec.size_bytes, spec.rate_cap_bytes_s, spec.latency_s, bool(spec.path))
-        by.setdefault(key, []).append(i)
+    for i, (spec, (keys, lat)) in enumerate(zip(flows, routes, strict=True)):
+        by.setdefault((spec.size_bytes, spec.rate_cap_bytes_s, lat, bool(keys)), []).append(i)
     return [
-        _Flow(base + idx[0], t, tuple(idx), [flows[i].path for i in idx], float(size), cap, lat)
+        _Flow(
+            base + idx[0],
+            t,
+            tuple(idx),
+            [flows[i].path for i in idx],
+            [routes[i][0] for i in idx],
+            float(size),
+            cap,
+            lat,
+        )  # fmt: skip
         for (size, cap, lat, _), idx in by.items()
     ]
