@@ -303,9 +303,7 @@ def _fill(
 
 def _fill_one(f: _Flow, capacity: dict[_Key, float]) -> tuple[list[float], int]:
     """:func:`_fill` of the one group ``f`` (the same operations, one round)."""
-    mult: dict[_Key, int] = {}
-    for k in f.keys:
-        mult[k] = mult.get(k, 0) + 1
+    mult = f.mult
     level = math.inf
     for k, m in mult.items():
         share = capacity[k] / m
@@ -323,6 +321,14 @@ def _fill_one(f: _Flow, capacity: dict[_Key, float]) -> tuple[list[float], int]:
             if full.isdisjoint(links):
                 return [], 0
     return [level], -1
+
+
+def _count(keys: tuple[_Key, ...]) -> dict[_Key, int]:
+    """Each link of ``keys`` (in first-use order) and how many times it occurs."""
+    out: dict[_Key, int] = {}
+    for k in keys:
+        out[k] = out.get(k, 0) + 1
+    return out
 
 
 def _spread(series: dict[int, float], t0: float, t1: float, rate: float, width: float) -> None:
@@ -361,7 +367,7 @@ class _Flow:
 
     __slots__ = (
         "fid", "transfer", "index", "members", "paths", "keys", "n", "size", "remaining", "cap",
-        "rate", "finish_at", "latency", "tol", "sending", "plan",
+        "rate", "finish_at", "latency", "tol", "sending", "plan", "mult",
     )  # fmt: skip
 
     def __init__(
@@ -381,6 +387,7 @@ class _Flow:
         self.paths = paths
         self.members = members
         self.keys = tuple(k for m in self.members for k in m)
+        self.mult = _count(self.keys)
         self.n = len(index)
         self.size = size  # of each flow
         self.remaining = size
@@ -653,6 +660,7 @@ class Network:
                     g.paths = [path]
                     g.members = [tuple((ln.src, ln.dst) for ln in path)]
                     g.keys = g.members[0]
+                    g.mult = _count(g.keys)
                     g.latency = sum(ln.latency_s for ln in path)
                     self._add(g)
                     keys.extend(g.keys)
@@ -787,7 +795,7 @@ class Network:
     def _add(self, f: _Flow) -> None:
         self._flows[f.fid] = f
         on = self._on_link
-        for k in dict.fromkeys(f.keys):
+        for k in f.mult:
             d = on.get(k)
             if d is None:
                 on[k] = {f.fid: f}
@@ -798,7 +806,7 @@ class Network:
         del self._flows[f.fid]
         self._lazy.pop(f.fid, None)
         on = self._on_link
-        for k in dict.fromkeys(f.keys):
+        for k in f.mult:
             d = on[k]
             del d[f.fid]
             if not d:
@@ -898,6 +906,12 @@ class Network:
         ``changed`` or a link of ``keys``; the others keep their rates."""
         links = self._links
         on = self._on_link
+        if not keys and len(changed) == 1:  # one group: often alone on its links
+            f = changed[0]
+            if f.sending and f.keys and all(len(on[k]) == 1 for k in f.mult):
+                self._share(now, [f], list(f.mult))
+                self._arm()
+                return
         seen: set[int] = set()
         seen_k: set[_Key] = set()
         todo = list(keys)
@@ -925,7 +939,7 @@ class Network:
                         continue
                     seen.add(fid)
                     comp.append(f)
-                    for k in f.keys:
+                    for k in f.mult:
                         if k not in seen_k:
                             seen_k.add(k)
                             comp_k.append(k)
