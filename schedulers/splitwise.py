@@ -69,6 +69,8 @@ NOTE: machine flow runs on a periodic ``tick`` (every ``tick_interval``),
 not at each routing decision as in splitwise-sim, so a burst shorter than a
 tick is absorbed by the queues before a machine moves. A move takes
 ``move_cost`` seconds, during which the machine keeps serving in its old role.
+The tick reads only the cluster's state (``tick_on_change``), so the ticks
+while the cluster is idle are skipped, with the same decisions.
 """
 
 from __future__ import annotations
@@ -106,6 +108,9 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
     tick_interval: float | str = "50 ms"
     token_max_num_seqs: int | None = None
     expected_output_tokens: int = 128
+    # tick reads the pools' queues, memory and roles, never the time: a tick
+    # that moved nothing need not come again until the cluster changes
+    tick_on_change: bool = field(default=True, init=False, repr=False)
     _home: dict[int, Role] = field(default_factory=dict, init=False, repr=False)
     _moving: dict[int, Role] = field(default_factory=dict, init=False, repr=False)
     # Token machine -> (when its KV is expected to land, blocks) of each request

@@ -157,3 +157,74 @@ def test_plan_sets_per_instance_batching_limits():
         Simulation(spec(), scheduler=Scripted(plan=Plan(max_num_seqs={1: 0})))
     with pytest.raises(SpecError, match="sets max_batched_tokens of instance 9"):
         Simulation(spec(), scheduler=Scripted(plan=Plan(max_batched_tokens={9: 10})))
+
+
+# -- skipping ticks while nothing can change -------------------------------------------
+
+
+@dataclass
+class OnChange(Scripted):
+    """A scripted policy that declares its tick reads only the cluster state."""
+
+    tick_on_change: bool = True
+
+
+# three requests far apart: the cluster is idle most of the time
+SPARSE = [Request(0, 0.0, 3000, 30), Request(1, 5.02, 3000, 30), Request(2, 10.0, 3000, 30)]
+
+
+def test_ticks_while_the_cluster_is_idle_are_skipped_on_the_same_grid():
+    every = Scripted(tick_s=0.05)
+    sim_a, result_a, rows_a = run(every, SPARSE)
+    skip = OnChange(tick_s=0.05)
+    sim_b, result_b, rows_b = run(skip, SPARSE)
+    assert result_b.to_dict() == result_a.to_dict() and rows_b == rows_a
+    # the ticks left are ticks of the same grid: exactly the same instants
+    assert set(skip.ticks) < set(every.ticks)
+    assert sim_a.control.tick_calls == len(every.ticks) > 200
+    assert sim_b.control.tick_calls == len(skip.ticks) < len(every.ticks) / 4
+    # an idle stretch ends at the first tick at or after the next arrival
+    grid = sorted(every.ticks)
+    after = [t for t in grid if t >= 5.02][0]
+    assert after in skip.ticks and not [t for t in skip.ticks if 1.0 < t < 5.0]
+
+
+def test_a_tick_that_acts_is_not_skipped_and_moves_come_at_the_same_times():
+    # tick 3 acts while the first request is served; the move lands, and the
+    # idle stretches around it are skipped
+    script = {3: [SetRole(1, "mixed", 0.01)]}
+    every = Scripted(tick_s=0.05, script=dict(script))
+    sim_a, result_a, _ = run(every, SPARSE)
+    skip = OnChange(tick_s=0.05, script=dict(script))
+    sim_b, result_b, _ = run(skip, SPARSE)
+    assert sim_b.role_changes == sim_a.role_changes != []
+    assert result_b.to_dict() == result_a.to_dict()
+    assert sim_b.control.tick_calls < sim_a.control.tick_calls / 4
+
+
+def test_splitwise_moves_the_same_machines_at_the_same_times_with_fewer_ticks():
+    from schedulers.splitwise import Splitwise
+    from tests.test_splitwise import bursty_spec
+
+    def go(skip: bool):
+        sp = bursty_spec(move_cost="10 ms")
+        policy = Splitwise(mixed_threshold_tokens=4096, move_cost="10 ms")
+        policy.tick_on_change = skip
+        sim = Simulation(sp, scheduler=policy)
+        return sim, sim.run()
+
+    sim_a, result_a = go(False)
+    sim_b, result_b = go(True)
+    assert any(new == "mixed" for _, _, _, new in sim_a.role_changes)
+    assert sim_b.role_changes == sim_a.role_changes
+    assert result_b.to_dict() == result_a.to_dict()
+    assert sim_b.control.tick_calls < sim_a.control.tick_calls
+
+
+def test_a_policy_that_counts_intervals_is_asked_every_tick():
+    from schedulers.sla_planner import SlaPlanner
+    from schedulers.splitwise import Splitwise
+    from twin.scheduler import ticks_on_change
+
+    assert ticks_on_change(Splitwise()) and not ticks_on_change(SlaPlanner())
+    assert not ticks_on_change(Scripted())

@@ -377,7 +377,16 @@ class PicksDecode(Protocol):
 class Ticks(Protocol):
     """Optional hook: periodic actions (:class:`SetRole`, :class:`AddInstance`,
     :class:`RemoveInstance`), asked every ``tick_s`` seconds (> 0) from the
-    start of the run while requests remain to arrive or to finish."""
+    start of the run while requests remain to arrive or to finish.
+
+    A policy whose ``tick`` depends only on what the view shows (and on its
+    own state, changed only by its hooks), not on ``view.now`` nor on how many
+    ticks came before, may say so with a ``tick_on_change`` attribute set to
+    True (:func:`ticks_on_change`): after a tick that returned nothing, the
+    control loop then skips the ticks at which the cluster cannot have
+    changed. The ticks that are left fall on the same ``tick_s`` grid and
+    decide the same. Without it (an interval-counting planner, say), every
+    tick is called."""
 
     tick_s: float
 
@@ -432,6 +441,13 @@ def tick_hook(scheduler: object, name: str) -> Ticks | None:
         )
     assert isinstance(scheduler, Ticks)
     return scheduler
+
+
+def ticks_on_change(scheduler: object) -> bool:
+    """Whether the policy's ``tick`` reads only the cluster's state, so that a
+    tick that returned nothing need not be repeated until the state changes
+    (its ``tick_on_change`` attribute is True; see :class:`Ticks`)."""
+    return getattr(scheduler, "tick_on_change", False) is True
 
 
 # -- helpers for policies ------------------------------------------------------------

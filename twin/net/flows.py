@@ -15,11 +15,28 @@ Semantics:
 
 - Rates. Active flows share links max-min fairly: progressive filling over the
   directed links on their paths, each flow also held to its own cap. Rates are
-  recomputed whenever a flow starts, finishes sending, or a cap changes, and
-  are constant in between, so the next flow to finish is known exactly. One
-  SimPy event is scheduled for that instant; a recomputation bumps a
+  recomputed whenever a flow starts, finishes sending, or a cap or a link
+  changes, and are constant in between, so the next flow to finish is known
+  exactly. A recomputation covers only the connected component of links and
+  flows the change touches (flows that share a link, transitively): the
+  others cannot change rate. One SimPy event is scheduled for the next
+  instant a flow finishes; when a recomputation moves that instant it bumps a
   generation counter, and an event from an older generation is ignored (SimPy
   events cannot be cancelled). No event per byte or packet.
+- Groups. The flows of one transfer with the same size, cap and path latency
+  (the TP shards of a KV hand-off, each on its own NIC rail) move as one
+  group: one entry in progressive filling, counted on each link once per flow
+  that crosses it, and one event when they finish. A group stays whole only
+  while flow-by-flow filling would give its flows one rate; at the first
+  re-share where it would not (one rail degraded, or shared with another
+  transfer), it is split into its flows for good. Rates are always those of
+  the flows taken one by one.
+- Lone groups. A group alone in its component (no other flow on its links)
+  finishes without changing any other rate, so no event marks its finish:
+  its delivery is planned as its rate is set, and it stops sending as time
+  passes its finish (the next change brings the network up to then first, in
+  order). Anything that joins its component re-shares it and the plan is
+  dropped. A hand-off on an otherwise idle fabric thus costs one event.
 - Completion. A flow's last byte leaves when its bytes, integrated over its
   rates, are sent; it is delivered its path latency (sum of link latencies)
   later. The latency does not hold bandwidth: a flow stops sharing links when
@@ -43,9 +60,9 @@ NOTE: fluid flows, no packets: no slow start, no congestion-control dynamics,
 no head-of-line blocking; fair sharing is the ideal that RDMA and TCP
 approach, so contended transfers come out somewhat optimistic.
 
-Progressive filling costs O(k x path length x rounds) for k active flows, at
-most k rounds; fine for tens to hundreds of concurrent flows (about 1.5 ms a
-re-share with 400 flows on a two-tier fabric).
+Progressive filling costs O(k x path length x rounds) for k groups in the
+component re-shared, at most k rounds; fine for tens to hundreds of
+concurrent flows.
 """
 
 from __future__ import annotations
@@ -128,6 +145,17 @@ class FlowSpec:
                 )
             prev, prev_i = link, i
 
+    def resized(self, size_bytes: float) -> FlowSpec:
+        """This flow with ``size_bytes`` instead (its path and cap are checked
+        already, so only the size is)."""
+        if not (0.0 <= size_bytes < math.inf):
+            raise SpecError(f"flow: size_bytes={size_bytes!r} must be finite and >= 0")
+        new = object.__new__(FlowSpec)
+        object.__setattr__(new, "path", self.path)
+        object.__setattr__(new, "size_bytes", size_bytes)
+        object.__setattr__(new, "rate_cap_bytes_s", self.rate_cap_bytes_s)
+        return new
+
     @property
     def latency_s(self) -> float:
         """Sum of the path's link latencies, s."""
@@ -147,18 +175,71 @@ class FlowSpec:
 
 
 K = TypeVar("K", bound=Hashable)
+_Key = tuple[str, str]
 
 
 def max_min_rates(
     paths: Seq[Seq[K]], caps: Seq[float | None], capacity: dict[K, float]
 ) -> list[float]:
-    """Max-min fair rates by progressive filling.
+    """Max-min fair rates by progressive filling, one connected component at a time.
 
     Flow ``i`` crosses links ``paths[i]`` and may not exceed ``caps[i]``
-    (None: uncapped). All unfrozen flows rise together to the level at which a
-    link fills or a cap is met; the flows held there freeze; repeat. A flow
-    with no links and no cap gets ``inf``. Every round freezes at least one
-    flow, so there are at most ``len(paths)`` rounds.
+    (None: uncapped). Flows that share a link, directly or through other
+    flows, form a component; flows of different components cannot change each
+    other's rates, so each component is filled on its own (in the order of its
+    first flow). Within one, all unfrozen flows rise together to the level at
+    which a link fills or a cap is met; the flows held there freeze; repeat. A
+    flow with no links and no cap gets ``inf``. Every round freezes at least
+    one flow, so there are at most ``len(paths)`` rounds.
+    """
+    rate = [0.0] * len(paths)
+    for comp in _components(paths):
+        got, _ = _fill([paths[i] for i in comp], [caps[i] for i in comp], capacity)
+        for i, r in zip(comp, got, strict=True):
+            rate[i] = r
+    return rate
+
+
+def _components(paths: Seq[Seq[K]]) -> list[list[int]]:
+    """The flows (indices) of each connected component, in order of first flow."""
+    first: dict[K, int] = {}  # link -> the first flow on it
+    parent = list(range(len(paths)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, p in enumerate(paths):
+        for k in p:
+            j = first.setdefault(k, i)
+            a, b = root(i), root(j)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    comps: dict[int, list[int]] = {}
+    for i in range(len(paths)):
+        comps.setdefault(root(i), []).append(i)
+    return list(comps.values())
+
+
+def _fill(
+    paths: Seq[Seq[K]],
+    caps: Seq[float | None],
+    capacity: dict[K, float],
+    members: Seq[Seq[Seq[K]] | None] | None = None,
+) -> tuple[list[float], int]:
+    """Progressive filling of one set of flows (no decomposition).
+
+    With ``members``, entry ``i`` is a flow group: ``members[i]`` lists the
+    links of each of its flows (None: a single flow), and ``paths[i]`` holds
+    them all, a link once per member that crosses it, so a link counts every
+    member on it. A group rises as one. That is the per-flow filling exactly
+    as long as, whenever a link fills, either every member of each group on it
+    is held by some full link (or the group's cap) or none is; the arithmetic
+    is then the same operation for operation. Returns ``(rates, -1)``, a
+    member's rate per entry, or ``([], i)`` for the first group ``i`` whose
+    members would part (the caller splits it and fills again).
     """
     n = len(paths)
     rate = [0.0] * n
@@ -189,11 +270,23 @@ def max_min_rates(
             break
         level = max(level, 0.0)  # rounding may leave a link a hair below zero
         hold: list[int] = []
+        full: list[K] = []
         for k in open_links:
             # A link within rounding of the level is full too: freeze its flows.
             if left[k] / count[k] <= level * (1.0 + 1e-12):
+                full.append(k)
                 hold.extend(i for i in users[k] if not frozen[i])
-        hold.extend(i for i in capped if cap_of[i] <= level)
+        at_cap = [i for i in capped if cap_of[i] <= level]
+        if members is not None:
+            full_set = set(full)
+            for i in dict.fromkeys(hold):  # each group once
+                m = members[i]
+                if m is None or cap_of[i] <= level:
+                    continue
+                for links in m:
+                    if full_set.isdisjoint(links):
+                        return [], i
+        hold.extend(at_cap)
         for i in hold:
             if frozen[i]:
                 continue  # on two full links
@@ -205,7 +298,37 @@ def max_min_rates(
                 count[k] -= 1
         open_links = [k for k in open_links if count[k]]
         capped = [i for i in capped if not frozen[i]]
-    return rate
+    return rate, -1
+
+
+def _fill_one(f: _Flow, capacity: dict[_Key, float]) -> tuple[list[float], int]:
+    """:func:`_fill` of the one group ``f`` (the same operations, one round)."""
+    mult = f.mult
+    level = math.inf
+    for k, m in mult.items():
+        share = capacity[k] / m
+        if share < level:
+            level = share
+    cap = math.inf if f.cap is None else f.cap
+    if cap < level:
+        level = cap
+    if level == math.inf:
+        return [math.inf], -1
+    level = max(level, 0.0)
+    if f.n > 1 and cap > level:
+        full = {k for k, m in mult.items() if capacity[k] / m <= level * (1.0 + 1e-12)}
+        for links in f.members:
+            if full.isdisjoint(links):
+                return [], 0
+    return [level], -1
+
+
+def _count(keys: tuple[_Key, ...]) -> dict[_Key, int]:
+    """Each link of ``keys`` (in first-use order) and how many times it occurs."""
+    out: dict[_Key, int] = {}
+    for k in keys:
+        out[k] = out.get(k, 0) + 1
+    return out
 
 
 def _spread(series: dict[int, float], t0: float, t1: float, rate: float, width: float) -> None:
@@ -236,64 +359,107 @@ class _LinkState:
 
 
 class _Flow:
-    __slots__ = (
-        "fid",
-        "transfer",
-        "index",
-        "keys",
-        "size",
-        "remaining",
-        "cap",
-        "rate",
-        "finish_at",
-        "latency",
-        "tol",
-        "sending",
-        "path",
-    )
+    """A flow group: flows ``index`` of one transfer, started together with the
+    same size, cap and path latency, each moving at ``rate``, so that they
+    finish together with one event (see :class:`Network`). ``members`` holds
+    each flow's links and ``paths`` its path; ``keys`` all of them, a link
+    once per flow that crosses it, which is how max-min counts it."""
 
-    def __init__(self, fid: int, transfer: Transfer, index: int, spec: FlowSpec) -> None:
-        self.fid = fid
+    __slots__ = (
+        "fid", "transfer", "index", "members", "paths", "keys", "n", "size", "remaining", "cap",
+        "rate", "finish_at", "latency", "tol", "sending", "plan", "mult",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        fid: int,
+        transfer: Transfer,
+        index: tuple[int, ...],
+        paths: list[tuple[LinkLike, ...]],
+        members: list[tuple[_Key, ...]],
+        size: float,
+        cap: float | None,
+        latency: float,
+    ) -> None:
+        self.fid = fid  # the creation number of its first flow
         self.transfer = transfer
         self.index = index
-        self.keys = tuple((link.src, link.dst) for link in spec.path)
-        self.size = float(spec.size_bytes)
-        self.remaining = self.size
-        self.cap = spec.rate_cap_bytes_s
+        self.paths = paths
+        self.members = members
+        self.keys = tuple(k for m in self.members for k in m)
+        self.mult = _count(self.keys)
+        self.n = len(index)
+        self.size = size  # of each flow
+        self.remaining = size
+        self.cap = cap
         self.rate = 0.0
         self.finish_at = math.inf
-        self.latency = spec.latency_s
-        self.tol = max(REL_DONE * self.size, ABS_DONE)
+        self.latency = latency
+        self.tol = max(REL_DONE * size, ABS_DONE)
         self.sending = True
-        self.path: tuple[LinkLike, ...] | None = spec.path
+        self.plan = 0  # the delivery planned while it is alone (0: none), see Network
+
+    def split(self) -> list[_Flow]:
+        """One group per flow, in the state this one is in."""
+        out = []
+        base = self.fid - self.index[0]
+        for i, p, m in zip(self.index, self.paths, self.members, strict=True):
+            f = _Flow(base + i, self.transfer, (i,), [p], [m], self.size, self.cap, self.latency)
+            f.remaining, f.rate, f.finish_at = self.remaining, self.rate, self.finish_at
+            out.append(f)
+        return out
 
 
 class Transfer:
     """A set of flows started together; ``done`` succeeds (with the transfer)
-    when the last of them is delivered, at ``end_s``."""
+    when the last of them is delivered, at ``end_s``, and the callbacks given
+    to :meth:`then` are called then, in the same event."""
 
     __slots__ = (
-        "id", "label", "done", "start_s", "end_s", "size_bytes", "cancelled", "_net", "_flows",
-        "_left",
+        "id", "label", "_done", "_then", "start_s", "end_s", "size_bytes", "cancelled", "_net",
+        "_flows", "_left",
     )  # fmt: skip
 
     def __init__(self, net: Network, tid: int, label: str, size_bytes: float) -> None:
         self.id = tid
         self.label = label
-        self.done: simpy.Event = net.env.event()
+        self._done: simpy.Event | None = None  # made when asked for
+        self._then: list[Callable[[Transfer], None]] = []
         self.start_s: float = net.env.now
         self.end_s: float | None = None
         self.size_bytes = size_bytes
         self.cancelled = False  # stopped by Network.cancel: ``done`` never succeeds
         self._net = net
-        self._flows: list[_Flow] = []
-        self._left = 0  # flows not yet delivered
+        self._flows: list[_Flow] = []  # its flow groups
+        self._left = 0  # groups not yet delivered
+
+    @property
+    def done(self) -> simpy.Event:
+        """Succeeds with the transfer when it is done (an event of its own:
+        waiting on it costs one more SimPy event than :meth:`then`)."""
+        if self._done is None:
+            self._done = self._net.env.event()
+            if self.end_s is not None and not self.cancelled:
+                self._done.succeed(self)
+        return self._done
+
+    def then(self, callback: Callable[[Transfer], None]) -> None:
+        """Call ``callback(transfer)`` when the transfer is done, at once as its
+        last byte lands (or, if it is done already, in an event of its own now)."""
+        if self.end_s is not None:
+            if not self.cancelled:
+                ev = self._net.env.event()
+                ev.callbacks.append(lambda _ev: callback(self))  # type: ignore[union-attr]
+                ev.succeed(self)
+            return
+        self._then.append(callback)
 
     @property
     def flow_ends(self) -> tuple[tuple[str, str], ...]:
         """(first vertex, last vertex) of each flow's path, in flow order (a
         local flow, with no links, is left out)."""
-        return tuple((f.keys[0][0], f.keys[-1][1]) for f in self._flows if f.keys)
+        ends = sorted((i, m) for f in self._flows for i, m in zip(f.index, f.members, strict=True))
+        return tuple((m[0][0], m[-1][1]) for _, m in ends if m)
 
     def set_cap(self, cap_bytes_s: float | None) -> None:
         """Cap every flow still sending at ``cap_bytes_s`` from now (None lifts
@@ -319,7 +485,18 @@ class TransferObserver(Protocol):
 
 
 class Network:
-    """The flows in flight on one environment and the links they have used."""
+    """The flows in flight on one environment and the links they have used.
+
+    The flows of a transfer that start with the same size, cap and path
+    latency move as one flow group (the shards of a KV hand-off): one entry
+    in the max-min computation, counted once on each link per flow that
+    crosses it, and one event when they finish. A group that max-min would
+    part (its flows' paths fill at different levels: a degraded link under
+    one of them) is split into its flows from then on, so rates are always
+    those of flow-by-flow sharing. A change (a start, a finish, a cap, a link
+    failing, degraded or restored) re-shares only the connected component of
+    links and flows it touches (:func:`max_min_rates`).
+    """
 
     def __init__(
         self,
@@ -335,17 +512,25 @@ class Network:
         self.env = env
         self.series_bucket_s = series_bucket_s
         self.observer = observer
-        self._flows: dict[int, _Flow] = {}  # sending, in creation order
-        self._links: dict[tuple[str, str], _LinkState] = {}
-        self._factors: dict[tuple[str, str], float] = {}  # degraded links: (src, dst) -> factor
-        self._down: set[tuple[str, str]] = set()  # failed links: they carry nothing
+        self._flows: dict[int, _Flow] = {}  # sending groups, in creation order
+        self._on_link: dict[_Key, dict[int, _Flow]] = {}  # link -> sending groups on it
+        self._links: dict[_Key, _LinkState] = {}
+        self._factors: dict[_Key, float] = {}  # degraded links: (src, dst) -> factor
+        self._down: set[_Key] = set()  # failed links: they carry nothing
         # (first vertex, last vertex, failed links) -> another path for a flow
         # that avoids them, or None; given by whoever knows the topology.
         self.reroute: Callable[[str, str, frozenset], tuple[LinkLike, ...] | None] | None = None
-        self._used: list[_LinkState] = []  # links under the flows now sending
         self._next_transfer = 0
         self._next_flow = 0
         self._gen = 0
+        self._armed = math.inf  # when the finish event of generation _gen fires
+        # Groups alone in their component, by fid: their finish moves no other
+        # rate, so no event marks it; their delivery is planned instead, and
+        # they stop sending (are retired) as time passes their finish.
+        self._lazy: dict[int, _Flow] = {}
+        self._plans = 0
+        # id of a path tuple -> (the tuple, its link keys, its latency), its links registered
+        self._paths: dict[int, tuple[tuple[LinkLike, ...], tuple[_Key, ...], float]] = {}
         self._last = env.now  # rates are integrated up to here
         self._sent = 0.0
         self._first_start: float | None = None
@@ -358,9 +543,7 @@ class Network:
     def start(self, flows: Seq[FlowSpec], label: str = "") -> Transfer:
         """Start a transfer of ``flows`` now; they share links from this instant."""
         flows = tuple(flows)
-        for spec in flows:
-            for link in spec.path:
-                self._register(link)
+        routes = [self._route(spec.path) for spec in flows]
         now = self.env.now
         t = Transfer(self, self._next_transfer, label, sum(f.size_bytes for f in flows))
         self._next_transfer += 1
@@ -380,21 +563,21 @@ class Network:
                 else FlowSpec(path, spec.size_bytes, spec.rate_cap_bytes_s)
                 for spec in flows
             )
-            for spec in flows:
-                for link in spec.path:
-                    self._register(link)
-        for i, spec in enumerate(flows):
-            f = _Flow(self._next_flow, t, i, spec)
-            self._next_flow += 1
+            routes = [self._route(spec.path) for spec in flows]
+        base = self._next_flow
+        self._next_flow += len(flows)
+        new = []
+        for f in _groups(t, base, flows, routes):
             t._flows.append(f)
             t._left += 1
             if f.size <= f.tol:
                 self._drain(f, now)
             else:
-                self._flows[f.fid] = f
+                self._add(f)
+                new.append(f)
         if self.observer is not None:
             self.observer.transfer_started(now, t)
-        self._settle(now)
+        self._settle(now, new)
         return t
 
     def cancel(self, t: Transfer) -> None:
@@ -406,15 +589,19 @@ class Network:
         now = self.env.now
         self._advance(now)
         t.cancelled = True
+        keys: list[_Key] = []
         for f in t._flows:
+            if f.sending:
+                self._remove(f)
+                keys.extend(f.keys)
             f.sending = False
-            self._flows.pop(f.fid, None)
+            f.plan = 0
         t.end_s = now
         self._in_flight -= 1
         self._last_end = now if self._last_end is None else max(self._last_end, now)
         if self.observer is not None:
             self.observer.transfer_ended(now, t)
-        self._reshare(now)
+        self._reshare(now, (), keys)
 
     def _usable(self, s: _LinkState) -> float:
         key = (s.src, s.dst)
@@ -444,7 +631,7 @@ class Network:
         """Link ``src -> dst`` carries again; the flows waiting on it resume."""
         self._set_down((src, dst), False)
 
-    def _set_down(self, key: tuple[str, str], down: bool) -> None:
+    def _set_down(self, key: _Key, down: bool) -> None:
         now = self.env.now
         self._advance(now)
         if down:
@@ -454,27 +641,42 @@ class Network:
         s = self._links.get(key)
         if s is not None:
             s.usable = self._usable(s)
+        keys = [key]
         if down:
-            for f in self._flows.values():
-                if key in f.keys and f.path is not None:
-                    new = self._rerouted(f.path)
-                    if new is not f.path:
-                        for link in new:
-                            self._register(link)
-                        f.path = new
-                        f.keys = tuple((ln.src, ln.dst) for ln in new)
-                        f.latency = sum(ln.latency_s for ln in new)
-        self._settle(now)
+            for f in list(self._on_link.get(key, {}).values()):
+                new = [
+                    self._rerouted(p) if key in m else p
+                    for p, m in zip(f.paths, f.members, strict=True)
+                ]
+                if all(q is p for q, p in zip(new, f.paths, strict=True)):
+                    continue
+                # A flow that moves leaves its group: each goes its own way.
+                for g, path in zip(self._split(f), new, strict=True):
+                    if path is g.paths[0]:
+                        continue
+                    for link in path:
+                        self._register(link)
+                    self._remove(g)
+                    g.paths = [path]
+                    g.members = [tuple((ln.src, ln.dst) for ln in path)]
+                    g.keys = g.members[0]
+                    g.mult = _count(g.keys)
+                    g.latency = sum(ln.latency_s for ln in path)
+                    self._add(g)
+                    keys.extend(g.keys)
+        self._settle(now, (), keys)
 
     def waits(self, t: Transfer) -> bool:
         """Whether a flow of ``t`` still sending waits on a failed link."""
         if not self._down or t.cancelled or t.end_s is not None:
             return False
+        self._catch_up(self.env.now)
         return any(k in self._down for f in t._flows if f.sending for k in f.keys)
 
     @property
     def stuck(self) -> list[Transfer]:
         """Transfers with a flow that waits on a failed link, in start order."""
+        self._catch_up(self.env.now)
         out: dict[int, Transfer] = {}
         for f in self._flows.values():
             if any(k in self._down for k in f.keys):
@@ -495,7 +697,7 @@ class Network:
         now = self.env.now
         self._advance(now)
         s.usable = self._usable(s)
-        self._settle(now)
+        self._settle(now, (), [key])
 
     def idle_time_s(self, flows: Seq[FlowSpec]) -> float:
         """Time ``flows`` would take on an idle network (0 for no flows)."""
@@ -505,13 +707,22 @@ class Network:
     @property
     def bytes_sent(self) -> float:
         """Bytes that have left their senders: the integral of the flow rates."""
+        self._catch_up(self.env.now)
         dt = self.env.now - self._last
-        return self._sent + dt * sum(f.rate for f in self._flows.values())
+        return self._sent + dt * sum(f.rate * f.n for f in self._flows.values())
 
     def rates(self) -> dict[tuple[int, int], float]:
         """Current rate (bytes/s) of every flow still sending, keyed by
         (transfer id, flow index), in creation order."""
-        return {(f.transfer.id, f.index): f.rate for f in self._flows.values()}
+        self._catch_up(self.env.now)
+        out = {(f.transfer.id, i): f.rate for f in self._flows.values() for i in f.index}
+        return dict(sorted(out.items()))
+
+    def groups(self) -> list[tuple[int, tuple[int, ...]]]:
+        """The flow groups still sending, in creation order: (transfer id,
+        the indices of its flows that move as one)."""
+        self._catch_up(self.env.now)
+        return [(f.transfer.id, f.index) for f in self._flows.values()]
 
     def link_stats(self) -> list[dict]:
         """Per directed link that carried traffic, sorted by (src, dst): bytes,
@@ -519,6 +730,7 @@ class Network:
         bytes / (usable x span), span from the first transfer's start to the
         last one's end (or now, while transfers are in flight)."""
         now = self.env.now
+        self._catch_up(now)
         dt = now - self._last
         end = self._last_end if self._in_flight == 0 and self._last_end is not None else now
         span = end - self._first_start if self._first_start is not None else 0.0
@@ -565,15 +777,88 @@ class Network:
                 "links are identified by (src, dst)"
             )
 
+    def _route(self, path: tuple[LinkLike, ...]) -> tuple[tuple[_Key, ...], float]:
+        """``path``'s link keys and latency, its links registered (remembered
+        for the path tuples used again, as a hand-off's are)."""
+        got = self._paths.get(id(path))
+        if got is not None and got[0] is path:
+            return got[1], got[2]
+        for link in path:
+            self._register(link)
+        if len(self._paths) >= 4096:  # paths built afresh each time: keep it small
+            self._paths.clear()
+        keys = tuple((link.src, link.dst) for link in path)
+        latency = sum(link.latency_s for link in path)
+        self._paths[id(path)] = (path, keys, latency)
+        return keys, latency
+
+    def _add(self, f: _Flow) -> None:
+        self._flows[f.fid] = f
+        on = self._on_link
+        for k in f.mult:
+            d = on.get(k)
+            if d is None:
+                on[k] = {f.fid: f}
+            else:
+                d[f.fid] = f
+
+    def _remove(self, f: _Flow) -> None:
+        del self._flows[f.fid]
+        self._lazy.pop(f.fid, None)
+        on = self._on_link
+        for k in f.mult:
+            d = on[k]
+            del d[f.fid]
+            if not d:
+                del on[k]
+
+    def _split(self, f: _Flow) -> list[_Flow]:
+        """Replace group ``f`` by one group per flow (same state); returns them."""
+        if f.n == 1:
+            return [f]
+        parts = f.split()
+        f.plan = 0
+        self._remove(f)
+        for g in parts:
+            self._add(g)
+        self._flows = dict(sorted(self._flows.items()))  # creation order again
+        t = f.transfer
+        i = t._flows.index(f)
+        t._flows[i : i + 1] = parts
+        t._left += len(parts) - 1
+        return parts
+
     def _set_cap(self, t: Transfer, cap: float | None) -> None:
         now = self.env.now
         self._advance(now)
         for f in t._flows:
             if f.sending:
                 f.cap = cap
-        self._settle(now)
+        self._settle(now, [f for f in t._flows if f.sending])
 
     def _advance(self, now: float) -> None:
+        """Bring the network to ``now``: retire the lone groups that finished
+        since, then integrate the current rates."""
+        self._catch_up(now)
+        self._integrate(now)
+
+    def _catch_up(self, now: float) -> None:
+        """Retire the lone groups whose finish is at or before ``now``, in
+        order, integrating up to each finish as its own event would have."""
+        lazy = self._lazy
+        while lazy:
+            f = min(lazy.values(), key=lambda g: (g.finish_at, g.fid))
+            if f.finish_at > now:
+                return
+            self._integrate(f.finish_at)
+            self._remove(f)
+            for k in f.keys:
+                self._links[k].load = 0.0
+            f.sending = False
+            f.rate = 0.0
+            f.remaining = 0.0
+
+    def _integrate(self, now: float) -> None:
         """Integrate the current rates from the last update to ``now``."""
         dt = now - self._last
         self._last = now
@@ -586,56 +871,135 @@ class Network:
                 continue
             moved = r * dt
             f.remaining -= moved
-            self._sent += moved
+            self._sent += moved * f.n
             for k in f.keys:
                 links[k].bytes += moved
         w = self.series_bucket_s
-        for s in self._used:
+        for k in self._on_link:
+            s = links[k]
             if s.load > 0.0:
                 s.busy_s += dt
                 if w is not None:
                     _spread(s.series, now - dt, now, s.load, w)
 
-    def _settle(self, now: float) -> None:
-        """Retire the flows whose last byte has left, then re-share and arm the
-        one event for the next such instant."""
+    def _settle(self, now: float, changed: Seq[_Flow] = (), keys: Seq[_Key] = ()) -> None:
+        """Retire the groups whose last byte has left, then re-share what they
+        and ``changed`` (groups) and ``keys`` (links) touch, and arm the one
+        event for the next such instant."""
         done = []
         for f in self._flows.values():
             if not f.keys and f.cap is None:  # local and uncapped: instant
-                self._sent += f.remaining
+                self._sent += f.remaining * f.n
                 done.append(f)
             elif f.finish_at <= now or f.remaining <= f.tol:
                 done.append(f)
+        keys = list(keys)
         for f in done:
-            del self._flows[f.fid]
+            f.plan = 0
+            self._remove(f)
+            keys.extend(f.keys)
             self._drain(f, now)
-        self._reshare(now)
+        self._reshare(now, changed, keys)
 
-    def _reshare(self, now: float) -> None:
-        self._gen += 1
-        for s in self._used:
-            s.load = 0.0
-        flows = list(self._flows.values())
+    def _reshare(self, now: float, changed: Seq[_Flow], keys: Seq[_Key]) -> None:
+        """Max-min over each connected component that holds a group of
+        ``changed`` or a link of ``keys``; the others keep their rates."""
         links = self._links
-        # Only the links under active flows: the work does not grow with the graph.
-        capacity = {k: links[k].usable for f in flows for k in f.keys}
-        self._used = [links[k] for k in capacity]
-        if not flows:
-            return
-        rates = max_min_rates([f.keys for f in flows], [f.cap for f in flows], capacity)
-        earliest = math.inf
-        for f, r in zip(flows, rates, strict=True):
-            # local uncapped flows were drained in _settle, so r is finite
+        on = self._on_link
+        if not keys and len(changed) == 1:  # one group: often alone on its links
+            f = changed[0]
+            if f.sending and f.keys and all(len(on[k]) == 1 for k in f.mult):
+                self._share(now, [f], list(f.mult))
+                self._arm()
+                return
+        seen: set[int] = set()
+        seen_k: set[_Key] = set()
+        todo = list(keys)
+        for f in changed:
+            if f.sending:
+                if f.keys:
+                    todo.extend(f.keys)
+                else:  # local: a component of its own
+                    self._share(now, [f], [])
+        for k0 in todo:
+            if k0 in seen_k:
+                continue
+            seen_k.add(k0)
+            if k0 not in on:  # nothing on it any more
+                s = links.get(k0)
+                if s is not None:
+                    s.load = 0.0
+                continue
+            comp: list[_Flow] = []
+            comp_k = [k0]
+            stack = [k0]
+            while stack:
+                for fid, f in on[stack.pop()].items():
+                    if fid in seen:
+                        continue
+                    seen.add(fid)
+                    comp.append(f)
+                    for k in f.mult:
+                        if k not in seen_k:
+                            seen_k.add(k)
+                            comp_k.append(k)
+                            stack.append(k)
+            self._share(now, comp, comp_k)
+        self._arm()
+
+    def _share(self, now: float, comp: list[_Flow], keys: list[_Key]) -> None:
+        """Max-min rates of the groups ``comp``, one component over links ``keys``."""
+        links = self._links
+        comp.sort(key=lambda f: f.fid)
+        for f in comp:
+            if f.plan:  # its planned delivery no longer holds
+                f.plan = 0
+                self._lazy.pop(f.fid, None)
+        capacity = {k: links[k].usable for k in keys}
+        while True:
+            if len(comp) == 1:
+                rates, bad = _fill_one(comp[0], capacity)
+            else:
+                rates, bad = _fill(
+                    [f.keys for f in comp],
+                    [f.cap for f in comp],
+                    capacity,
+                    [f.members if f.n > 1 else None for f in comp],
+                )
+            if bad < 0:
+                break
+            parts = self._split(comp[bad])
+            comp[bad : bad + 1] = parts
+        for k in keys:
+            links[k].load = 0.0
+        for f, r in zip(comp, rates, strict=True):
+            # local uncapped groups were drained in _settle, so r is finite
             f.rate = r
             f.finish_at = now + f.remaining / r if r > 0.0 else math.inf
-            earliest = min(earliest, f.finish_at)
             for k in f.keys:
                 links[k].load += r
-        for s in self._used:
+        for k in keys:
+            s = links[k]
             if s.load > 0.0:
                 s.peak = max(s.peak, s.load)
                 ratio = s.load / s.usable if s.usable > 0.0 else math.inf
                 self.max_link_load_ratio = max(self.max_link_load_ratio, ratio)
+        if len(comp) == 1 and comp[0].finish_at < math.inf:
+            # Alone: its finish changes no other rate. Its delivery is planned
+            # now, and nothing marks the finish itself unless something joins.
+            f = comp[0]
+            self._plans += 1
+            f.plan = plan = self._plans
+            self._lazy[f.fid] = f
+            at(self.env, f.finish_at + f.latency, lambda _ev: self._planned(f, plan))
+
+    def _arm(self) -> None:
+        """Make the one finish event fire at the earliest finish, unless it does."""
+        earliest = min((f.finish_at for f in self._flows.values() if not f.plan), default=math.inf)
+        if earliest == self._armed:
+            return
+        self._gen += 1
+        self._armed = earliest
         if earliest < math.inf:
             gen = self._gen
             at(self.env, earliest, lambda _ev: self._on_finish(gen))
@@ -643,11 +1007,19 @@ class Network:
     def _on_finish(self, gen: int) -> None:
         if gen != self._gen:
             return  # made stale by a later re-share
+        self._armed = math.inf
         now = self.env.now
         self._advance(now)
         self._settle(now)
 
     # -- delivery --------------------------------------------------------------------
+    def _planned(self, f: _Flow, plan: int) -> None:
+        """The planned delivery of lone group ``f``, unless a re-share changed it."""
+        if f.plan != plan:
+            return
+        self._catch_up(f.finish_at)
+        self._deliver(f)
+
     def _drain(self, f: _Flow, now: float) -> None:
         """``f``'s last byte has left; it arrives ``f.latency`` later."""
         f.sending = False
@@ -659,7 +1031,7 @@ class Network:
         t = f.transfer
         if t.cancelled:
             return
-        self.bytes_delivered += f.size
+        self.bytes_delivered += f.size * f.n
         t._left -= 1
         if t._left == 0:
             self._finish_transfer(t)
@@ -671,4 +1043,32 @@ class Network:
         self._last_end = now if self._last_end is None else max(self._last_end, now)
         if self.observer is not None:
             self.observer.transfer_ended(now, t)
-        t.done.succeed(t)
+        for fn in t._then:
+            fn(t)
+        if t._done is not None:
+            t._done.succeed(t)
+
+
+def _groups(
+    t: Transfer, base: int, flows: Seq[FlowSpec], routes: Seq[tuple[tuple[_Key, ...], float]]
+) -> list[_Flow]:
+    """The flow groups of ``flows`` (transfer ``t``, creation numbers from
+    ``base``; ``routes``: each one's link keys and latency): flows with the
+    same size, cap and path latency start as one (local flows, with no links,
+    only with local ones), in order of first flow."""
+    by: dict[tuple, list[int]] = {}
+    for i, (spec, (keys, lat)) in enumerate(zip(flows, routes, strict=True)):
+        by.setdefault((spec.size_bytes, spec.rate_cap_bytes_s, lat, bool(keys)), []).append(i)
+    return [
+        _Flow(
+            base + idx[0],
+            t,
+            tuple(idx),
+            [flows[i].path for i in idx],
+            [routes[i][0] for i in idx],
+            float(size),
+            cap,
+            lat,
+        )  # fmt: skip
+        for (size, cap, lat, _), idx in by.items()
+    ]

@@ -258,8 +258,16 @@ def shard_flows(
     each source shard goes whole to one destination GPU, so the per-GPU load on
     the destination side is approximate.
     """
-    share = kv_bytes / len(src_gpus)
-    flows: list[FlowSpec] = []
+    paths = shard_paths(topology, src_gpus, dst_gpus, multi_nic=multi_nic)
+    return sized_flows(paths, len(src_gpus), kv_bytes)
+
+
+def shard_paths(
+    topology: Topology, src_gpus: Seq[int], dst_gpus: Seq[int], *, multi_nic: bool = False
+) -> list[tuple[FlowSpec, int]]:
+    """The flows of :func:`shard_flows` with no bytes yet, each with the number
+    of NICs its source GPU's share is spread over (1 but with ``multi_nic``)."""
+    out: list[tuple[FlowSpec, int]] = []
     for i, g in enumerate(src_gpus):
         d = dst_gpus[i % len(dst_gpus)]
         if g == d:
@@ -268,10 +276,16 @@ def shard_flows(
         if multi_nic and src_node != topology.node_of(d):
             n = topology.nic_count(src_node)
             for k in range(n):
-                flows.append(FlowSpec(topology.path(g, d, nic=k), share / n))
+                out.append((FlowSpec(topology.path(g, d, nic=k), 0.0), n))
         else:
-            flows.append(FlowSpec(topology.path(g, d), share))
-    return flows
+            out.append((FlowSpec(topology.path(g, d), 0.0), 1))
+    return out
+
+
+def sized_flows(paths: Seq[tuple[FlowSpec, int]], shards: int, kv_bytes: float) -> list[FlowSpec]:
+    """``kv_bytes`` over ``paths`` (:func:`shard_paths`) from ``shards`` source GPUs."""
+    share = kv_bytes / shards
+    return [f.resized(share if n == 1 else share / n) for f, n in paths]
 
 
 class KVHandoff:
@@ -304,6 +318,8 @@ class KVHandoff:
         self.pick_decode = pick_decode
         self.layers = layers
         self.pending: list[deque[Sequence]] = [deque() for _ in gpus]
+        # (source GPUs, destination GPUs) -> the shards' paths (static routing)
+        self._paths: dict[tuple[tuple[int, ...], tuple[int, ...]], list[tuple[FlowSpec, int]]] = {}
         self.bytes_moved = 0.0
         self.bytes_saved = 0.0  # KV the decode side's prefix cache held: not moved
         self.transfers = 0
@@ -411,10 +427,13 @@ class KVHandoff:
         tokens = seq.prefill_len - held
         kv_bytes = float(self.kv_bytes_per_token * tokens)
         saved = float(self.kv_bytes_per_token * held)
-        flows = shard_flows(
-            self.topology, self.gpus[src], self.gpus[dst], kv_bytes,
-            multi_nic=self.config.multi_nic,
-        )  # fmt: skip
+        pair = (tuple(self.gpus[src]), tuple(self.gpus[dst]))
+        paths = self._paths.get(pair)
+        if paths is None:
+            paths = self._paths[pair] = shard_paths(
+                self.topology, *pair, multi_nic=self.config.multi_nic
+            )
+        flows = sized_flows(paths, len(pair[0]), kv_bytes)
         now = self.env.now
         layer_s = 0.0 if stream_s is None else stream_s / self.layers
         blocks = blocks_for(tokens, self.engines[dst].kv.block_size)
@@ -469,12 +488,12 @@ class KVHandoff:
             self.on_waiting(seq)
         if after_s > 0:
 
-            def done(_ev: object) -> None:
+            def done(_t: object) -> None:
                 self.env.timeout(after_s).callbacks.append(lambda _e: self._landed(seq, src, dst))
 
-            transfer.done.callbacks.append(done)
+            transfer.then(done)
         else:
-            transfer.done.callbacks.append(lambda _ev: self._landed(seq, src, dst))
+            transfer.then(lambda _t: self._landed(seq, src, dst))
         return transfer
 
     def _landed(self, seq: Sequence, src: int, dst: int) -> None:

@@ -8,6 +8,16 @@ role after the action's start-up cost (``cost_s``), a later move of the same
 instance replacing one still on its way. Every role change is checked (the
 cluster keeps instances that prefill and instances that decode) and reported
 to the observer.
+
+A policy that ticks on change (:func:`~twin.scheduler.ticks_on_change`) is not
+asked again while the cluster cannot have changed: after a tick that returned
+nothing, with no instance holding work (nothing queued, running, moving or
+reserved, so nothing the view shows changes with time) and none draining
+(whose release a tick checks), the state stays as it is until the next
+scheduled event, and the next tick is the first one of the grid at or after
+it. Ticks fall on the same instants as without the skip (the grid is
+``tick_s`` added tick after tick, as the timeouts add it), and a tick at the
+instant of that event still comes after it, as it would have.
 """
 
 from __future__ import annotations
@@ -19,8 +29,17 @@ from typing import Any
 import simpy
 
 from twin._check import is_int, is_number
+from twin._clock import at
 from twin.errors import SpecError
-from twin.scheduler import AddInstance, ClusterView, Plan, RemoveInstance, SetRole, tick_hook
+from twin.scheduler import (
+    AddInstance,
+    ClusterView,
+    Plan,
+    RemoveInstance,
+    SetRole,
+    tick_hook,
+    ticks_on_change,
+)
 from twin.serving.engine import ROLES, Engine
 from twin.serving.observer import Observer
 
@@ -95,6 +114,8 @@ class ControlLoop:
         self.observer = observer
         self.ticks = tick_hook(scheduler, name)
         self.tick_s = None if self.ticks is None else float(self.ticks.tick_s)
+        self.skips = self.ticks is not None and ticks_on_change(self.ticks)
+        self.tick_calls = 0  # ticks the policy was asked for
         self._arrivals_done = arrivals_done
         self._all_ended = all_ended
         self._on_roles = on_roles
@@ -115,8 +136,10 @@ class ControlLoop:
         stuck run still ends and fails its conservation check)."""
         env = self.env
         assert self.ticks is not None and self.tick_s is not None
+        tick_s = self.tick_s
+        wait: simpy.Event = env.timeout(tick_s)
         while True:
-            yield env.timeout(self.tick_s)
+            yield wait
             arrived = self._arrivals_done()
             if (arrived and self._all_ended()) or (
                 arrived and env.peek() == math.inf and not self.moving
@@ -124,9 +147,25 @@ class ControlLoop:
                 return
             if self.scaler is not None:
                 self.scaler.recheck()
+            self.tick_calls += 1
             actions = self.ticks.tick(self.view)
             for action in actions or ():
                 self.act(action)
+            if self.skips and not actions and self._quiet():
+                # Nothing changes before the next event: the first tick of the
+                # grid at or after it decides what every earlier one would.
+                when, first = env.now + tick_s, env.peek()
+                if when < first < math.inf:
+                    while when < first:
+                        when += tick_s
+                    wait = at(env, when)
+                    continue
+            wait = env.timeout(tick_s)
+
+    def _quiet(self) -> bool:
+        """Whether the view can change only at an event: no instance holds
+        work (a decode stretch's state moves with time) or is draining."""
+        return not any(e.holds_work() or e.state == "draining" for e in self.engines)
 
     def act(self, action: object) -> None:
         name, n = self.name, len(self.engines)
