@@ -60,8 +60,6 @@ def cmd_compare(args: argparse.Namespace, data: dict[str, Any], where: str, base
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from twin.sim.metrics import REQUEST_COLUMNS
-    from twin.sim.simulation import Simulation
     from twin.sim.spec import apply_overrides, parse_yaml, read_spec_text, resolve_spec
 
     text, where, base_dir = read_spec_text(args.spec)
@@ -97,6 +95,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         recorder = TraceRecorder()
     if args.timeline_csv:
         _open_out(args.timeline_csv).close()  # fail before the run, not after it
+    # The simulation's modules load once the spec is known to be good.
+    from twin.sim.metrics import REQUEST_COLUMNS
+    from twin.sim.simulation import Simulation
+
     csv_file = _open_out(args.requests_csv) if args.requests_csv else None
     try:
         on_row = None

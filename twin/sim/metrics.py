@@ -16,8 +16,6 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from twin._declare import FRACTION, choice, declared, seconds
 from twin.request import Request
 from twin.serving.observer import InstanceInfo, Observer, Outcome
@@ -98,6 +96,8 @@ class Distribution:
         if self.count == 0:
             return math.nan
         if self._exact is not None:
+            import numpy as np
+
             return float(np.quantile(np.asarray(self._exact), q))
         rank = q * (self.count - 1)
         seen = 0
