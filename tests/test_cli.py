@@ -159,3 +159,29 @@ def test_a_spec_written_from_the_readme_runs(capsys, tmp_path):
     s = json.loads(out.read_text())["summary"]
     assert s["requests"] == s["completed"] > 100
     assert s["tpot_s"]["p50"] < 0.03
+
+
+HEAVY = ("scipy", "matplotlib", "dask", "pandas", "networkx", "numpy")
+
+
+def _modules_after(code: str) -> list[str]:
+    """The heavy modules a fresh interpreter holds after ``code``."""
+    probe = f"import sys\n{code}\nprint(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout
+    return json.loads(out.strip().splitlines()[-1].replace("'", '"'))
+
+
+def test_the_cli_starts_lean(tmp_path):
+    # building the parser (twin --help) and checking a bad spec load none of them
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nbogus: 1\n")
+    assert _modules_after("import twin.cli; twin.cli.build_parser()") == []
+    code = f"from twin.cli import main\nassert main(['run', {str(bad)!r}]) == 2"
+    assert _modules_after(code) == []
+    assert _modules_after(f"{code.replace(str(bad), '/nonexistent.yaml')}") == []
+    # a good spec (twin spec resolves it: scheduler built, topology loaded) may
+    # need networkx, never the numerics and plotting libraries
+    code = "from twin.cli import main\nassert main(['spec', 'disagg']) == 0"
+    assert set(_modules_after(code)) <= {"networkx", "numpy"}

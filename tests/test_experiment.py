@@ -254,6 +254,23 @@ def test_dask_gives_identical_bytes(tmp_path):
     assert _tree(tmp_path / "local") == _tree(tmp_path / "dask")
 
 
+def test_jobs_default_to_every_core_and_say_what_is_wrong(capsys):
+    from twin.cli import main
+    from twin.studies.sweep import cores, parse_jobs
+
+    assert parse_jobs("auto") is None and parse_jobs(None) is None and parse_jobs("3") == 3
+    assert Executor().workers == cores() == Executor(jobs=None).workers
+    assert Executor(jobs=2).workers == 2
+    for bad in ("0", "-2", "many"):
+        with pytest.raises(TwinError, match=rf"-j: '{bad}' must be a positive integer or auto"):
+            parse_jobs(bad)
+    for cmd in ("sweep", "goodput", "plan", "provision"):
+        assert main([cmd, "disagg", "-j", "x"]) == 2
+        assert capsys.readouterr().err == (
+            "twin: error: -j: 'x' must be a positive integer or auto\n"
+        )
+
+
 def test_an_address_means_dask():
     assert Executor("local", address="tcp://127.0.0.1:8786").kind == "dask"
     with pytest.raises(TwinError, match="--executor: 'ray'; expected one of local, dask"):
@@ -345,7 +362,7 @@ def _write(tmp_path, data) -> str:
     "args, message",
     [
         (["sweep", "{spec_nosweep}"], "sweep: missing; twin sweep runs a spec with a sweep:"),
-        (["sweep", "{spec}", "-j", "0"], "-j: 0 must be a positive integer"),
+        (["sweep", "{spec}", "-j", "0"], "-j: '0' must be a positive integer or auto"),
         (["sweep", "{spec}", "--set", "sweep.engine.x=[1]"], "sweep run 0"),
         (["goodput", "{spec}", "--seeds", "0"], "--seeds: 0 must be a positive integer"),
         (["goodput", "{spec}", "--target", "2"], "--target: 2.0 must be in (0, 1]"),

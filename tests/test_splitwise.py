@@ -243,3 +243,14 @@ def test_provision_cli_prints_a_table_and_errors_on_one_line(tmp_path, capsys):
     assert "holds no prefill + decode pair" in capsys.readouterr().err
     assert main(["provision", str(path), "--power", "lots"]) == 2
     assert "--power: 'lots' is not a power" in capsys.readouterr().err
+
+
+def test_provisioning_is_the_same_when_its_searches_run_in_parallel():
+    from twin.studies.provision import format_provision, provision
+    from twin.studies.sweep import Executor
+
+    kw = dict(gpus=12, sample=40, replicates=2)
+    serial = provision(PROVISION_SPEC, "p.yaml", Path.cwd(), **kw)
+    parallel = provision(PROVISION_SPEC, "p.yaml", Path.cwd(), executor=Executor(jobs=2), **kw)
+    assert [len(c.goodputs_rps) for c in serial.candidates] == [2, 2]
+    assert parallel == serial and format_provision(parallel) == format_provision(serial)

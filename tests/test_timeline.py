@@ -113,6 +113,48 @@ def test_time_averaged_queue_and_capacity():
     assert [r["transfer_p50_s"] for r in rows] == [0.125, None, None]  # by arrival
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_sealed_windows_give_the_rows_of_unsealed_ones(seed):
+    """Fed its arrivals, a timeline seals each window once its requests have
+    ended; its rows are those of one that never seals (not told of arrivals)."""
+    rng = np.random.default_rng(seed)
+    n = 400
+    arrivals = np.cumsum(rng.exponential(0.05, n))
+    ends = arrivals + rng.exponential(0.4, n)
+    kinds = rng.choice(["completed", "rejected", "failed"], n, p=[0.9, 0.05, 0.05])
+    events = sorted([(a, 0, i) for i, a in enumerate(arrivals)]
+                    + [(e, 1, i) for i, e in enumerate(ends)])  # fmt: skip
+    sealed, plain = Timeline(1.0), Timeline(1.0)
+    for t in (sealed, plain):
+        t.start([InstanceInfo(0, "mixed", 0, (0, 1))])
+    for time, end, i in events:
+        a = float(arrivals[i])
+        if not end:
+            sealed.arrived(a)
+            continue
+        for t in (sealed, plain):
+            if kinds[i] == "completed":
+                t.completed(a, float(time), ttft=float(time - a) / 3, tpot=float(time - a) / 30,
+                            met=bool(i % 3), scheduled=a + 0.01, landed=a + 0.02,
+                            decode_start=a + 0.03, transfer=0.01 + i * 1e-4)  # fmt: skip
+            else:
+                t.ended(a, float(time), str(kinds[i]))
+    windows = sealed._windows
+    assert sum(w.quantiles is not None for w in windows) >= len(windows) - 3
+    assert sealed.rows(float(ends.max())) == plain.rows(float(ends.max()))
+
+
+def test_a_run_seals_its_windows():
+    spec = small(output={"window": "1 s"})
+    sim = Simulation(spec)
+    rows = sim.run().timeline
+    timeline = sim.metrics.timeline
+    # every window before the last arrival's is sealed: its requests all ended
+    last = timeline._arriving
+    assert last > 5 and len(rows) > last
+    assert all(w.quantiles is not None for w in timeline._windows[:last])
+
+
 def test_a_bad_window_is_refused():
     with pytest.raises(ValueError, match="must be > 0"):
         Timeline(0.0)

@@ -10,6 +10,8 @@ import pytest
 
 from twin.errors import TraceError, UnknownNameError
 from twin.workload.traces import (
+    _azure_ns,
+    _azure_ns_strptime,
     detect_format,
     file_sha256,
     read_azure,
@@ -132,6 +134,39 @@ def test_azure_exact_fraction(tmp_path: Path) -> None:
     recs = read_azure(p)
     assert [r.arrival_s for r in recs] == [0.0, 2e-7, 2e-7]
     assert [r.prompt_tokens for r in recs] == [10, 11, 12]
+
+
+# Texts the field-by-field reading takes, and texts it leaves to strptime (which
+# accepts some: unpadded fields, two spaces; and rejects others).
+STAMPS = [
+    "2023-11-16 18:15:46.6805900", "2023-11-16 18:15:46", " 2023-11-16 18:15:46.123456789 ",
+    "2024-02-29 23:59:59.9999999", "1969-12-31 23:59:59.5", "0001-01-01 00:00:00.0000001",
+    "9999-12-31 23:59:59.999999999", "2023-11-16 8:15:46.5", "2023-1-6 18:15:46",
+    "2023-11-16  18:15:46.1", "2023-11-16 18:15:46.", "2023-11-16 18:15:46.1234567890",
+    "2023-02-29 00:00:00", "2023-13-01 00:00:00", "2023-11-16 24:00:00", "2023-11-16 23:60:00",
+    "2023-11-16 23:59:60", "2023-11-16T18:15:46", "2023-11-16 18:15:46.12x", "18:15:46",
+    "2023-11-16 18:15:4\uff16", "2023-11-16 18:15:46.\u0661",
+]  # fmt: skip
+
+
+def _ns(parse, raw: str) -> int | str:
+    try:
+        return parse(Path("t.csv"), 2, "TIMESTAMP", raw)
+    except TraceError as e:
+        return str(e)
+
+
+@pytest.mark.parametrize("raw", STAMPS)
+def test_azure_timestamps_read_as_strptime_reads_them(raw: str) -> None:
+    assert _ns(_azure_ns, raw) == _ns(_azure_ns_strptime, raw)
+
+
+@pytest.mark.parametrize("name", ["conv", "code"])
+def test_azure_timestamps_of_the_real_traces(shared_data: Path, name: str) -> None:
+    path = shared_data / T / f"azure_llm_2023/AzureLLMInferenceTrace_{name}.csv"
+    stamps = [line.split(",")[0] for line in path.read_text().splitlines()[1:]]
+    fast = [_azure_ns(path, 0, "TIMESTAMP", s) for s in stamps]
+    assert fast == [_azure_ns_strptime(path, 0, "TIMESTAMP", s) for s in stamps]
 
 
 def test_vidur_reader(tmp_path: Path) -> None:

@@ -222,6 +222,77 @@ def test_stream_is_lazy() -> None:
     assert peak < 4 * 2**20  # a list of 200k Requests would take > 20 MiB
 
 
+def _azure_file(path: Path, rows: int, bad_row: int | None = None) -> Path:
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for i in range(rows):
+        h, rest = divmod(i, 3600)
+        stamp = f"2023-11-16 {h:02d}:{rest // 60:02d}:{rest % 60:02d}.{i % 10}000000"
+        lines.append(f"{stamp},{i + 1},2")
+    if bad_row is not None:
+        lines[bad_row] = "2023-11-16 99:00:00.0,1,1"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _peak_bytes(stream) -> tuple[int, int]:
+    """(items consumed, peak traced bytes while consuming them)."""
+    tracemalloc.start()
+    try:
+        n = sum(1 for _ in stream)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return n, peak
+
+
+def test_a_trace_streams(tmp_path: Path) -> None:
+    path = _azure_file(tmp_path / "big.csv", 40_000)
+    spec = WorkloadSpec.from_mapping({"trace": str(path)}, "w")
+    first = next(iter_requests(spec, rng(0)))
+    assert (first.id, first.arrival_s, first.prompt_tokens) == (0, 0.0, 1)
+    n, peak = _peak_bytes(iter_requests(spec, rng(0)))
+    assert n == 40_000
+    assert peak < 2**20  # the 40k records as a list take > 4 MiB
+
+
+def test_a_bad_row_raises_when_the_stream_reaches_it(tmp_path: Path) -> None:
+    path = _azure_file(tmp_path / "bad.csv", 5, bad_row=4)  # the 4th request, line 5
+    stream = iter_requests(WorkloadSpec.from_mapping({"trace": str(path)}, "w"), rng(0))
+    assert [next(stream).id for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(TraceError, match=r"bad\.csv: line 5: column TIMESTAMP: '2023-11-16 99"):
+        next(stream)
+
+
+def test_a_repeated_trace_keeps_one_compact_pass(tmp_path: Path) -> None:
+    path = _azure_file(tmp_path / "loop.csv", 2_000)
+    spec = WorkloadSpec.from_mapping(
+        {"trace": str(path), "repeat": True, "max_requests": 100_000}, "w"
+    )
+    reqs = list(itertools.islice(iter_requests(spec, rng(0)), 4_001))
+    period = reqs[1_999].arrival_s * 2_000 / 1_999
+    assert reqs[2_000].arrival_s == reqs[0].arrival_s + period
+    assert reqs[4_000].arrival_s == reqs[0].arrival_s + 2 * period
+    assert [r.prompt_tokens for r in reqs[2_000:2_003]] == [1, 2, 3]
+    n, peak = _peak_bytes(iter_requests(spec, rng(0)))
+    assert n == 100_000
+    assert peak < 2**20  # one pass, in arrays: about 40 bytes a row
+
+
+def test_repeat_offsets_hashes_past_64_bits(tmp_path: Path) -> None:
+    big = 2**64
+    p = tmp_path / "huge.jsonl"
+    p.write_text(
+        '{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [0, 1]}\n'
+        f'{{"timestamp": 1000, "input_length": 512, "output_length": 4, "hash_ids": [{big}]}}\n'
+    )
+    reqs = run({"trace": str(p), "repeat": True, "max_requests": 6})
+    stride = big + 1
+    assert [r.prefix_hashes for r in reqs] == [
+        (0, 1), (big,), (stride, stride + 1), (stride + big,), (2 * stride, 2 * stride + 1),
+        (2 * stride + big,),
+    ]  # fmt: skip
+
+
 # --------------------------------------------------------------------------- lengths
 
 

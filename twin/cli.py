@@ -60,8 +60,6 @@ def cmd_compare(args: argparse.Namespace, data: dict[str, Any], where: str, base
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from twin.sim.metrics import REQUEST_COLUMNS
-    from twin.sim.simulation import Simulation
     from twin.sim.spec import apply_overrides, parse_yaml, read_spec_text, resolve_spec
 
     text, where, base_dir = read_spec_text(args.spec)
@@ -97,6 +95,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         recorder = TraceRecorder()
     if args.timeline_csv:
         _open_out(args.timeline_csv).close()  # fail before the run, not after it
+    # The simulation's modules load once the spec is known to be good.
+    from twin.sim.metrics import REQUEST_COLUMNS
+    from twin.sim.simulation import Simulation
+
     csv_file = _open_out(args.requests_csv) if args.requests_csv else None
     try:
         on_row = None
@@ -235,11 +237,12 @@ def cmd_provision(args: argparse.Namespace) -> int:
     apply_overrides(data, args.set or [])
     power = None if args.power is None else parse_watts(args.power, "--power")
     _sample_args(args, "provision")
+    executor = _executor(args)
 
     def one(n: int) -> Any:
         return provision(
             data, where, base_dir, power_w=power, gpus=args.gpus, sample=n,
-            replicates=args.replicates,
+            replicates=args.replicates, executor=executor,
         )  # fmt: skip
 
     if args.convergence:
@@ -286,12 +289,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _sample_args(args, "plan")
     if args.target_rate is not None and not args.target_rate > 0:
         raise TwinError(f"twin plan: --target-rate: {args.target_rate} must be > 0")
+    executor = _executor(args)
     spec = load_spec(args.spec, args.set or [])
 
     def one(n: int) -> Any:
         return plan_distserve(
-            spec, sample_size=n, replicates=args.replicates, target_rate=args.target_rate
-        )
+            spec, sample_size=n, replicates=args.replicates, target_rate=args.target_rate,
+            executor=executor,
+        )  # fmt: skip
 
     if args.convergence:
         from twin.studies.samples import format_convergence
@@ -313,12 +318,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def _sweep_input(args: argparse.Namespace) -> tuple[dict[str, Any], str, Path, Any, Path]:
     """The spec (--set applied), its name and folder, the executor and --out."""
     from twin.sim.spec import parse_yaml, read_spec_text
-    from twin.studies.sweep import Executor, apply_sweep_overrides
+    from twin.studies.sweep import apply_sweep_overrides
 
     text, where, base_dir = read_spec_text(args.spec)
     data = parse_yaml(text, where)
     apply_sweep_overrides(data, args.set or [])
-    executor = Executor(args.executor, args.jobs, args.address)
+    executor = _executor(args)
     out = Path(args.out) if args.out else Path("out") / str(data.get("name", Path(where).stem))
     return data, where, base_dir, executor, out
 
@@ -395,12 +400,18 @@ def _executor_args(p: argparse.ArgumentParser) -> None:
         metavar="KEY.PATH=VALUE",
         help="override a value; sweep.KEY=[...] replaces a swept key's values",
     )
+    _parallel_args(p, "runs")
+    p.add_argument("--out", metavar="DIR", help="output folder (default: out/NAME)")
+
+
+def _parallel_args(p: argparse.ArgumentParser, what: str) -> None:
+    """-j, --executor and --address: where the independent simulations run."""
     p.add_argument(
         "-j",
         "--jobs",
-        type=int,
-        metavar="N",
-        help="parallel runs (default: CPU count; 2 Dask workers with --executor dask)",
+        default="auto",
+        metavar="N|auto",
+        help=f"parallel {what} (default auto: every core; local processes or Dask workers)",
     )
     p.add_argument(
         "--executor",
@@ -413,7 +424,13 @@ def _executor_args(p: argparse.ArgumentParser) -> None:
         metavar="tcp://HOST:PORT",
         help="an existing Dask scheduler (implies --executor dask)",
     )
-    p.add_argument("--out", metavar="DIR", help="output folder (default: out/NAME)")
+
+
+def _executor(args: argparse.Namespace) -> Any:
+    """The executor the -j, --executor and --address flags ask for."""
+    from twin.studies.sweep import Executor, parse_jobs
+
+    return Executor(args.executor, parse_jobs(args.jobs), args.address)
 
 
 def cmd_spec(args: argparse.Namespace) -> int:
@@ -628,6 +645,7 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--gpus", type=int, metavar="N", help="GPU budget (default: the spec's)")
     _sample_options(pv)
     pv.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a value")
+    _parallel_args(pv, "goodput searches (one per split and sample)")
     pv.set_defaults(func=cmd_provision)
     pl = sub.add_parser(
         "plan", help="DistServe's planner: parallelism, P:D counts and placement for a spec"
@@ -640,6 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument(
         "--target-rate", type=float, metavar="RPS", help="replicate to this rate, not to fill"
     )
+    _parallel_args(pl, "goodput searches (one per configuration of a phase, per sample)")
     pl.set_defaults(func=cmd_plan)
 
     sw = sub.add_parser("sweep", help="run every combination of a spec's sweep: section")

@@ -31,9 +31,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from twin._check import is_int as is_int  # re-exported: policies validate with it
 from twin._check import is_number
@@ -46,6 +44,9 @@ from twin.errors import (
 )
 from twin.request import Request
 from twin.units import parse_duration
+
+if TYPE_CHECKING:  # numpy loads when a view is made, not when a spec is checked
+    import numpy as np
 
 Role = Literal["mixed", "prefill", "decode"]
 """What an instance does: both phases (``mixed``), prompts only (``prefill``)
@@ -311,7 +312,11 @@ class ClusterView:
         self._now = now
         self.slo = slo or Objectives()
         self._pools = pools
-        self.rng: np.random.Generator = rng if rng is not None else np.random.default_rng(0)
+        if rng is None:
+            import numpy as np
+
+            rng = np.random.default_rng(0)
+        self.rng: np.random.Generator = rng
 
     def pool_prefix_tokens(self, req: Request) -> dict[int, int]:
         """Node -> prompt tokens of ``req`` whose KV that node's pool holds

@@ -30,9 +30,7 @@ import math
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from twin import yamlio
 from twin.bundled import bundled_names, bundled_text
@@ -47,6 +45,9 @@ __all__ = [
     "load_topology",
     "topology_names",
 ]
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 CEILING = "ceiling"  # the kind of a node ceiling's link
 
@@ -97,6 +98,8 @@ class Topology:
         self.name = d.name
         self.where = d.where
         self.fabric = d.fabric
+        import networkx as nx  # here: a spec that never builds a topology does not load it
+
         g: nx.DiGraph = nx.DiGraph()
         for v in d.vertices:
             attrs: dict[str, Any] = {"type": v.type, "node": v.node}
@@ -163,6 +166,8 @@ class Topology:
         return tuple(n for n in nics if local in node[n]["serves"])
 
     def _check_connected(self) -> None:
+        import networkx as nx
+
         first = self.gpus[0]
         down = nx.descendants(self.graph, first)
         up = nx.ancestors(self.graph, first)
@@ -382,6 +387,8 @@ class Topology:
 
     # -- capacities --------------------------------------------------------------------
     def _flow_graph(self, keep: Set[str] | None = None) -> nx.DiGraph:
+        import networkx as nx
+
         f: nx.DiGraph = nx.DiGraph()
         for u, v, ln in self.graph.edges(data="link"):
             if keep is None or (u in keep and v in keep):
@@ -407,7 +414,7 @@ class Topology:
                     if self.graph.nodes[v]["node"] is None
                 )
                 f.add_edge(n, "__sink__", capacity=out)
-            total = float(nx.maximum_flow_value(f, self.gpus[gpu], "__sink__"))
+            total = _max_flow(f, self.gpus[gpu], "__sink__")
             cap = self.ceiling_bytes_s(node)
             if cap is not None:
                 total = min(total, cap)
@@ -454,7 +461,7 @@ class Topology:
                         f.add_edge(f"__in{n}", "__sink__", capacity=self._in[n].capacity_bytes_s)
                     else:
                         f.add_edge(self.gpus[i], "__sink__")
-                self._bisection = float(nx.maximum_flow_value(f, "__source__", "__sink__"))
+                self._bisection = _max_flow(f, "__source__", "__sink__")
         return self._bisection
 
     def __repr__(self) -> str:
@@ -480,6 +487,12 @@ def _read(spec: str, base_dir: Path | None) -> tuple[str, str, str]:
     if spec not in names:
         raise UnknownNameError("topology", spec, names)
     return bundled_text("topologies", spec), f"topologies/{spec}.yaml", spec
+
+
+def _max_flow(f: nx.DiGraph, source: str, sink: str) -> float:
+    import networkx as nx
+
+    return float(nx.maximum_flow_value(f, source, sink))
 
 
 def load_topology(

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from twin.net.flows import Transfer
-from twin.net.topology import Topology
-from twin.perf.iteration import Batch
-from twin.request import Request
-from twin.scheduler import FaultEvent
-from twin.serving.sequence import Sequence as Seq
+if TYPE_CHECKING:  # names for annotations only: the topology pulls in networkx
+    from twin.net.flows import Transfer
+    from twin.net.topology import Topology
+    from twin.perf.iteration import Batch
+    from twin.request import Request
+    from twin.scheduler import FaultEvent
+    from twin.serving.sequence import Sequence as Seq
 
 __all__ = ["Broadcast", "InstanceInfo", "Observer", "Outcome", "broadcast"]
 

@@ -35,8 +35,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from twin._clock import at
 from twin._declare import (
     NONNEG_INT,
@@ -55,6 +53,8 @@ from twin.errors import SpecError
 from twin.scheduler import FaultEvent, event_hook
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from twin.sim.simulation import Simulation
 
 ACTIONS = ("fail", "recover", "degrade", "restore")
@@ -292,6 +292,8 @@ class Faults:
             ids["nic"] = [n for n in sorted(g.nodes) if g.nodes[n].get("type") == "nic"]
             # a link is a cable: one component for both directions, named u -> v with u < v
             ids["link"] = list(sorted({f"{min(u, v)} -> {max(u, v)}" for u, v in g.edges}))
+        import numpy as np
+
         for ci, c in enumerate(self.random):
             for j, comp in enumerate(ids[c.component]):
                 seq = np.random.SeedSequence(self.seed, spawn_key=(FAILURES_KEY, ci, j))

@@ -1,9 +1,12 @@
 """Results over simulated time: one row of metrics per window of ``W`` seconds.
 
-:class:`Timeline` is fed by :class:`~twin.sim.metrics.Metrics` as requests end
-and as instances change role, come up or go down; it keeps a few counters, two
-small latency sketches and some time integrals per window, so its memory grows
-with the number of windows, not of requests. Windows are ``[k W, (k+1) W)``
+:class:`Timeline` is fed by :class:`~twin.sim.metrics.Metrics` as requests
+arrive and end and as instances change role, come up or go down; it keeps a
+few counters, small latency sketches and some time integrals per window, so
+its memory grows with the number of windows, not of requests. Once every
+request that arrived in a window has ended and a later one has arrived, the
+window's quantiles are taken and its sketches dropped (nothing can change
+them any more), so a long run keeps about 300 bytes a window. Windows are ``[k W, (k+1) W)``
 from time 0; the last one ends at the run's end (the last request's end) and
 includes it, so it may be shorter than ``W``.
 
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import csv
 import math
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -84,7 +88,11 @@ _AREAS = _GPUS + 1
 
 
 class _Window:
-    __slots__ = ("counts", "ttft", "tpot", "transfer", "area")
+    """One window's counters, time integrals and latency sketches; ``pending``
+    counts the requests that arrived in it and have not ended; ``quantiles``,
+    once it is sealed, holds what the sketches gave (and they are gone)."""
+
+    __slots__ = ("counts", "ttft", "tpot", "transfer", "area", "pending", "quantiles")
 
     def __init__(self) -> None:
         # arrived, completed, rejected, failed, slo_met, finished
@@ -92,14 +100,33 @@ class _Window:
         self.ttft = Distribution(WINDOW_EXACT)
         self.tpot = Distribution(WINDOW_EXACT)
         self.transfer = Distribution(WINDOW_EXACT)
-        self.area = [0.0] * _AREAS
+        self.area = array("d", bytes(8 * _AREAS))  # _AREAS zeros
+        self.pending = 0
+        self.quantiles: tuple[float | None, ...] | None = None
+
+    def seal(self) -> None:
+        """Take the quantiles; no request can add to the sketches any more."""
+        self.quantiles = self._quantiles()
+        del self.ttft, self.tpot, self.transfer
+
+    def _quantiles(self) -> tuple[float | None, ...]:
+        if self.quantiles is not None:
+            return self.quantiles
+        ttft, tpot = self.ttft, self.tpot
+        return (_q(ttft, 0.50), _q(ttft, 0.99), _q(tpot, 0.50), _q(tpot, 0.99),
+                _q(self.transfer, 0.50))  # fmt: skip
 
     def merge(self, other: _Window) -> None:
         self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]
-        self.ttft.merge(other.ttft)
-        self.tpot.merge(other.tpot)
-        self.transfer.merge(other.transfer)
-        self.area = [a + b for a, b in zip(self.area, other.area, strict=True)]
+        sketches = (other.ttft, other.tpot, other.transfer)
+        if self.quantiles is not None:
+            # only a window past the run's end merges into the last one, and no
+            # request that completed arrived in it
+            assert all(d.count == 0 for d in sketches), "a sealed window got latencies"
+        else:
+            for mine, theirs in zip((self.ttft, self.tpot, self.transfer), sketches, strict=True):
+                mine.merge(theirs)
+        self.area = array("d", (a + b for a, b in zip(self.area, other.area, strict=True)))
 
 
 _OUTCOME = {"completed": 1, "rejected": 2, "failed": 3}
@@ -117,6 +144,7 @@ class Timeline:
         self._instances: dict[int, list[Any]] = {}
         self._since = 0.0
         self._levels = [0.0] * _AREAS
+        self._arriving = 0  # the window the latest arrival fell in
 
     # -- windows ---------------------------------------------------------------------
     def _window(self, t: float) -> _Window:
@@ -143,6 +171,25 @@ class Timeline:
         wins[last].area[slot] += level * (b - last * w)
 
     # -- requests --------------------------------------------------------------------
+    def arrived(self, arrival: float) -> None:
+        """A request arrived (at non-decreasing times): it will end in
+        :meth:`completed` or :meth:`ended`. Windows before this one whose
+        requests have all ended are sealed."""
+        win = self._window(arrival)
+        win.pending += 1
+        k = int(arrival // self.window_s)
+        if k > self._arriving:
+            for j in range(self._arriving, k):
+                if self._windows[j].pending == 0 and self._windows[j].quantiles is None:
+                    self._windows[j].seal()
+            self._arriving = k
+
+    def _left(self, arrival: float, win: _Window) -> None:
+        """A request that arrived in ``win`` ended; the window seals if it was the last."""
+        win.pending -= 1
+        if win.pending == 0 and int(arrival // self.window_s) < self._arriving:
+            win.seal()
+
     def completed(
         self, arrival: float, finish: float, ttft: float, tpot: float | None, met: bool,
         scheduled: float, landed: float, decode_start: float, transfer: float | None = None,
@@ -152,6 +199,10 @@ class Timeline:
         side and its joining that side's batch (-1 when it never moved);
         ``transfer`` its hand-off time (None when it never moved)."""
         win = self._window(arrival)
+        if win.quantiles is not None:
+            raise AssertionError(
+                f"a request that arrived at {arrival!r} s ended twice, or without arriving"
+            )
         c = win.counts
         c[0] += 1
         c[1] += 1
@@ -165,13 +216,16 @@ class Timeline:
         self._spread(arrival, scheduled, _QUEUED, 1.0)
         if landed >= 0.0:
             self._spread(landed, decode_start, _DECODE_QUEUED, 1.0)
+        self._left(arrival, win)
 
     def ended(self, arrival: float, now: float, outcome: str) -> None:
         """A request ended at ``now`` without completing (``rejected``/``failed``)."""
-        c = self._window(arrival).counts
+        win = self._window(arrival)
+        c = win.counts
         c[0] += 1
         c[_OUTCOME.get(outcome, 2)] += 1
         self._window(now).counts[5] += 1
+        self._left(arrival, win)
 
     # -- capacity --------------------------------------------------------------------
     def start(self, instances: Sequence[InstanceInfo]) -> None:
@@ -239,6 +293,7 @@ class Timeline:
             end = end_s if k == n - 1 else (k + 1) * w
             dur = end - start
             arrived, completed, rejected, failed, met, finished = win.counts
+            ttft_p50, ttft_p99, tpot_p50, tpot_p99, transfer_p50 = win._quantiles()
             row: dict[str, Any] = {
                 "start_s": start,
                 "end_s": end,
@@ -248,10 +303,10 @@ class Timeline:
                 "failed": failed,
                 "slo_met": met,
                 "slo_attainment": met / arrived if arrived else None,
-                "ttft_p50_s": _q(win.ttft, 0.50),
-                "ttft_p99_s": _q(win.ttft, 0.99),
-                "tpot_p50_s": _q(win.tpot, 0.50),
-                "tpot_p99_s": _q(win.tpot, 0.99),
+                "ttft_p50_s": ttft_p50,
+                "ttft_p99_s": ttft_p99,
+                "tpot_p50_s": tpot_p50,
+                "tpot_p99_s": tpot_p99,
                 "finished": finished,
             }
             area = win.area
@@ -260,7 +315,7 @@ class Timeline:
             for r in ROLES:
                 row[f"instances_{r}"] = area[_ROLE[r]] / dur if dur > 0 else levels[_ROLE[r]]
             row["gpus_up"] = area[_GPUS] / dur if dur > 0 else levels[_GPUS]
-            row["transfer_p50_s"] = _q(win.transfer, 0.50)
+            row["transfer_p50_s"] = transfer_p50
             out.append(row)
         return out
 

@@ -62,6 +62,7 @@ from twin.studies.samples import (
     replicate_samples,
     sample_warnings,
 )
+from twin.studies.sweep import Executor, Job
 
 __all__ = ["Candidate", "DistServePlan", "plan_distserve"]
 
@@ -496,6 +497,62 @@ def _decode_probe(pl: _Planner, c: Candidate, feed: Candidate) -> Callable[[floa
     return lambda r: pl.decode_attainment(c.tp, c.pp, feed, r)
 
 
+# Each configuration's goodput search is one job on the executor: the searches
+# share nothing (every probe's cache key names its configuration), and the
+# bisection inside one stays serial. Jobs take and return plain data.
+_Limits = tuple[int, int, int]  # max GPUs per instance, bisection steps, decode requests
+
+
+def _search(
+    spec: ExperimentSpec, sample: list[Request], limits: _Limits, role: str, tp: int, pp: int,
+    feed: Candidate | None,
+) -> tuple[float, bool, int]:  # fmt: skip
+    """One configuration's goodput (a job): (rate, whether it met the target at
+    every rate tried, simulations run). A decode configuration is fed by ``feed``."""
+    pl = _Planner(spec, sample, *limits)
+    c = Candidate(role, tp, pp, 0.0)
+    probe = _prefill_probe(pl, c) if feed is None else _decode_probe(pl, c, feed)
+    rate = pl.goodput(probe)
+    return rate, pl.unbounded, pl.simulations
+
+
+def _rescore(
+    spec: ExperimentSpec, sample: list[Request], limits: _Limits, prefill: Candidate,
+    decode: Candidate,
+) -> tuple[float, float, int]:  # fmt: skip
+    """The chosen configurations' goodputs on another sample (a job): the
+    prefill's, the decode's fed by that prefill, and the simulations run."""
+    rp = _Planner(spec, sample, *limits)
+    gp = rp.goodput(_prefill_probe(rp, prefill))
+    gd = rp.goodput(_decode_probe(rp, decode, dataclasses.replace(prefill, goodput_rps=gp)))
+    return gp, gd, rp.simulations
+
+
+def _score(
+    ex: Executor, spec: ExperimentSpec, sample: list[Request], limits: _Limits, role: str,
+    configs: Sequence[tuple[int, int, str]], feed: Candidate | None,
+) -> tuple[list[Candidate], int]:  # fmt: skip
+    """Every configuration of ``role`` scored, in the order of ``configs`` (the
+    searches run as jobs on ``ex``), and the simulations they ran."""
+    searched = [(tp, pp) for tp, pp, note in configs if not note]
+    jobs: list[Job] = [(_search, (spec, sample, limits, role, tp, pp, feed)) for tp, pp in searched]
+    found = dict(ex.run(jobs))
+    by_config = {c: found[i] for i, c in enumerate(searched)}
+    out, simulations = [], 0
+    for tp, pp, note in configs:
+        if note:
+            out.append(Candidate(role, tp, pp, 0.0, note))
+            continue
+        rate, unbounded, sims = by_config[(tp, pp)]
+        simulations += sims
+        if rate == 0:
+            note = "misses the SLO at every rate tried"
+        elif unbounded:
+            note = "meets the SLO at every rate tried: the sample is too small to queue"
+        out.append(Candidate(role, tp, pp, rate, note))
+    return out, simulations
+
+
 def _best(cands: Sequence[Candidate]) -> Candidate | None:
     ok = [c for c in cands if c.goodput_rps > 0]
     return max(ok, key=lambda c: (c.per_gpu, -c.gpus, -c.pp, -c.tp), default=None)
@@ -513,6 +570,7 @@ def plan_distserve(
     max_link_busy: float = 0.5,
     iterations: int = 6,
     max_decode_requests: int = 1500,
+    executor: Executor | None = None,
 ) -> DistServePlan:
     """Plan a DistServe deployment of ``spec``'s model on its topology.
 
@@ -530,7 +588,10 @@ def plan_distserve(
     bracket. ``max_decode_requests``: a decode probe loops the sample until a
     decode batch has filled (one request lifetime at the TPOT SLO) and as long
     again, up to this many requests; arrivals in the warm-up are not counted.
-    Deterministic: the same inputs give the same plan.
+    ``executor`` runs the searches of each phase's configurations, and the
+    scores on the other samples, as parallel jobs (default: one after the
+    other, in this process). Deterministic: the same inputs give the same
+    plan, on any executor.
     """
     if target_rate is not None and not target_rate > 0:
         raise SpecError(f"target_rate: {target_rate!r} must be > 0")
@@ -543,36 +604,19 @@ def plan_distserve(
         samples = [sample]
         asked, replicates = len(sample), 1
     sample = samples[0]
-    pl = _Planner(spec, sample, max_gpus_per_instance, iterations, max_decode_requests)
+    limits = (max_gpus_per_instance, iterations, max_decode_requests)
+    pl = _Planner(spec, sample, *limits)
     configs = pl.configs()
-
-    def score(role: str, tp: int, pp: int, note: str, attain: Callable[[float], float]):
-        if note:
-            return Candidate(role, tp, pp, 0.0, note)
-        pl.unbounded = False
-        rate = pl.goodput(attain)
-        if rate == 0:
-            note = "misses the SLO at every rate tried"
-        elif pl.unbounded:
-            note = "meets the SLO at every rate tried: the sample is too small to queue"
-        return Candidate(role, tp, pp, rate, note)
-
-    def prefill_probe(tp: int, pp: int) -> Callable[[float], float]:
-        return lambda r: pl.prefill_attainment(tp, pp, r)
-
-    prefills = [score("prefill", tp, pp, note, prefill_probe(tp, pp)) for tp, pp, note in configs]
-    best_p = _best(prefills)
-    if best_p is None:
-        raise SpecError(
-            f"{spec.source}: no prefill configuration within a node meets the TTFT SLO "
-            f"({_s(spec.slo.ttft_s)}) for {spec.slo.target:.0%} of the sample at any rate"
-        )
-    feeder = best_p
-
-    def decode_probe(tp: int, pp: int) -> Callable[[float], float]:
-        return lambda r: pl.decode_attainment(tp, pp, feeder, r)
-
-    decodes = [score("decode", tp, pp, note, decode_probe(tp, pp)) for tp, pp, note in configs]
+    with executor if executor is not None else Executor(jobs=1) as ex:
+        prefills, simulations = _score(ex, spec, sample, limits, "prefill", configs, None)
+        best_p = _best(prefills)
+        if best_p is None:
+            raise SpecError(
+                f"{spec.source}: no prefill configuration within a node meets the TTFT SLO "
+                f"({_s(spec.slo.ttft_s)}) for {spec.slo.target:.0%} of the sample at any rate"
+            )
+        decodes, sims = _score(ex, spec, sample, limits, "decode", configs, best_p)
+        simulations += sims
     best_d = _best(decodes)
     if best_d is None:
         raise SpecError(
@@ -682,13 +726,13 @@ def plan_distserve(
 
     # The chosen configurations scored again on the other samples, the counts kept.
     caps = [min(n_p * best_p.goodput_rps, n_d * best_d.goodput_rps)]
-    simulations = pl.simulations
-    for other in samples[1:]:
-        rp = _Planner(spec, other, max_gpus_per_instance, iterations, max_decode_requests)
-        gp = rp.goodput(_prefill_probe(rp, best_p))
-        gd = rp.goodput(_decode_probe(rp, best_d, dataclasses.replace(best_p, goodput_rps=gp)))
+    jobs: list[Job] = [(_rescore, (spec, other, limits, best_p, best_d)) for other in samples[1:]]
+    with executor if executor is not None else Executor(jobs=1) as ex:
+        rescored = dict(ex.run(jobs))
+    for k in range(len(jobs)):
+        gp, gd, sims = rescored[k]
         caps.append(min(n_p * gp, n_d * gd))
-        simulations += rp.simulations
+        simulations += sims
     from twin.studies.samples import ci95
 
     warnings = sample_warnings(

@@ -66,6 +66,7 @@ from twin.studies.samples import (
     replicate_samples,
     sample_warnings,
 )
+from twin.studies.sweep import Executor, Job
 from twin.workload.stream import iter_requests
 
 
@@ -217,6 +218,11 @@ def goodput(
     return rate
 
 
+def _goodput_job(spec: ExperimentSpec, reqs: list[Request], tol: float) -> float:
+    """:func:`goodput` of one split on one sample: a job for the executor."""
+    return goodput(spec, reqs, tol=tol)
+
+
 def _candidate_spec(
     data: Mapping[str, Any], where: str, base_dir: Path, pg: InstanceGroup, dg: InstanceGroup,
     n_p: int, n_d: int,
@@ -259,10 +265,14 @@ def provision(
     sample: int = DEFAULT_SAMPLE,
     replicates: int = DEFAULT_REPLICATES,
     tol: float = 0.05,
+    executor: Executor | None = None,
 ) -> Provision:
     """Search prefill:decode instance counts within a budget of ``power_w``
     watts or ``gpus`` GPUs (default: the spec's own GPU count) for the best
-    goodput; ``data`` is a parsed spec (as ``twin.sim.spec.load_spec`` reads it)."""
+    goodput; ``data`` is a parsed spec (as ``twin.sim.spec.load_spec`` reads it).
+    ``executor`` runs the goodput searches, one per split and sample, as
+    parallel jobs (default: one after the other, here); the result is the
+    same on any executor."""
     base = resolve_spec(data, where, base_dir)
     pg, dg = _groups(base)
     if power_w is not None and gpus is not None:
@@ -297,13 +307,18 @@ def provision(
     samples = [unit_rate(base, r) for r in replicate_samples(base, sample, replicates)]
     out = []
     left_out: list[tuple[int, int, str]] = []
+    held: list[tuple[int, int, ExperimentSpec]] = []
     for n_p, n_d in splits:
         try:
-            spec = _candidate_spec(data, where, base_dir, pg, dg, n_p, n_d)
+            held.append((n_p, n_d, _candidate_spec(data, where, base_dir, pg, dg, n_p, n_d)))
         except SpecError as e:
             left_out.append((n_p, n_d, str(e)))
-            continue
-        rates = tuple(goodput(spec, reqs, tol=tol) for reqs in samples)
+    jobs: list[Job] = [(_goodput_job, (spec, reqs, tol)) for _, _, spec in held for reqs in samples]
+    with executor if executor is not None else Executor(jobs=1) as ex:
+        found = dict(ex.run(jobs))
+    k = len(samples)
+    for i, (n_p, n_d, spec) in enumerate(held):
+        rates = tuple(found[i * k + j] for j in range(k))
         out.append(
             Candidate(
                 prefill=n_p,

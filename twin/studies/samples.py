@@ -36,12 +36,11 @@ import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from twin.request import Request
-from twin.sim.spec import ExperimentSpec
+if TYPE_CHECKING:  # the CLI reads this module's defaults to build its parser: keep it light
+    from twin.request import Request
+    from twin.sim.spec import ExperimentSpec
 
 DEFAULT_SAMPLE = 1000  # requests per sample: the convergence study in the module docstring
 DEFAULT_REPLICATES = 3  # samples per goodput: the fewest that give an interval (2 dof)
@@ -79,13 +78,16 @@ def ci95(values: Sequence[float]) -> float:
     k = len(values)
     if k < 2:
         return math.nan
-    from scipy.stats import t
+    import numpy as np
+    from scipy.special import stdtrit  # scipy.stats.t.ppf's own kernel, without scipy.stats
 
     sd = float(np.std(values, ddof=1))
-    return float(t.ppf(0.975, k - 1)) * sd / math.sqrt(k)
+    return float(stdtrit(k - 1, 0.975)) * sd / math.sqrt(k)
 
 
 def _draw(spec: ExperimentSpec, seed: int, skip: int, n: int) -> list[Request]:
+    import numpy as np
+
     from twin.workload.stream import iter_requests
 
     workload = spec.workload if not skip else dataclasses.replace(spec.workload, skip=skip)

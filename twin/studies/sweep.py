@@ -290,22 +290,52 @@ def run_spec_with_requests(data: Mapping[str, Any], where: str, base_dir: str) -
 Job = tuple[Callable[..., Any], tuple[Any, ...]]
 
 
+def cores() -> int:
+    """The processors this process may run on (its affinity mask, else the CPU count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def parse_jobs(value: str | int | None) -> int | None:
+    """``-j``: a positive integer, or ``auto`` (None: every core)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return None
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise TwinError(f"-j: {value!r} must be a positive integer or auto")
+    return n
+
+
 class Executor:
     """Runs jobs (a function and its arguments) and yields ``(index, result)``
-    as they finish: in this process (``jobs=1``), in a process pool, or on a
-    Dask cluster (a local one, or an existing scheduler at ``address``)."""
+    as they finish: in this process (``jobs=1``, or one core), in a process
+    pool, or on a Dask cluster (a local one, or an existing scheduler at
+    ``address``). ``jobs=None`` (``-j auto``) uses every core: that many local
+    processes, or local Dask workers. A job's function and arguments must
+    pickle (a module-level function, plain data, specs, requests); callers
+    key results by index, so nothing depends on the order jobs finish in."""
 
     def __init__(self, kind: str = "local", jobs: int | None = None, address: str | None = None):
         if kind not in EXECUTORS:
             raise TwinError(f"--executor: {kind!r}; expected one of {', '.join(EXECUTORS)}")
-        if jobs is not None and jobs < 1:
-            raise TwinError(f"-j: {jobs} must be a positive integer")
+        if jobs is not None and (not isinstance(jobs, int) or jobs < 1):
+            raise TwinError(f"-j: {jobs!r} must be a positive integer or auto")
         if address is not None:
             kind = "dask"
         self.kind, self.jobs, self.address = kind, jobs, address
         self._pool: Any = None
         self._client: Any = None
         self._cluster: Any = None
+
+    @property
+    def workers(self) -> int:
+        """How many jobs run at once on a local pool or cluster."""
+        return self.jobs if self.jobs is not None else cores()
 
     def __enter__(self) -> Executor:
         if self.kind == "dask":
@@ -323,16 +353,16 @@ class Executor:
                     raise TwinError(f"--address {self.address}: cannot connect: {e}") from None
             else:
                 self._cluster = LocalCluster(
-                    n_workers=self.jobs or 2,
+                    n_workers=self.workers,
                     processes=True,
                     threads_per_worker=1,
                     dashboard_address=None,
                 )
                 self._client = Client(self._cluster)
-        elif (self.jobs or os.cpu_count() or 1) > 1:
+        elif self.workers > 1:
             from concurrent.futures import ProcessPoolExecutor
 
-            self._pool = ProcessPoolExecutor(max_workers=self.jobs or os.cpu_count())
+            self._pool = ProcessPoolExecutor(max_workers=self.workers)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -342,6 +372,7 @@ class Executor:
             self._client.close()
         if self._cluster is not None:
             self._cluster.close()
+        self._pool = self._client = self._cluster = None  # entered again, it starts afresh
 
     def run(self, jobs: Sequence[Job]) -> Iterator[tuple[int, Any]]:
         """Yield ``(index into jobs, result)`` in the order they finish; a job's
@@ -354,7 +385,7 @@ class Executor:
             }
             for fut in dask_completed(futures):
                 yield futures[fut], fut.result()
-        elif self._pool is not None:
+        elif self._pool is not None and len(jobs) > 1:  # one job runs here, unpickled
             from concurrent.futures import as_completed
 
             futures = {self._pool.submit(fn, *args): i for i, (fn, args) in enumerate(jobs)}

@@ -7,11 +7,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from twin._check import is_number
 from twin.errors import SpecError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _CHUNK = 4096  # draws per numpy call; fixed so that a seed gives one stream
 
@@ -59,6 +61,8 @@ ArrivalProcess = PoissonArrivals | GammaArrivals
 
 def arrival_times(process: ArrivalProcess, rng: np.random.Generator) -> Iterator[float]:
     """Endless arrival times in seconds, the first one gap after 0."""
+    import numpy as np
+
     t = 0.0
     while True:
         times = t + np.cumsum(process.gaps(rng, _CHUNK))

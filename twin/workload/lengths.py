@@ -28,18 +28,18 @@ from __future__ import annotations
 
 import math
 import sys
+from array import array
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Protocol
-
-import numpy as np
-from scipy.special import ndtr, ndtri
-from scipy.stats import rankdata
+from typing import TYPE_CHECKING, Protocol
 
 from twin._check import is_int
 from twin.errors import SpecError, TraceError, UnknownNameError
-from twin.workload.traces import file_sha256, read_trace
+from twin.workload.traces import file_sha256, iter_trace, read_trace
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _HARD_MAX_TOKENS = 1 << 40  # keeps a heavy lognormal tail finite before the int cast
 
@@ -64,6 +64,8 @@ class FixedLength:
             raise SpecError(f"value(={self.value!r}) must be an integer >= 1")
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        import numpy as np
+
         return np.full(n, self.value, dtype=np.int64)
 
 
@@ -116,6 +118,8 @@ class LogNormalLength:
         return cls(math.log(mean) - sigma * sigma / 2, sigma, min_tokens, max_tokens)
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        import numpy as np
+
         x = np.exp(self.mu + self.sigma * rng.standard_normal(n))
         hi = _HARD_MAX_TOKENS if self.max_tokens is None else self.max_tokens
         return np.clip(np.rint(np.minimum(x, hi)), self.min_tokens, hi).astype(np.int64)
@@ -145,11 +149,13 @@ class EmpiricalLengths:
     @classmethod
     def from_file(cls, path: str | Path, format: str = "auto") -> EmpiricalLengths:
         """Pairs from any trace :func:`~twin.workload.traces.read_trace` reads (times ignored)."""
-        records = read_trace(path, format)
-        return cls(
-            np.array([r.prompt_tokens for r in records], dtype=np.int64),
-            np.array([r.output_tokens for r in records], dtype=np.int64),
-        )
+        import numpy as np
+
+        prompts, outputs = array("q"), array("q")
+        for r in iter_trace(path, format):
+            prompts.append(r.prompt_tokens)
+            outputs.append(r.output_tokens)
+        return cls(np.array(prompts, dtype=np.int64), np.array(outputs, dtype=np.int64))
 
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         idx = rng.integers(0, len(self.prompts), size=n)
@@ -165,6 +171,8 @@ def quantile_grid() -> np.ndarray:
     Dense in the upper tail, where linear interpolation between far-apart
     quantiles would otherwise inflate the mean of heavy-tailed outputs.
     """
+    import numpy as np
+
     mid = np.round(np.arange(1, 100) / 100, 2)
     tail = [0.995, 0.996, 0.997, 0.998, 0.999, 0.9995, 0.9999, 1.0]
     return np.concatenate([[0.0, 0.001, 0.005], mid, tail])
@@ -184,6 +192,8 @@ class LengthTable:
     meta: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        import numpy as np
+
         if not (len(self.q) == len(self.prompt) == len(self.output) >= 2):
             raise SpecError("a length table needs >= 2 rows of q, prompt, output")
         if self.q[0] != 0.0 or self.q[-1] != 1.0 or np.any(np.diff(self.q) <= 0):
@@ -195,6 +205,9 @@ class LengthTable:
             raise SpecError(f"length table rho(={self.rho!r}) must be in [-1, 1]")
 
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        import numpy as np
+        from scipy.special import ndtr  # here, not at the top: scipy is slow to import
+
         z = rng.standard_normal((2, n))
         zo = self.rho * z[0] + math.sqrt(1.0 - self.rho * self.rho) * z[1]
         p = np.rint(np.interp(ndtr(z[0]), self.q, self.prompt))
@@ -213,6 +226,8 @@ class LengthTable:
 
     @classmethod
     def read_csv(cls, path: str | Path) -> LengthTable:
+        import numpy as np
+
         path = Path(path)
         meta: dict[str, str] = {}
         rows: list[tuple[float, float, float]] = []
@@ -241,6 +256,10 @@ def fit_lengths(path: str | Path, format: str = "auto", name: str = "") -> Lengt
     rho is the Pearson correlation of the normal scores ``ndtri((rank - 0.5) / n)``
     of prompt and output (average ranks for ties).
     """
+    import numpy as np
+    from scipy.special import ndtri
+    from scipy.stats import rankdata
+
     path = Path(path)
     records = read_trace(path, format)
     p = np.array([r.prompt_tokens for r in records], dtype=float)

@@ -50,13 +50,14 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from twin._check import check_keys, duration, is_number
 from twin.errors import SpecError
 from twin.units import DURATION_PATTERN
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "KINDS",
@@ -74,11 +75,15 @@ _NEWTON_MAX = 80  # bisection alone halves a period to 1e-9 s within 64 steps
 
 
 def _as_array(x: Any) -> np.ndarray:
+    import numpy as np
+
     return np.asarray(x, dtype=np.float64)
 
 
 def _from_zero(x: Any) -> np.ndarray:
     """``x`` as a float array, negative values (before the schedule's 0) taken as 0."""
+    import numpy as np
+
     return np.maximum(_as_array(x), 0.0)
 
 
@@ -115,6 +120,8 @@ class Piecewise:
     def _knots(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Piece starts, start values, slopes (per s; 0 for steps and the last
         piece) and ``M`` at each piece's start."""
+        import numpy as np
+
         t = _as_array(self.times_s)
         v = _as_array(self.values)
         slope = np.zeros_like(v)
@@ -125,6 +132,8 @@ class Piecewise:
 
     def rate(self, t: Any) -> np.ndarray:
         """``m(t)``."""
+        import numpy as np
+
         t = _from_zero(t)
         knots, v, slope, _ = self._knots()
         i = np.searchsorted(knots, t, side="right") - 1
@@ -132,6 +141,8 @@ class Piecewise:
 
     def cumulative(self, t: Any) -> np.ndarray:
         """``M(t)``."""
+        import numpy as np
+
         t = _from_zero(t)
         knots, v, slope, m0 = self._knots()
         i = np.searchsorted(knots, t, side="right") - 1
@@ -140,6 +151,8 @@ class Piecewise:
 
     def inverse(self, u: Any) -> np.ndarray:
         """``M^-1(u)``; ``inf`` past the total of a schedule ending at 0."""
+        import numpy as np
+
         u = _from_zero(u)
         knots, v, slope, m0 = self._knots()
         i = np.searchsorted(m0, u, side="right") - 1
@@ -178,16 +191,22 @@ class Diurnal:
         return mid, amp, 2 * math.pi / self.period_s
 
     def rate(self, t: Any) -> np.ndarray:
+        import numpy as np
+
         mid, amp, w = self._shape()
         return mid + amp * np.cos(w * (_as_array(t) - self.peak_s))
 
     def cumulative(self, t: Any) -> np.ndarray:
+        import numpy as np
+
         t = _from_zero(t)
         mid, amp, w = self._shape()
         p = self.peak_s
         return mid * t + (amp / w) * (np.sin(w * (t - p)) + math.sin(w * p))
 
     def inverse(self, u: Any) -> np.ndarray:
+        import numpy as np
+
         u = _from_zero(u)
         mid, _, _ = self._shape()
         per = mid * self.period_s  # M(t + period) = M(t) + per
@@ -233,10 +252,14 @@ class Bursts:
             raise SpecError("high and low are both 0: no request would ever arrive")
 
     def rate(self, t: Any) -> np.ndarray:
+        import numpy as np
+
         s = np.mod(_as_array(t), self.on_s + self.off_s)
         return np.where(s < self.on_s, self.high, self.low)
 
     def cumulative(self, t: Any) -> np.ndarray:
+        import numpy as np
+
         t = _from_zero(t)
         period = self.on_s + self.off_s
         k = np.floor(t / period)
@@ -245,6 +268,8 @@ class Bursts:
         return k * (self.high * self.on_s + self.low * self.off_s) + burst
 
     def inverse(self, u: Any) -> np.ndarray:
+        import numpy as np
+
         u = _from_zero(u)
         period = self.on_s + self.off_s
         per = self.high * self.on_s + self.low * self.off_s

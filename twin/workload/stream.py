@@ -10,7 +10,10 @@ Randomness: ``iter_requests`` spawns two child streams from the generator it
 is given, one for arrival gaps and one for lengths, so changing the arrival
 rate leaves the sequence of lengths unchanged (common random numbers across
 a rate sweep). Synthetic draws happen in fixed-size chunks, so a stream of
-any length is produced in constant memory.
+any length is produced in constant memory. A trace is read as the stream
+goes (a bad row raises when the stream reaches it); a repeated one keeps its
+first pass in a few flat arrays (about 40 bytes a row, plus 8 a prefix hash)
+to replay the copies from.
 
 YAML (the mapping under ``workload:``)::
 
@@ -48,12 +51,11 @@ from __future__ import annotations
 
 import itertools
 import math
+from array import array
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
-
-import numpy as np
+from typing import TYPE_CHECKING, TypeVar
 
 from twin import yamlio
 from twin._check import check_keys, is_int, is_number
@@ -97,15 +99,18 @@ from twin.workload.schedule import (
     parse_rate_schedule,
 )
 from twin.workload.traces import (
+    ITERATORS,
     MOONCAKE_BLOCK_TOKENS,
     READERS,
     TIMED_FORMATS,
     TraceRecord,
     detect_format,
     file_sha256,
-    read_mooncake,
-    read_trace,
+    iter_mooncake,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "EmpiricalFile",
@@ -422,83 +427,139 @@ def _sampler(lengths: Lengths) -> LengthSampler:
     return lengths
 
 
-def _sampled(sampler: LengthSampler, rng: np.random.Generator) -> Iterator[TraceRecord]:
+# A request before its id and scaling: (source time, prompt tokens, output tokens,
+# prefix hashes, tokens per hash); the time is None in a length-only source.
+Row = tuple[float | None, int, int, tuple[int, ...], int]
+
+
+def _sampled(sampler: LengthSampler, rng: np.random.Generator) -> Iterator[Row]:
     while True:
         prompts, outputs = sampler.sample(rng, _CHUNK)
         for p, o in zip(prompts.tolist(), outputs.tolist(), strict=True):
-            yield TraceRecord(None, p, o)
+            yield None, p, o, (), 0
 
 
-def _load(spec: WorkloadSpec) -> tuple[list[TraceRecord], str]:
+def _records(spec: WorkloadSpec, fmt: str) -> Iterator[TraceRecord]:
     assert spec.trace is not None
-    fmt = detect_format(spec.trace) if spec.format == "auto" else spec.format
     if fmt == "mooncake":
-        return read_mooncake(spec.trace, spec.prefix_block_tokens), fmt
-    return read_trace(spec.trace, fmt), fmt
+        return iter_mooncake(spec.trace, spec.prefix_block_tokens)
+    return ITERATORS[fmt](spec.trace)
 
 
-def _cycled(records: list[TraceRecord], repeat: bool) -> Iterator[TraceRecord]:
-    """The records once, or forever when ``repeat``.
+class _Pass:
+    """One pass over a trace, kept compact to replay it: times, lengths and
+    tokens per hash in flat arrays, every row's prefix hashes in one flat
+    array (a list should one not fit in 64 bits) cut by ``ends``."""
+
+    __slots__ = ("times", "prompts", "outputs", "block_tokens", "hashes", "ends")
+
+    def __init__(self) -> None:
+        self.times = array("d")
+        self.prompts = array("q")
+        self.outputs = array("q")
+        self.block_tokens = array("q")
+        self.hashes: array[int] | list[int] = array("q")
+        self.ends = array("q")
+
+    def add(self, r: TraceRecord) -> None:
+        self.times.append(math.nan if r.arrival_s is None else r.arrival_s)
+        self.prompts.append(r.prompt_tokens)
+        self.outputs.append(r.output_tokens)
+        self.block_tokens.append(r.prefix_block_tokens)
+        if r.prefix_hashes:
+            try:
+                self.hashes.extend(r.prefix_hashes)
+            except OverflowError:
+                self.hashes = [*self.hashes, *r.prefix_hashes]
+        self.ends.append(len(self.hashes))
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+
+def _trace_rows(spec: WorkloadSpec, fmt: str, own_times: bool) -> Iterator[Row]:
+    """The trace's rows as the file gives them, then, when ``spec.repeat``,
+    copies ``k = 1, 2, ...`` of the first pass: with ``own_times`` (the
+    trace's times are the arrivals) shifted by ``k`` periods
+    (:func:`_repeat_period`).
 
     NOTE: copy k shifts every prefix hash by k * (max hash + 1), so copies share
     no prefix blocks and the repeated stream keeps the trace's own prefix-hit
     ratio instead of turning every later copy into a full cache hit.
     """
-    yield from records
-    if not repeat:
+    if not spec.repeat:
+        for r in _records(spec, fmt):
+            yield (
+                r.arrival_s,
+                r.prompt_tokens,
+                r.output_tokens,
+                r.prefix_hashes,
+                (r.prefix_block_tokens),
+            )
         return
-    stride = 1 + max((h for r in records for h in r.prefix_hashes), default=-1)
+    one = _Pass()
+    for r in _records(spec, fmt):
+        one.add(r)
+        yield r.arrival_s, r.prompt_tokens, r.output_tokens, r.prefix_hashes, r.prefix_block_tokens
+    assert spec.trace is not None
+    period = _repeat_period(one, spec.trace) if own_times else 0.0
+    stride = 1 + max(one.hashes, default=-1)
+    n = len(one)
+    times, prompts, outputs, block, flat, ends = (
+        one.times, one.prompts, one.outputs, one.block_tokens, one.hashes, one.ends
+    )  # fmt: skip
     for k in itertools.count(1):
-        off = k * stride
-        for r in records:
-            hashes = tuple(h + off for h in r.prefix_hashes) if off else r.prefix_hashes
-            yield TraceRecord(r.arrival_s, r.prompt_tokens, r.output_tokens, hashes,
-                              r.prefix_block_tokens)  # fmt: skip
+        shift, off = k * period, k * stride
+        lo = 0
+        for i in range(n):
+            hi = ends[i]
+            hashes = tuple(h + off for h in flat[lo:hi]) if hi > lo else ()
+            lo = hi
+            t = times[i] + shift if own_times else None
+            yield t, prompts[i], outputs[i], hashes, block[i]
 
 
-def _repeat_period(records: list[TraceRecord], path: Path) -> float:
+def _repeat_period(one: _Pass, path: Path) -> float:
     """The shift between copies of a repeated trace: ``span * n / (n - 1)``.
 
     ``span = t_last - t_first``; the period adds one mean inter-arrival gap, so
     copies join at the trace's own mean rate.
     """
-    first, last = records[0].arrival_s, records[-1].arrival_s
-    assert first is not None and last is not None
-    if len(records) < 2 or last <= first:
+    first, last = one.times[0], one.times[-1]
+    if len(one) < 2 or last <= first:
         raise TraceError(f"{path}: cannot repeat a trace whose arrivals span 0 s")
-    return (last - first) * len(records) / (len(records) - 1)
+    return (last - first) * len(one) / (len(one) - 1)
 
 
-def _trace_times(records: list[TraceRecord], period: float | None) -> Iterator[float]:
-    """The trace's times, then (when ``period`` is given) copies shifted by k * period."""
-    times = [float(r.arrival_s) for r in records]  # type: ignore[arg-type]
-    yield from times
-    if period is None:
-        return
-    for k in itertools.count(1):
-        shift = k * period
-        for t in times:
-            yield t + shift
+def _timed(times: Iterator[float], rows: Iterator[Row]) -> Iterator[Row]:
+    """``rows`` with their times replaced by ``times`` (an arrival process)."""
+    for t, (_, p, o, h, b) in zip(times, rows):  # noqa: B905 (either may end first)
+        yield t, p, o, h, b
 
 
-def _warped(
-    pairs: Iterator[tuple[float, TraceRecord]], schedule: RateSchedule
-) -> Iterator[tuple[float, TraceRecord]]:
-    """``pairs`` with each time ``u`` moved to ``schedule.inverse(u)``, ``_CHUNK`` at a time."""
+Timed = tuple[float, int, int, tuple[int, ...], int]  # a Row whose time is known
+
+
+def _warped(rows: Iterator[Timed], schedule: RateSchedule) -> Iterator[Timed]:
+    """``rows`` with each time ``u`` moved to ``schedule.inverse(u)``, ``_CHUNK`` at a time."""
+    import numpy as np
+
     while True:
-        chunk = list(itertools.islice(pairs, _CHUNK))
+        chunk = list(itertools.islice(rows, _CHUNK))
         if not chunk:
             return
-        times = schedule.inverse(np.fromiter((u for u, _ in chunk), np.float64, len(chunk)))
-        yield from zip(times.tolist(), (r for _, r in chunk), strict=True)
+        times = schedule.inverse(np.fromiter((r[0] for r in chunk), np.float64, len(chunk)))
+        for t, (_, p, o, h, b) in zip(times.tolist(), chunk, strict=True):
+            yield t, p, o, h, b
 
 
 def iter_requests(spec: WorkloadSpec, rng: np.random.Generator) -> Iterator[Request]:
     """The requests of ``spec`` in arrival order, lazily, with ids 0, 1, 2, ...
 
-    A trace file is read whole on the first ``next()``; synthetic streams are
-    drawn in chunks. ``arrival_s`` is the source time divided by ``rate_scale``;
-    the stream stops at the first arrival ``>= duration_s``, after
+    A trace file is read as the stream goes (a repeated one keeps its first
+    pass, compact); synthetic streams are drawn in chunks. ``arrival_s`` is
+    the source time divided by ``rate_scale``; the stream stops at the
+    first arrival ``>= duration_s``, after
     ``max_requests`` requests, or when a non-repeated trace ends. ``skip``
     drops the first requests of the stream and shifts the rest so that the
     first kept one arrives at 0; ids, ``duration_s`` and ``max_requests``
@@ -506,49 +567,46 @@ def iter_requests(spec: WorkloadSpec, rng: np.random.Generator) -> Iterator[Requ
     ``M^-1(u)`` (see the module docstring for the order), a chunk at a time.
     """
     arrival_rng, length_rng = rng.spawn(2)
-    records: Iterator[TraceRecord]
-    times: Iterator[float]
+    rows: Iterator[Row]
     if spec.trace is not None:
-        loaded, fmt = _load(spec)
+        fmt = detect_format(spec.trace) if spec.format == "auto" else spec.format
         if fmt not in TIMED_FORMATS and spec.arrival is None:
             raise TraceError(
                 f"{spec.trace}: a {fmt} trace has no arrival times; give arrival: {{process: ...}}"
             )
         if spec.repeat and spec.duration_s is None and spec.max_requests is None:
             raise SpecError("repeat: true needs duration or max_requests to end the stream")
-        records = _cycled(loaded, spec.repeat)
+        rows = _trace_rows(spec, fmt, own_times=spec.arrival is None)
         if spec.arrival is not None:
-            times = arrival_times(spec.arrival, arrival_rng)
-        else:
-            period = _repeat_period(loaded, spec.trace) if spec.repeat else None
-            times = _trace_times(loaded, period)
+            rows = _timed(arrival_times(spec.arrival, arrival_rng), rows)
     else:
         assert spec.lengths is not None and spec.arrival is not None
-        records = _sampled(_sampler(spec.lengths), length_rng)
-        times = arrival_times(spec.arrival, arrival_rng)
+        rows = _timed(
+            arrival_times(spec.arrival, arrival_rng), _sampled(_sampler(spec.lengths), length_rng)
+        )
 
-    pairs: Iterator[tuple[float, TraceRecord]] = zip(times, records)  # noqa: B905 (either may end first)
     t0 = 0.0
     if spec.skip:
-        pairs = itertools.islice(pairs, spec.skip, None)
-        first = next(pairs, None)
+        rows = itertools.islice(rows, spec.skip, None)
+        first = next(rows, None)
         if first is None:
             return
-        t0 = first[0]
-        pairs = itertools.chain((first,), pairs)
+        t0 = first[0]  # type: ignore[assignment]  # every row is timed by now
+        rows = itertools.chain((first,), rows)
     limit = spec.max_requests
-    scaled: Iterator[tuple[float, TraceRecord]] = (
-        ((t - t0) / spec.rate_scale, r) for t, r in pairs
+    scale = spec.rate_scale
+    scaled: Iterator[Timed] = (
+        ((t - t0) / scale, p, o, h, b)  # type: ignore[operator]  # every row is timed by now
+        for t, p, o, h, b in rows
     )
     if spec.rate_schedule is not None:
         scaled = _warped(scaled, spec.rate_schedule)
-    for i, (arrival_s, r) in enumerate(scaled):
+    duration = spec.duration_s
+    for i, (arrival_s, p, o, h, b) in enumerate(scaled):
         if limit is not None and i >= limit:
             return
-        if spec.duration_s is not None and arrival_s >= spec.duration_s:
+        if duration is not None and arrival_s >= duration:
             return
         if arrival_s == math.inf:  # the schedule ends at 0: nothing arrives any more
             return
-        yield Request(
-            i, arrival_s, r.prompt_tokens, r.output_tokens, r.prefix_hashes, r.prefix_block_tokens
-        )
+        yield Request(i, arrival_s, p, o, h, b)

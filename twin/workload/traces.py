@@ -1,10 +1,13 @@
 """Readers for public LLM request traces.
 
-Each reader takes a path and returns the file's requests as a list of
-:class:`TraceRecord` in file order, validated: arrival times are seconds
-(float) and non-decreasing, token counts are integers >= 1. The project never
-downloads; the caller passes a path (see ``shared/data/traces`` for the files
-and their provenance).
+Each reader takes a path and yields the file's requests as
+:class:`TraceRecord` in file order (``iter_*``, :func:`iter_trace`: a row at
+a time, so a long trace streams in constant memory), or returns them as a
+list (``read_*``, :func:`read_trace`), validated: arrival times are seconds
+(float) and non-decreasing, token counts are integers >= 1. A streamed file
+is checked as it is read, so a bad row raises when the stream reaches it. The
+project never downloads; the caller passes a path (see ``shared/data/traces``
+for the files and their provenance).
 
 Supported formats (``format=`` names):
 
@@ -12,7 +15,9 @@ Supported formats (``format=`` names):
     Azure LLM inference trace 2023 (Splitwise, ISCA'24):
     ``TIMESTAMP,ContextTokens,GeneratedTokens`` with wall-clock timestamps
     ``2023-11-16 18:15:46.6805900``; arrival = timestamp - first timestamp,
-    computed in integer nanoseconds so the 7 fractional digits are exact.
+    computed in integer nanoseconds so the 7 fractional digits are exact
+    (the fixed layout is read field by field; anything else that
+    ``datetime.strptime`` accepts, ``2023-11-16 8:15:46`` say, goes through it).
 ``mooncake``
     Mooncake FAST'25 JSONL: ``timestamp`` (ms from trace start),
     ``input_length``, ``output_length``, ``hash_ids`` (512-token blocks).
@@ -37,9 +42,10 @@ import csv
 import hashlib
 import json
 import math
+import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 from twin._check import is_int, is_number
@@ -83,6 +89,14 @@ def _where(path: Path, line: int, column: str) -> str:
 
 def _parse_tokens(path: Path, line: int, column: str, raw: object) -> int:
     """A token count: an integer >= 1 (``"12"``; ``"12.0"`` too, as pandas writes it)."""
+    if type(raw) is str or type(raw) is int:  # the common case, at once (int() strips spaces)
+        try:
+            n = int(raw)
+        except ValueError:
+            pass
+        else:
+            if n >= 1:
+                return n
     value: object = raw
     if isinstance(raw, str):
         s = raw.strip()
@@ -117,8 +131,37 @@ def _parse_seconds(path: Path, line: int, column: str, raw: object, per_s: int =
     return float(value) / per_s
 
 
+# The Azure traces' layout, ASCII digits only; what it does not match goes to strptime.
+_AZURE_FIXED = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2}) ([0-9]{2}):([0-9]{2}):([0-9]{2})")
+_EPOCH_DAY = date(1970, 1, 1).toordinal()
+
+
 def _azure_ns(path: Path, line: int, column: str, raw: str) -> int:
-    """Integer nanoseconds since the epoch (naive, read as UTC) of ``YYYY-MM-DD HH:MM:SS.f*``."""
+    """Integer nanoseconds since the epoch (naive, read as UTC) of ``YYYY-MM-DD HH:MM:SS.f*``.
+
+    The fixed layout is read field by field, exact in integers; any other
+    text takes :func:`_azure_ns_strptime`, which gives the same value for
+    every text both accept (``tests/test_traces.py`` checks both on every row
+    of the Azure traces)."""
+    s = raw.strip()
+    whole, dot, frac = s.partition(".")
+    m = _AZURE_FIXED.fullmatch(whole)
+    if m is not None and (not dot or (len(frac) <= 9 and frac.isascii() and frac.isdigit())):
+        try:
+            day: int | None = date(int(m[1]), int(m[2]), int(m[3])).toordinal() - _EPOCH_DAY
+        except ValueError:  # no such day: strptime says so
+            day = None
+        h, mi, sec = int(m[4]), int(m[5]), int(m[6])
+        if day is not None and h < 24 and mi < 60 and sec < 60:
+            epoch_s = day * 86_400 + h * 3_600 + mi * 60 + sec
+            return epoch_s * 1_000_000_000 + (int(frac.ljust(9, "0")) if frac else 0)
+    return _azure_ns_strptime(path, line, column, raw)
+
+
+def _azure_ns_strptime(path: Path, line: int, column: str, raw: str) -> int:
+    """:func:`_azure_ns` by ``datetime.strptime``: the reference, and the path
+    of texts outside the fixed layout (which it accepts or rejects with the
+    error)."""
     s = raw.strip()
     whole, dot, frac = s.partition(".")
     expected = "expected a timestamp 'YYYY-MM-DD HH:MM:SS.fffffff'"
@@ -157,8 +200,11 @@ class _Monotone:
 # --------------------------------------------------------------------------- CSV plumbing
 
 
-def _csv_rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[str, str]]]:
-    """(line number, {required column: raw}) for each data row; checks header and widths."""
+def _csv_rows(
+    path: Path, required: Sequence[str], take: Sequence[str] | None = None
+) -> Iterator[tuple[int, list[str]]]:
+    """(line number, the raw values of the columns ``take``, default
+    ``required``, in that order) for each data row; checks header and widths."""
     try:
         f = open(path, newline="", encoding="utf-8-sig")
     except OSError as e:
@@ -176,20 +222,21 @@ def _csv_rows(path: Path, required: Sequence[str]) -> Iterator[tuple[int, dict[s
                 f"{path}: line 1: missing column(s) {', '.join(missing)}; expected columns "
                 f"{expected} (found {', '.join(names)})"
             )
-        index = {c: names.index(c) for c in required}
+        index = [names.index(c) for c in (required if take is None else take)]
+        width = len(names)
         rows = 0
         start = reader.line_num + 1
         for row in reader:
             line, start = start, reader.line_num + 1
             if not row or (len(row) == 1 and not row[0].strip()):
                 continue
-            if len(row) != len(names):
+            if len(row) != width:
                 raise TraceError(
                     f"{path}: line {line}: {len(row)} fields; expected {len(names)} "
                     f"({', '.join(names)})"
                 )
             rows += 1
-            yield line, {c: row[i] for c, i in index.items()}
+            yield line, [row[i] for i in index]
         if rows == 0:
             raise TraceError(f"{path}: no requests after the header; expected at least one row")
 
@@ -211,81 +258,74 @@ LENGTHS_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
 MOONCAKE_KEYS = ("timestamp", "input_length", "output_length", "hash_ids")
 
 
-def read_azure(path: str | Path) -> list[TraceRecord]:
+def iter_azure(path: str | Path) -> Iterator[TraceRecord]:
     """Azure LLM inference 2023 CSV; arrivals relative to the first row, exact to 1 ns."""
     path = Path(path)
-    out: list[TraceRecord] = []
     mono = _Monotone(path, "TIMESTAMP")
     t0: int | None = None
-    for line, r in _csv_rows(path, AZURE_COLUMNS):
-        ns = _azure_ns(path, line, "TIMESTAMP", r["TIMESTAMP"])
+    for line, (stamp, prompt, output) in _csv_rows(path, AZURE_COLUMNS):
+        ns = _azure_ns(path, line, "TIMESTAMP", stamp)
         if t0 is None:
             t0 = ns
-        mono.check(line, ns, r["TIMESTAMP"])
-        out.append(
-            TraceRecord(
-                (ns - t0) / 1e9,
-                _parse_tokens(path, line, "ContextTokens", r["ContextTokens"]),
-                _parse_tokens(path, line, "GeneratedTokens", r["GeneratedTokens"]),
-            )
+        mono.check(line, ns, stamp)
+        yield TraceRecord(
+            (ns - t0) / 1e9,
+            _parse_tokens(path, line, "ContextTokens", prompt),
+            _parse_tokens(path, line, "GeneratedTokens", output),
         )
-    return out
 
 
-def _read_timed_csv(
+def _iter_timed_csv(
     path: Path, columns: Sequence[str], time_col: str, prompt_col: str, output_col: str
-) -> list[TraceRecord]:
-    out: list[TraceRecord] = []
+) -> Iterator[TraceRecord]:
     mono = _Monotone(path, time_col)
-    for line, r in _csv_rows(path, columns):
-        t = _parse_seconds(path, line, time_col, r[time_col])
-        mono.check(line, t, r[time_col])
-        out.append(
-            TraceRecord(
-                t,
-                _parse_tokens(path, line, prompt_col, r[prompt_col]),
-                _parse_tokens(path, line, output_col, r[output_col]),
-            )
+    take = (time_col, prompt_col, output_col)
+    for line, (raw_t, prompt, output) in _csv_rows(path, columns, take):
+        t = _parse_seconds(path, line, time_col, raw_t)
+        mono.check(line, t, raw_t)
+        yield TraceRecord(
+            t,
+            _parse_tokens(path, line, prompt_col, prompt),
+            _parse_tokens(path, line, output_col, output),
         )
-    return out
 
 
-def read_splitwise(path: str | Path) -> list[TraceRecord]:
+def iter_splitwise(path: str | Path) -> Iterator[TraceRecord]:
     """splitwise-sim CSV; ``arrival_timestamp`` in seconds, kept as given."""
-    return _read_timed_csv(
+    return _iter_timed_csv(
         Path(path), SPLITWISE_COLUMNS, "arrival_timestamp", "prompt_size", "token_size"
     )
 
 
-def read_vidur(path: str | Path) -> list[TraceRecord]:
+def iter_vidur(path: str | Path) -> Iterator[TraceRecord]:
     """Vidur processed trace; ``arrived_at`` in seconds since the first request."""
-    return _read_timed_csv(
+    return _iter_timed_csv(
         Path(path), VIDUR_COLUMNS, "arrived_at", "num_prefill_tokens", "num_decode_tokens"
     )
 
 
-def read_lengths(path: str | Path) -> list[TraceRecord]:
+def iter_lengths(path: str | Path) -> Iterator[TraceRecord]:
     """Length-only CSV (ShareGPT, arXiv); every record has ``arrival_s=None``."""
     path = Path(path)
-    return [
-        TraceRecord(
+    for line, (prompt, output) in _csv_rows(path, LENGTHS_COLUMNS):
+        yield TraceRecord(
             None,
-            _parse_tokens(path, line, "num_prefill_tokens", r["num_prefill_tokens"]),
-            _parse_tokens(path, line, "num_decode_tokens", r["num_decode_tokens"]),
+            _parse_tokens(path, line, "num_prefill_tokens", prompt),
+            _parse_tokens(path, line, "num_decode_tokens", output),
         )
-        for line, r in _csv_rows(path, LENGTHS_COLUMNS)
-    ]
 
 
-def read_mooncake(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[TraceRecord]:
+def iter_mooncake(
+    path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS
+) -> Iterator[TraceRecord]:
     """Mooncake JSONL; ``timestamp`` ms -> s; ``hash_ids`` -> ``prefix_hashes``."""
     path = Path(path)
-    out: list[TraceRecord] = []
     mono = _Monotone(path, "timestamp")
     try:
         f = open(path, encoding="utf-8")
     except OSError as e:
         raise TraceError(f"{path}: cannot read trace: {e.strerror}") from None
+    rows = 0
     with f:
         for line, text in enumerate(f, start=1):
             if not text.strip():
@@ -316,21 +356,53 @@ def read_mooncake(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -
                     f"{_where(path, line, 'hash_ids')}: {str(hashes)[:60]!r} is not a list of "
                     "integers"
                 )
-            out.append(
-                TraceRecord(
-                    t,
-                    _parse_tokens(path, line, "input_length", obj["input_length"]),
-                    _parse_tokens(path, line, "output_length", obj["output_length"]),
-                    tuple(hashes),
-                    block_tokens,
-                )
+            rows += 1
+            yield TraceRecord(
+                t,
+                _parse_tokens(path, line, "input_length", obj["input_length"]),
+                _parse_tokens(path, line, "output_length", obj["output_length"]),
+                tuple(hashes),
+                block_tokens,
             )
-    if not out:
+    if not rows:
         raise TraceError(
             f"{path}: empty file; expected JSON lines with keys {', '.join(MOONCAKE_KEYS)}"
         )
-    return out
 
+
+def read_azure(path: str | Path) -> list[TraceRecord]:
+    """:func:`iter_azure`, as a list."""
+    return list(iter_azure(path))
+
+
+def read_splitwise(path: str | Path) -> list[TraceRecord]:
+    """:func:`iter_splitwise`, as a list."""
+    return list(iter_splitwise(path))
+
+
+def read_vidur(path: str | Path) -> list[TraceRecord]:
+    """:func:`iter_vidur`, as a list."""
+    return list(iter_vidur(path))
+
+
+def read_lengths(path: str | Path) -> list[TraceRecord]:
+    """:func:`iter_lengths`, as a list."""
+    return list(iter_lengths(path))
+
+
+def read_mooncake(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> list[TraceRecord]:
+    """:func:`iter_mooncake`, as a list."""
+    return list(iter_mooncake(path, block_tokens))
+
+
+ITERATORS: dict[str, Callable[[Path], Iterator[TraceRecord]]] = {
+    "azure": iter_azure,
+    "mooncake": iter_mooncake,
+    "splitwise": iter_splitwise,
+    "vidur": iter_vidur,
+    "lengths": iter_lengths,
+}
+"""Streaming reader per format name."""
 
 READERS: dict[str, Callable[[Path], list[TraceRecord]]] = {
     "azure": read_azure,
@@ -374,10 +446,15 @@ def detect_format(path: str | Path) -> str:
     )
 
 
-def read_trace(path: str | Path, format: str = "auto") -> list[TraceRecord]:
-    """Read a trace in the named format (``auto`` detects it)."""
+def iter_trace(path: str | Path, format: str = "auto") -> Iterator[TraceRecord]:
+    """Stream a trace in the named format (``auto`` detects it, at once)."""
     path = Path(path)
     fmt = detect_format(path) if format == "auto" else format
-    if fmt not in READERS:
-        raise UnknownNameError("trace format", fmt, [*READERS, "auto"])
-    return READERS[fmt](path)
+    if fmt not in ITERATORS:
+        raise UnknownNameError("trace format", fmt, [*ITERATORS, "auto"])
+    return ITERATORS[fmt](path)
+
+
+def read_trace(path: str | Path, format: str = "auto") -> list[TraceRecord]:
+    """Read a trace in the named format (``auto`` detects it)."""
+    return list(iter_trace(path, format))
