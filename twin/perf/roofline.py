@@ -6,14 +6,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from twin._check import is_int, is_number
 from twin.errors import SpecError, UnknownNameError
 from twin.perf.gpus import GPUSpec
 from twin.perf.iteration import VECTOR_STEPS, Batch
 from twin.perf.llm import ModelSpec
+
+if TYPE_CHECKING:
+    pass
 
 # Calibrated defaults: fitted by twin.perf.calibrate (``python -m twin.perf.calibrate --data
 # DIR``), jointly over 13 sources of twin.perf.validate (splitwise-sim llama2-70b on A100-80GB
@@ -390,6 +392,8 @@ class Roofline:
                 roof = compute_s + no * mem_s if compute_s > mem_s else mem_s + no * compute_s
                 out.append(roof + fixed + per_seq + comm_fixed + comm)
             return out
+        import numpy as np
+
         ctx_a = np.arange(context_sum, stop, count, dtype=np.int64)
         compute = c0 + fa * ctx_a.astype(np.float64) * ia
         hot = compute > knee
