@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+import numpy as np
+
 from twin._check import is_int, is_number
 from twin.errors import SpecError, UnknownNameError
 from twin.perf.gpus import GPUSpec
@@ -388,8 +390,6 @@ class Roofline:
                 roof = compute_s + no * mem_s if compute_s > mem_s else mem_s + no * compute_s
                 out.append(roof + fixed + per_seq + comm_fixed + comm)
             return out
-        import numpy as np  # here, not at the top: a bad spec's error needs no numpy
-
         ctx_a = np.arange(context_sum, stop, count, dtype=np.int64)
         compute = c0 + fa * ctx_a.astype(np.float64) * ia
         hot = compute > knee

@@ -13,16 +13,14 @@ import statistics
 from bisect import bisect_right
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+
+import numpy as np
 
 from twin._check import is_int, is_number
 from twin.errors import ProfileError, TwinError
 from twin.perf.gpus import get_gpu
 from twin.perf.iteration import VECTOR_STEPS, Batch
 from twin.perf.llm import get_model
-
-if TYPE_CHECKING:  # numpy is loaded where a long stretch is priced, not at import
-    import numpy as np
 
 
 class _Grid:
@@ -79,8 +77,6 @@ class _Grid:
 
     def _rows_many(self, i: int, x: np.ndarray) -> np.ndarray:
         """:meth:`_row` of each element of ``x``, the same operations elementwise."""
-        import numpy as np
-
         xs, ys = self._rows[i]
         if len(xs) == 1:
             out = np.full(x.shape, ys[0])
@@ -230,8 +226,6 @@ class ProfileTable:
         if n < VECTOR_STEPS:
             dec = self._decode
             return [dec(count, c / count) for c in range(context_sum, stop, count)]
-        import numpy as np
-
         ctx = np.arange(context_sum, stop, count, dtype=np.int64)
         return self._decode.many(count, ctx / count).tolist()  # type: ignore[no-any-return]
 
@@ -474,8 +468,6 @@ class DistServeFit:
                 rest = (0.0 + (a + b * ctx + c * count)) * 1e-3 / pp
                 out.append(rest + oh + toh * (ctx - count) + later * rest)
             return out
-        import numpy as np
-
         ctx_a = np.arange(context_sum, stop, count, dtype=np.int64)
         rest_a = (0.0 + (a + b * ctx_a.astype(np.float64) + c * count)) * 1e-3 / pp
         first = rest_a + oh + toh * (ctx_a - count).astype(np.float64)
