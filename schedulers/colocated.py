@@ -45,5 +45,12 @@ class Colocated(Scheduler):
             inst = instances[self._next % len(instances)]
             self._next += 1
             return Route(inst.id, inst.id)
-        best = min(instances, key=lambda i: (i.queue_requests + i.running_requests, i.id))
-        return Route(best.id, best.id)
+        # min by (load, id), in one pass: the id is read only on a tie
+        best = instances[0]
+        low = best.queue_requests + best.running_requests
+        for i in instances[1:]:
+            load = i.queue_requests + i.running_requests
+            if load < low or load == low and i.id < best.id:
+                best, low = i, load
+        best_id = best.id
+        return Route(best_id, best_id)

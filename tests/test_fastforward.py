@@ -167,3 +167,35 @@ def test_a_cut_stretch_leaves_no_stale_event():
     want = [0.0] * 4 + [0.02, 0.1055, 0.1055, 0.108, 0.128, 0.152, 0.581]
     assert popped == pytest.approx(want, abs=1e-12)
     assert eng.iterations == 2 + 49  # two prompts; r1 rides in two of r0's steps
+
+
+def _crossing(perf: Roofline, count: int) -> int:
+    """The context sum at which a decode step of ``count`` sequences turns from
+    memory- to compute-bound (unthrottled)."""
+    c0 = (perf._flop_token + perf._flop_seq) * count * perf._inv_compute
+    slope_c = perf._flop_attn * perf._inv_attn
+    m0 = (perf._w_b + perf._kv_b * count) * perf._inv_mem
+    slope_m = perf._kv_b * perf._inv_mem
+    return int((m0 - c0) / (slope_c - slope_m))
+
+
+@pytest.mark.parametrize("offset", [-80, -40, -1, 0, 1, 40])
+@pytest.mark.parametrize("knee", [None, "inside"])
+def test_a_stretch_across_the_bound_or_the_knee_is_priced_as_step_by_step(offset, knee):
+    """A stretch whose steps change from memory- to compute-bound (or cross the
+    throttle's knee) part way is priced exactly as step by step, on both sides."""
+    count = 256
+    base = Roofline(get_model("llama-3.1-8b"), H100, 1)
+    cross = _crossing(base, count)
+    ctx = cross + offset * count
+    perf = base
+    if knee is not None:  # the knee at the compute time of the stretch's middle step
+        mid = ctx + 20 * count
+        knee_s = (base._flop_token + base._flop_seq) * count * base._inv_compute + (
+            base._flop_attn * mid * base._inv_attn
+        )
+        perf = Roofline(get_model("llama-3.1-8b"), H100, 1, throttle_knee_s=knee_s)
+    for n in (2, 41, VECTOR_STEPS - 1, VECTOR_STEPS, 200):
+        got = perf.decode_steps(count, ctx, n)
+        want = [perf.iteration_time(Batch((), count, ctx + k * count)) for k in range(n)]
+        assert got == want, (n, offset, knee)

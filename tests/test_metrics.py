@@ -54,3 +54,25 @@ def test_merged_distributions_are_one_distribution(limit):
     assert a.total == pytest.approx(whole.total, rel=1e-12)
     for q in (0.5, 0.99):
         assert a.quantile(q) == whole.quantile(q)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 80, 1024, 1025])
+@pytest.mark.parametrize("kind", ["ties", "spread", "inf"])
+def test_quantiles_are_numpys_to_the_last_bit_short_or_long(n, kind):
+    """Up to 1,024 values a quantile is taken in plain Python, past that by
+    numpy: both give numpy.quantile's bits (ties, zeros, an infinity)."""
+    rng = np.random.default_rng(n)
+    if kind == "ties":
+        xs = rng.integers(0, 4, n).astype(float)
+    elif kind == "spread":
+        xs = rng.exponential(0.3, n)
+    else:
+        xs = rng.choice([0.0, 0.25, np.inf], n)
+    d = Distribution()
+    for x in xs.tolist():
+        d.add(x)
+    for q in (0.0, 0.01, 0.5, 0.9, 0.99, 1.0, 1 / 3):
+        with np.errstate(invalid="ignore"):  # inf - inf in numpy's interpolation
+            want = float(np.quantile(xs, q))
+            got = d.quantile(q)
+        assert (got == want and str(got) == str(want)) or (got != got and want != want)

@@ -74,6 +74,11 @@ def test_least_loaded_picks_fewest_outstanding_then_lowest_id():
     req = Request(0, 0.0, 10, 10)
     assert policy.route(req, view((3, 4), (0, 5), (1, 1))) == Route(2, 2)
     assert policy.route(req, view((1, 1), (2, 0), (0, 2))) == Route(0, 0)
+    # ties go to the lowest id whatever the order the view lists them in
+    shuffled = ClusterView(
+        [InstanceSnapshot(i, queue_requests=q) for i, q in ((3, 1), (1, 2), (0, 1), (2, 1))]
+    )
+    assert policy.route(req, shuffled) == Route(0, 0)
 
 
 def test_round_robin_cycles():

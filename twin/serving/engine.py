@@ -514,7 +514,7 @@ class Engine:
         life = self.life
         while True:
             batch, chunks, decoding = self._plan()
-            if batch.is_empty:
+            if not chunks and not decoding:  # an empty batch
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
@@ -525,7 +525,8 @@ class Engine:
             if not dt > 0.0:
                 raise SpecError(f"perf model {self.perf.name!r} gave iteration time {dt!r} <= 0")
             obs = self._iter_observer
-            self._started(batch, chunks, dt)
+            if obs is not None or chunks and self.hooks is not None:
+                self._started(batch, chunks, dt)
             if decoding and not chunks and self._ff is not None:
                 stretch = self._ff.plan(dt, batch)
                 if stretch is not None:
@@ -629,8 +630,9 @@ class Engine:
             decoding = False
             if not chunks:
                 decoding = self._prepare_decode()
-        prefill = tuple((n, s.prefilled) for s, n in chunks)
-        self._note_decode_start(chunks, decoding)
+        prefill = tuple((n, s.prefilled) for s, n in chunks) if chunks else ()
+        if chunks or decoding and self._first_gap:
+            self._note_decode_start(chunks, decoding)
         if decoding:
             return Batch(prefill, self.decode_count, self.decode_ctx_sum), chunks, True
         return Batch(prefill), chunks, False
@@ -650,6 +652,8 @@ class Engine:
     def _take_chunks(self, budget: int, *, chunked: bool) -> list[tuple[Sequence, int]]:
         """Prefill work for this iteration: continue partial prompts, then admit FCFS."""
         chunks: list[tuple[Sequence, int]] = []
+        if not self.prefilling and not self.waiting:
+            return chunks
         lane = self._lane
         seats = self.config.max_num_seqs - self.decode_count  # in this lane
         for s in self.prefilling:
