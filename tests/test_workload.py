@@ -524,3 +524,23 @@ def test_an_arrival_without_a_process_says_it_is_missing():
         WorkloadSpec.from_mapping(
             {"lengths": "azure-conv", "arrival": {"rate": 4}, "max_requests": 10}, where="w"
         )
+
+
+def test_length_tables_sample_exactly_as_scipys_ndtr_would():
+    # the copula's CDF is taken without scipy; the integers drawn must be those
+    # rint(interp(scipy.special.ndtr(z))) gives, tails and rounding ties included
+    import numpy as np
+    from scipy.special import ndtr, ndtri
+
+    from twin.workload.lengths import _tokens_at, bundled_table
+
+    table = bundled_table("azure-conv")
+    z = np.random.default_rng(7).standard_normal(200_000) * 2.5
+    for col in (table.prompt, table.output):
+        want = np.rint(np.interp(ndtr(z), table.q, col))
+        assert np.array_equal(_tokens_at(z, table.q, col), want)
+    # 2 * cdf crosses 0.5 (round half to even: 0 below, 1 above) at cdf = 0.25:
+    # draws right at it take the exact path
+    q, col = np.array([0.0, 1.0]), np.array([0.0, 2.0])
+    z = ndtri(0.25) + np.array([-1e-15, 0.0, 1e-15, 1e-13, -1e-13])
+    assert np.array_equal(_tokens_at(z, q, col), np.rint(np.interp(ndtr(z), q, col)))
