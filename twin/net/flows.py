@@ -68,14 +68,14 @@ concurrent flows.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import simpy
 
-from twin._clock import at
+from twin._clock import at, place
 from twin.errors import SpecError
 
 REL_DONE = 1e-9  # remaining / size below which a flow is done
@@ -417,7 +417,7 @@ class Transfer:
 
     __slots__ = (
         "id", "label", "_done", "_then", "start_s", "end_s", "size_bytes", "cancelled", "_net",
-        "_flows", "_left",
+        "_flows", "_left", "_due", "_specs", "_guard", "_on_start", "_pre", "_seq", "_slot",
     )  # fmt: skip
 
     def __init__(self, net: Network, tid: int, label: str, size_bytes: float) -> None:
@@ -432,6 +432,18 @@ class Transfer:
         self._net = net
         self._flows: list[_Flow] = []  # its flow groups
         self._left = 0  # groups not yet delivered
+        # A delayed start (Network.start with delay_s): when its flows start
+        # (None once they have), what they are, what must still hold then,
+        # who is told as they start, and the delivery planned ahead with its
+        # plan number (None: none planned, or dropped).
+        self._due: float | None = None
+        self._specs: tuple[FlowSpec, ...] = ()
+        self._guard: Callable[[], bool] | None = None
+        self._on_start: Callable[[Transfer], None] | None = None
+        self._pre: tuple[float, int] | None = None
+        self._seq = 0  # delayed starts in the order they were asked for
+        # where its instant's event goes among that instant's, if it needs one
+        self._slot: Callable[[float, Callable[[simpy.Event], None]], None] | None = None
 
     @property
     def done(self) -> simpy.Event:
@@ -529,6 +541,12 @@ class Network:
         # they stop sending (are retired) as time passes their finish.
         self._lazy: dict[int, _Flow] = {}
         self._plans = 0
+        # Delayed starts whose delivery is planned ahead (their links were
+        # idle and nothing else was due on them): they start, in order, as
+        # the network is next brought up to their start (see start).
+        self._ahead: list[Transfer] = []
+        self._deferred = 0
+        self._timed: list[Transfer] = []  # delayed starts with an event at their instant
         # id of a path tuple -> (the tuple, its link keys, its latency), its links registered
         self._paths: dict[int, tuple[tuple[LinkLike, ...], tuple[_Key, ...], float]] = {}
         self._last = env.now  # rates are integrated up to here
@@ -540,13 +558,45 @@ class Network:
         self.max_link_load_ratio = 0.0
 
     # -- input -------------------------------------------------------------------
-    def start(self, flows: Seq[FlowSpec], label: str = "") -> Transfer:
-        """Start a transfer of ``flows`` now; they share links from this instant."""
+    def start(
+        self,
+        flows: Seq[FlowSpec],
+        label: str = "",
+        *,
+        delay_s: float = 0.0,
+        guard: Callable[[], bool] | None = None,
+        on_start: Callable[[Transfer], None] | None = None,
+    ) -> Transfer:
+        """Start a transfer of ``flows`` now, or ``delay_s`` seconds from now
+        (a fixed cost paid before the first byte); they share links from then.
+
+        A delayed transfer starts then as if ``start`` were called at that
+        instant (its id, ``start_s`` and the observer's ``transfer_started``
+        are those of that instant), unless ``guard()`` is False then or it was
+        cancelled meanwhile: then it never starts, and nothing is reported.
+        ``on_start(transfer)`` is called as it starts. When its links are idle
+        as it is asked for, its delivery is planned at once, so that the delay
+        and the transfer cost one event together; anything that reaches its
+        links before it starts drops that plan and it starts at its instant,
+        as any other (``guard`` is then asked; a planned one relies on
+        :meth:`cancel` instead, which whoever loses its reason to move calls).
+        """
         flows = tuple(flows)
-        routes = [self._route(spec.path) for spec in flows]
-        now = self.env.now
+        if delay_s > 0.0:
+            return self._defer(flows, label, delay_s, guard, on_start)
+        if self._ahead:  # delayed starts due by now come first (and take their ids)
+            self._catch_up(self.env.now)
         t = Transfer(self, self._next_transfer, label, sum(f.size_bytes for f in flows))
         self._next_transfer += 1
+        self._open(t, flows, self.env.now, advance=True)
+        if on_start is not None:
+            on_start(t)
+        return t
+
+    def _open(self, t: Transfer, flows: tuple[FlowSpec, ...], now: float, advance: bool) -> None:
+        """The flows of ``t`` start at ``now`` (with ``advance``, the network is
+        brought up to ``now`` first; without, it is there already)."""
+        routes = [self._route(spec.path) for spec in flows]
         if self._first_start is None:
             self._first_start = now
         self._in_flight += 1
@@ -554,8 +604,10 @@ class Network:
             if self.observer is not None:
                 self.observer.transfer_started(now, t)
             self._finish_transfer(t)
-            return t
-        self._advance(now)
+            return
+        if advance:  # (delayed starts due now but asked for after t wait their turn)
+            self._catch_up(now, t._seq if t._seq else None)
+            self._integrate(now)
         if self._down:
             flows = tuple(
                 spec
@@ -578,7 +630,131 @@ class Network:
         if self.observer is not None:
             self.observer.transfer_started(now, t)
         self._settle(now, new)
+
+    # -- delayed starts ----------------------------------------------------------
+    def _defer(
+        self,
+        flows: tuple[FlowSpec, ...],
+        label: str,
+        delay_s: float,
+        guard: Callable[[], bool] | None,
+        on_start: Callable[[Transfer], None] | None,
+    ) -> Transfer:
+        t = Transfer(self, -1, label, sum(f.size_bytes for f in flows))
+        t._specs, t._guard, t._on_start = flows, guard, on_start
+        self._deferred += 1
+        t._seq = self._deferred
+        t._due = due = self.env.now + delay_s  # where a timeout of delay_s falls
+        t.start_s = due
+        # The place a timeout made now would take among the events of its
+        # instant, kept for when it needs the event after all (_drop_plan).
+        t._slot = place(self.env)
+        deliver = self._predict(flows, due)
+        if deliver is None:
+            self._timed.append(t)
+            t._slot(due, lambda _ev: self._fire_due(t))
+            return t
+        self._plans += 1
+        plan = self._plans
+        t._pre = (deliver, plan)
+        self._ahead.append(t)
+        at(self.env, deliver, lambda _ev: self._pre_fire(t, plan))
         return t
+
+    def _predict(self, flows: tuple[FlowSpec, ...], due: float) -> float | None:
+        """When ``flows``, started at ``due``, would be delivered, if that can
+        be told now: no link down, one group of one size on links that no
+        group sends on and no other delayed start will use, that group alone
+        filled in one round. None otherwise."""
+        if self._down or not flows:
+            return None
+        self._catch_up(self.env.now)  # groups that have finished leave their links
+        # (links are not registered here: a link first taken then is taken then)
+        routes = [
+            (tuple((ln.src, ln.dst) for ln in spec.path), sum(ln.latency_s for ln in spec.path))
+            for spec in flows
+        ]
+        on = self._on_link
+        for keys, _ in routes:
+            if not keys:
+                return None
+            for k in keys:
+                if k in on:
+                    return None
+        groups = _groups(_PROBE, 0, flows, routes)
+        if len(groups) != 1:
+            return None
+        f = groups[0]
+        if f.size <= f.tol:
+            return None
+        mult = f.mult
+        for p in (*self._ahead, *self._timed):
+            if _meets(p, mult):
+                return None
+        capacity = {}
+        for spec in flows:
+            for ln in spec.path:
+                k = (ln.src, ln.dst)
+                s = self._links.get(k)
+                if s is None:  # as _register will make it
+                    u = ln.usable_bytes_s
+                    factor = self._factors.get(k, 1.0)
+                    capacity[k] = u if factor == 1.0 else u * factor
+                elif s.base != ln.usable_bytes_s:
+                    return None  # an error, raised as it starts
+                else:
+                    capacity[k] = s.usable
+        rates, bad = _fill_one(f, capacity)
+        if bad >= 0 or not 0.0 < rates[0] < math.inf:
+            return None
+        return due + f.remaining / rates[0] + f.latency
+
+    def _fire_due(self, t: Transfer) -> None:
+        """A delayed start's instant, when no delivery is planned for it. The
+        delayed starts due at this instant and asked for before it start
+        first, in order, as their own events would have (one whose plan was
+        dropped has its event behind)."""
+        if t._due is None or t.cancelled:
+            return
+        now = self.env.now
+        first = [p for p in self._timed if p._due == now and p._seq <= t._seq]
+        for p in sorted(first, key=lambda p: p._seq):
+            self._timed.remove(p)
+            p._due = None
+            if p._guard is not None and not p._guard():
+                p.cancelled = True  # its reason to move is gone: it never starts
+                continue
+            # those planned ahead due before it, or now and asked for first
+            self._catch_up(now, p._seq)
+            self._begin(p, now, advance=True)
+
+    def _begin(self, t: Transfer, now: float, advance: bool) -> None:
+        t.id = self._next_transfer
+        self._next_transfer += 1
+        t.start_s = now
+        self._open(t, t._specs, now, advance)
+        if t._on_start is not None:
+            t._on_start(t)
+
+    def _pre_fire(self, t: Transfer, plan: int) -> None:
+        """The planned delivery of a delayed start (see start)."""
+        if t._due is not None:  # nothing brought the network to its start yet
+            if t._pre is None or t._pre[1] != plan or t.cancelled:
+                return
+            self._catch_up(t._due)
+        for f in t._flows:
+            if f.plan == plan:
+                self._planned(f, plan)
+                return
+
+    def _drop_plan(self, t: Transfer) -> None:
+        """Something reached the links of delayed start ``t`` before it
+        started: its planned delivery no longer holds; it starts at its instant."""
+        self._ahead.remove(t)
+        self._timed.append(t)
+        t._pre = None
+        assert t._due is not None and t._due > self.env.now and t._slot is not None
+        t._slot(t._due, lambda _ev: self._fire_due(t))
 
     def cancel(self, t: Transfer) -> None:
         """Stop transfer ``t`` now (an end of it failed): its flows stop sending
@@ -587,7 +763,15 @@ class Network:
         if t.cancelled or t.end_s is not None:
             return
         now = self.env.now
-        self._advance(now)
+        if t._due is not None and (t._due > now or t not in self._ahead):
+            # not started: it never will, and nothing of it is reported
+            t.cancelled = True
+            t._pre = None
+            for waiting in (self._ahead, self._timed):
+                if t in waiting:
+                    waiting.remove(t)
+            return
+        self._advance(now)  # (a delayed start due by now starts first)
         t.cancelled = True
         keys: list[_Key] = []
         for f in t._flows:
@@ -638,6 +822,8 @@ class Network:
             self._down.add(key)
         else:
             self._down.discard(key)
+        for t in [t for t in self._ahead if _meets(t, (key,))]:
+            self._drop_plan(t)
         s = self._links.get(key)
         if s is not None:
             s.usable = self._usable(s)
@@ -687,6 +873,10 @@ class Network:
         """From now on link ``src -> dst`` carries ``factor`` x its capacity
         (1 restores it); the flows on it are re-shared at once."""
         key = (src, dst)
+        if self._ahead:  # delayed starts due by now started before, on the old factor
+            self._catch_up(self.env.now)
+            for t in [t for t in self._ahead if _meets(t, (key,))]:
+                self._drop_plan(t)
         if factor == 1.0:
             self._factors.pop(key, None)
         else:
@@ -795,6 +985,9 @@ class Network:
     def _add(self, f: _Flow) -> None:
         self._flows[f.fid] = f
         on = self._on_link
+        if self._ahead:
+            for t in [t for t in self._ahead if _meets(t, f.mult)]:
+                self._drop_plan(t)
         for k in f.mult:
             d = on.get(k)
             if d is None:
@@ -842,11 +1035,28 @@ class Network:
         self._catch_up(now)
         self._integrate(now)
 
-    def _catch_up(self, now: float) -> None:
+    def _catch_up(self, now: float, seq: int | None = None) -> None:
         """Retire the lone groups whose finish is at or before ``now``, in
         order, integrating up to each finish as its own event would have."""
         lazy = self._lazy
-        while lazy:
+        ahead = self._ahead
+        while lazy or ahead:
+            if ahead:
+                t = min(ahead, key=lambda p: (p._due, p._seq))  # type: ignore[arg-type,return-value]
+                due = t._due
+                assert due is not None
+                if (due < now or (due == now and (seq is None or t._seq < seq))) and (
+                    not lazy or due < min(g.finish_at for g in lazy.values())
+                ):
+                    # A delayed start with its delivery planned: it starts
+                    # now, at its instant, as its own event would have.
+                    ahead.remove(t)
+                    t._due = None
+                    self._integrate(due)
+                    self._begin(t, due, advance=False)
+                    continue
+            if not lazy:
+                return
             f = min(lazy.values(), key=lambda g: (g.finish_at, g.fid))
             if f.finish_at > now:
                 return
@@ -951,7 +1161,9 @@ class Network:
         """Max-min rates of the groups ``comp``, one component over links ``keys``."""
         links = self._links
         comp.sort(key=lambda f: f.fid)
+        pre = comp[0].transfer._pre if len(comp) == 1 else None
         for f in comp:
+            f.transfer._pre = None
             if f.plan:  # its planned delivery no longer holds
                 f.plan = 0
                 self._lazy.pop(f.fid, None)
@@ -988,9 +1200,12 @@ class Network:
             # Alone: its finish changes no other rate. Its delivery is planned
             # now, and nothing marks the finish itself unless something joins.
             f = comp[0]
+            self._lazy[f.fid] = f
+            if pre is not None and pre[0] == f.finish_at + f.latency and f.transfer._left == 1:
+                f.plan = pre[1]  # the delivery planned as it was asked for (start)
+                return
             self._plans += 1
             f.plan = plan = self._plans
-            self._lazy[f.fid] = f
             at(self.env, f.finish_at + f.latency, lambda _ev: self._planned(f, plan))
 
     def _arm(self) -> None:
@@ -1072,3 +1287,12 @@ def _groups(
         )  # fmt: skip
         for (size, cap, lat, _), idx in by.items()
     ]
+
+
+_PROBE: Any = None  # the transfer of the groups a prediction builds and drops
+
+
+def _meets(t: Transfer, keys: Iterable[_Key]) -> bool:
+    """Whether delayed start ``t``'s flows cross a link of ``keys``."""
+    mine = {(ln.src, ln.dst) for spec in t._specs for ln in spec.path}
+    return any(k in mine for k in keys)
