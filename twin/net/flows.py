@@ -71,7 +71,7 @@ import math
 from collections.abc import Callable, Hashable, Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import simpy
 
@@ -418,6 +418,7 @@ class Transfer:
     __slots__ = (
         "id", "label", "_done", "_then", "start_s", "end_s", "size_bytes", "cancelled", "_net",
         "_flows", "_left", "_due", "_specs", "_guard", "_on_start", "_pre", "_seq", "_slot",
+        "_probe",
     )  # fmt: skip
 
     def __init__(self, net: Network, tid: int, label: str, size_bytes: float) -> None:
@@ -444,6 +445,7 @@ class Transfer:
         self._seq = 0  # delayed starts in the order they were asked for
         # where its instant's event goes among that instant's, if it needs one
         self._slot: Callable[[float, Callable[[simpy.Event], None]], None] | None = None
+        self._probe: _Flow | None = None  # its group as predicted (planned ahead)
 
     @property
     def done(self) -> simpy.Event:
@@ -619,7 +621,13 @@ class Network:
         base = self._next_flow
         self._next_flow += len(flows)
         new = []
-        for f in _groups(t, base, flows, routes):
+        probe, t._probe = t._probe, None
+        if probe is not None and not self._down:  # as predicted: one group, no reroute
+            probe.fid = base
+            groups = [probe]
+        else:
+            groups = _groups(t, base, flows, routes)
+        for f in groups:
             t._flows.append(f)
             t._left += 1
             if f.size <= f.tol:
@@ -649,7 +657,7 @@ class Network:
         # The place a timeout made now would take among the events of its
         # instant, kept for when it needs the event after all (_drop_plan).
         t._slot = place(self.env)
-        deliver = self._predict(flows, due)
+        deliver = self._predict(t, flows, due)
         if deliver is None:
             self._timed.append(t)
             t._slot(due, lambda _ev: self._fire_due(t))
@@ -661,7 +669,15 @@ class Network:
         at(self.env, deliver, lambda _ev: self._pre_fire(t, plan))
         return t
 
-    def _predict(self, flows: tuple[FlowSpec, ...], due: float) -> float | None:
+    def _keys(self, path: tuple[LinkLike, ...]) -> tuple[tuple[_Key, ...], float]:
+        """``path``'s link keys and latency, as :meth:`_route` gives them, but
+        with no link registered."""
+        got = self._paths.get(id(path))
+        if got is not None and got[0] is path:
+            return got[1], got[2]
+        return tuple((ln.src, ln.dst) for ln in path), sum(ln.latency_s for ln in path)
+
+    def _predict(self, t: Transfer, flows: tuple[FlowSpec, ...], due: float) -> float | None:
         """When ``flows``, started at ``due``, would be delivered, if that can
         be told now: no link down, one group of one size on links that no
         group sends on and no other delayed start will use, that group alone
@@ -670,10 +686,7 @@ class Network:
             return None
         self._catch_up(self.env.now)  # groups that have finished leave their links
         # (links are not registered here: a link first taken then is taken then)
-        routes = [
-            (tuple((ln.src, ln.dst) for ln in spec.path), sum(ln.latency_s for ln in spec.path))
-            for spec in flows
-        ]
+        routes = [self._keys(spec.path) for spec in flows]
         on = self._on_link
         for keys, _ in routes:
             if not keys:
@@ -681,7 +694,7 @@ class Network:
             for k in keys:
                 if k in on:
                     return None
-        groups = _groups(_PROBE, 0, flows, routes)
+        groups = _groups(t, 0, flows, routes)
         if len(groups) != 1:
             return None
         f = groups[0]
@@ -695,6 +708,8 @@ class Network:
         for spec in flows:
             for ln in spec.path:
                 k = (ln.src, ln.dst)
+                if k in capacity:
+                    continue
                 s = self._links.get(k)
                 if s is None:  # as _register will make it
                     u = ln.usable_bytes_s
@@ -707,6 +722,7 @@ class Network:
         rates, bad = _fill_one(f, capacity)
         if bad >= 0 or not 0.0 < rates[0] < math.inf:
             return None
+        t._probe = f  # the group it starts as, unless the network changed meanwhile
         return due + f.remaining / rates[0] + f.latency
 
     def _fire_due(self, t: Transfer) -> None:
@@ -1287,9 +1303,6 @@ def _groups(
         )  # fmt: skip
         for (size, cap, lat, _), idx in by.items()
     ]
-
-
-_PROBE: Any = None  # the transfer of the groups a prediction builds and drops
 
 
 def _meets(t: Transfer, keys: Iterable[_Key]) -> bool:
