@@ -71,7 +71,7 @@ import math
 from collections.abc import Callable, Hashable, Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import simpy
 
@@ -176,6 +176,17 @@ class FlowSpec:
 
 K = TypeVar("K", bound=Hashable)
 _Key = tuple[str, str]
+# flow indices, paths, each flow's link keys, all of them, each link's count,
+# latency, and each distinct (key, link): the one group of a delayed start
+_Shape = tuple[
+    tuple[int, ...],
+    list,
+    list,
+    tuple[_Key, ...],
+    dict[_Key, int],
+    float,
+    tuple[tuple[_Key, Any], ...],
+]
 
 
 def max_min_rates(
@@ -380,14 +391,17 @@ class _Flow:
         size: float,
         cap: float | None,
         latency: float,
+        keys: tuple[_Key, ...] | None = None,
+        mult: dict[_Key, int] | None = None,
     ) -> None:
         self.fid = fid  # the creation number of its first flow
         self.transfer = transfer
         self.index = index
         self.paths = paths
         self.members = members
-        self.keys = tuple(k for m in self.members for k in m)
-        self.mult = _count(self.keys)
+        # (``keys`` and ``mult`` given: those of ``members``, never changed in place)
+        self.keys = tuple(k for m in self.members for k in m) if keys is None else keys
+        self.mult = _count(self.keys) if mult is None else mult
         self.n = len(index)
         self.size = size  # of each flow
         self.remaining = size
@@ -418,7 +432,7 @@ class Transfer:
     __slots__ = (
         "id", "label", "_done", "_then", "start_s", "end_s", "size_bytes", "cancelled", "_net",
         "_flows", "_left", "_due", "_specs", "_guard", "_on_start", "_pre", "_seq", "_slot",
-        "_probe",
+        "_probe", "_links",
     )  # fmt: skip
 
     def __init__(self, net: Network, tid: int, label: str, size_bytes: float) -> None:
@@ -445,7 +459,8 @@ class Transfer:
         self._seq = 0  # delayed starts in the order they were asked for
         # where its instant's event goes among that instant's, if it needs one
         self._slot: Callable[[float, Callable[[simpy.Event], None]], None] | None = None
-        self._probe: _Flow | None = None  # its group as predicted (planned ahead)
+        self._probe: tuple[_Flow, float] | None = None  # its group and rate as predicted
+        self._links: set[_Key] | dict[_Key, int] | None = None  # the links it will take
 
     @property
     def done(self) -> simpy.Event:
@@ -549,6 +564,9 @@ class Network:
         self._ahead: list[Transfer] = []
         self._deferred = 0
         self._timed: list[Transfer] = []  # delayed starts with an event at their instant
+        # ids of the path tuples of a delayed start -> (the tuples, _shape's answer)
+        self._shapes: dict[tuple[int, ...], tuple[tuple[tuple[LinkLike, ...], ...], _Shape | None]]
+        self._shapes = {}
         # id of a path tuple -> (the tuple, its link keys, its latency), its links registered
         self._paths: dict[int, tuple[tuple[LinkLike, ...], tuple[_Key, ...], float]] = {}
         self._last = env.now  # rates are integrated up to here
@@ -621,10 +639,10 @@ class Network:
         base = self._next_flow
         self._next_flow += len(flows)
         new = []
-        probe, t._probe = t._probe, None
+        probe = t._probe
         if probe is not None and not self._down:  # as predicted: one group, no reroute
-            probe.fid = base
-            groups = [probe]
+            probe[0].fid = base
+            groups = [probe[0]]
         else:
             groups = _groups(t, base, flows, routes)
         for f in groups:
@@ -638,6 +656,7 @@ class Network:
         if self.observer is not None:
             self.observer.transfer_started(now, t)
         self._settle(now, new)
+        t._probe = None
 
     # -- delayed starts ----------------------------------------------------------
     def _defer(
@@ -669,6 +688,33 @@ class Network:
         at(self.env, deliver, lambda _ev: self._pre_fire(t, plan))
         return t
 
+    def _shape(self, flows: tuple[FlowSpec, ...]) -> _Shape | None:
+        """What :meth:`_predict` needs of ``flows``' paths, kept for path tuples
+        used again (a hand-off's are); None when a flow is local or the flows'
+        latencies differ (more than one group)."""
+        sig = tuple(id(spec.path) for spec in flows)
+        got = self._shapes.get(sig)
+        if got is not None and all(a is spec.path for a, spec in zip(got[0], flows, strict=True)):
+            return got[1]
+        routes = [self._keys(spec.path) for spec in flows]
+        lat = routes[0][1]
+        shape: _Shape | None = None
+        if all(keys and latency == lat for keys, latency in routes):
+            members = [keys for keys, _ in routes]
+            keys = tuple(k for m in members for k in m)
+            links: dict[_Key, LinkLike] = {}
+            for spec in flows:
+                for ln in spec.path:
+                    links.setdefault((ln.src, ln.dst), ln)
+            shape = (
+                tuple(range(len(flows))), [spec.path for spec in flows], members, keys,
+                _count(keys), lat, tuple(links.items()),
+            )  # fmt: skip
+        if len(self._shapes) >= 4096:
+            self._shapes.clear()
+        self._shapes[sig] = (tuple(spec.path for spec in flows), shape)
+        return shape
+
     def _keys(self, path: tuple[LinkLike, ...]) -> tuple[tuple[_Key, ...], float]:
         """``path``'s link keys and latency, as :meth:`_route` gives them, but
         with no link registered."""
@@ -685,44 +731,46 @@ class Network:
         if self._down or not flows:
             return None
         self._catch_up(self.env.now)  # groups that have finished leave their links
-        # (links are not registered here: a link first taken then is taken then)
-        routes = [self._keys(spec.path) for spec in flows]
+        shape = self._shape(flows)
+        if shape is None:
+            return None
+        index, paths, members, keys, mult, lat, links = shape
         on = self._on_link
-        for keys, _ in routes:
-            if not keys:
+        for k in mult:
+            if k in on:
                 return None
-            for k in keys:
-                if k in on:
-                    return None
-        groups = _groups(t, 0, flows, routes)
-        if len(groups) != 1:
-            return None
-        f = groups[0]
-        if f.size <= f.tol:
-            return None
-        mult = f.mult
-        for p in (*self._ahead, *self._timed):
+        spec = flows[0]
+        size, cap = spec.size_bytes, spec.rate_cap_bytes_s
+        for other in flows:
+            if other.size_bytes != size or other.rate_cap_bytes_s != cap:
+                return None  # more than one group
+        for p in self._ahead:
             if _meets(p, mult):
                 return None
+        for p in self._timed:
+            if _meets(p, mult):
+                return None
+        f = _Flow(0, t, index, paths, members, float(size), cap, lat, keys, mult)
+        if f.size <= f.tol:
+            return None
         capacity = {}
-        for spec in flows:
-            for ln in spec.path:
-                k = (ln.src, ln.dst)
-                if k in capacity:
-                    continue
-                s = self._links.get(k)
-                if s is None:  # as _register will make it
-                    u = ln.usable_bytes_s
-                    factor = self._factors.get(k, 1.0)
-                    capacity[k] = u if factor == 1.0 else u * factor
-                elif s.base != ln.usable_bytes_s:
-                    return None  # an error, raised as it starts
-                else:
-                    capacity[k] = s.usable
+        registered = self._links
+        for k, ln in links:
+            st = registered.get(k)
+            if st is None:  # as _register will make it
+                u = ln.usable_bytes_s
+                factor = self._factors.get(k, 1.0)
+                capacity[k] = u if factor == 1.0 else u * factor
+            elif st.base != ln.usable_bytes_s:
+                return None  # an error, raised as it starts
+            else:
+                capacity[k] = st.usable
         rates, bad = _fill_one(f, capacity)
         if bad >= 0 or not 0.0 < rates[0] < math.inf:
             return None
-        t._probe = f  # the group it starts as, unless the network changed meanwhile
+        # the group it starts as (unless a link goes down meanwhile) and its rate
+        t._probe = (f, rates[0])
+        t._links = mult
         return due + f.remaining / rates[0] + f.latency
 
     def _fire_due(self, t: Transfer) -> None:
@@ -1183,9 +1231,14 @@ class Network:
             if f.plan:  # its planned delivery no longer holds
                 f.plan = 0
                 self._lazy.pop(f.fid, None)
+        probe = comp[0].transfer._probe if pre is not None else None
         capacity = {k: links[k].usable for k in keys}
         while True:
-            if len(comp) == 1:
+            if probe is not None and probe[0] is comp[0]:
+                # a delayed start as predicted: alone, on the capacities it
+                # was predicted on (a change to them dropped the plan)
+                rates, bad = [probe[1]], -1
+            elif len(comp) == 1:
                 rates, bad = _fill_one(comp[0], capacity)
             else:
                 rates, bad = _fill(
@@ -1307,5 +1360,7 @@ def _groups(
 
 def _meets(t: Transfer, keys: Iterable[_Key]) -> bool:
     """Whether delayed start ``t``'s flows cross a link of ``keys``."""
-    mine = {(ln.src, ln.dst) for spec in t._specs for ln in spec.path}
+    mine = t._links
+    if mine is None:
+        mine = t._links = {(ln.src, ln.dst) for spec in t._specs for ln in spec.path}
     return any(k in mine for k in keys)
