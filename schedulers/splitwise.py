@@ -166,8 +166,7 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
         return Route(best.id, decode)
 
     def _prompt_machine(self, req: Request, view: ClusterView) -> InstanceView:
-        prompt = view.of_role("prefill")
-        mixed = view.of_role("mixed")
+        prompt, _, mixed = _pools(view)
         for pool in (prompt, mixed):
             if pool:
                 best = min(pool, key=_prompt_load)
@@ -194,15 +193,21 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
             else:
                 del self._inflight[i]
 
+        _, token, mixed = _pools(view)
+        inflight = self._inflight
+        known: dict[int, int] = {}
+
         def free(i: InstanceView) -> int:
-            return i.free_blocks - sum(b for _, b in self._inflight.get(i.id, ()))
+            """Its free memory less what is on its way (read once per call)."""
+            got = known.get(i.id)
+            if got is None:
+                got = known[i.id] = i.free_blocks - sum(b for _, b in inflight.get(i.id, ()))
+            return got
 
         def load(i: InstanceView) -> tuple[int, int, int]:
-            sent = len(self._inflight.get(i.id, ()))
+            sent = len(inflight.get(i.id, ()))
             return (-free(i), i.running_requests + i.queue_requests + sent, i.id)
 
-        token = view.of_role("decode")
-        mixed = view.of_role("mixed")
         for pool in (token, mixed):
             fits = [i for i in pool if free(i) >= need]
             if fits:
@@ -222,9 +227,7 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
                 del self._moving[i]
         if self._moving:
             return []  # one move at a time, so a move's effect is seen before the next
-        prompt = view.of_role("prefill")
-        token = view.of_role("decode")
-        mixed = view.of_role("mixed")
+        prompt, token, mixed = _pools(view)
         # A pool needs help when all its machines, and the mixed ones, are past
         # the mark; a lent machine goes back only once its own pool alone is not
         # (hysteresis: no moving back and forth while the pool is still short).
@@ -254,6 +257,17 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
 
     def _out_of_memory(self, inst: InstanceView) -> bool:
         return inst.free_blocks <= self.token_free_threshold * inst.total_blocks
+
+
+def _pools(view: ClusterView) -> tuple[tuple[InstanceView, ...], ...]:
+    """The prompt, token and mixed machines that take new work, in id order
+    (``view.of_role`` of each role, in one pass)."""
+    by: dict[str, list[InstanceView]] = {"prefill": [], "decode": [], "mixed": []}
+    for i in view.up():
+        got = by.get(i.role)
+        if got is not None:
+            got.append(i)
+    return tuple(by["prefill"]), tuple(by["decode"]), tuple(by["mixed"])
 
 
 def _prompt_load(i: InstanceView) -> tuple[int, int, int]:

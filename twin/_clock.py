@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import simpy
 
-__all__ = ["ARRIVAL", "ORDINARY", "Arrival", "at", "move"]
+__all__ = ["ARRIVAL", "ORDINARY", "Arrival", "at", "move", "place"]
 
 ARRIVAL = simpy.core.URGENT
 ORDINARY = simpy.core.NORMAL
@@ -57,6 +57,23 @@ def at(
         ev.callbacks.append(callback)  # type: ignore[union-attr]
     heapq.heappush(env._queue, (when, ORDINARY, next(env._eid), ev))  # type: ignore[attr-defined]
     return ev
+
+
+def place(env: simpy.Environment) -> Callable[[float, Callable[[simpy.Event], None]], None]:
+    """A place in the order of same-instant events, taken now: calling the
+    result with ``(when, callback)`` later schedules an event at ``when`` that
+    fires among the events of that instant as one scheduled now would (as a
+    timeout made now would, had it been made). One call at most."""
+    eid = next(env._eid)  # type: ignore[attr-defined]
+
+    def schedule(when: float, callback: Callable[[simpy.Event], None]) -> None:
+        ev = simpy.Event(env)
+        ev._ok = True
+        ev._value = None
+        ev.callbacks.append(callback)  # type: ignore[union-attr]
+        heapq.heappush(env._queue, (when, ORDINARY, eid, ev))  # type: ignore[attr-defined]
+
+    return schedule
 
 
 def move(env: simpy.Environment, ev: simpy.Event, when: float) -> None:

@@ -68,14 +68,14 @@ concurrent flows.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import simpy
 
-from twin._clock import at
+from twin._clock import at, place
 from twin.errors import SpecError
 
 REL_DONE = 1e-9  # remaining / size below which a flow is done
@@ -176,6 +176,17 @@ class FlowSpec:
 
 K = TypeVar("K", bound=Hashable)
 _Key = tuple[str, str]
+# flow indices, paths, each flow's link keys, all of them, each link's count,
+# latency, and each distinct (key, link): the one group of a delayed start
+_Shape = tuple[
+    tuple[int, ...],
+    list,
+    list,
+    tuple[_Key, ...],
+    dict[_Key, int],
+    float,
+    tuple[tuple[_Key, Any], ...],
+]
 
 
 def max_min_rates(
@@ -380,14 +391,17 @@ class _Flow:
         size: float,
         cap: float | None,
         latency: float,
+        keys: tuple[_Key, ...] | None = None,
+        mult: dict[_Key, int] | None = None,
     ) -> None:
         self.fid = fid  # the creation number of its first flow
         self.transfer = transfer
         self.index = index
         self.paths = paths
         self.members = members
-        self.keys = tuple(k for m in self.members for k in m)
-        self.mult = _count(self.keys)
+        # (``keys`` and ``mult`` given: those of ``members``, never changed in place)
+        self.keys = tuple(k for m in self.members for k in m) if keys is None else keys
+        self.mult = _count(self.keys) if mult is None else mult
         self.n = len(index)
         self.size = size  # of each flow
         self.remaining = size
@@ -417,7 +431,8 @@ class Transfer:
 
     __slots__ = (
         "id", "label", "_done", "_then", "start_s", "end_s", "size_bytes", "cancelled", "_net",
-        "_flows", "_left",
+        "_flows", "_left", "_due", "_specs", "_guard", "_on_start", "_pre", "_seq", "_slot",
+        "_probe", "_links",
     )  # fmt: skip
 
     def __init__(self, net: Network, tid: int, label: str, size_bytes: float) -> None:
@@ -432,6 +447,20 @@ class Transfer:
         self._net = net
         self._flows: list[_Flow] = []  # its flow groups
         self._left = 0  # groups not yet delivered
+        # A delayed start (Network.start with delay_s): when its flows start
+        # (None once they have), what they are, what must still hold then,
+        # who is told as they start, and the delivery planned ahead with its
+        # plan number (None: none planned, or dropped).
+        self._due: float | None = None
+        self._specs: tuple[FlowSpec, ...] = ()
+        self._guard: Callable[[], bool] | None = None
+        self._on_start: Callable[[Transfer], None] | None = None
+        self._pre: tuple[float, int] | None = None
+        self._seq = 0  # delayed starts in the order they were asked for
+        # where its instant's event goes among that instant's, if it needs one
+        self._slot: Callable[[float, Callable[[simpy.Event], None]], None] | None = None
+        self._probe: tuple[_Flow, float] | None = None  # its group and rate as predicted
+        self._links: set[_Key] | dict[_Key, int] | None = None  # the links it will take
 
     @property
     def done(self) -> simpy.Event:
@@ -529,6 +558,15 @@ class Network:
         # they stop sending (are retired) as time passes their finish.
         self._lazy: dict[int, _Flow] = {}
         self._plans = 0
+        # Delayed starts whose delivery is planned ahead (their links were
+        # idle and nothing else was due on them): they start, in order, as
+        # the network is next brought up to their start (see start).
+        self._ahead: list[Transfer] = []
+        self._deferred = 0
+        self._timed: list[Transfer] = []  # delayed starts with an event at their instant
+        # ids of the path tuples of a delayed start -> (the tuples, _shape's answer)
+        self._shapes: dict[tuple[int, ...], tuple[tuple[tuple[LinkLike, ...], ...], _Shape | None]]
+        self._shapes = {}
         # id of a path tuple -> (the tuple, its link keys, its latency), its links registered
         self._paths: dict[int, tuple[tuple[LinkLike, ...], tuple[_Key, ...], float]] = {}
         self._last = env.now  # rates are integrated up to here
@@ -540,13 +578,45 @@ class Network:
         self.max_link_load_ratio = 0.0
 
     # -- input -------------------------------------------------------------------
-    def start(self, flows: Seq[FlowSpec], label: str = "") -> Transfer:
-        """Start a transfer of ``flows`` now; they share links from this instant."""
+    def start(
+        self,
+        flows: Seq[FlowSpec],
+        label: str = "",
+        *,
+        delay_s: float = 0.0,
+        guard: Callable[[], bool] | None = None,
+        on_start: Callable[[Transfer], None] | None = None,
+    ) -> Transfer:
+        """Start a transfer of ``flows`` now, or ``delay_s`` seconds from now
+        (a fixed cost paid before the first byte); they share links from then.
+
+        A delayed transfer starts then as if ``start`` were called at that
+        instant (its id, ``start_s`` and the observer's ``transfer_started``
+        are those of that instant), unless ``guard()`` is False then or it was
+        cancelled meanwhile: then it never starts, and nothing is reported.
+        ``on_start(transfer)`` is called as it starts. When its links are idle
+        as it is asked for, its delivery is planned at once, so that the delay
+        and the transfer cost one event together; anything that reaches its
+        links before it starts drops that plan and it starts at its instant,
+        as any other (``guard`` is then asked; a planned one relies on
+        :meth:`cancel` instead, which whoever loses its reason to move calls).
+        """
         flows = tuple(flows)
-        routes = [self._route(spec.path) for spec in flows]
-        now = self.env.now
+        if delay_s > 0.0:
+            return self._defer(flows, label, delay_s, guard, on_start)
+        if self._ahead:  # delayed starts due by now come first (and take their ids)
+            self._catch_up(self.env.now)
         t = Transfer(self, self._next_transfer, label, sum(f.size_bytes for f in flows))
         self._next_transfer += 1
+        self._open(t, flows, self.env.now, advance=True)
+        if on_start is not None:
+            on_start(t)
+        return t
+
+    def _open(self, t: Transfer, flows: tuple[FlowSpec, ...], now: float, advance: bool) -> None:
+        """The flows of ``t`` start at ``now`` (with ``advance``, the network is
+        brought up to ``now`` first; without, it is there already)."""
+        routes = [self._route(spec.path) for spec in flows]
         if self._first_start is None:
             self._first_start = now
         self._in_flight += 1
@@ -554,8 +624,10 @@ class Network:
             if self.observer is not None:
                 self.observer.transfer_started(now, t)
             self._finish_transfer(t)
-            return t
-        self._advance(now)
+            return
+        if advance:  # (delayed starts due now but asked for after t wait their turn)
+            self._catch_up(now, t._seq if t._seq else None)
+            self._integrate(now)
         if self._down:
             flows = tuple(
                 spec
@@ -567,7 +639,13 @@ class Network:
         base = self._next_flow
         self._next_flow += len(flows)
         new = []
-        for f in _groups(t, base, flows, routes):
+        probe = t._probe
+        if probe is not None and not self._down:  # as predicted: one group, no reroute
+            probe[0].fid = base
+            groups = [probe[0]]
+        else:
+            groups = _groups(t, base, flows, routes)
+        for f in groups:
             t._flows.append(f)
             t._left += 1
             if f.size <= f.tol:
@@ -578,7 +656,169 @@ class Network:
         if self.observer is not None:
             self.observer.transfer_started(now, t)
         self._settle(now, new)
+        t._probe = None
+
+    # -- delayed starts ----------------------------------------------------------
+    def _defer(
+        self,
+        flows: tuple[FlowSpec, ...],
+        label: str,
+        delay_s: float,
+        guard: Callable[[], bool] | None,
+        on_start: Callable[[Transfer], None] | None,
+    ) -> Transfer:
+        t = Transfer(self, -1, label, sum(f.size_bytes for f in flows))
+        t._specs, t._guard, t._on_start = flows, guard, on_start
+        self._deferred += 1
+        t._seq = self._deferred
+        t._due = due = self.env.now + delay_s  # where a timeout of delay_s falls
+        t.start_s = due
+        # The place a timeout made now would take among the events of its
+        # instant, kept for when it needs the event after all (_drop_plan).
+        t._slot = place(self.env)
+        deliver = self._predict(t, flows, due)
+        if deliver is None:
+            self._timed.append(t)
+            t._slot(due, lambda _ev: self._fire_due(t))
+            return t
+        self._plans += 1
+        plan = self._plans
+        t._pre = (deliver, plan)
+        self._ahead.append(t)
+        at(self.env, deliver, lambda _ev: self._pre_fire(t, plan))
         return t
+
+    def _shape(self, flows: tuple[FlowSpec, ...]) -> _Shape | None:
+        """What :meth:`_predict` needs of ``flows``' paths, kept for path tuples
+        used again (a hand-off's are); None when a flow is local or the flows'
+        latencies differ (more than one group)."""
+        sig = tuple(id(spec.path) for spec in flows)
+        got = self._shapes.get(sig)
+        if got is not None and all(a is spec.path for a, spec in zip(got[0], flows, strict=True)):
+            return got[1]
+        routes = [self._keys(spec.path) for spec in flows]
+        lat = routes[0][1]
+        shape: _Shape | None = None
+        if all(keys and latency == lat for keys, latency in routes):
+            members = [keys for keys, _ in routes]
+            keys = tuple(k for m in members for k in m)
+            links: dict[_Key, LinkLike] = {}
+            for spec in flows:
+                for ln in spec.path:
+                    links.setdefault((ln.src, ln.dst), ln)
+            shape = (
+                tuple(range(len(flows))), [spec.path for spec in flows], members, keys,
+                _count(keys), lat, tuple(links.items()),
+            )  # fmt: skip
+        if len(self._shapes) >= 4096:
+            self._shapes.clear()
+        self._shapes[sig] = (tuple(spec.path for spec in flows), shape)
+        return shape
+
+    def _keys(self, path: tuple[LinkLike, ...]) -> tuple[tuple[_Key, ...], float]:
+        """``path``'s link keys and latency, as :meth:`_route` gives them, but
+        with no link registered."""
+        got = self._paths.get(id(path))
+        if got is not None and got[0] is path:
+            return got[1], got[2]
+        return tuple((ln.src, ln.dst) for ln in path), sum(ln.latency_s for ln in path)
+
+    def _predict(self, t: Transfer, flows: tuple[FlowSpec, ...], due: float) -> float | None:
+        """When ``flows``, started at ``due``, would be delivered, if that can
+        be told now: no link down, one group of one size on links that no
+        group sends on and no other delayed start will use, that group alone
+        filled in one round. None otherwise."""
+        if self._down or not flows:
+            return None
+        self._catch_up(self.env.now)  # groups that have finished leave their links
+        shape = self._shape(flows)
+        if shape is None:
+            return None
+        index, paths, members, keys, mult, lat, links = shape
+        on = self._on_link
+        for k in mult:
+            if k in on:
+                return None
+        spec = flows[0]
+        size, cap = spec.size_bytes, spec.rate_cap_bytes_s
+        for other in flows:
+            if other.size_bytes != size or other.rate_cap_bytes_s != cap:
+                return None  # more than one group
+        for p in self._ahead:
+            if _meets(p, mult):
+                return None
+        for p in self._timed:
+            if _meets(p, mult):
+                return None
+        f = _Flow(0, t, index, paths, members, float(size), cap, lat, keys, mult)
+        if f.size <= f.tol:
+            return None
+        capacity = {}
+        registered = self._links
+        for k, ln in links:
+            st = registered.get(k)
+            if st is None:  # as _register will make it
+                u = ln.usable_bytes_s
+                factor = self._factors.get(k, 1.0)
+                capacity[k] = u if factor == 1.0 else u * factor
+            elif st.base != ln.usable_bytes_s:
+                return None  # an error, raised as it starts
+            else:
+                capacity[k] = st.usable
+        rates, bad = _fill_one(f, capacity)
+        if bad >= 0 or not 0.0 < rates[0] < math.inf:
+            return None
+        # the group it starts as (unless a link goes down meanwhile) and its rate
+        t._probe = (f, rates[0])
+        t._links = mult
+        return due + f.remaining / rates[0] + f.latency
+
+    def _fire_due(self, t: Transfer) -> None:
+        """A delayed start's instant, when no delivery is planned for it. The
+        delayed starts due at this instant and asked for before it start
+        first, in order, as their own events would have (one whose plan was
+        dropped has its event behind)."""
+        if t._due is None or t.cancelled:
+            return
+        now = self.env.now
+        first = [p for p in self._timed if p._due == now and p._seq <= t._seq]
+        for p in sorted(first, key=lambda p: p._seq):
+            self._timed.remove(p)
+            p._due = None
+            if p._guard is not None and not p._guard():
+                p.cancelled = True  # its reason to move is gone: it never starts
+                continue
+            # those planned ahead due before it, or now and asked for first
+            self._catch_up(now, p._seq)
+            self._begin(p, now, advance=True)
+
+    def _begin(self, t: Transfer, now: float, advance: bool) -> None:
+        t.id = self._next_transfer
+        self._next_transfer += 1
+        t.start_s = now
+        self._open(t, t._specs, now, advance)
+        if t._on_start is not None:
+            t._on_start(t)
+
+    def _pre_fire(self, t: Transfer, plan: int) -> None:
+        """The planned delivery of a delayed start (see start)."""
+        if t._due is not None:  # nothing brought the network to its start yet
+            if t._pre is None or t._pre[1] != plan or t.cancelled:
+                return
+            self._catch_up(t._due)
+        for f in t._flows:
+            if f.plan == plan:
+                self._planned(f, plan)
+                return
+
+    def _drop_plan(self, t: Transfer) -> None:
+        """Something reached the links of delayed start ``t`` before it
+        started: its planned delivery no longer holds; it starts at its instant."""
+        self._ahead.remove(t)
+        self._timed.append(t)
+        t._pre = None
+        assert t._due is not None and t._due > self.env.now and t._slot is not None
+        t._slot(t._due, lambda _ev: self._fire_due(t))
 
     def cancel(self, t: Transfer) -> None:
         """Stop transfer ``t`` now (an end of it failed): its flows stop sending
@@ -587,7 +827,15 @@ class Network:
         if t.cancelled or t.end_s is not None:
             return
         now = self.env.now
-        self._advance(now)
+        if t._due is not None and (t._due > now or t not in self._ahead):
+            # not started: it never will, and nothing of it is reported
+            t.cancelled = True
+            t._pre = None
+            for waiting in (self._ahead, self._timed):
+                if t in waiting:
+                    waiting.remove(t)
+            return
+        self._advance(now)  # (a delayed start due by now starts first)
         t.cancelled = True
         keys: list[_Key] = []
         for f in t._flows:
@@ -638,6 +886,8 @@ class Network:
             self._down.add(key)
         else:
             self._down.discard(key)
+        for t in [t for t in self._ahead if _meets(t, (key,))]:
+            self._drop_plan(t)
         s = self._links.get(key)
         if s is not None:
             s.usable = self._usable(s)
@@ -687,6 +937,10 @@ class Network:
         """From now on link ``src -> dst`` carries ``factor`` x its capacity
         (1 restores it); the flows on it are re-shared at once."""
         key = (src, dst)
+        if self._ahead:  # delayed starts due by now started before, on the old factor
+            self._catch_up(self.env.now)
+            for t in [t for t in self._ahead if _meets(t, (key,))]:
+                self._drop_plan(t)
         if factor == 1.0:
             self._factors.pop(key, None)
         else:
@@ -795,6 +1049,9 @@ class Network:
     def _add(self, f: _Flow) -> None:
         self._flows[f.fid] = f
         on = self._on_link
+        if self._ahead:
+            for t in [t for t in self._ahead if _meets(t, f.mult)]:
+                self._drop_plan(t)
         for k in f.mult:
             d = on.get(k)
             if d is None:
@@ -842,11 +1099,28 @@ class Network:
         self._catch_up(now)
         self._integrate(now)
 
-    def _catch_up(self, now: float) -> None:
+    def _catch_up(self, now: float, seq: int | None = None) -> None:
         """Retire the lone groups whose finish is at or before ``now``, in
         order, integrating up to each finish as its own event would have."""
         lazy = self._lazy
-        while lazy:
+        ahead = self._ahead
+        while lazy or ahead:
+            if ahead:
+                t = min(ahead, key=lambda p: (p._due, p._seq))  # type: ignore[arg-type,return-value]
+                due = t._due
+                assert due is not None
+                if (due < now or (due == now and (seq is None or t._seq < seq))) and (
+                    not lazy or due < min(g.finish_at for g in lazy.values())
+                ):
+                    # A delayed start with its delivery planned: it starts
+                    # now, at its instant, as its own event would have.
+                    ahead.remove(t)
+                    t._due = None
+                    self._integrate(due)
+                    self._begin(t, due, advance=False)
+                    continue
+            if not lazy:
+                return
             f = min(lazy.values(), key=lambda g: (g.finish_at, g.fid))
             if f.finish_at > now:
                 return
@@ -951,13 +1225,20 @@ class Network:
         """Max-min rates of the groups ``comp``, one component over links ``keys``."""
         links = self._links
         comp.sort(key=lambda f: f.fid)
+        pre = comp[0].transfer._pre if len(comp) == 1 else None
         for f in comp:
+            f.transfer._pre = None
             if f.plan:  # its planned delivery no longer holds
                 f.plan = 0
                 self._lazy.pop(f.fid, None)
+        probe = comp[0].transfer._probe if pre is not None else None
         capacity = {k: links[k].usable for k in keys}
         while True:
-            if len(comp) == 1:
+            if probe is not None and probe[0] is comp[0]:
+                # a delayed start as predicted: alone, on the capacities it
+                # was predicted on (a change to them dropped the plan)
+                rates, bad = [probe[1]], -1
+            elif len(comp) == 1:
                 rates, bad = _fill_one(comp[0], capacity)
             else:
                 rates, bad = _fill(
@@ -988,9 +1269,12 @@ class Network:
             # Alone: its finish changes no other rate. Its delivery is planned
             # now, and nothing marks the finish itself unless something joins.
             f = comp[0]
+            self._lazy[f.fid] = f
+            if pre is not None and pre[0] == f.finish_at + f.latency and f.transfer._left == 1:
+                f.plan = pre[1]  # the delivery planned as it was asked for (start)
+                return
             self._plans += 1
             f.plan = plan = self._plans
-            self._lazy[f.fid] = f
             at(self.env, f.finish_at + f.latency, lambda _ev: self._planned(f, plan))
 
     def _arm(self) -> None:
@@ -1072,3 +1356,11 @@ def _groups(
         )  # fmt: skip
         for (size, cap, lat, _), idx in by.items()
     ]
+
+
+def _meets(t: Transfer, keys: Iterable[_Key]) -> bool:
+    """Whether delayed start ``t``'s flows cross a link of ``keys``."""
+    mine = t._links
+    if mine is None:
+        mine = t._links = {(ln.src, ln.dst) for spec in t._specs for ln in spec.path}
+    return any(k in mine for k in keys)

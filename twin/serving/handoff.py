@@ -448,13 +448,9 @@ class KVHandoff:
         self.bytes_saved += saved
         self.transfers += 1
         if stream_s is None:
-            # The fixed costs come first, in one delay: the flows start after it.
-            if costs.before_s > 0:
-                self.env.timeout(costs.before_s).callbacks.append(
-                    lambda _ev: self._send(seq, src, dst, flows)
-                )
-            else:
-                self._send(seq, src, dst, flows)
+            # The fixed costs come first, in one delay: the flows start after
+            # it (the network takes the delay with the transfer, one event).
+            self._send(seq, src, dst, flows, delay_s=costs.before_s)
             return
         # Layer l's KV exists after l/L of the iteration: the stream starts one
         # layer late (or once the control round trip and registration are
@@ -476,16 +472,31 @@ class KVHandoff:
         self.env.timeout(lead).callbacks.append(begin)
 
     def _send(
-        self, seq: Sequence, src: int, dst: int, flows: list[FlowSpec], after_s: float = 0.0
+        self,
+        seq: Sequence,
+        src: int,
+        dst: int,
+        flows: list[FlowSpec],
+        after_s: float = 0.0,
+        delay_s: float = 0.0,
     ) -> Any:
-        """Start the flows; the KV lands when the last byte is in, ``after_s`` later."""
-        if seq.state == LOST or seq.decode_instance != dst:
-            return None  # lost, or sent elsewhere, during the fixed costs before the first byte
-        transfer = self.network.start(flows, label=f"kv {seq.req.id}")
+        """Start the flows, ``delay_s`` from now; the KV lands when the last
+        byte is in, ``after_s`` later."""
+
+        def moves() -> bool:  # not lost, nor sent elsewhere, during the fixed costs
+            return seq.state != LOST and seq.decode_instance == dst
+
+        def started(t: Any) -> None:
+            if self.on_waiting is not None and self.network.waits(t):
+                self.on_waiting(seq)
+
+        if delay_s <= 0 and not moves():
+            return None
+        transfer = self.network.start(
+            flows, label=f"kv {seq.req.id}", delay_s=delay_s, guard=moves, on_start=started
+        )
         if seq.transfer is None:
             seq.transfer = transfer
-        if self.on_waiting is not None and self.network.waits(transfer):
-            self.on_waiting(seq)
         if after_s > 0:
 
             def done(_t: object) -> None:
