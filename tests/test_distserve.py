@@ -175,22 +175,11 @@ def test_twin_plan_without_a_topology_says_so(capsys):
     assert "cluster.topology: missing" in capsys.readouterr().err
 
 
-def test_a_plan_is_the_same_when_its_searches_run_in_parallel():
-    from pathlib import Path
-
-    from twin.sim.spec import resolve_spec
+def test_a_plan_is_the_same_when_its_searches_run_in_parallel(tiny_plan_spec):
     from twin.studies.planner import plan_distserve
     from twin.studies.sweep import Executor
 
-    data = {
-        "model": "llama-3.1-8b",
-        "cluster": {"topology": "dgx-h100-ib400", "nodes": 1, "prefill": 1, "decode": 1},
-        "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 1},
-                     "max_requests": 40},
-        "engine": {"max_num_seqs": 16},
-        "slo": {"ttft": "1 s", "tpot": "50 ms"},
-    }  # fmt: skip
-    spec = resolve_spec(data, "plan.yaml", Path.cwd())
+    spec = tiny_plan_spec
     kw = dict(max_gpus_per_instance=2, max_decode_requests=100, iterations=3, sample_size=30)
     serial = plan_distserve(spec, replicates=2, **kw)
     parallel = plan_distserve(spec, replicates=2, executor=Executor(jobs=2), **kw)

@@ -188,18 +188,10 @@ def test_provision_gives_every_split_an_interval():
     assert "warning: a sample of 40 requests allows 4 misses" in text
 
 
-def test_plan_scores_the_chosen_configurations_on_every_sample():
+def test_plan_scores_the_chosen_configurations_on_every_sample(tiny_plan_spec):
     from twin.studies.planner import plan_distserve
 
-    data = {
-        "model": "llama-3.1-8b",
-        "cluster": {"topology": "dgx-h100-ib400", "nodes": 1, "prefill": 1, "decode": 1},
-        "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 1},
-                     "max_requests": 40},
-        "engine": {"max_num_seqs": 16},
-        "slo": {"ttft": "1 s", "tpot": "50 ms"},
-    }  # fmt: skip
-    spec = resolve_spec(data, "plan.yaml", Path.cwd())
+    spec = tiny_plan_spec
     kw = dict(max_gpus_per_instance=1, max_decode_requests=100, iterations=3, sample_size=30)
     plan = plan_distserve(spec, replicates=2, **kw)
     assert len(plan.capacity_samples) == 2
