@@ -161,27 +161,54 @@ def test_a_spec_written_from_the_readme_runs(capsys, tmp_path):
     assert s["tpot_s"]["p50"] < 0.03
 
 
-HEAVY = ("scipy", "matplotlib", "dask", "pandas", "networkx", "numpy")
+HEAVY = (
+    "scipy", "matplotlib", "dask", "pandas", "pyarrow", "tqdm", "networkx", "numpy",
+    "importlib.metadata",  # tens of ms; only --version and plugin lookup need it
+)  # fmt: skip
+# What no command may load before it has work to do: plotting, frames, progress
+# bars, the Dask client, the fitting library.
+NEVER_AT_START = {"scipy", "matplotlib", "dask", "pandas", "pyarrow", "tqdm"}
 
 
-def _modules_after(code: str) -> list[str]:
-    """The heavy modules a fresh interpreter holds after ``code``."""
-    probe = f"import sys\n{code}\nprint(sorted(m for m in {HEAVY!r} if m in sys.modules))"
+def _modules_after(code: str, prefix: str = "") -> list[str]:
+    """The heavy modules (or, with ``prefix``, those whose names start with it)
+    a fresh interpreter holds after ``code``."""
+    pick = f"m.startswith({prefix!r})" if prefix else f"m in {HEAVY!r}"
+    probe = f"import sys\n{code}\nprint(sorted(m for m in list(sys.modules) if {pick}))"
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     ).stdout
     return json.loads(out.strip().splitlines()[-1].replace("'", '"'))
 
 
+def _cli(*argv: str) -> str:
+    """Code that runs ``twin ARGV`` in-process, exits included."""
+    return (
+        "from twin.cli import main\n"
+        f"try:\n    code = main({list(argv)!r})\nexcept SystemExit as e:\n    code = e.code\n"
+    )
+
+
 def test_the_cli_starts_lean(tmp_path):
     # building the parser (twin --help) and checking a bad spec load none of them
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nbogus: 1\n")
+    assert _modules_after("import twin.cli") == []
     assert _modules_after("import twin.cli; twin.cli.build_parser()") == []
+    assert _modules_after(_cli("--help")) == []
+    # the plugin lookup and simpy (which reads its own version) need importlib.metadata
+    for argv in (["schedulers"], ["run", str(bad)], ["run", "/nonexistent.yaml"]):
+        assert set(_modules_after(_cli(*argv))) <= {"importlib.metadata"}, argv
     code = f"from twin.cli import main\nassert main(['run', {str(bad)!r}]) == 2"
-    assert _modules_after(code) == []
-    assert _modules_after(f"{code.replace(str(bad), '/nonexistent.yaml')}") == []
+    assert set(_modules_after(code)) <= {"importlib.metadata"}
+    # the parser alone pulls in no simulation layer
+    twin_modules = set(_modules_after("import twin.cli; twin.cli.build_parser()", "twin"))
+    assert twin_modules <= {
+        "twin", "twin._version", "twin.cli", "twin.errors", "twin.units", "twin.sim",
+        "twin.sim.summary", "twin.studies", "twin.studies.samples",
+    }, twin_modules  # fmt: skip
     # a good spec (twin spec resolves it: scheduler built, topology loaded) may
     # need networkx, never the numerics and plotting libraries
+    assert not set(_modules_after(_cli("spec", "quickstart"))) & NEVER_AT_START
     code = "from twin.cli import main\nassert main(['spec', 'disagg']) == 0"
-    assert set(_modules_after(code)) <= {"networkx", "numpy"}
+    assert set(_modules_after(code)) <= {"networkx", "numpy", "importlib.metadata"}

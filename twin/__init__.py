@@ -48,9 +48,10 @@ Extension points: a scheduling policy (``@register`` or the
 
 from typing import TYPE_CHECKING, Any
 
-from twin._version import __version__, code_sha256
+from twin._version import code_sha256
 
 if TYPE_CHECKING:
+    from twin._version import __version__
     from twin.errors import SpecError, TwinError
     from twin.net.topology import Topology, load_topology
     from twin.perf.gpus import get_gpu
@@ -109,6 +110,7 @@ _LAZY = {
     "Topology": "twin.net.topology",
     "TraceRecorder": "twin.sim.trace",
     "TwinError": "twin.errors",
+    "__version__": "twin._version",
     "find_data_dir": "twin.perf.validate",
     "format_summary": "twin.sim.summary",
     "get_gpu": "twin.perf.gpus",

@@ -1,11 +1,28 @@
-"""The version of pd-twin and the sha256 of its own source (results carry both)."""
+"""The version of pd-twin and the sha256 of its own source (results carry both).
 
-from importlib.metadata import PackageNotFoundError, version
+``__version__`` is looked up on first use: :mod:`importlib.metadata` costs
+tens of milliseconds, which every ``twin`` call would pay otherwise."""
 
-try:
-    __version__ = version("pd-twin")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0+source"
+from typing import Any
+
+__version__: str  # set by __getattr__ on first use
+
+
+def _lookup_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pd-twin")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        return "0.0.0+source"
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        value = _lookup_version()
+        globals()["__version__"] = value
+        return value
+    raise AttributeError(f"module 'twin._version' has no attribute {name!r}")
 
 
 def code_sha256() -> str:
