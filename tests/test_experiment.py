@@ -399,7 +399,13 @@ def test_cli_sweep_and_goodput(tmp_path, capsys):
     assert main([*args, "--no-plots"]) == 0 and "goodput.png" not in capsys.readouterr().out
 
 
-def test_bundled_pool_ratio_expands():
+def test_bundled_pool_ratio_expands(tmp_path, monkeypatch):
+    # its data: traces are only checked to exist, not read, by the expansion
+    for kind in ("code", "conv"):
+        trace = tmp_path / f"traces/azure_llm_2023/AzureLLMInferenceTrace_{kind}.csv"
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        trace.touch()
+    monkeypatch.setenv("TWIN_DATA", str(tmp_path))
     text, where, base_dir = read_spec_text("pool-ratio")
     axes, runs = expand(parse_yaml(text, where), where, base_dir)
     assert len(runs) == 2 * 5 * 3 * 3 * 10

@@ -52,11 +52,11 @@ from twin._version import code_sha256
 
 if TYPE_CHECKING:
     from twin._version import __version__
+    from twin.bundled import find_data_dir
     from twin.errors import SpecError, TwinError
     from twin.net.topology import Topology, load_topology
     from twin.perf.gpus import get_gpu
     from twin.perf.llm import get_model
-    from twin.perf.validate import find_data_dir
     from twin.request import Request
     from twin.scheduler import (
         ClusterView,
@@ -111,7 +111,7 @@ _LAZY = {
     "TraceRecorder": "twin.sim.trace",
     "TwinError": "twin.errors",
     "__version__": "twin._version",
-    "find_data_dir": "twin.perf.validate",
+    "find_data_dir": "twin.bundled",
     "format_summary": "twin.sim.summary",
     "get_gpu": "twin.perf.gpus",
     "get_model": "twin.perf.llm",

@@ -29,7 +29,6 @@ Target: median <= 15% and worst <= 35% on every source.
 from __future__ import annotations
 
 import csv
-import os
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -37,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twin.bundled import find_data_dir as find_data_dir  # re-exported
 from twin.errors import TwinError
 from twin.perf.gpus import get_gpu
 from twin.perf.iteration import Batch, PerfModel
@@ -96,27 +96,6 @@ class ValidationRow:
             max(self.prompt_median, self.tpot_median) <= median
             and max(self.prompt_worst, self.tpot_worst) <= worst
         )
-
-
-def find_data_dir(explicit: str | None = None) -> Path:
-    """The shared data directory: ``explicit``, else ``$TWIN_DATA``, else
-    ``./shared/data`` or ``../shared/data`` relative to the working directory."""
-    if explicit:
-        p = Path(explicit)
-        if not p.is_dir():
-            raise TwinError(f"--data {explicit!r}: not a directory")
-        return p
-    env = os.environ.get("TWIN_DATA")
-    if env:
-        if not Path(env).is_dir():
-            raise TwinError(f"TWIN_DATA={env!r}: not a directory")
-        return Path(env)
-    for c in (Path.cwd() / "shared" / "data", Path.cwd().parent / "shared" / "data"):
-        if c.is_dir():
-            return c
-    raise TwinError(
-        "shared data not found in ./shared/data or ../shared/data; pass --data DIR or set TWIN_DATA"
-    )
 
 
 # The (model, hardware) pairs of perf_model.csv used, in its names; every TP it has is used.

@@ -542,6 +542,7 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
     workload = WorkloadSpec.from_mapping(
         top.workload, where=f"{where}: workload", base_dir=base_dir
     )
+    workload.check_files(f"{where}: workload")
     out["workload"] = top.workload
 
     slo = read(SLO, top.slo, f"{where}: slo")

@@ -70,6 +70,7 @@ from twin._declare import (
     keys,
     seconds,
 )
+from twin.bundled import data_path, is_data_path
 from twin.errors import SpecError, TraceError
 from twin.request import Request
 from twin.units import parse_duration
@@ -303,6 +304,19 @@ class WorkloadSpec:
             raise SpecError(f"{path}: expected a top-level 'workload:' mapping")
         return cls.from_mapping(doc["workload"], f"{path}: workload", path.parent)
 
+    def check_files(self, where: str = "workload") -> None:
+        """Refuse a trace or empirical table that is not a file, naming its key
+        and how to point at one (``--set KEY=PATH``, or ``TWIN_DATA`` for a
+        ``data:`` path)."""
+        empirical = self.lengths.path if isinstance(self.lengths, EmpiricalFile) else None
+        for key, path in (("trace", self.trace), ("lengths.empirical", empirical)):
+            if path is not None and not path.is_file():
+                k = f"{where.rpartition(': ')[2]}.{key}"
+                raise SpecError(
+                    f"{where}.{key}: {path}: no such file; --set {k}=PATH "
+                    "(or a data: path, with TWIN_DATA=DIR)"
+                )
+
     def sources(self) -> list[Path]:
         """Files this workload reads (trace, empirical lengths, bundled table), for hashing."""
         if self.trace is not None:
@@ -334,6 +348,8 @@ def _no_unknown(m: Mapping[str, object], keys: tuple[str, ...], where: str) -> N
 def _path(value: object, where: str, base_dir: Path | None) -> Path:
     if not isinstance(value, str | Path) or not str(value).strip():
         raise SpecError(f"{where}: {value!r} is not a file path")
+    if is_data_path(value):
+        return data_path(str(value), where)
     p = Path(value).expanduser()
     return p if p.is_absolute() or base_dir is None else base_dir / p
 

@@ -1,0 +1,106 @@
+"""``data:`` paths: bundled experiments read the public data folder ($TWIN_DATA,
+else ./shared/data, else ../shared/data) and say how to point at it when it is
+missing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from twin.bundled import data_path, find_data_dir
+from twin.cli import main
+from twin.errors import SpecError
+
+CONV = "traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+CODE = "traces/azure_llm_2023/AzureLLMInferenceTrace_code.csv"
+
+
+def fake_trace(root: Path, rel: str, rows: int) -> Path:
+    """A tiny Azure-format trace of ``rows`` requests, one a second."""
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    lines += [f"2023-11-16 18:15:{10 + i:02d}.0000000,{100 + i},{5 + i}" for i in range(rows)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_bundled_experiment_reads_its_trace_from_twin_data(tmp_path, monkeypatch, capsys):
+    data = tmp_path / "data"
+    trace = fake_trace(data, CONV, 4)
+    monkeypatch.setenv("TWIN_DATA", str(data))
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "r.json"
+    assert main(["run", "azure-conv", "--json", str(out), "-q"]) == 0, capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    assert doc["summary"]["requests"] == 4  # the fake trace's rows, not the real trace's
+    sha = hashlib.sha256(trace.read_bytes()).hexdigest()
+    assert doc["header"]["trace_sha256"] == {trace.name: sha}
+    # the spec records the data: path, not where the data lies on this machine
+    assert doc["header"]["spec"]["workload"]["trace"] == f"data:{CONV}"
+
+
+def test_twin_data_comes_first_then_dot_then_dot_dot(tmp_path, monkeypatch):
+    env, here = tmp_path / "env", tmp_path / "work"
+    fake_trace(env, CONV, 1)
+    fake_trace(here / "shared" / "data", CONV, 1)
+    (here / "sub").mkdir()
+    monkeypatch.setenv("TWIN_DATA", str(env))
+    monkeypatch.chdir(here)
+    assert data_path(f"data:{CONV}", "x.yaml: workload.trace") == env / CONV
+    monkeypatch.delenv("TWIN_DATA")
+    assert data_path(f"data:{CONV}", "w") == here / "shared" / "data" / CONV
+    monkeypatch.chdir(here / "sub")
+    assert data_path(f"data:{CONV}", "w") == here / "shared" / "data" / CONV
+    assert find_data_dir(None) == here / "shared" / "data"
+
+
+def test_a_missing_data_folder_says_how_to_point_at_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("TWIN_DATA", raising=False)
+    (tmp_path / "a").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    assert main(["run", "azure-conv"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith("twin: error: azure-conv.yaml: workload.trace: 'data:traces/")
+    assert "no data folder ($TWIN_DATA unset" in err
+    assert err.rstrip().endswith("set TWIN_DATA=DIR or --set workload.trace=PATH")
+
+
+def test_a_missing_file_in_the_data_folder_names_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TWIN_DATA", str(tmp_path))
+    assert main(["run", "mooncake-conv"]) == 2
+    err = capsys.readouterr().err
+    missing = tmp_path / "traces/mooncake_fast25/conversation_trace.jsonl"
+    assert f"no such file {missing} (data folder $TWIN_DATA={tmp_path})" in err
+    assert err.count("\n") == 1 and "--set workload.trace=PATH" in err
+
+
+def test_a_missing_plain_trace_says_how_to_point_at_it(tmp_path, capsys):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("model: llama-2-7b\nworkload: {trace: nope.csv}\n")
+    assert main(["run", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert f"s.yaml: workload.trace: {tmp_path / 'nope.csv'}: no such file" in err
+    assert "--set workload.trace=PATH" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("value", ["data:", "data:  "])
+def test_an_empty_data_path_is_refused(value):
+    with pytest.raises(SpecError, match="expected data:RELATIVE/PATH"):
+        data_path(value, "w.trace")
+
+
+def test_a_sweep_over_data_paths_expands_with_twin_data(tmp_path, monkeypatch):
+    from twin.sim.spec import parse_yaml, read_spec_text
+    from twin.studies.sweep import expand
+
+    fake_trace(tmp_path, CONV, 2)
+    fake_trace(tmp_path, CODE, 2)
+    monkeypatch.setenv("TWIN_DATA", str(tmp_path))
+    text, where, base_dir = read_spec_text("pool-ratio")
+    _, runs = expand(parse_yaml(text, where), where, base_dir)
+    assert {r.params["workload.trace"] for r in runs} == {f"data:{CONV}", f"data:{CODE}"}
