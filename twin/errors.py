@@ -43,9 +43,11 @@ class UnknownNameError(TwinError, KeyError):
     """A lookup in a catalog or registry missed; the message suggests close names
     and, given ``where``, starts with where the name came from."""
 
-    def __init__(self, kind: str, name: str, known: Iterable[str], where: str = "") -> None:
+    def __init__(
+        self, kind: str, name: str, known: Iterable[str], where: str = "", close_to: str = ""
+    ) -> None:
         known = sorted(known)
-        close = get_close_matches(name, known, n=3, cutoff=0.6)
+        close = get_close_matches(close_to or name, known, n=3, cutoff=0.6)
         hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
         msg = f"unknown {kind} {name!r}.{hint} Known: {', '.join(known) or '(none)'}"
         super().__init__(f"{where}: {msg}" if where else msg)

@@ -14,6 +14,7 @@ KV in blocks (default 16 tokens), so sizes are rounded up to whole blocks.
 from __future__ import annotations
 
 import decimal
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -205,6 +206,10 @@ MODELS: Mapping[str, ModelSpec] = MappingProxyType(
         "llama-2-13b": _m("llama-2-13b", 40, 5120, 40, 40, 128, 13824, 32000, 13_015_864_320, 4096),
         # meta-llama/Llama-2-70b-hf
         "llama-2-70b": _m("llama-2-70b", 80, 8192, 64, 8, 128, 28672, 32000, 68_976_648_192, 4096),
+        # meta-llama/Meta-Llama-3-8B (the shapes of Llama-3.1-8B, an 8,192-token context)
+        "llama-3-8b": _m("llama-3-8b", 32, 4096, 32, 8, 128, 14336, 128256, 8_030_261_248, 8192),
+        # meta-llama/Meta-Llama-3-70B (the shapes of Llama-3.1-70B, an 8,192-token context)
+        "llama-3-70b": _m("llama-3-70b", 80, 8192, 64, 8, 128, 28672, 128256, 70_553_706_496, 8192),
         # meta-llama/Llama-3.1-8B
         "llama-3.1-8b": _m(
             "llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256, 8_030_261_248, 131072
@@ -237,39 +242,69 @@ MODELS: Mapping[str, ModelSpec] = MappingProxyType(
     }
 )
 
-_ALIASES: Mapping[str, str] = MappingProxyType(
+# The Hugging Face repo of each catalog model (where its config.json is); a
+# deployment export names the model by it. OPT-175B has none: Meta gates it.
+HF_IDS: Mapping[str, str] = MappingProxyType(
     {
-        "llama2-7b": "llama-2-7b",
-        "llama2-13b": "llama-2-13b",
-        "llama2-70b": "llama-2-70b",
-        "llama-2-7b-hf": "llama-2-7b",
-        "llama-2-13b-hf": "llama-2-13b",
-        "llama-2-70b-hf": "llama-2-70b",
-        "llama3.1-8b": "llama-3.1-8b",
-        "llama3.1-70b": "llama-3.1-70b",
-        "meta-llama-3.1-8b": "llama-3.1-8b",
-        "meta-llama-3.1-70b": "llama-3.1-70b",
-        "bloom": "bloom-176b",
-        "qwen3_8b": "qwen3-8b",
+        "llama-2-7b": "meta-llama/Llama-2-7b-hf",
+        "llama-2-13b": "meta-llama/Llama-2-13b-hf",
+        "llama-2-70b": "meta-llama/Llama-2-70b-hf",
+        "llama-3-8b": "meta-llama/Meta-Llama-3-8B",
+        "llama-3-70b": "meta-llama/Meta-Llama-3-70B",
+        "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
+        "llama-3.1-70b": "meta-llama/Llama-3.1-70B",
+        "opt-13b": "facebook/opt-13b",
+        "opt-66b": "facebook/opt-66b",
+        "bloom-176b": "bigscience/bloom",
+        "qwen3-8b": "Qwen/Qwen3-8B",
     }
 )
+
+# Names the normalisation (:func:`normal_model_name`) does not bring to a
+# catalog name by itself, keyed by their normal form.
+_ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        "bloom": "bloom-176b",
+        "bloom-176": "bloom-176b",
+        "qwen-3-8b": "qwen3-8b",
+        "llama-3.0-8b": "llama-3-8b",
+        "llama-3.0-70b": "llama-3-70b",
+        "opt-175": "opt-175b",
+    }
+)
+
+# Suffixes of fine-tuned or packaged variants with the base model's shapes.
+_VARIANT_SUFFIXES = ("-instruct", "-chat", "-base", "-hf")
 
 _REQUIRED = ("name", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate",
              "vocab", "params")  # fmt: skip
 _OPTIONAL = ("dtype_bytes", "dtype", "mlp", "max_context")
 
 
+def normal_model_name(name: str) -> str:
+    """The normal form of a model name: lower case, ``_`` and spaces as ``-``,
+    no organisation (``meta-llama/``), no variant suffix (``-Instruct``,
+    ``-chat``, ``-hf``), ``Meta-Llama-3`` as ``llama-3``, ``llama3``/``opt13b``
+    with a hyphen after the family: ``meta-llama/Llama-3.1-70B-Instruct`` and
+    ``llama3.1-70b`` are both ``llama-3.1-70b``."""
+    key = "-".join(name.strip().lower().replace("_", " ").split())
+    key = key.rsplit("/", 1)[-1]
+    stripped = True
+    while stripped:
+        stripped = False
+        for suffix in _VARIANT_SUFFIXES:
+            if key.endswith(suffix) and len(key) > len(suffix):
+                key, stripped = key[: -len(suffix)], True
+    if key.startswith("meta-llama-"):
+        key = key[len("meta-") :]
+    return re.sub(r"^(llama|opt)(\d)", r"\1-\2", key)
+
+
 def _canonical(name: str) -> str | None:
-    key = name.strip().lower()
-    if "/" in key:  # "meta-llama/Llama-2-70b-hf", "facebook/opt-13b"
-        key = key.rsplit("/", 1)[1]
+    key = normal_model_name(name)
     if key in MODELS:
         return key
-    if key in _ALIASES:
-        return _ALIASES[key]
-    if key.endswith("-hf") and key[:-3] in MODELS:
-        return key[:-3]
-    return None
+    return _ALIASES.get(key)
 
 
 def get_model(name_or_mapping: str | Mapping[str, object], where: str = "") -> ModelSpec:
@@ -289,7 +324,10 @@ def get_model(name_or_mapping: str | Mapping[str, object], where: str = "") -> M
     if isinstance(name_or_mapping, str):
         key = _canonical(name_or_mapping)
         if key is None:
-            raise UnknownNameError("model", name_or_mapping, MODELS)
+            raise UnknownNameError(
+                "model", name_or_mapping, MODELS, where,
+                close_to=normal_model_name(name_or_mapping),
+            )  # fmt: skip
         return MODELS[key]
     if not isinstance(name_or_mapping, Mapping):
         raise SpecError(
@@ -323,6 +361,40 @@ def get_model(name_or_mapping: str | Mapping[str, object], where: str = "") -> M
     if m.get("max_context") is not None:
         ctx = positive_int(m["max_context"], entry(where, "max_context"))
     return ModelSpec(name=m["name"], dtype_bytes=b, mlp=str(mlp), max_context=ctx, **ints)
+
+
+def model_from_arg(value: str, where: str) -> ModelSpec:
+    """A model given on the command line: a catalog name or alias, a YAML file
+    (``FILE.yaml``: the mapping of a spec's inline ``model:``, or a spec with
+    one), or that mapping inline (``{name: tiny, layers: 2, ...}``)."""
+    from pathlib import Path
+
+    from twin import yamlio
+
+    text = value.strip()
+    if text.startswith("{"):
+        where_map = f"{where} (inline)"
+        doc = yamlio.load_text(text, where_map)
+    elif text.endswith((".yaml", ".yml")) or Path(text).is_file():
+        where_map = f"{where} {text}"
+        try:
+            raw = Path(text).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise SpecError(f"{where}: {text}: no such model file") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise SpecError(f"{where}: {text}: cannot read: {e}") from None
+        doc = yamlio.load_text(raw, where_map)
+        if isinstance(doc, Mapping) and set(doc) >= {"model"} and "layers" not in doc:
+            doc, where_map = doc["model"], f"{where_map}: model"  # a spec with an inline model
+    else:
+        return get_model(text, where)
+    if isinstance(doc, str):
+        return get_model(doc, where_map)
+    if not isinstance(doc, Mapping):
+        raise SpecError(
+            f"{where_map}: {doc!r} is not a model mapping; expected keys {', '.join(_REQUIRED)}"
+        )
+    return get_model(doc, where_map)
 
 
 def model_names() -> list[str]:
