@@ -134,9 +134,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_kv(args: argparse.Namespace) -> int:
-    from twin.perf.llm import dtype_bytes, get_model, kv_report
+    from twin.perf.llm import dtype_bytes, kv_report, model_from_arg
 
-    model = get_model(args.model, where="twin kv: MODEL")
+    model = model_from_arg(_model_arg(args, "kv"), where="twin kv: MODEL")
     nbytes = dtype_bytes(args.dtype) if args.dtype else None
     if args.tokens < 0:
         raise TwinError(f"twin kv: --tokens: {args.tokens} must be >= 0")
@@ -144,6 +144,24 @@ def cmd_kv(args: argparse.Namespace) -> int:
         raise TwinError(f"twin kv: --block-size: {args.block_size} must be > 0")
     print(kv_report(model, args.tokens, args.block_size, nbytes))
     return 0
+
+
+def _model_arg(args: argparse.Namespace, cmd: str) -> str:
+    """MODEL, given as the positional argument or as --model (one of them)."""
+    if args.model is not None and args.model_opt is not None:
+        raise TwinError(f"twin {cmd}: give the model once: MODEL or --model, not both")
+    value = args.model if args.model is not None else args.model_opt
+    if value is None:
+        raise TwinError(f"twin {cmd}: MODEL: missing; a catalog name, a YAML file or a mapping")
+    return str(value)
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    what = "catalog name or alias (twin models), a YAML file or an inline {name: ..., layers: ...}"
+    p.add_argument("model", nargs="?", metavar="MODEL", help=f"the model: {what}")
+    p.add_argument(
+        "--model", dest="model_opt", metavar="MODEL", help="the model, as MODEL (either form)"
+    )
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -165,11 +183,11 @@ def cmd_handoff(args: argparse.Namespace) -> int:
 
     from twin._check import duration
     from twin.net.topology import load_topology
-    from twin.perf.llm import get_model
+    from twin.perf.llm import model_from_arg
     from twin.serving.handoff import TransferConfig
     from twin.studies.handoff import handoff_estimate
 
-    model = get_model(args.model, where="twin handoff: MODEL")
+    model = model_from_arg(_model_arg(args, "handoff"), where="twin handoff: MODEL")
     where = "twin handoff: --topology"
     topo = load_topology(args.topology, nodes=args.nodes, where=where)
     costs: dict[str, Any] = {}
@@ -245,6 +263,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
             replicates=args.replicates, executor=executor,
         )  # fmt: skip
 
+    _export_args_check(args, "provision")
     if args.convergence:
         from twin.studies.samples import format_convergence
 
@@ -255,8 +274,37 @@ def cmd_provision(args: argparse.Namespace) -> int:
             rows.append((n, p.sample, f"{b.prefill}:{b.decode}", b.goodput_rps, b.goodput_ci95))
         print(format_convergence(rows, "best P:D"))
         return 0
-    print(format_provision(one(args.sample)))
+    prov = one(args.sample)
+    print(format_provision(prov))
+    if args.export_dynamo or args.export_llm_d:
+        from twin.studies.export import from_provision, write_exports
+
+        dep = from_provision(data, where, base_dir, prov)
+        for path in write_exports(dep, args.export_dynamo, args.export_llm_d):
+            print(f"written: {path}")
     return 0
+
+
+def _export_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--export-dynamo", metavar="FILE",
+        help="write the chosen deployment as an NVIDIA Dynamo DynamoGraphDeployment (YAML)",
+    )  # fmt: skip
+    p.add_argument(
+        "--export-llm-d", metavar="FILE",
+        help="write the chosen deployment as llm-d ModelService Helm values (YAML)",
+    )  # fmt: skip
+
+
+def _export_args_check(args: argparse.Namespace, cmd: str) -> None:
+    """Refuse an export with --convergence, and unwritable files, before the search."""
+    if not (args.export_dynamo or args.export_llm_d):
+        return
+    if args.convergence:
+        raise TwinError(f"twin {cmd}: --export-*: exports one deployment; not with --convergence")
+    from twin.studies.export import check_writable
+
+    check_writable(args.export_dynamo, args.export_llm_d)
 
 
 def _sample_args(args: argparse.Namespace, cmd: str) -> None:
@@ -291,6 +339,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise TwinError(f"twin plan: --target-rate: {args.target_rate} must be > 0")
     executor = _executor(args)
     spec = load_spec(args.spec, args.set or [])
+    _export_args_check(args, "plan")
 
     def one(n: int) -> Any:
         return plan_distserve(
@@ -312,6 +361,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(plan.explain())
     print("\n# paste into the spec:")
     print(yaml.safe_dump(plan.to_spec_overrides(), sort_keys=False).rstrip())
+    if args.export_dynamo or args.export_llm_d:
+        from twin.studies.export import from_plan, write_exports
+
+        for path in write_exports(from_plan(spec, plan), args.export_dynamo, args.export_llm_d):
+            print(f"written: {path}")
     return 0
 
 
@@ -469,6 +523,34 @@ def cmd_schedulers(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_catalog(args: argparse.Namespace) -> int:
+    """``twin models | gpus | topologies | experiments``: what is bundled."""
+    from twin.studies.catalog import catalog_rows, format_rows
+
+    rows = catalog_rows(args.command)
+    if args.json == "-":
+        print(json.dumps({args.command: rows}, indent=2))
+        return 0
+    if args.json:
+        _write_json(args.json, {args.command: rows})
+    print(format_rows(args.command, rows))
+    return 0
+
+
+def _add_catalog_parsers(sub: Any) -> None:
+    for name, what in (
+        ("models", "the model catalog: parameters, layers, KV bytes per token, context"),
+        ("gpus", "the GPU catalog: memory, HBM bandwidth, BF16 FLOP/s, NVLink, TDP"),
+        ("topologies", "the bundled topologies: nodes, GPUs, NICs, links"),
+        ("experiments", "the bundled experiments: kind and description"),
+    ):
+        c = sub.add_parser(name, help=f"list {what}")
+        c.add_argument(
+            "--json", metavar="PATH", help="also write the rows as JSON to PATH ('-': stdout only)"
+        )
+        c.set_defaults(func=cmd_catalog)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from twin.studies.bench import DEFAULT_SIZES, bench, format_rows, parse_configs, parse_sizes
 
@@ -607,14 +689,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     k = sub.add_parser("kv", help="KV-cache bytes per token and for N tokens")
-    k.add_argument("model")
-    k.add_argument("--tokens", type=int, default=1000)
-    k.add_argument("--block-size", type=int, default=16)
+    _model_args(k)
+    k.add_argument("--tokens", type=int, default=1000, help="tokens of KV (default 1000)")
+    k.add_argument("--block-size", type=int, default=16, help="tokens per KV block (16)")
     k.add_argument("--dtype", help="fp16, bf16, fp8, int8, fp32 (default: the model's)")
     k.set_defaults(func=cmd_kv)
 
     v = sub.add_parser("validate", help="check the performance model against measured profiles")
-    v.add_argument("what", choices=["perf"])
+    v.add_argument("what", choices=["perf"], help="what to validate: perf, the performance model")
     v.add_argument(
         "--data", help="the public data folder (default: $TWIN_DATA, ./shared/data, ../shared/data)"
     )
@@ -626,12 +708,18 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=cmd_validate)
 
     h = sub.add_parser("handoff", help="KV bytes and idle-network transfer time of one hand-off")
-    h.add_argument("model")
+    _model_args(h)
     h.add_argument("--tokens", type=int, required=True, help="prompt tokens whose KV moves")
     h.add_argument("--topology", required=True, help="bundled topology name or YAML path")
-    h.add_argument("--placement", choices=["same-node", "cross-node"], default="cross-node")
+    h.add_argument(
+        "--placement", choices=["same-node", "cross-node"], default="cross-node",
+        help="prefill and decode instance on one node or on two (default cross-node)",
+    )  # fmt: skip
     h.add_argument("--tp", type=int, default=1, help="tensor parallelism of both instances")
-    h.add_argument("--mode", choices=["serialized", "layerwise"], default="serialized")
+    h.add_argument(
+        "--mode", choices=["serialized", "layerwise"], default="serialized",
+        help="KV sent after the prefill (serialized, default) or layer by layer during it",
+    )  # fmt: skip
     h.add_argument("--multi-nic", action="store_true", help="spread each shard over all NICs")
     h.add_argument("--nodes", type=int, help="scale the topology to this many nodes")
     h.add_argument("--block-size", type=int, default=16, help="tokens per KV block (16)")
@@ -657,6 +745,7 @@ def build_parser() -> argparse.ArgumentParser:
     _sample_options(pv)
     pv.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a value")
     _parallel_args(pv, "goodput searches (one per split and sample)")
+    _export_options(pv)
     pv.set_defaults(func=cmd_provision)
     pl = sub.add_parser(
         "plan", help="DistServe's planner: parallelism, P:D counts and placement for a spec"
@@ -670,6 +759,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--target-rate", type=float, metavar="RPS", help="replicate to this rate, not to fill"
     )
     _parallel_args(pl, "goodput searches (one per configuration of a phase, per sample)")
+    _export_options(pl)
     pl.set_defaults(func=cmd_plan)
 
     sw = sub.add_parser("sweep", help="run every combination of a spec's sweep: section")
@@ -683,7 +773,10 @@ def build_parser() -> argparse.ArgumentParser:
     gp = sub.add_parser("goodput", help="the largest rate meeting the SLO target, per config")
     _executor_args(gp)
     gp.add_argument("--seeds", type=int, metavar="K", help="seeds per configuration (default 3)")
-    gp.add_argument("--rate-key", choices=["workload.rate_scale", "workload.arrival.rate"])
+    gp.add_argument(
+        "--rate-key", choices=["workload.rate_scale", "workload.arrival.rate"],
+        help="the spec key searched over (default: the one the workload has)",
+    )  # fmt: skip
     gp.add_argument("--target", type=float, help="SLO attainment to meet (default slo.target)")
     gp.add_argument("--rel-tol", type=float, help="relative tolerance of the bisection (0.05)")
     gp.add_argument(
@@ -761,7 +854,53 @@ def build_parser() -> argparse.ArgumentParser:
         "(arrival_s,prompt_tokens,output_tokens), the request count and the configuration",
     )
     b.set_defaults(func=cmd_bench)
+    _add_catalog_parsers(sub)
+    helps = {a.dest: str(a.help or "") for a in sub._choices_actions}
+    for name, sp in sub.choices.items():
+        if sp.description is None and helps.get(name):
+            sp.description = f"{helps[name][:1].upper()}{helps[name][1:]}."
+        if name in EXAMPLES:
+            sp.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[name])
+            sp.formatter_class = argparse.RawDescriptionHelpFormatter
     return p
+
+
+# Each subcommand's --help ends with these examples (one place, not one per parser).
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "run": (
+        "twin run quickstart --set workload.max_requests=500 --json out.json",
+        "twin run disagg --requests-csv requests.csv --trace-out trace.json",
+    ),
+    "kv": ("twin kv llama-3-70b --tokens 4096", "twin kv --model my-model.yaml --dtype fp8"),
+    "validate": ("twin validate perf --data ../shared/data",),
+    "handoff": (
+        "twin handoff llama-3.1-70b --tokens 8000 --topology dgx-h100-ib400 --tp 8",
+        "twin handoff meta-llama/Llama-2-70b-hf --tokens 2000 --topology a100-eth25 --json",
+    ),
+    "provision": (
+        "twin provision disagg --gpus 32",
+        "twin provision disagg --power '20 kW' --export-dynamo dynamo.yaml",
+    ),
+    "plan": (
+        "twin plan disagg --target-rate 10",
+        "twin plan disagg --export-dynamo dynamo.yaml --export-llm-d values.yaml",
+    ),
+    "sweep": ("twin sweep pool-ratio -j 2", "twin sweep pool-ratio --requests --no-plots"),
+    "goodput": ("twin goodput pool-ratio -j 2 --seeds 1",),
+    "spec": ("twin spec disagg --set cluster.nodes=2", "twin spec --schema"),
+    "schedulers": ("twin schedulers",),
+    "topo": ("twin topo dgx-h100-ib400", "twin topo dgx-h100-ib400 --nodes 8 --png topo.png"),
+    "plot": (
+        "twin plot out/pool-ratio",
+        "twin plot --requests a.csv b.csv --out plots",
+        "twin plot --trace trace.json --window 10,20",
+    ),
+    "bench": ("twin bench --sizes 10k --config split",),
+    "models": ("twin models", "twin models --json -"),
+    "gpus": ("twin gpus", "twin gpus --json gpus.json"),
+    "topologies": ("twin topologies", "twin topologies --json -"),
+    "experiments": ("twin experiments", "twin experiments --json -"),
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,199 @@
+"""Deployment export: the deployment twin plan / twin provision chose, as a
+Dynamo DynamoGraphDeployment and as llm-d ModelService values, headed by
+what the twin predicted for it."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from twin.cli import main
+from twin.studies.export import (
+    KV_TRANSFER,
+    dynamo_yaml,
+    from_plan,
+    from_provision,
+    llm_d_yaml,
+)
+
+PLAN_KW = dict(max_gpus_per_instance=2, max_decode_requests=100, iterations=3, sample_size=30)
+
+
+@pytest.fixture(scope="module")
+def planned():
+    """A plan of the tiny split spec, and its deployment."""
+    from twin.sim.spec import resolve_spec
+    from twin.studies.planner import plan_distserve
+
+    data = {
+        "name": "Tiny Plan",
+        "model": "llama-3.1-8b",
+        "cluster": {"topology": "dgx-h100-ib400", "nodes": 1, "prefill": 1, "decode": 1},
+        "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 1},
+                     "max_requests": 40},
+        "engine": {"max_num_seqs": 16},
+        "slo": {"ttft": "1 s", "tpot": "50 ms"},
+    }  # fmt: skip
+    spec = resolve_spec(data, "plan.yaml", Path.cwd())
+    plan = plan_distserve(spec, replicates=1, **PLAN_KW)
+    return spec, plan, from_plan(spec, plan)
+
+
+def _header(text: str) -> dict:
+    lines = [line for line in text.splitlines() if line.startswith("# twin: ")]
+    assert len(lines) == 1
+    return json.loads(lines[0][len("# twin: ") :])
+
+
+def _worker(doc: dict, kind: str) -> dict:
+    (c,) = [c for c in doc["spec"]["components"] if c["type"] == kind]
+    return c
+
+
+def _flag(args: list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+def test_the_dynamo_graph_has_the_plans_counts_and_parallelism(planned):
+    spec, plan, dep = planned
+    text = dynamo_yaml(dep)
+    doc = yaml.safe_load(text)
+    assert doc["apiVersion"] == "nvidia.com/v1beta1" and doc["kind"] == "DynamoGraphDeployment"
+    assert doc["metadata"]["name"] == "tiny-plan"
+    assert [c["type"] for c in doc["spec"]["components"]] == ["frontend", "prefill", "decode"]
+    for kind, n, cand in (
+        ("prefill", plan.n_prefill, plan.prefill), ("decode", plan.n_decode, plan.decode),
+    ):  # fmt: skip
+        w = _worker(doc, kind)
+        assert w["replicas"] == n
+        (ctr,) = w["podTemplate"]["spec"]["containers"]
+        args = ctr["args"]
+        assert ctr["command"] == ["python3", "-m", "dynamo.vllm"]
+        assert _flag(args, "--disaggregation-mode") == kind
+        assert _flag(args, "--model") == "meta-llama/Llama-3.1-8B"
+        assert int(_flag(args, "--tensor-parallel-size")) == cand.tp
+        assert int(_flag(args, "--pipeline-parallel-size") or 1) == cand.pp
+        assert json.loads(_flag(args, "--kv-transfer-config")) == KV_TRANSFER
+        assert ctr["resources"]["limits"]["nvidia.com/gpu"] == str(cand.tp * cand.pp)
+
+
+def test_the_llm_d_values_have_the_plans_counts_and_parallelism(planned):
+    _, plan, dep = planned
+    doc = yaml.safe_load(llm_d_yaml(dep))
+    assert doc["modelArtifacts"]["name"] == "meta-llama/Llama-3.1-8B"
+    for kind, n, cand in (
+        ("prefill", plan.n_prefill, plan.prefill), ("decode", plan.n_decode, plan.decode),
+    ):  # fmt: skip
+        role = doc[kind]
+        assert role["create"] is True and role["replicas"] == n
+        assert role["parallelism"]["tensor"] == cand.tp
+        (ctr,) = role["containers"]
+        assert int(_flag(ctr["args"], "--pipeline-parallel-size") or 1) == cand.pp
+        assert json.loads(_flag(ctr["args"], "--kv-transfer-config"))["kv_connector"] == (
+            "NixlConnector"
+        )
+        assert ctr["resources"]["requests"]["nvidia.com/gpu"] == str(cand.tp * cand.pp)
+
+
+def test_the_header_holds_the_plans_figures(planned):
+    from twin.sim.simulation import Simulation
+    from twin.sim.spec import resolve_spec
+    from twin.studies.provision import unit_rate
+    from twin.studies.samples import replicate_samples
+
+    spec, plan, dep = planned
+    for text in (dynamo_yaml(dep), llm_d_yaml(dep)):
+        h = _header(text)
+        assert h["source"] == "twin plan" and h["spec_sha256"] == spec.sha256
+        assert h["goodput_rps"] == plan.capacity_mean == plan.capacity_rps
+        assert h["rate_rps"] == plan.capacity_rps  # no target rate: at the goodput
+        assert h["prefill"] == {"replicas": plan.n_prefill, "tp": plan.prefill.tp,
+                                "pp": plan.prefill.pp}  # fmt: skip
+        assert h["decode"]["replicas"] == plan.n_decode
+        assert f"Spec sha256 {spec.sha256}." in text
+        assert f"goodput {plan.capacity_rps:.3f} req/s" in text
+    # the percentiles are those of the planned deployment itself at that rate,
+    # on the plan's sample: the spec with the plan pasted in, as a person would
+    data = copy.deepcopy(dict(spec.resolved))
+    data.update(plan.to_spec_overrides())
+    run = resolve_spec(data, "pasted.yaml", Path.cwd())
+    unit = unit_rate(spec, replicate_samples(spec, plan.sample_size, 1)[0])
+    rate = plan.capacity_rps
+    reqs = [dataclasses.replace(r, arrival_s=r.arrival_s / rate) for r in unit]
+    s = Simulation(run, requests=reqs).run().summary
+    assert h["requests"] == len(unit) == plan.sample_size
+    assert (h["ttft_p90_s"], h["ttft_p99_s"]) == (s["ttft_s"]["p90"], s["ttft_s"]["p99"])
+    assert (h["tpot_p90_s"], h["tpot_p99_s"]) == (s["tpot_s"]["p90"], s["tpot_s"]["p99"])
+    assert h["slo_attainment"] == s["slo_attainment"]
+    assert (
+        f"TTFT p90 {s['ttft_s']['p90'] * 1e3:.1f} ms, p99 {s['ttft_s']['p99'] * 1e3:.1f} ms" in text
+    )
+
+
+def test_an_export_is_deterministic(planned):
+    spec, plan, dep = planned
+    again = from_plan(spec, plan)
+    assert dynamo_yaml(again) == dynamo_yaml(dep) and llm_d_yaml(again) == llm_d_yaml(dep)
+
+
+PROVISION_SPEC = {
+    "name": "split",
+    "model": "llama-3.1-8b",
+    "cluster": {"topology": "dgx-h100-ib400", "nodes": 1, "tp": 4, "prefill": 1, "decode": 1},
+    "scheduler": "splitwise",
+    "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 5},
+                 "max_requests": 1000},
+    "slo": {"ttft": "500 ms", "tpot": "40 ms"},
+}  # fmt: skip
+
+
+def test_twin_provision_exports_its_best_split(tmp_path, capsys):
+    from twin.studies.provision import provision
+
+    path = tmp_path / "split.yaml"
+    path.write_text(yaml.safe_dump(PROVISION_SPEC))
+    dyn, llmd = tmp_path / "dynamo.yaml", tmp_path / "values.yaml"
+    argv = ["provision", str(path), "--power", "6 kW", "--sample", "40", "--replicates", "1"]
+    assert main([*argv, "--export-dynamo", str(dyn), "--export-llm-d", str(llmd)]) == 0
+    out = capsys.readouterr().out
+    assert f"written: {dyn}" in out and f"written: {llmd}" in out
+    prov = provision(PROVISION_SPEC, str(path), tmp_path, power_w=6000, sample=40, replicates=1)
+    best = prov.best
+    doc = yaml.safe_load(dyn.read_text())
+    assert _worker(doc, "prefill")["replicas"] == best.prefill
+    assert _worker(doc, "decode")["replicas"] == best.decode
+    args = _worker(doc, "decode")["podTemplate"]["spec"]["containers"][0]["args"]
+    assert _flag(args, "--tensor-parallel-size") == "4"
+    values = yaml.safe_load(llmd.read_text())
+    assert (values["prefill"]["replicas"], values["decode"]["replicas"]) == (
+        best.prefill, best.decode,
+    )  # fmt: skip
+    assert values["decode"]["parallelism"]["tensor"] == 4
+    for text in (dyn.read_text(), llmd.read_text()):
+        h = _header(text)
+        assert h["source"] == "twin provision"
+        assert h["goodput_rps"] == h["rate_rps"] == best.goodput_rps
+        assert h["goodput_ci95"] is None  # one sample: no interval
+    # the same through the API
+    dep = from_provision(PROVISION_SPEC, str(path), tmp_path, prov)
+    assert dynamo_yaml(dep) == dyn.read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan", "disagg", "--convergence", "250,500", "--export-dynamo", "x.yaml"],
+         "twin plan: --export-*: exports one deployment; not with --convergence"),
+        (["provision", "disagg", "--export-llm-d", "/nonexistent/dir/v.yaml"],
+         "/nonexistent/dir/v.yaml: cannot write"),
+    ],
+)  # fmt: skip
+def test_bad_exports_fail_before_the_search(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
