@@ -517,13 +517,20 @@ def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def entry_points(group: str) -> Any:
+    """:func:`importlib.metadata.entry_points`, imported on the first lookup:
+    the module costs tens of milliseconds that a ``twin`` call without a
+    policy lookup does not pay."""
+    from importlib.metadata import entry_points as found
+
+    return found(group=group)
+
+
 def _load_entry_points() -> None:
     global _entry_points_loaded
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    from importlib.metadata import entry_points  # tens of ms: only on the first lookup
-
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         try:
             obj = ep.load()
