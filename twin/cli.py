@@ -30,9 +30,19 @@ def _open_out(path: str) -> IO[str]:
 
 
 def _write_json(path: str, doc: dict[str, Any]) -> None:
+    """``doc`` as JSON to ``path``, or to stdout for ``-``."""
+    if path == "-":
+        json.dump(doc, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return
     with _open_out(path) as f:
         json.dump(doc, f, indent=2, default=str)
         f.write("\n")
+
+
+def _human(args: argparse.Namespace) -> IO[str]:
+    """Where the readable output goes: stderr when ``--json -`` holds stdout."""
+    return sys.stderr if getattr(args, "json", None) == "-" else sys.stdout
 
 
 def cmd_compare(args: argparse.Namespace, data: dict[str, Any], where: str, base_dir: Path) -> int:
@@ -41,6 +51,7 @@ def cmd_compare(args: argparse.Namespace, data: dict[str, Any], where: str, base
 
     for flag, value in (
         ("--requests-csv", args.requests_csv),
+        ("--requests-parquet", args.requests_parquet),
         ("--links-csv", args.links_csv),
         ("--trace-out", args.trace_out),
         ("--timeline-csv", args.timeline_csv),
@@ -55,7 +66,7 @@ def cmd_compare(args: argparse.Namespace, data: dict[str, Any], where: str, base
     if args.json:
         _write_json(args.json, result.to_dict())
     if not args.quiet:
-        print(result.format_table())
+        print(result.format_table(), file=_human(args))
     return 0
 
 
@@ -100,17 +111,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     from twin.sim.simulation import Simulation
 
     csv_file = _open_out(args.requests_csv) if args.requests_csv else None
+    parquet = None
     try:
-        on_row = None
+        sinks: list[Any] = []
         if csv_file is not None:
             writer = csv.DictWriter(csv_file, fieldnames=REQUEST_COLUMNS, lineterminator="\n")
             writer.writeheader()
-            on_row = writer.writerow
+            sinks.append(writer.writerow)
+        if args.requests_parquet:
+            from twin.sim.frames import RequestParquet
+
+            meta = {"pd-twin.spec_sha256": spec.sha256}
+            parquet = RequestParquet(args.requests_parquet, meta)
+            sinks.append(parquet.add)
+        on_row = sinks[0] if len(sinks) == 1 else None
+        if len(sinks) > 1:
+
+            def on_row(row: dict[str, Any]) -> None:
+                for sink in sinks:
+                    sink(row)
+
         sim = Simulation(spec, on_row=on_row, link_series_s=bucket, trace=recorder)
         result = sim.run().to_dict()
     finally:
         if csv_file is not None:
             csv_file.close()
+        if parquet is not None:
+            parquet.close()
     if recorder is not None:
         from twin.sim.trace import write_chrome_trace
 
@@ -129,7 +156,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         _write_json(args.json, result)
     if not args.quiet:
-        print(format_summary(result))
+        print(format_summary(result), file=_human(args))
     return 0
 
 
@@ -334,21 +361,28 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     data, where, base_dir, executor, out = _sweep_input(args)
     if "sweep" not in data:
         raise TwinError(f"{where}: sweep: missing; twin sweep runs a spec with a sweep: section")
-    done = run_sweep(data, where, base_dir, out, executor=executor, requests=args.requests)
+    done = run_sweep(
+        data, where, base_dir, out, executor=executor, requests=args.requests,
+        traces=args.traces,
+    )  # fmt: skip
     print(
         f"{len(done.runs)} runs ({done.ran} run, {done.skipped} already done): {out / 'runs.csv'}"
     )
-    _plot_after(args, out)
+    for note in done.notes:
+        print(f"twin: {note}", file=sys.stderr)
+    _plot_after(args, out, () if args.traces else ("timeline",))
     return 0
 
 
-def _plot_after(args: argparse.Namespace, out: Any) -> None:
-    """Plots of a sweep or goodput folder, unless --no-plots."""
+def _plot_after(args: argparse.Namespace, out: Any, unproduced: Sequence[str] = ()) -> None:
+    """Plots of a sweep or goodput folder, unless --no-plots; ``unproduced``:
+    plots whose inputs the command did not write (skipped without a note)."""
     if getattr(args, "no_plots", False):
         return
     from twin.viz.plots import plot_dir
 
-    for path in plot_dir(out, note=lambda msg: print(f"twin: {msg}", file=sys.stderr)):
+    say = lambda msg: print(f"twin: {msg}", file=sys.stderr)  # noqa: E731
+    for path in plot_dir(out, note=say, unproduced=unproduced):
         print(path)
 
 
@@ -370,7 +404,7 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     except OSError as e:
         raise TwinError(f"{out}: cannot write: {e.strerror}") from None
     print(result.format_table())
-    _plot_after(args, out)
+    _plot_after(args, out, ("attainment", "cdf", "timeline"))  # it writes goodput.csv only
     print(f"written: {out / 'goodput.csv'}")
     return 0
 
@@ -564,13 +598,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY.PATH=VALUE",
         help="override a spec value (repeatable)",
     )
-    r.add_argument("--json", metavar="PATH", help="write header + summary as JSON")
+    r.add_argument(
+        "--json", metavar="PATH|-",
+        help="write header + summary as JSON (- : to stdout, the summary to stderr)",
+    )  # fmt: skip
     r.add_argument(
         "--only",
         metavar="LABEL[,LABEL...]",
         help="run only these entries of a spec's compare: section",
     )
     r.add_argument("--requests-csv", metavar="PATH", help="write one row per request")
+    r.add_argument(
+        "--requests-parquet", metavar="PATH",
+        help="write one typed row per request as Parquet (needs pd-twin[data])",
+    )  # fmt: skip
     r.add_argument(
         "--links-csv", metavar="PATH", help="write each link's bytes and utilization over time"
     )
@@ -667,6 +708,10 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument(
         "--requests", action="store_true", help="keep per-request rows (DIR/requests/) for CDFs"
     )
+    sw.add_argument(
+        "--traces", action="store_true",
+        help="write each run's Chrome/Perfetto trace to DIR/traces/<run_id>.json",
+    )  # fmt: skip
     sw.set_defaults(func=cmd_sweep)
 
     gp = sub.add_parser("goodput", help="the largest rate meeting the SLO target, per config")
