@@ -40,6 +40,19 @@ def _write_json(path: str, doc: dict[str, Any]) -> None:
         f.write("\n")
 
 
+def _json_first(args: argparse.Namespace) -> None:
+    """Fail on an unwritable ``--json PATH`` before the work, not after it."""
+    if getattr(args, "json", None) not in (None, "-"):
+        _open_out(args.json).close()
+
+
+def _json_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--json", metavar="PATH|-",
+        help=f"write {what} as JSON to PATH (- : to stdout, the text to stderr)",
+    )  # fmt: skip
+
+
 def _human(args: argparse.Namespace) -> IO[str]:
     """Where the readable output goes: stderr when ``--json -`` holds stdout."""
     return sys.stderr if getattr(args, "json", None) == "-" else sys.stdout
@@ -161,7 +174,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_kv(args: argparse.Namespace) -> int:
-    from twin.perf.llm import dtype_bytes, get_model, kv_report
+    from twin.perf.llm import dtype_bytes, get_model, kv_facts, kv_report
 
     model = get_model(args.model, where="twin kv: MODEL")
     nbytes = dtype_bytes(args.dtype) if args.dtype else None
@@ -169,7 +182,9 @@ def cmd_kv(args: argparse.Namespace) -> int:
         raise TwinError(f"twin kv: --tokens: {args.tokens} must be >= 0")
     if args.block_size <= 0:
         raise TwinError(f"twin kv: --block-size: {args.block_size} must be > 0")
-    print(kv_report(model, args.tokens, args.block_size, nbytes))
+    if args.json:
+        _write_json(args.json, kv_facts(model, args.tokens, args.block_size, nbytes))
+    print(kv_report(model, args.tokens, args.block_size, nbytes), file=_human(args))
     return 0
 
 
@@ -214,8 +229,7 @@ def cmd_handoff(args: argparse.Namespace) -> int:
         block_size=args.block_size,
     )  # fmt: skip
     if args.json:
-        print(json.dumps(est, indent=2))
-        return 0
+        _write_json(args.json, est)
     fx = est["fixed"]
     ms = 1e3
     parts = (
@@ -241,7 +255,8 @@ def cmd_handoff(args: argparse.Namespace) -> int:
         f"({format_bytes(est['kv_bytes'])})\n"
         f"{est['placement']} on {est['topology']}, TP{est['tp']}: {est['flows']} flows\n"
         f"path (shard 0): {' | '.join(est['path']) or '(same GPU)'}\n"
-        f"bottleneck: {(est['bottleneck_bytes_s'] or 0) / 1e9:,.3f} GB/s (usable)\n" + parts + last
+        f"bottleneck: {(est['bottleneck_bytes_s'] or 0) / 1e9:,.3f} GB/s (usable)\n" + parts + last,
+        file=_human(args),
     )
     return 0
 
@@ -264,6 +279,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
     apply_overrides(data, args.set or [])
     power = None if args.power is None else parse_watts(args.power, "--power")
     _sample_args(args, "provision")
+    _json_first(args)
     executor = _executor(args)
 
     def one(n: int) -> Any:
@@ -273,16 +289,21 @@ def cmd_provision(args: argparse.Namespace) -> int:
         )  # fmt: skip
 
     if args.convergence:
-        from twin.studies.samples import format_convergence
+        from twin.studies.samples import convergence_doc, format_convergence
 
         rows = []
         for n in args.convergence:
             p = one(n)
             b = p.best
             rows.append((n, p.sample, f"{b.prefill}:{b.decode}", b.goodput_rps, b.goodput_ci95))
-        print(format_convergence(rows, "best P:D"))
+        if args.json:
+            _write_json(args.json, convergence_doc(rows, "best"))
+        print(format_convergence(rows, "best P:D"), file=_human(args))
         return 0
-    print(format_provision(one(args.sample)))
+    found = one(args.sample)
+    if args.json:
+        _write_json(args.json, found.to_dict())
+    print(format_provision(found), file=_human(args))
     return 0
 
 
@@ -316,6 +337,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _sample_args(args, "plan")
     if args.target_rate is not None and not args.target_rate > 0:
         raise TwinError(f"twin plan: --target-rate: {args.target_rate} must be > 0")
+    _json_first(args)
     executor = _executor(args)
     spec = load_spec(args.spec, args.set or [])
 
@@ -326,19 +348,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )  # fmt: skip
 
     if args.convergence:
-        from twin.studies.samples import format_convergence
+        from twin.studies.samples import convergence_doc, format_convergence
 
         rows = []
         for n in args.convergence:
             p = one(n)
             what = f"{p.n_prefill} x P {p.prefill.label()} + {p.n_decode} x D {p.decode.label()}"
             rows.append((n, p.sample_size, what, p.capacity_mean, p.capacity_ci95))
-        print(format_convergence(rows, "plan"))
+        if args.json:
+            _write_json(args.json, convergence_doc(rows, "plan"))
+        print(format_convergence(rows, "plan"), file=_human(args))
         return 0
     plan = one(args.sample)
-    print(plan.explain())
-    print("\n# paste into the spec:")
-    print(yaml.safe_dump(plan.to_spec_overrides(), sort_keys=False).rstrip())
+    if args.json:
+        _write_json(args.json, plan.to_dict())
+    out = _human(args)
+    print(plan.explain(), file=out)
+    print("\n# paste into the spec:", file=out)
+    print(yaml.safe_dump(plan.to_spec_overrides(), sort_keys=False).rstrip(), file=out)
     return 0
 
 
@@ -511,12 +538,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     repeat = args.repeat if args.repeat is not None else (3 if args.vs is not None else 1)
     if repeat < 1:
         raise TwinError(f"--repeat: {repeat} must be >= 1")
-    if args.json:
-        _open_out(args.json).close()  # fail before the runs, not after them
+    _json_first(args)  # fail before the runs, not after them
     rows = bench(sizes, configs, repeat, vs=args.vs)
     if args.json:
         _write_json(args.json, {"rows": rows})
-    print(format_rows(rows))
+    print(format_rows(rows), file=_human(args))
     return 0
 
 
@@ -528,10 +554,15 @@ def cmd_topo(args: argparse.Namespace) -> int:
     if args.nodes is not None and args.nodes <= 0:
         raise TwinError(f"twin topo: --nodes: {args.nodes} must be a positive integer")
     topo = load_topology(args.topology, nodes=args.nodes)
-    print(summary(topo))
+    if args.json:
+        from twin.net.report import describe
+
+        _write_json(args.json, describe(topo))
+    out = _human(args)
+    print(summary(topo), file=out)
     if args.png:
         draw(topo, args.png)
-        print(f"drawing written to {args.png}")
+        print(f"drawing written to {args.png}", file=out)
     return 0
 
 
@@ -641,6 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--tokens", type=int, default=1000)
     k.add_argument("--block-size", type=int, default=16)
     k.add_argument("--dtype", help="fp16, bf16, fp8, int8, fp32 (default: the model's)")
+    _json_option(k, "the KV shape and sizes")
     k.set_defaults(func=cmd_kv)
 
     v = sub.add_parser("validate", help="check the performance model against measured profiles")
@@ -674,7 +706,10 @@ def build_parser() -> argparse.ArgumentParser:
             f"--{flag}", dest=field, metavar="DURATION",
             help=f"transfer.{flag.replace('-', '_')} (default: the spec's, e.g. '2 us')",
         )  # fmt: skip
-    h.add_argument("--json", action="store_true", help="print JSON")
+    h.add_argument(
+        "--json", nargs="?", const="-", metavar="PATH|-",
+        help="write the estimate as JSON to PATH (- or none: to stdout, the text to stderr)",
+    )  # fmt: skip
     h.set_defaults(func=cmd_handoff)
 
     pv = sub.add_parser(
@@ -687,6 +722,7 @@ def build_parser() -> argparse.ArgumentParser:
     _sample_options(pv)
     pv.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a value")
     _parallel_args(pv, "goodput searches (one per split and sample)")
+    _json_option(pv, "every split searched and the best one")
     pv.set_defaults(func=cmd_provision)
     pl = sub.add_parser(
         "plan", help="DistServe's planner: parallelism, P:D counts and placement for a spec"
@@ -700,6 +736,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--target-rate", type=float, metavar="RPS", help="replicate to this rate, not to fill"
     )
     _parallel_args(pl, "goodput searches (one per configuration of a phase, per sample)")
+    _json_option(pl, "the plan, its candidates and the spec overrides")
     pl.set_defaults(func=cmd_plan)
 
     sw = sub.add_parser("sweep", help="run every combination of a spec's sweep: section")
@@ -747,6 +784,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("topology", metavar="NAME|PATH", help="a bundled topology name or a YAML path")
     t.add_argument("--nodes", type=int, help="scale a single-template topology to N nodes")
     t.add_argument("--png", metavar="FILE", help="draw the graph to FILE")
+    _json_option(t, "the counts, bandwidths and sample paths")
     t.set_defaults(func=cmd_topo)
 
     pt = sub.add_parser(
@@ -786,7 +824,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="R",
         help="runs per row, median reported (default 1; with --vs: 3 pairs)",
     )
-    b.add_argument("--json", metavar="PATH", help="write the rows, every run included, as JSON")
+    _json_option(b, "the rows, every run included,")
     b.add_argument(
         "--vs",
         metavar="CMD",
