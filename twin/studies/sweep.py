@@ -182,7 +182,7 @@ def apply_sweep_overrides(data: dict[str, Any], overrides: Sequence[str]) -> Non
         target = key[len("sweep.") :]
         holder: dict[str, Any] = {}
         apply_overrides(holder, [f"v={raw}"], where="--set")
-        value = holder["v"]
+        value = holder.get("v")  # null: none (refused below, as a list is expected)
         section = data.get("sweep")
         if not isinstance(section, dict):
             raise SpecError(f"--set {item!r}: the spec has no sweep: section")
