@@ -341,3 +341,21 @@ def test_csv_columns_are_typed_from_all_their_cells():
     }  # fmt: skip
     assert cols["run_id"] == ["123456789012", "0a"] and cols["n"] == [1, None]
     assert cols["x"] == [1.0, 2.5] and cols["key"] == ["1 s", "2"] and cols["note"] == [None, None]
+
+
+def test_the_readme_example_runs(swept):
+    """README.md, Results as data: its run example (test_public runs it too) and
+    its sweep example, on a sweep folder of ours."""
+    d, _ = swept
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("### Results as data") :]
+    blocks = []
+    for fence in ("```python\n", "```py\n"):
+        start = section.index(fence) + len(fence)
+        blocks.append(section[start : section.index("```", start)])
+    assert "r.requests" in blocks[0] and "twin.load_sweep(" in blocks[1]
+    env: dict = {}
+    code = "\n".join(blocks).replace("out/pool-ratio", str(d / "o"))
+    exec(compile(code, "README.md", "exec"), env)
+    assert len(env["per_request"]) == 160 and len(env["runs"]) == 4
+    assert env["reqs"]["id"].is_monotonic_increasing
