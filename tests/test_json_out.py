@@ -167,3 +167,11 @@ def test_an_unwritable_json_path_fails_before_the_work(tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith("twin: error: ") and err.count("\n") == 1 and "x.json" in err
+
+
+def test_bench_json_to_stdout(capsys):
+    assert main(["bench", "--sizes", "20", "--config", "colocated", "--json", "-"]) == 0
+    out, err = capsys.readouterr()
+    rows = json.loads(out)["rows"]
+    assert [(r["config"], r["requests"]) for r in rows] == [("colocated", 20)]
+    assert rows[0]["completed"] <= 20 and "colocated" in err and "CPU s" in err
