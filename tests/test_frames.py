@@ -227,6 +227,11 @@ def test_requests_parquet_errors_are_one_line(tmp_path, capsys):
     assert main(["run", spec, "--requests-parquet", str(tmp_path / "no" / "x.parquet")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("twin: error: ") and err.count("\n") == 1 and "x.parquet" in err
+    # a run that fails leaves no Parquet file behind
+    good = tmp_path / "r.parquet"
+    bad_csv = str(tmp_path / "no" / "r.csv")
+    assert main(["run", spec, "--requests-parquet", str(good), "--requests-csv", bad_csv]) == 2
+    assert "r.csv: cannot write" in capsys.readouterr().err and not good.exists()
 
 
 SWEEP = {

@@ -123,19 +123,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     from twin.sim.metrics import REQUEST_COLUMNS
     from twin.sim.simulation import Simulation
 
-    csv_file = _open_out(args.requests_csv) if args.requests_csv else None
     parquet = None
+    if args.requests_parquet:
+        from twin.sim.frames import RequestParquet
+
+        parquet = RequestParquet(args.requests_parquet, {"pd-twin.spec_sha256": spec.sha256})
+    csv_file = None
     try:
+        csv_file = _open_out(args.requests_csv) if args.requests_csv else None
         sinks: list[Any] = []
         if csv_file is not None:
             writer = csv.DictWriter(csv_file, fieldnames=REQUEST_COLUMNS, lineterminator="\n")
             writer.writeheader()
             sinks.append(writer.writerow)
-        if args.requests_parquet:
-            from twin.sim.frames import RequestParquet
-
-            meta = {"pd-twin.spec_sha256": spec.sha256}
-            parquet = RequestParquet(args.requests_parquet, meta)
+        if parquet is not None:
             sinks.append(parquet.add)
         on_row = sinks[0] if len(sinks) == 1 else None
         if len(sinks) > 1:
@@ -146,11 +147,16 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         sim = Simulation(spec, on_row=on_row, link_series_s=bucket, trace=recorder)
         result = sim.run().to_dict()
+    except BaseException:
+        if parquet is not None:
+            parquet.abort()  # no partial file that reads as whole
+        raise
+    else:
+        if parquet is not None:
+            parquet.close()
     finally:
         if csv_file is not None:
             csv_file.close()
-        if parquet is not None:
-            parquet.close()
     if recorder is not None:
         from twin.sim.trace import write_chrome_trace
 

@@ -313,6 +313,11 @@ class RequestParquet:
         self._flush()
         self._writer.close()
 
+    def abort(self) -> None:
+        """The run failed: close the file and remove it."""
+        self._writer.close()
+        self.path.unlink(missing_ok=True)
+
 
 def read_parquet_columns(path: str | Path) -> tuple[dict[str, list[Any]], dict[str, str]]:
     """A Parquet file this module wrote, back as typed columns and their kinds."""
