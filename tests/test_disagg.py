@@ -64,7 +64,9 @@ def test_a_split_cluster_serves_everything_and_moves_every_prompt():
     assert all(r["prefill_instance"] == 0 and r["decode_instance"] == 1 for r in rows.values())
     assert all(e.kv.free == e.kv.total for e in sim.engines)
     assert sim.network.max_link_load_ratio <= 1 + 1e-9
-    assert result.links and all(0 <= link["utilization"] <= 1 + 1e-9 for link in result.links)
+    assert result.link_rows and all(
+        0 <= link["utilization"] <= 1 + 1e-9 for link in result.link_rows
+    )
 
 
 def test_one_request_transfer_time_is_latency_plus_bytes_over_bandwidth():

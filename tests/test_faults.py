@@ -376,7 +376,9 @@ ONE_EACH = {
 
 
 def _link_bytes(result, src, dst):
-    return next((ln["bytes"] for ln in result.links if (ln["src"], ln["dst"]) == (src, dst)), 0.0)
+    return next(
+        (ln["bytes"] for ln in result.link_rows if (ln["src"], ln["dst"]) == (src, dst)), 0.0
+    )
 
 
 def test_a_transfer_is_rerouted_when_its_link_fails():
@@ -394,7 +396,7 @@ def test_a_transfer_is_rerouted_when_its_link_fails():
     assert _link_bytes(res, "n0.nic1", "switch") == pytest.approx(2 * share)
     # NIC 1 carries two shards: the bytes take twice as long (the fixed costs
     # stay), and shard 0's detour over NVLink adds its latency.
-    busy = next(ln["busy_s"] for ln in base.links if ln["src"] == "n0.nic1")
+    busy = next(ln["busy_s"] for ln in base.link_rows if ln["src"] == "n0.nic1")
     topo = split(cluster=ONE_EACH).topology
     detour = topo.latency_s(topo.path(0, 8, nic=1)) - topo.latency_s(topo.path(0, 8))
     assert detour > 0
@@ -476,8 +478,8 @@ def test_a_decode_instance_failing_mid_transfer_hands_the_kv_to_another(handoff)
     assert r["attempts"] == 1 and r["lost_tokens"] == 0 and r["time_lost_s"] == 0.0
     assert r["prefill_done_s"] == b[0]["prefill_done_s"]
     assert r["first_token_s"] == pytest.approx(b[0]["first_token_s"] + 0.003, rel=1e-9)
-    assert [i["iterations"] for i in res.instances][:2] == [
-        i["iterations"] for i in base.instances
+    assert [i["iterations"] for i in res.instance_rows][:2] == [
+        i["iterations"] for i in base.instance_rows
     ][:2]  # no second prefill
     assert res.summary["retries"] == 0
     assert all(e.kv.free == e.kv.total for e in sim.engines)
@@ -497,7 +499,7 @@ def test_with_no_other_decode_instance_the_request_goes_back_to_route():
     r = rows[0]
     assert r["status"] == "completed" and r["attempts"] == 2
     assert r["lost_tokens"] == 4000 and r["time_lost_s"] == pytest.approx(t)
-    assert [i["iterations"] for i in res.instances][0] == 2  # prefilled twice
+    assert [i["iterations"] for i in res.instance_rows][0] == 2  # prefilled twice
     assert all(e.kv.free == e.kv.total for e in sim.engines)
 
 

@@ -97,7 +97,7 @@ def test_add_instance_starts_after_weights_and_warmup() -> None:
     assert sim.placements[1].gpus == (1,)  # the node's free GPU
     first = min(e[0] for e in log if e[1] == "iteration" and e[2] == 1)
     assert first == pytest.approx(10.0)  # request 1 went to the new instance
-    rows = {r["id"]: r for r in result.instances}
+    rows = {r["id"]: r for r in result.instance_rows}
     assert rows[1]["iterations"] > 0
     end = sim.metrics.last_end_s
     assert result.summary["gpu_seconds"] == pytest.approx(end + (end - 1.0))

@@ -47,7 +47,7 @@ def tiny_rows() -> tuple[list[dict], dict]:
         Request(4, 5.0, 10, 1),
     ]
     result = Simulation(spec, requests=reqs, perf=Linear(1.0, 0.0, 0.0)).run()
-    return result.timeline, result.summary
+    return result.timeline_rows, result.summary
 
 
 def test_windows_of_a_tiny_run_by_hand():
@@ -82,7 +82,7 @@ def test_windows_of_a_tiny_run_by_hand():
 def test_a_window_with_nothing_arriving_has_empty_attainment():
     spec = helpers.small_spec(cluster={"instances": 1, "tp": 1}, output={"window": "1 s"})
     reqs = [Request(0, 0.0, 10, 1), Request(1, 2.5, 10, 1)]
-    rows = Simulation(spec, requests=reqs, perf=Linear(0.5, 0.0, 0.0)).run().timeline
+    rows = Simulation(spec, requests=reqs, perf=Linear(0.5, 0.0, 0.0)).run().timeline_rows
     assert [r["end_s"] for r in rows] == [1.0, 2.0, 3.0]
     assert [r["arrived"] for r in rows] == [1, 0, 1]
     assert rows[1]["slo_attainment"] is None and rows[1]["ttft_p50_s"] is None
@@ -147,7 +147,7 @@ def test_sealed_windows_give_the_rows_of_unsealed_ones(seed):
 def test_a_run_seals_its_windows():
     spec = small(output={"window": "1 s"})
     sim = Simulation(spec)
-    rows = sim.run().timeline
+    rows = sim.run().timeline_rows
     timeline = sim.metrics.timeline
     # every window before the last arrival's is sealed: its requests all ended
     last = timeline._arriving

@@ -92,7 +92,7 @@ def test_a_colocated_run_gives_one_ordered_track_per_instance():
     assert set(by_thread) == {(1, 1), (1, 2)}
     lives = [(e["tid"], e["ts"]) for e in doc["traceEvents"] if e.get("cat") == "lifetime"]
     assert lives == [(1, 0), (2, 0)]  # each up from the start to the run's end
-    for inst in result.instances:
+    for inst in result.instance_rows:
         spans = [s for s in rec.iterations if s.instance == inst["id"]]
         assert len(spans) == len(by_thread[(1, inst["id"] + 1)]) == inst["iterations"]
         assert sum(s.dt_s for s in spans) == pytest.approx(inst["busy_s"], rel=1e-12)

@@ -9,6 +9,8 @@ Run an experiment and read its numbers::
                        "workload": {"lengths": "azure-conv",
                                     "arrival": {"process": "poisson", "rate": 4}}})
     result.summary["slo_attainment"]
+    result.requests                                     # pandas DataFrames (pd-twin[data])
+    twin.load_sweep("out/pool-ratio")                   # a sweep folder's runs
 
 Write a policy against :mod:`twin.scheduler` (``@twin.register("mine")``, the
 :class:`Route`/:class:`Reject` decisions, the read-only :class:`ClusterView`)
@@ -83,6 +85,7 @@ if TYPE_CHECKING:
     from twin.studies.goodput import goodput
     from twin.studies.handoff import handoff_estimate
     from twin.studies.sweep import Executor, run_sweep
+    from twin.studies.sweepdata import load_sweep
 
 # name -> the module that defines it; imported on first use, so that `import twin`
 # (and every `import twin.x`) stays cheap and the CLI starts fast.
@@ -118,6 +121,7 @@ _LAZY = {
     "goodput": "twin.studies.goodput",
     "handoff_estimate": "twin.studies.handoff",
     "load_spec": "twin.sim.spec",
+    "load_sweep": "twin.studies.sweepdata",
     "load_topology": "twin.net.topology",
     "read_spec": "twin.sim.spec",
     "register": "twin.scheduler",
@@ -161,6 +165,7 @@ __all__ = [
     "write_chrome_trace",
     # studies
     "run_sweep",
+    "load_sweep",
     "Executor",
     "goodput",
     "run_compare",

@@ -30,9 +30,32 @@ def _open_out(path: str) -> IO[str]:
 
 
 def _write_json(path: str, doc: dict[str, Any]) -> None:
+    """``doc`` as JSON to ``path``, or to stdout for ``-``."""
+    if path == "-":
+        json.dump(doc, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return
     with _open_out(path) as f:
         json.dump(doc, f, indent=2, default=str)
         f.write("\n")
+
+
+def _json_first(args: argparse.Namespace) -> None:
+    """Fail on an unwritable ``--json PATH`` before the work, not after it."""
+    if getattr(args, "json", None) not in (None, "-"):
+        _open_out(args.json).close()
+
+
+def _json_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--json", metavar="PATH|-",
+        help=f"write {what} as JSON to PATH (- : to stdout, the text to stderr)",
+    )  # fmt: skip
+
+
+def _human(args: argparse.Namespace) -> IO[str]:
+    """Where the readable output goes: stderr when ``--json -`` holds stdout."""
+    return sys.stderr if getattr(args, "json", None) == "-" else sys.stdout
 
 
 def cmd_compare(args: argparse.Namespace, data: dict[str, Any], where: str, base_dir: Path) -> int:
@@ -41,6 +64,7 @@ def cmd_compare(args: argparse.Namespace, data: dict[str, Any], where: str, base
 
     for flag, value in (
         ("--requests-csv", args.requests_csv),
+        ("--requests-parquet", args.requests_parquet),
         ("--links-csv", args.links_csv),
         ("--trace-out", args.trace_out),
         ("--timeline-csv", args.timeline_csv),
@@ -55,7 +79,7 @@ def cmd_compare(args: argparse.Namespace, data: dict[str, Any], where: str, base
     if args.json:
         _write_json(args.json, result.to_dict())
     if not args.quiet:
-        print(result.format_table())
+        print(result.format_table(), file=_human(args))
     return 0
 
 
@@ -99,15 +123,37 @@ def cmd_run(args: argparse.Namespace) -> int:
     from twin.sim.metrics import REQUEST_COLUMNS
     from twin.sim.simulation import Simulation
 
-    csv_file = _open_out(args.requests_csv) if args.requests_csv else None
+    parquet = None
+    if args.requests_parquet:
+        from twin.sim.frames import RequestParquet
+
+        parquet = RequestParquet(args.requests_parquet, {"pd-twin.spec_sha256": spec.sha256})
+    csv_file = None
     try:
-        on_row = None
+        csv_file = _open_out(args.requests_csv) if args.requests_csv else None
+        sinks: list[Any] = []
         if csv_file is not None:
             writer = csv.DictWriter(csv_file, fieldnames=REQUEST_COLUMNS, lineterminator="\n")
             writer.writeheader()
-            on_row = writer.writerow
+            sinks.append(writer.writerow)
+        if parquet is not None:
+            sinks.append(parquet.add)
+        on_row = sinks[0] if len(sinks) == 1 else None
+        if len(sinks) > 1:
+
+            def on_row(row: dict[str, Any]) -> None:
+                for sink in sinks:
+                    sink(row)
+
         sim = Simulation(spec, on_row=on_row, link_series_s=bucket, trace=recorder)
         result = sim.run().to_dict()
+    except BaseException:
+        if parquet is not None:
+            parquet.abort()  # no partial file that reads as whole
+        raise
+    else:
+        if parquet is not None:
+            parquet.close()
     finally:
         if csv_file is not None:
             csv_file.close()
@@ -129,12 +175,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         _write_json(args.json, result)
     if not args.quiet:
-        print(format_summary(result))
+        print(format_summary(result), file=_human(args))
     return 0
 
 
 def cmd_kv(args: argparse.Namespace) -> int:
-    from twin.perf.llm import dtype_bytes, kv_report, model_from_arg
+    from twin.perf.llm import dtype_bytes, kv_facts, kv_report, model_from_arg
 
     model = model_from_arg(_model_arg(args, "kv"), where="twin kv: MODEL")
     nbytes = dtype_bytes(args.dtype) if args.dtype else None
@@ -142,7 +188,9 @@ def cmd_kv(args: argparse.Namespace) -> int:
         raise TwinError(f"twin kv: --tokens: {args.tokens} must be >= 0")
     if args.block_size <= 0:
         raise TwinError(f"twin kv: --block-size: {args.block_size} must be > 0")
-    print(kv_report(model, args.tokens, args.block_size, nbytes))
+    if args.json:
+        _write_json(args.json, kv_facts(model, args.tokens, args.block_size, nbytes))
+    print(kv_report(model, args.tokens, args.block_size, nbytes), file=_human(args))
     return 0
 
 
@@ -205,8 +253,7 @@ def cmd_handoff(args: argparse.Namespace) -> int:
         block_size=args.block_size,
     )  # fmt: skip
     if args.json:
-        print(json.dumps(est, indent=2))
-        return 0
+        _write_json(args.json, est)
     fx = est["fixed"]
     ms = 1e3
     parts = (
@@ -232,7 +279,8 @@ def cmd_handoff(args: argparse.Namespace) -> int:
         f"({format_bytes(est['kv_bytes'])})\n"
         f"{est['placement']} on {est['topology']}, TP{est['tp']}: {est['flows']} flows\n"
         f"path (shard 0): {' | '.join(est['path']) or '(same GPU)'}\n"
-        f"bottleneck: {(est['bottleneck_bytes_s'] or 0) / 1e9:,.3f} GB/s (usable)\n" + parts + last
+        f"bottleneck: {(est['bottleneck_bytes_s'] or 0) / 1e9:,.3f} GB/s (usable)\n" + parts + last,
+        file=_human(args),
     )
     return 0
 
@@ -255,6 +303,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
     apply_overrides(data, args.set or [])
     power = None if args.power is None else parse_watts(args.power, "--power")
     _sample_args(args, "provision")
+    _json_first(args)
     executor = _executor(args)
 
     def one(n: int) -> Any:
@@ -265,23 +314,27 @@ def cmd_provision(args: argparse.Namespace) -> int:
 
     _export_args_check(args, "provision")
     if args.convergence:
-        from twin.studies.samples import format_convergence
+        from twin.studies.samples import convergence_doc, format_convergence
 
         rows = []
         for n in args.convergence:
             p = one(n)
             b = p.best
             rows.append((n, p.sample, f"{b.prefill}:{b.decode}", b.goodput_rps, b.goodput_ci95))
-        print(format_convergence(rows, "best P:D"))
+        if args.json:
+            _write_json(args.json, convergence_doc(rows, "best"))
+        print(format_convergence(rows, "best P:D"), file=_human(args))
         return 0
-    prov = one(args.sample)
-    print(format_provision(prov))
+    found = one(args.sample)
+    if args.json:
+        _write_json(args.json, found.to_dict())
+    print(format_provision(found), file=_human(args))
     if args.export_dynamo or args.export_llm_d:
         from twin.studies.export import from_provision, write_exports
 
-        dep = from_provision(data, where, base_dir, prov)
+        dep = from_provision(data, where, base_dir, found)
         for path in write_exports(dep, args.export_dynamo, args.export_llm_d):
-            print(f"written: {path}")
+            print(f"written: {path}", file=_human(args))
     return 0
 
 
@@ -337,6 +390,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _sample_args(args, "plan")
     if args.target_rate is not None and not args.target_rate > 0:
         raise TwinError(f"twin plan: --target-rate: {args.target_rate} must be > 0")
+    _json_first(args)
     executor = _executor(args)
     spec = load_spec(args.spec, args.set or [])
     _export_args_check(args, "plan")
@@ -348,24 +402,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )  # fmt: skip
 
     if args.convergence:
-        from twin.studies.samples import format_convergence
+        from twin.studies.samples import convergence_doc, format_convergence
 
         rows = []
         for n in args.convergence:
             p = one(n)
             what = f"{p.n_prefill} x P {p.prefill.label()} + {p.n_decode} x D {p.decode.label()}"
             rows.append((n, p.sample_size, what, p.capacity_mean, p.capacity_ci95))
-        print(format_convergence(rows, "plan"))
+        if args.json:
+            _write_json(args.json, convergence_doc(rows, "plan"))
+        print(format_convergence(rows, "plan"), file=_human(args))
         return 0
     plan = one(args.sample)
-    print(plan.explain())
-    print("\n# paste into the spec:")
-    print(yaml.safe_dump(plan.to_spec_overrides(), sort_keys=False).rstrip())
+    if args.json:
+        _write_json(args.json, plan.to_dict())
+    out = _human(args)
+    print(plan.explain(), file=out)
+    print("\n# paste into the spec:", file=out)
+    print(yaml.safe_dump(plan.to_spec_overrides(), sort_keys=False).rstrip(), file=out)
     if args.export_dynamo or args.export_llm_d:
         from twin.studies.export import from_plan, write_exports
 
         for path in write_exports(from_plan(spec, plan), args.export_dynamo, args.export_llm_d):
-            print(f"written: {path}")
+            print(f"written: {path}", file=out)
     return 0
 
 
@@ -388,21 +447,28 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     data, where, base_dir, executor, out = _sweep_input(args)
     if "sweep" not in data:
         raise TwinError(f"{where}: sweep: missing; twin sweep runs a spec with a sweep: section")
-    done = run_sweep(data, where, base_dir, out, executor=executor, requests=args.requests)
+    done = run_sweep(
+        data, where, base_dir, out, executor=executor, requests=args.requests,
+        traces=args.traces,
+    )  # fmt: skip
     print(
         f"{len(done.runs)} runs ({done.ran} run, {done.skipped} already done): {out / 'runs.csv'}"
     )
-    _plot_after(args, out)
+    for note in done.notes:
+        print(f"twin: {note}", file=sys.stderr)
+    _plot_after(args, out, () if args.traces else ("timeline",))
     return 0
 
 
-def _plot_after(args: argparse.Namespace, out: Any) -> None:
-    """Plots of a sweep or goodput folder, unless --no-plots."""
+def _plot_after(args: argparse.Namespace, out: Any, unproduced: Sequence[str] = ()) -> None:
+    """Plots of a sweep or goodput folder, unless --no-plots; ``unproduced``:
+    plots whose inputs the command did not write (skipped without a note)."""
     if getattr(args, "no_plots", False):
         return
     from twin.viz.plots import plot_dir
 
-    for path in plot_dir(out, note=lambda msg: print(f"twin: {msg}", file=sys.stderr)):
+    say = lambda msg: print(f"twin: {msg}", file=sys.stderr)  # noqa: E731
+    for path in plot_dir(out, note=say, unproduced=unproduced):
         print(path)
 
 
@@ -424,7 +490,7 @@ def cmd_goodput(args: argparse.Namespace) -> int:
     except OSError as e:
         raise TwinError(f"{out}: cannot write: {e.strerror}") from None
     print(result.format_table())
-    _plot_after(args, out)
+    _plot_after(args, out, ("attainment", "cdf", "timeline"))  # it writes goodput.csv only
     print(f"written: {out / 'goodput.csv'}")
     return 0
 
@@ -559,12 +625,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     repeat = args.repeat if args.repeat is not None else (3 if args.vs is not None else 1)
     if repeat < 1:
         raise TwinError(f"--repeat: {repeat} must be >= 1")
-    if args.json:
-        _open_out(args.json).close()  # fail before the runs, not after them
+    _json_first(args)  # fail before the runs, not after them
     rows = bench(sizes, configs, repeat, vs=args.vs)
     if args.json:
         _write_json(args.json, {"rows": rows})
-    print(format_rows(rows))
+    print(format_rows(rows), file=_human(args))
     return 0
 
 
@@ -576,10 +641,15 @@ def cmd_topo(args: argparse.Namespace) -> int:
     if args.nodes is not None and args.nodes <= 0:
         raise TwinError(f"twin topo: --nodes: {args.nodes} must be a positive integer")
     topo = load_topology(args.topology, nodes=args.nodes)
-    print(summary(topo))
+    if args.json:
+        from twin.net.report import describe
+
+        _write_json(args.json, describe(topo))
+    out = _human(args)
+    print(summary(topo), file=out)
     if args.png:
         draw(topo, args.png)
-        print(f"drawing written to {args.png}")
+        print(f"drawing written to {args.png}", file=out)
     return 0
 
 
@@ -657,13 +727,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY.PATH=VALUE",
         help="override a spec value (repeatable)",
     )
-    r.add_argument("--json", metavar="PATH", help="write header + summary as JSON")
+    r.add_argument(
+        "--json", metavar="PATH|-",
+        help="write header + summary as JSON (- : to stdout, the summary to stderr)",
+    )  # fmt: skip
     r.add_argument(
         "--only",
         metavar="LABEL[,LABEL...]",
         help="run only these entries of a spec's compare: section",
     )
     r.add_argument("--requests-csv", metavar="PATH", help="write one row per request")
+    r.add_argument(
+        "--requests-parquet", metavar="PATH",
+        help="write one typed row per request as Parquet (needs pd-twin[data])",
+    )  # fmt: skip
     r.add_argument(
         "--links-csv", metavar="PATH", help="write each link's bytes and utilization over time"
     )
@@ -693,6 +770,7 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--tokens", type=int, default=1000, help="tokens of KV (default 1000)")
     k.add_argument("--block-size", type=int, default=16, help="tokens per KV block (16)")
     k.add_argument("--dtype", help="fp16, bf16, fp8, int8, fp32 (default: the model's)")
+    _json_option(k, "the KV shape and sizes")
     k.set_defaults(func=cmd_kv)
 
     v = sub.add_parser("validate", help="check the performance model against measured profiles")
@@ -732,7 +810,10 @@ def build_parser() -> argparse.ArgumentParser:
             f"--{flag}", dest=field, metavar="DURATION",
             help=f"transfer.{flag.replace('-', '_')} (default: the spec's, e.g. '2 us')",
         )  # fmt: skip
-    h.add_argument("--json", action="store_true", help="print JSON")
+    h.add_argument(
+        "--json", nargs="?", const="-", metavar="PATH|-",
+        help="write the estimate as JSON to PATH (- or none: to stdout, the text to stderr)",
+    )  # fmt: skip
     h.set_defaults(func=cmd_handoff)
 
     pv = sub.add_parser(
@@ -746,6 +827,7 @@ def build_parser() -> argparse.ArgumentParser:
     pv.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a value")
     _parallel_args(pv, "goodput searches (one per split and sample)")
     _export_options(pv)
+    _json_option(pv, "every split searched and the best one")
     pv.set_defaults(func=cmd_provision)
     pl = sub.add_parser(
         "plan", help="DistServe's planner: parallelism, P:D counts and placement for a spec"
@@ -760,6 +842,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _parallel_args(pl, "goodput searches (one per configuration of a phase, per sample)")
     _export_options(pl)
+    _json_option(pl, "the plan, its candidates and the spec overrides")
     pl.set_defaults(func=cmd_plan)
 
     sw = sub.add_parser("sweep", help="run every combination of a spec's sweep: section")
@@ -768,6 +851,10 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument(
         "--requests", action="store_true", help="keep per-request rows (DIR/requests/) for CDFs"
     )
+    sw.add_argument(
+        "--traces", action="store_true",
+        help="write each run's Chrome/Perfetto trace to DIR/traces/<run_id>.json",
+    )  # fmt: skip
     sw.set_defaults(func=cmd_sweep)
 
     gp = sub.add_parser("goodput", help="the largest rate meeting the SLO target, per config")
@@ -806,6 +893,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("topology", metavar="NAME|PATH", help="a bundled topology name or a YAML path")
     t.add_argument("--nodes", type=int, help="scale a single-template topology to N nodes")
     t.add_argument("--png", metavar="FILE", help="draw the graph to FILE")
+    _json_option(t, "the counts, bandwidths and sample paths")
     t.set_defaults(func=cmd_topo)
 
     pt = sub.add_parser(
@@ -845,7 +933,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="R",
         help="runs per row, median reported (default 1; with --vs: 3 pairs)",
     )
-    b.add_argument("--json", metavar="PATH", help="write the rows, every run included, as JSON")
+    _json_option(b, "the rows, every run included,")
     b.add_argument(
         "--vs",
         metavar="CMD",

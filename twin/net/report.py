@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from twin.net.topodef import LINK_KINDS
 
@@ -126,3 +126,74 @@ def summary(topo: Topology) -> str:
             f"latency {topo.latency_s(p) * 1e6:g} us"
         )
     return "\n".join(lines)
+
+
+def describe(topo: Topology) -> dict[str, Any]:
+    """What ``twin topo --json`` writes: the counts, each run of identical
+    nodes (``nodes: [first, last]`` and its description), the directed links
+    per kind with their efficiency, and the bandwidths in bytes/s, usable
+    (after efficiency): each node's host copy ceiling through all its NICs
+    (None where there is none: RDMA, or no NIC), per-GPU injection (min and
+    max), the bisection and the cut it is taken across;
+    and the sample paths ``twin topo`` prints (hops, bottleneck, latency in s)."""
+    nodes = topo.graph.nodes
+    counts = {t: 0 for t in ("gpu", "nic", "switch")}
+    for _, t in nodes(data="type"):
+        counts[t] += 1
+    has_fabric = any(n is None for _, n in nodes(data="node"))
+    groups: list[dict[str, Any]] = []
+    for k in range(topo.num_nodes):
+        desc = _describe_node(topo, k)
+        if groups and groups[-1]["description"] == desc:
+            groups[-1]["nodes"][1] = k
+        else:
+            groups.append({"nodes": [k, k], "description": desc})
+    links: dict[str, dict[str, Any]] = {}
+    for _, _, ln in topo.graph.edges(data="link"):
+        entry = links.setdefault(ln.kind, {"count": 0, "efficiency": ln.efficiency})
+        entry["count"] += 1
+    inj = [topo.injection_bytes_s(i) for i in range(len(topo.gpus))]
+    a, _ = topo.halves()
+    if topo.num_nodes > 1:
+        half = topo.num_nodes // 2
+        cut = {"by": "node", "first_half": [0, half - 1], "second_half": [half, topo.num_nodes - 1]}
+    else:
+        cut = {
+            "by": "gpu",
+            "first_half": [0, len(a) - 1],
+            "second_half": [len(a), len(topo.gpus) - 1],
+        }
+    samples = []
+    if len(topo.gpus_of_node(0)) > 1:
+        samples.append((0, topo.gpus_of_node(0)[1]))
+    if topo.num_nodes > 1:
+        samples.append((0, topo.gpus_of_node(1)[0]))
+    paths = []
+    for s, d in samples:
+        p = topo.path(s, d)
+        h = topo.hops(p)
+        paths.append(
+            {
+                "src_gpu": s,
+                "dst_gpu": d,
+                "hops": [h[0].src] + [ln.dst for ln in h],
+                "kinds": list(dict.fromkeys(ln.kind for ln in h)),
+                "bottleneck_bytes_s": topo.bottleneck_bytes_s(p),
+                "latency_s": topo.latency_s(p),
+            }
+        )
+    return {
+        "name": topo.name,
+        "nodes": topo.num_nodes,
+        "gpus": len(topo.gpus),
+        "nics": counts["nic"],
+        "switches": counts["switch"],
+        "fabric": topo.fabric if has_fabric else None,
+        "node_groups": groups,
+        "links": {k: links[k] for k in LINK_KINDS if k in links},
+        "node_ceiling_bytes_s": [topo.ceiling_bytes_s(k) for k in range(topo.num_nodes)],
+        "injection_bytes_s": {"min": min(inj), "max": max(inj)},
+        "bisection_bytes_s": topo.bisection_bytes_s(),
+        "bisection_cut": cut,
+        "paths": paths,
+    }

@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Any
 
 from twin._check import check_keys, entry, is_int, positive_int
 from twin.errors import SpecError, UnknownNameError
@@ -158,6 +159,31 @@ def _exact(n: int, shift: int) -> str:
         q = (decimal.Decimal(n) / (decimal.Decimal(2) ** shift)).normalize()
     text = f"{q:,f}"
     return text
+
+
+def kv_facts(
+    model: ModelSpec, tokens: int, block_size: int = 16, dtype_bytes: int | None = None
+) -> dict[str, Any]:
+    """What ``twin kv --json`` writes: the model's KV shape, bytes per token and
+    per block, and for ``tokens`` tokens the blocks, tokens allocated and
+    bytes (exact integers, whole model: all TP shards)."""
+    b = model.dtype_bytes if dtype_bytes is None else dtype_bytes
+    per_token = model.kv_bytes_per_token(b)
+    blocks = kv_blocks(tokens, block_size)
+    return {
+        "model": model.name,
+        "layers": model.layers,
+        "kv_heads": model.kv_heads,
+        "head_dim": model.head_dim,
+        "bytes_per_element": b,
+        "bytes_per_token": per_token,
+        "block_size": block_size,
+        "bytes_per_block": per_token * block_size,
+        "tokens": tokens,
+        "blocks": blocks,
+        "tokens_allocated": blocks * block_size,
+        "kv_bytes": blocks * block_size * per_token,
+    }
 
 
 def kv_report(

@@ -51,6 +51,7 @@ from twin.serving.observer import InstanceInfo, Observer, broadcast
 from twin.serving.sequence import DECODE, HANDOFF, INCOMING, LOST, PREFILL, Sequence
 from twin.sim.control import ControlLoop, apply_plan
 from twin.sim.faults import Faults
+from twin.sim.frames import flatten
 from twin.sim.metrics import Metrics
 from twin.sim.scaling import Scaler, ScalingKeys
 from twin.sim.spec import ExperimentSpec, apply_overrides, load_spec, resolve_spec
@@ -58,32 +59,162 @@ from twin.sim.timeline import Timeline
 from twin.sim.trace import EventLog, TraceRecorder
 from twin.workload.stream import file_sha256, iter_requests
 
+# The columns of a link's row (twin/net/flows.py, Network.link_stats), besides
+# "series" (with --links-csv)
+LINK_COLUMNS = (
+    "src", "dst", "usable_bytes_s", "bytes", "busy_s", "utilization", "peak_rate_bytes_s"
+)  # fmt: skip
+
+
+class Summary(Mapping[str, Any]):
+    """A run's summary as a flat mapping: nested metrics by dotted keys
+    (``summary["ttft_s.p99"]``, the columns of a sweep's ``runs.csv``), in the
+    order of :meth:`twin.sim.metrics.Metrics.summary`. A nested key also reads
+    as its mapping (``summary["ttft_s"]["p99"]``); :attr:`nested` is the
+    summary as ``Result.to_dict()`` and ``--json`` write it."""
+
+    __slots__ = ("nested", "_flat")
+
+    def __init__(self, nested: Mapping[str, Any]) -> None:
+        self.nested: dict[str, Any] = dict(nested)
+        self._flat = flatten(self.nested)
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self._flat:
+            return self._flat[key]
+        return self.nested[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._flat)
+
+    def __len__(self) -> int:
+        return len(self._flat)
+
+    def __repr__(self) -> str:
+        return f"Summary({self._flat!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Summary, (self.nested,))
+
 
 @dataclass(frozen=True)
 class Result:
-    """What a run produced: ``header`` (version, resolved spec, hashes) and
-    ``summary`` (the stable keys of :meth:`twin.sim.metrics.Metrics.summary`)."""
+    """What a run produced: ``header`` (version, resolved spec, hashes),
+    ``summary`` (a :class:`Summary` of the stable keys of
+    :meth:`twin.sim.metrics.Metrics.summary`) and its tables: per instance,
+    per link (bytes, utilization), per window of simulated time
+    (twin/sim/timeline.py) and, when the run kept them (``twin.run`` does by
+    default, ``Simulation(spec, keep_requests=True)``), per request.
+
+    The tables read as pandas DataFrames (the ``data`` extra; see
+    twin/sim/frames.py): :attr:`requests`, :attr:`instances`, :attr:`links`,
+    :attr:`timeline`; :meth:`to_dict` gives them as lists of rows."""
 
     header: dict[str, Any]
-    summary: dict[str, Any]
-    instances: list[dict[str, Any]]
-    links: list[dict[str, Any]] = field(default_factory=list)
-    timeline: list[dict[str, Any]] = field(default_factory=list)  # twin.sim.timeline rows
+    summary: Mapping[str, Any]
+    instance_rows: list[dict[str, Any]]
+    link_rows: list[dict[str, Any]] = field(default_factory=list)
+    timeline_rows: list[dict[str, Any]] = field(default_factory=list)  # twin.sim.timeline rows
     # The failures, repairs and degradations as they took effect (the spec's
     # events and random failures); None, and not in to_dict, without either.
     fault_log: list[dict[str, Any]] | None = None
+    # One dict per ended request, in the order they ended (REQUEST_COLUMNS);
+    # None when the run did not keep them. Not in to_dict.
+    request_rows: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.summary, Summary):
+            object.__setattr__(self, "summary", Summary(self.summary))
 
     def to_dict(self) -> dict[str, Any]:
+        assert isinstance(self.summary, Summary)
         out = {
             "header": self.header,
-            "summary": self.summary,
-            "instances": self.instances,
-            "links": self.links,
-            "timeline": self.timeline,
+            "summary": self.summary.nested,
+            "instances": self.instance_rows,
+            "links": self.link_rows,
+            "timeline": self.timeline_rows,
         }
         if self.fault_log is not None:
             out["fault_log"] = self.fault_log
         return out
+
+    # -- as data (pandas, imported here only) -----------------------------------------
+    @property
+    def requests(self) -> Any:
+        """One row per request, in id order: the columns of ``--requests-csv``,
+        typed (twin/sim/frames.py, REQUEST_KINDS), missing values NA or NaN."""
+        from twin.sim.frames import requests_frame
+
+        if self.request_rows is None:
+            raise TwinError(
+                "this result kept no per-request rows: run it with "
+                "twin.run(spec, keep_requests=True) or Simulation(spec, keep_requests=True)"
+            )
+        return requests_frame(self.request_rows)
+
+    @property
+    def instances(self) -> Any:
+        """One row per instance: id, role, node, gpus, KV blocks, iterations,
+        busy time, utilization, preemptions, peak KV blocks."""
+        from twin.sim.frames import records_frame
+
+        return records_frame(self.instance_rows)
+
+    @property
+    def links(self) -> Any:
+        """One row per directed link that carried KV (none without a topology)."""
+        from twin.sim.frames import records_frame
+
+        return records_frame(self.link_rows, LINK_COLUMNS)
+
+    @property
+    def timeline(self) -> Any:
+        """One row per window of simulated time (``output.window``): arrivals,
+        completions, attainment, latency percentiles, capacity."""
+        from twin.sim.frames import records_frame
+        from twin.sim.timeline import TIMELINE_COLUMNS
+
+        return records_frame(self.timeline_rows, TIMELINE_COLUMNS)
+
+    def _repr_html_(self) -> str:
+        """A compact table for notebooks: the run and its headline metrics."""
+        import html
+
+        from twin.sim.summary import header_line
+
+        s = self.summary
+        cells = [
+            ("requests", s["requests"]),
+            ("completed", s["completed"]),
+            ("rejected", s["rejected"]),
+            ("TTFT p50 / p99 (s)", (s["ttft_s.p50"], s["ttft_s.p99"])),
+            ("TPOT p50 / p99 (ms)", (_ms(s["tpot_s.p50"]), _ms(s["tpot_s.p99"]))),
+            ("SLO attainment", s["slo_attainment"]),
+            ("throughput (req/s)", s["throughput_rps"]),
+            ("simulated (s)", s["simulated_s"]),
+        ]
+        rows = "".join(
+            f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+            f"<td style='text-align:right'>{html.escape(_cell(v))}</td></tr>"
+            for k, v in cells
+        )
+        head = html.escape(header_line(self.to_dict()))
+        return f"<table><caption style='text-align:left'>{head}</caption>{rows}</table>"
+
+
+def _ms(x: float | None) -> float | None:
+    return None if x is None else x * 1e3
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, tuple):
+        return " / ".join(_cell(x) for x in v)
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
 
 
 class Simulation:
@@ -95,8 +226,10 @@ class Simulation:
     each link's bytes per time bucket of that width; ``trace`` (a
     :class:`twin.sim.trace.TraceRecorder`) records iteration and transfer spans;
     ``observers`` are told what happens as it happens
-    (:class:`twin.serving.observer.Observer`). An observer that wants every
-    iteration (the log and the trace do) turns the engines' fast-forward off."""
+    (:class:`twin.serving.observer.Observer`); ``keep_requests`` keeps every
+    request's row in the Result (``Result.requests``; memory grows with the
+    run). An observer that wants every iteration (the log and the trace do)
+    turns the engines' fast-forward off."""
 
     def __init__(
         self,
@@ -110,8 +243,12 @@ class Simulation:
         link_series_s: float | None = None,
         trace: TraceRecorder | None = None,
         observers: Iterable[Observer] = (),
+        keep_requests: bool = False,
     ) -> None:
         self.spec = spec
+        self._rows: list[dict[str, Any]] | None = [] if keep_requests else None
+        if self._rows is not None:
+            on_row = _tee(self._rows.append, on_row)
         self.env = simpy.Environment()
         seeds = np.random.SeedSequence(spec.seed).spawn(2)
         self.rng_workload = np.random.default_rng(seeds[0])
@@ -639,7 +776,10 @@ class Simulation:
         links = self.network.link_stats() if self.network is not None else []
         timeline = self.metrics.timeline_rows()
         fault_log = self.faults.log() if self.spec.events or self.spec.failures else None
-        return Result(self._header(), summary, self._instance_stats(), links, timeline, fault_log)
+        return Result(
+            self._header(), summary, self._instance_stats(), links, timeline, fault_log,
+            request_rows=self._rows,
+        )  # fmt: skip
 
     def _check_conservation(self) -> None:
         if self.metrics.ended != self._arrived:
@@ -693,6 +833,20 @@ class Simulation:
         ]
 
 
+def _tee(
+    keep: Callable[[dict[str, Any]], None], then: Callable[[dict[str, Any]], None] | None
+) -> Callable[[dict[str, Any]], None]:
+    """An ``on_row`` that gives each row to ``keep`` and then to ``then``."""
+    if then is None:
+        return keep
+
+    def both(row: dict[str, Any]) -> None:
+        keep(row)
+        then(row)
+
+    return both
+
+
 def spec_scales(spec: ExperimentSpec) -> bool:
     """Whether the spec gives ``scaling:`` (its runs then report ``gpu_seconds``)."""
     return "scaling" in spec.resolved
@@ -730,8 +884,11 @@ def run(
     in it are relative to the current folder), or an already loaded spec.
     ``overrides`` are ``key.path=value`` strings, as ``twin run --set`` takes;
     ``options`` go to :class:`Simulation` (``on_row``, ``trace``, ``observers``,
-    ``requests``, ...)."""
+    ``requests``, ...). The result keeps every request's row for
+    ``Result.requests`` unless ``keep_requests=False`` (for runs too long to
+    hold in memory)."""
     overrides = tuple(overrides)
+    options.setdefault("keep_requests", True)
     if isinstance(spec, ExperimentSpec):
         if overrides:
             raise TwinError("overrides apply to a spec being loaded, not to a loaded one")

@@ -330,7 +330,9 @@ def read_spec(spec: str) -> tuple[dict[str, Any], str, Path]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str], where: str = "--set") -> None:
-    """Apply ``key.path=value`` overrides in place; the value is parsed as YAML."""
+    """Apply ``key.path=value`` overrides in place; the value is parsed as YAML.
+    ``key.path=null`` removes the key, so that its default applies (as a
+    ``null`` in a sweep or compare entry does)."""
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
@@ -343,6 +345,8 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], where: str =
         node: Any = data
         for i, part in enumerate(parts[:-1]):
             nxt = node.get(part)
+            if nxt is None and value is None:
+                break  # removing below a key that is not there: nothing to do
             if nxt is None:
                 nxt = node[part] = {}
             elif isinstance(nxt, str) and part == "scheduler":
@@ -352,7 +356,11 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], where: str =
                     f"{where} {item!r}: {'.'.join(parts[: i + 1])} is {nxt!r}, not a mapping"
                 )
             node = nxt
-        node[parts[-1]] = value
+        else:
+            if value is None:
+                node.pop(parts[-1], None)
+            else:
+                node[parts[-1]] = value
 
 
 def load_spec(spec: str = "quickstart", overrides: Sequence[str] = ()) -> ExperimentSpec:

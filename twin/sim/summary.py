@@ -24,19 +24,37 @@ def _group_text(g: dict[str, Any]) -> str:
     return f"{g['instances']} x {role}TP{g['tp']}{pp}"
 
 
-def format_summary(result: dict[str, Any]) -> str:
-    """The readable table ``twin run`` prints."""
-    h, s = result["header"], result["summary"]
+def _topology_text(topo: Any) -> str:
+    """A topology as the header names it: a bundled name or path as given, an
+    inline mapping by its ``name`` (else "an inline topology")."""
+    if isinstance(topo, dict):
+        name = topo.get("name")
+        return f"{name} (inline)" if name else "an inline topology"
+    return str(topo)
+
+
+def header_line(result: dict[str, Any]) -> str:
+    """The first line of the summary: version, name, model, cluster, scheduler, perf model."""
+    h = result["header"]
     spec = h["spec"]
     cl = spec["cluster"]
     model = _name(spec["model"])
     gpu = _name(spec["gpu"])
     sched = spec["scheduler"]["name"]
     shape = " + ".join(_group_text(g) for g in cl["groups"])
-    where = f" on {cl['topology']}" if "topology" in cl else ""
-    lines = [
+    where = f" on {_topology_text(cl['topology'])}" if "topology" in cl else ""
+    return (
         f"pd-twin {h['version']} | {spec['name']} | {model}, {shape} on {gpu}{where} | "
-        f"scheduler {sched} | perf {h['perf_model']}",
+        f"scheduler {sched} | perf {h['perf_model']}"
+    )
+
+
+def format_summary(result: dict[str, Any]) -> str:
+    """The readable table ``twin run`` prints."""
+    s = result["summary"]
+    spec = result["header"]["spec"]
+    lines = [
+        header_line(result),
         f"requests {s['requests']:,}  completed {s['completed']:,}  rejected {s['rejected']:,}"
         f"  simulated {s['simulated_s']:.1f} s  preemptions {s['preemptions']:,}",
         "",

@@ -383,18 +383,24 @@ def _instant(t_s: float, instance: int, name: str, cat: str = "event") -> dict[s
     }
 
 
-def write_chrome_trace(rec: TraceRecorder, path: str | Path) -> Path:
-    """Write the recorder as Chrome trace-event JSON, one event per line
-    (deterministic bytes); open it in ui.perfetto.dev or chrome://tracing."""
+def chrome_trace_text(rec: TraceRecorder) -> str:
+    """The recorder as Chrome trace-event JSON text, one event per line
+    (deterministic: the same run gives the same text)."""
     doc = chrome_trace(rec)
-    path = Path(path)
     dumps: Callable[[Any], str] = lambda x: json.dumps(x, sort_keys=True)  # noqa: E731
     lines = ",\n".join(dumps(e) for e in doc["traceEvents"])
-    text = (
+    return (
         '{"traceEvents": [\n' + lines + "\n],\n"
         f'"displayTimeUnit": {dumps(doc["displayTimeUnit"])},\n'
         f'"otherData": {dumps(doc["otherData"])}\n}}\n'
     )
+
+
+def write_chrome_trace(rec: TraceRecorder, path: str | Path) -> Path:
+    """Write the recorder as Chrome trace-event JSON, one event per line
+    (deterministic bytes); open it in ui.perfetto.dev or chrome://tracing."""
+    path = Path(path)
+    text = chrome_trace_text(rec)
     try:
         path.write_text(text, encoding="utf-8")
     except OSError as e:

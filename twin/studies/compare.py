@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from twin import _version
 from twin.errors import SpecError, UnknownSchedulerError
@@ -188,11 +191,14 @@ def compare_specs(
     base_dir: Path,
     overrides: Sequence[str] = (),
     only: Sequence[str] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> tuple[dict[str, Any], dict[str, ExperimentSpec]]:
     """The base (``--set`` applied, ``compare:`` still in it) and, per selected
     label in the spec's order, its resolved spec. Every selected entry is
     validated, its scheduler included, before anything runs; errors name the
-    entry as ``compare.LABEL``."""
+    entry as ``compare.LABEL``. An entry key that overrides a ``--set`` key
+    (the same key, or one above or below it) is told to ``warn``, one line
+    each (default: ``twin: warning: ...`` on stderr)."""
     base = copy.deepcopy(dict(spec_data))
     apply_overrides(base, overrides)
     entries = compare_entries(base, where)
@@ -206,6 +212,10 @@ def compare_specs(
         labels = [label for label in labels if label in set(only)]
     name = str(base.get("name", Path(where).stem))
     specs: dict[str, ExperimentSpec] = {}
+    say = warn or (lambda msg: print(f"twin: warning: {msg}", file=sys.stderr))
+    for label in labels:
+        for line in overridden(label, entries[label], overrides):
+            say(line)
     for label in labels:
         at = f"{where}: compare.{label}"
         data = {k: copy.deepcopy(v) for k, v in base.items() if k != "compare"}
@@ -222,21 +232,45 @@ def compare_specs(
     return base, specs
 
 
+def _yaml_text(value: Any) -> str:
+    """A value as ``--set`` would take it (YAML flow style: null, 4, {a: 1})."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6)
+    return text.strip().removesuffix("...").strip()
+
+
+def overridden(label: str, entry: Mapping[str, Any], overrides: Sequence[str]) -> list[str]:
+    """One line per ``--set`` override that entry ``label`` overrides: the same
+    key path, or one that contains or lies inside it (``cluster.prefill: null``
+    overrides ``--set cluster.prefill.instances=3``)."""
+    lines = []
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        for path, value in entry.items():
+            if path == key or key.startswith(f"{path}.") or path.startswith(f"{key}."):
+                lines.append(
+                    f"compare entry {label!r} overrides --set {item.strip()} "
+                    f"with {path}={_yaml_text(value)}"
+                )
+    return lines
+
+
 def run_compare(
     spec_data: Mapping[str, Any],
     where: str,
     base_dir: Path,
     overrides: Sequence[str] = (),
     only: Sequence[str] | None = None,
+    warn: Callable[[str], None] | None = None,
 ) -> CompareResult:
     """Run every entry of the spec's ``compare:`` section (or those in ``only``),
     one after the other, on the base spec's workload and seed.
 
     ``spec_data`` is the parsed YAML (left unchanged), ``where`` names it in
     messages, ``base_dir`` anchors relative paths, ``overrides`` are
-    ``key.path=value`` strings applied to the base before the entries.
+    ``key.path=value`` strings applied to the base before the entries (an
+    entry that overrides one says so to ``warn``, see :func:`compare_specs`).
     """
-    base, specs = compare_specs(spec_data, where, base_dir, overrides, only)
+    base, specs = compare_specs(spec_data, where, base_dir, overrides, only, warn)
     runs = {label: Simulation(spec).run() for label, spec in specs.items()}
     first = next(iter(specs.values()))
     traces: dict[str, str] = {}

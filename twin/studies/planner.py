@@ -169,6 +169,53 @@ class DistServePlan:
             "scheduler": {"name": "distserve", "pair": self.pair},
         }
 
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as ``twin plan --json`` writes it: the deployment
+        (``spec_overrides``, the counts and each phase's chosen candidate),
+        its estimated goodput, every scored candidate and the reasons.
+        Rates are req/s, times seconds; None where a value is infinite or
+        not measured (an SLO not set, no hand-off on one node)."""
+        from twin.studies.samples import json_number
+
+        def cand(c: Candidate) -> dict[str, Any]:
+            return {
+                "role": c.role, "tp": c.tp, "pp": c.pp, "gpus": c.gpus,
+                "goodput_rps": c.goodput_rps, "goodput_per_gpu": c.per_gpu, "note": c.note,
+            }  # fmt: skip
+
+        return {
+            "model": self.model,
+            "topology": self.topology_name,
+            "nodes": self.nodes,
+            "gpus_per_node": self.gpus_per_node,
+            "slo": {
+                "ttft_s": json_number(self.slo.ttft_s),
+                "tpot_s": json_number(self.slo.tpot_s),
+                "target": self.slo.target,
+            },
+            "prefill": {**cand(self.prefill), "instances": self.n_prefill},
+            "decode": {**cand(self.decode), "instances": self.n_decode},
+            "gpus_used": self.gpus_used,
+            "placement": self.placement,
+            "pair": self.pair,
+            "affinity": self.affinity,
+            "transfer_mode": self.transfer_mode,
+            "multi_nic": self.multi_nic,
+            "handoff_s": json_number(self.handoff_s),
+            "typical_prompt_tokens": self.typical_prompt,
+            "capacity_rps": self.capacity_rps,
+            "capacity_samples_rps": list(self.capacity_samples),
+            "capacity_mean_rps": json_number(self.capacity_mean),
+            "capacity_ci95_rps": json_number(self.capacity_ci95),
+            "target_rate_rps": self.target_rate,
+            "sample_size": self.sample_size,
+            "simulations": self.simulations,
+            "candidates": [cand(c) for c in self.candidates],
+            "reasons": list(self.reasons),
+            "warnings": list(self.warnings),
+            "spec_overrides": self.to_spec_overrides(),
+        }
+
     def explain(self) -> str:
         """A plain-text account of the plan: the scored candidates, the choice, the reasons."""
         slo = self.slo

@@ -102,6 +102,34 @@ class Provision:
     sample: int = 0  # requests per sample
     warnings: list[str] = dataclasses.field(default_factory=list)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The search as ``twin provision --json`` writes it: the budget, each
+        role's instance shape, every split searched (goodput in req/s, mean
+        over the samples, its 95% half-width or None for one sample), the
+        splits left out and why, and the best split."""
+        from twin.studies.samples import json_number
+
+        def cand(c: Candidate) -> dict[str, Any]:
+            return {
+                "prefill": c.prefill, "decode": c.decode, "gpus": c.gpus, "power_w": c.power_w,
+                "goodput_rps": c.goodput_rps, "goodput_ci95": json_number(c.goodput_ci95),
+                "goodputs_rps": list(c.goodputs_rps), "goodput_per_gpu": c.goodput_per_gpu,
+            }  # fmt: skip
+
+        def group(g: InstanceGroup) -> dict[str, Any]:
+            return {"tp": g.tp, "pp": g.pp, "template": g.template}
+
+        return {
+            "budget": self.budget,
+            "prefill_group": group(self.prefill_group),
+            "decode_group": group(self.decode_group),
+            "sample": self.sample,
+            "candidates": [cand(c) for c in self.candidates],
+            "best": cand(self.best),
+            "left_out": [{"prefill": p, "decode": d, "why": w} for p, d, w in self.left_out],
+            "warnings": list(self.warnings),
+        }
+
 
 _WATTS = {"W": 1.0, "kW": 1e3, "MW": 1e6}
 

@@ -174,6 +174,28 @@ def sample_warnings(
     return out
 
 
+def json_number(x: float | None) -> float | None:
+    """``x`` for a JSON document: None where it is NaN or infinite (no goodput
+    measured, an SLO not set), which strict JSON cannot hold."""
+    return None if x is None or not math.isfinite(x) else x
+
+
+def convergence_doc(
+    rows: Sequence[tuple[int, int, str, float, float]], what: str
+) -> dict[str, Any]:
+    """``--convergence`` as JSON: one entry per sample size (the rows of
+    :func:`format_convergence`)."""
+    return {
+        "convergence": [
+            {
+                "sample": n, "requests": got, what: label, "goodput_rps": json_number(mean),
+                "goodput_ci95": json_number(ci),
+            }
+            for n, got, label, mean, ci in rows
+        ]
+    }  # fmt: skip
+
+
 def format_convergence(rows: Sequence[tuple[int, int, str, float, float]], what: str) -> str:
     """The table of a convergence study: per sample size asked, the requests
     sampled, the result, its goodput and 95% half-width, and the change from

@@ -30,6 +30,11 @@ Output layout (``twin sweep SPEC --out DIR``; ``twin.viz.plots`` relies on it)::
                              completed, rejected, rejected_by_reason (JSON),
                              ttft_s.mean, ttft_s.p50, ..., slo_attainment,
                              throughput_rps, kv_bytes_transferred, ...>, gpus
+    DIR/runs.parquet       runs.csv's columns, typed (twin/studies/sweepdata.py),
+                           when pyarrow is importable (the notes say which)
+    DIR/requests/<run_id>.csv      (--requests) the run's per-request rows,
+    DIR/requests/<run_id>.parquet  and as Parquet when pyarrow is importable
+    DIR/traces/<run_id>.json       (--traces) the run's Chrome/Perfetto trace
     DIR/goodput.csv        (twin goodput) label, <swept keys but the rate key
                            and seed>, goodput_rps_mean, goodput_rps_ci95,
                            goodput_per_gpu, seeds, gpus
@@ -49,6 +54,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import functools
 import itertools
 import json
 import os
@@ -62,6 +68,7 @@ import yaml
 
 from twin import _version
 from twin.errors import SpecError, TwinError
+from twin.sim.frames import flatten
 from twin.sim.spec import apply_overrides, resolve_spec
 from twin.studies.compare import _set_path
 
@@ -175,7 +182,7 @@ def apply_sweep_overrides(data: dict[str, Any], overrides: Sequence[str]) -> Non
         target = key[len("sweep.") :]
         holder: dict[str, Any] = {}
         apply_overrides(holder, [f"v={raw}"], where="--set")
-        value = holder["v"]
+        value = holder.get("v")  # null: none (refused below, as a list is expected)
         section = data.get("sweep")
         if not isinstance(section, dict):
             raise SpecError(f"--set {item!r}: the spec has no sweep: section")
@@ -271,18 +278,34 @@ def run_spec(data: Mapping[str, Any], where: str, base_dir: str) -> dict[str, An
 def run_spec_with_requests(data: Mapping[str, Any], where: str, base_dir: str) -> dict[str, Any]:
     """:func:`run_spec`, plus the per-request rows as CSV text under the key
     ``"requests_csv"`` (written by the caller, so remote workers need no shared disk)."""
+    return run_spec_outputs(data, where, base_dir, requests=True)
+
+
+def run_spec_outputs(
+    data: Mapping[str, Any], where: str, base_dir: str, *, requests: bool = False,
+    traces: bool = False,
+) -> dict[str, Any]:  # fmt: skip
+    """:func:`run_spec`, plus with ``requests`` the per-request rows as CSV text
+    (key ``"requests_csv"``) and with ``traces`` the run's Chrome trace as JSON
+    text (key ``"trace_json"``, twin/sim/trace.py), for the caller to write."""
     import csv
     import io
 
     from twin.sim.metrics import REQUEST_COLUMNS
     from twin.sim.simulation import Simulation
+    from twin.sim.trace import TraceRecorder, chrome_trace_text
 
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=REQUEST_COLUMNS, lineterminator="\n")
     writer.writeheader()
+    recorder = TraceRecorder() if traces else None
     spec = resolve_spec(data, where, Path(base_dir))
-    result = Simulation(spec, on_row=writer.writerow).run().to_dict()
-    result["requests_csv"] = buf.getvalue()
+    on_row = writer.writerow if requests else None
+    result = Simulation(spec, on_row=on_row, trace=recorder).run().to_dict()
+    if requests:
+        result["requests_csv"] = buf.getvalue()
+    if recorder is not None:
+        result["trace_json"] = chrome_trace_text(recorder)
     return result
 
 
@@ -407,19 +430,6 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def flatten(summary: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Summary metrics with nested mappings flattened by dots; the free-form
-    ``rejected_by_reason`` stays one (JSON) cell so the columns never vary."""
-    out: dict[str, Any] = {}
-    for key, value in summary.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and key != "rejected_by_reason":
-            out.update(flatten(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
-
-
 def _write_whole(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
@@ -485,6 +495,7 @@ class SweepOutcome:
     ran: int
     skipped: int
     out: Path
+    notes: tuple[str, ...] = ()  # what was written or left out, and why (printed by twin sweep)
 
 
 class Progress:
@@ -516,20 +527,30 @@ def run_sweep(
     executor: Executor | None = None,
     runner: Callable[..., dict[str, Any]] | None = None,
     requests: bool = False,
+    traces: bool = False,
 ) -> SweepOutcome:
     """Run every run of the sweep spec ``data`` (parsed YAML, overrides applied)
     not already done in ``out`` and write the layout described at the top of
     this module. ``executor`` defaults to one local process; ``runner`` is the
     function a worker calls with ``(data, where, base_dir)`` (tests swap it);
     ``requests`` also writes each run's per-request rows to
-    ``out/requests/<run_id>.csv`` (for latency CDFs)."""
+    ``out/requests/<run_id>.csv`` (for latency CDFs); ``traces`` each run's
+    Chrome trace to ``out/traces/<run_id>.json`` (a done run without its
+    trace is run again). Parquet beside the CSV files when pyarrow is
+    importable; the outcome's notes say whether it was."""
+    from twin.sim.frames import have_pyarrow
+
     if runner is None:
-        runner = run_spec_with_requests if requests else run_spec
+        runner = run_spec
+        if requests or traces:
+            runner = functools.partial(run_spec_outputs, requests=requests, traces=traces)
     axes, runs = expand(data, where, base_dir)
     out = Path(out)
+    parquet = have_pyarrow()
     try:
         (out / "runs").mkdir(parents=True, exist_ok=True)
         _write_whole(out / "spec.yaml", yaml.safe_dump(dict(data), sort_keys=False))
+        (out / "runs.parquet").unlink(missing_ok=True)  # rewritten once runs.csv is whole
         f = open(out / "runs.csv", "w", encoding="utf-8", newline="")
     except OSError as e:
         raise TwinError(f"{out}: cannot write: {e.strerror}") from None
@@ -539,6 +560,8 @@ def run_sweep(
     try:
         for run in runs:
             doc = _done(out / "runs" / f"{run.run_id}.json", run.spec_sha256)
+            if traces and not (out / "traces" / f"{run.run_id}.json").is_file():
+                doc = None
             if doc is None:
                 todo.append(run)
             else:
@@ -553,10 +576,29 @@ def run_sweep(
                 if rows is not None:
                     (out / "requests").mkdir(exist_ok=True)
                     _write_whole(out / "requests" / f"{run.run_id}.csv", rows)
+                    if parquet:
+                        from twin.studies.sweepdata import write_requests_parquet
+
+                        write_requests_parquet(out / "requests", run.run_id, rows)
+                trace = result.pop("trace_json", None)
+                if trace is not None:
+                    (out / "traces").mkdir(exist_ok=True)
+                    _write_whole(out / "traces" / f"{run.run_id}.json", trace)
                 _write_whole(out / "runs" / f"{run.run_id}.json", run_document(run, result))
                 table.add(run, result["summary"])
                 progress.step()
     finally:
         progress.close()
         f.close()
-    return SweepOutcome(runs, len(todo), skipped, out)
+    notes = []
+    if parquet:
+        from twin.studies.sweepdata import write_runs_parquet
+
+        write_runs_parquet(out)
+        notes.append(
+            f"Parquet written beside the CSV files: {out / 'runs.parquet'}"
+            + (f", {out / 'requests'}/<run_id>.parquet" if requests else "")
+        )
+    else:
+        notes.append("no Parquet: pyarrow is not installed (pip install 'pd-twin[data]'); CSV only")
+    return SweepOutcome(runs, len(todo), skipped, out, tuple(notes))

@@ -652,17 +652,27 @@ def _cdf_runs(d: Path, rows: list[dict[str, str]], target: float) -> dict[str, P
 
 
 def plot_dir(
-    d: str | Path, out: str | Path | None = None, note: Callable[[str], None] | None = None
+    d: str | Path,
+    out: str | Path | None = None,
+    note: Callable[[str], None] | None = None,
+    unproduced: Sequence[str] = (),
 ) -> list[Path]:
     """Every plot a sweep folder allows, written to ``out`` (default
     ``d/plots``): attainment (runs.csv), goodput (goodput.csv), cdf
     (requests/*.csv), timeline (trace.json or the first traces/*.json).
-    What cannot be drawn is skipped with a note (default: to stderr)."""
+    What cannot be drawn is skipped with a note (default: to stderr), but for
+    the plots named in ``unproduced`` (the command that made the folder did
+    not write their inputs: a note would point at nothing to do)."""
     d = Path(d)
     if not d.is_dir():
         raise TwinError(f"{d}: not a folder")
     out = Path(out) if out is not None else d / "plots"
-    say = note or (lambda msg: print(f"twin plot: {msg}", file=sys.stderr))
+    tell = note or (lambda msg: print(f"twin plot: {msg}", file=sys.stderr))
+
+    def say(plot: str, msg: str) -> None:
+        if plot not in unproduced:
+            tell(msg)
+
     slo = _spec_slo(d)
     target = _float(slo.get("target")) or DEFAULT_TARGET
     written: list[Path] = []
@@ -671,9 +681,9 @@ def plot_dir(
         try:
             written += plot_attainment(d / "runs.csv", out / "attainment", target)
         except TwinError as e:
-            say(f"no attainment plot: {e}")
+            say("attainment", f"no attainment plot: {e}")
     else:
-        say(f"no attainment plot: {d / 'runs.csv'} missing or empty")
+        say("attainment", f"no attainment plot: {d / 'runs.csv'} missing or empty")
     if (d / "goodput.csv").is_file():
         written += plot_goodput(d / "goodput.csv", out / "goodput")
     runs = _cdf_runs(d, rows, target)
@@ -683,11 +693,11 @@ def plot_dir(
         tpot = None if "slo.tpot" in swept else _seconds(slo.get("tpot"))
         written += plot_cdfs(runs, out / "cdf", ttft_slo_s=ttft, tpot_slo_s=tpot)
     else:
-        say(f"no CDFs: no per-request data ({d / 'requests'}/<run_id>.csv)")
+        say("cdf", f"no CDFs: no per-request data ({d / 'requests'}/<run_id>.csv)")
     traces = [d / "trace.json"] if (d / "trace.json").is_file() else []
     traces += sorted((d / "traces").glob("*.json"))
     if traces:
         written += plot_timeline(traces[0], out / "timeline")
     else:
-        say(f"no timeline: no {d / 'trace.json'} or {d / 'traces'}/<run_id>.json")
+        say("timeline", f"no timeline: no {d / 'trace.json'} or {d / 'traces'}/<run_id>.json")
     return written
