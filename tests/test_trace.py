@@ -363,3 +363,18 @@ def test_a_tiny_split_run_links_prefill_transfer_and_decode():
         ("f", 1, "kv 0", 2, land0), ("f", 2, "kv 1", 2, round(land0 + 22000, 3)),
         ("s", 1, "kv 0", 1, 0), ("s", 2, "kv 1", 1, 20000),
     ]  # fmt: skip
+
+
+def test_a_pipelines_overlapping_micro_batches_take_further_lanes_of_its_instance():
+    # with pp = 2 a micro-batch enters the pipeline while the one before is in
+    # its second stage: their slices overlap, so they cannot share a thread
+    spec = colocated_spec(cluster={"instances": 1, "tp": 2, "pp": 2})
+    rec, result = traced(spec)
+    doc = json.loads(json.dumps(chrome_trace(rec)))
+    by_thread = check_trace(doc)  # every thread's slices nest, lanes' included
+    assert names(doc) == {(1, 0): "instances", (1, 1): "M0 mixed, node 0",
+                          (1, 2): "M0 mixed, node 0 #2"}  # fmt: skip
+    assert len(by_thread[(1, 1)]) + len(by_thread[(1, 2)]) == result.instances[0]["iterations"]
+    assert by_thread[(1, 2)]  # the second lane is used
+    lives = [e["tid"] for e in doc["traceEvents"] if e.get("cat") == "lifetime"]
+    assert lives == [1, 2]  # the lifetime on each lane

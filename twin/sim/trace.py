@@ -55,7 +55,9 @@ timestamps in microseconds (rounded to the nanosecond). "M" events name
 process 1 ``instances`` (a thread per instance, ``P0 prefill, node 0``, ...)
 and process 2 ``links`` (a thread per ordered instance pair, ``P0 -> D1``).
 On an instance's thread: "X" (complete) events, its lifetime and its
-iterations; "i" instants; "C" counter events named as the instance (``P0``)
+iterations (a pipeline's micro-batches overlap: those go to further lanes of
+the instance, threads ``P0 prefill, node 0 #2``, ..., each with the
+lifetime); "i" instants; "C" counter events named as the instance (``P0``)
 with one numeric arg, the counter (``{"kv blocks": 12}``), which Perfetto
 shows as the track ``P0 kv blocks``. Each transfer is an async slice, a "b"
 and an "e" event with the same ``cat`` (``transfer``), ``id`` (its number in
@@ -390,6 +392,22 @@ def _us(ns: int) -> float | int:
     return ns // 1000 if ns % 1000 == 0 else ns / 1000
 
 
+def _lanes(rec: TraceRecorder, bounds: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(instance, lane) per iteration: an instance's iterations in the fewest
+    lanes in which none overlap (one lane but for a pipeline's micro-batches,
+    which do), since the slices of one thread must nest."""
+    ends: dict[int, list[int]] = {}  # instance -> per lane: the end (ns) of its last slice
+    out = []
+    for it, (a, b) in zip(rec.iterations, bounds, strict=True):
+        lanes = ends.setdefault(it.instance, [])
+        lane = next((k for k, e in enumerate(lanes) if e <= a), len(lanes))
+        if lane == len(lanes):
+            lanes.append(b)
+        lanes[lane] = b
+        out.append((it.instance, lane))
+    return out
+
+
 def chrome_trace(rec: TraceRecorder) -> dict[str, Any]:
     """The recorder's spans as a Chrome trace-event document (a dict)."""
     events: list[dict[str, Any]] = []
@@ -400,34 +418,46 @@ def chrome_trace(rec: TraceRecorder) -> dict[str, Any]:
         args = {"sort_index": sort}
         events.append({"ph": "M", "pid": pid, "tid": tid, "name": key, "args": args})
 
-    meta(PID_INSTANCES, 0, "process_name", "instances", PID_INSTANCES)
-    for inst in rec.instances:
-        label = f"{inst['name']} {inst['role']}, node {inst['node']}"
-        meta(PID_INSTANCES, inst["id"] + 1, "thread_name", label, inst["id"])
-    body: list[dict[str, Any]] = []
-    names = {inst["id"]: inst["name"] for inst in rec.instances}
-    for i, up_s, down_s in rec.lifetime_spans():
-        a, b = _ns(up_s), _ns(down_s)
-        body.append(
-            {"ph": "X", "cat": "lifetime", "name": "lifetime", "pid": PID_INSTANCES,
-             "tid": i + 1, "ts": _us(a), "dur": _us(b - a),
-             "args": {"instance": names.get(i, str(i))}}
-        )  # fmt: skip
     downs = {i: sorted(ts) for i, ts in rec._downs.items()}
     bounds: list[tuple[int, int]] = []  # per iteration: its slice (ns)
     for it in rec.iterations:
         a = _ns(it.start_s)
         end_s = it.start_s + it.dt_s
         cut = next((d for d in downs.get(it.instance, ()) if it.start_s <= d < end_s), None)
-        b = _ns(end_s if cut is None else cut)  # cut short by a failure
-        bounds.append((a, b))
+        bounds.append((a, _ns(end_s if cut is None else cut)))  # cut short by a failure
+    lanes = _lanes(rec, bounds)
+    meta(PID_INSTANCES, 0, "process_name", "instances", PID_INSTANCES)
+    labels = {}
+    for inst in rec.instances:
+        labels[inst["id"]] = f"{inst['name']} {inst['role']}, node {inst['node']}"
+        meta(PID_INSTANCES, inst["id"] + 1, "thread_name", labels[inst["id"]], inst["id"])
+    extra = sorted({(i, lane) for i, lane in lanes if lane})  # a pipeline's overlapping batches
+    extra_tid = {key: 2 + max(labels, default=0) + n for n, key in enumerate(extra)}
+    for (i, lane), tid in extra_tid.items():
+        meta(PID_INSTANCES, tid, "thread_name", f"{labels.get(i, i)} #{lane + 1}", i)
+
+    def tid_of(i: int, lane: int) -> int:
+        return i + 1 if lane == 0 else extra_tid[(i, lane)]
+
+    body: list[dict[str, Any]] = []
+    names = {inst["id"]: inst["name"] for inst in rec.instances}
+    for i, up_s, down_s in rec.lifetime_spans():
+        a, b = _ns(up_s), _ns(down_s)
+        for tid in [i + 1, *(t for (j, _), t in extra_tid.items() if j == i)]:
+            body.append(
+                {"ph": "X", "cat": "lifetime", "name": "lifetime", "pid": PID_INSTANCES,
+                 "tid": tid, "ts": _us(a), "dur": _us(b - a),
+                 "args": {"instance": names.get(i, str(i))}}
+            )  # fmt: skip
+    for k, it in enumerate(rec.iterations):
+        a, b = bounds[k]
         body.append(
             {
                 "ph": "X",
                 "cat": "iteration",
                 "name": it.kind,
                 "pid": PID_INSTANCES,
-                "tid": it.instance + 1,
+                "tid": tid_of(*lanes[k]),
                 "ts": _us(a),
                 "dur": _us(b - a),
                 "args": {
@@ -457,7 +487,7 @@ def chrome_trace(rec: TraceRecorder) -> dict[str, Any]:
         for k, ph in ((p, "s"), (d, "f")):
             a, b = bounds[k]
             flow = {"ph": ph, "cat": "handoff", "name": f"kv {rid}", "id": n,
-                    "pid": PID_INSTANCES, "tid": rec.iterations[k].instance + 1,
+                    "pid": PID_INSTANCES, "tid": tid_of(*lanes[k]),
                     "ts": _us(a + (b - a) // 2)}  # fmt: skip
             body.append(flow | {"bp": "e"} if ph == "f" else flow)
     spans = sorted(rec.transfers, key=lambda s: (_ns(s.start_s), _ns(s.end_s), s.label))
