@@ -75,7 +75,7 @@ def cmd_compare(args: argparse.Namespace, data: dict[str, Any], where: str, base
                 "use --json, whose runs hold each entry's summary, instances, links and timeline"
             )
     only = [x.strip() for x in args.only.split(",") if x.strip()] if args.only else None
-    result = run_compare(data, where, base_dir, args.set or [], only=only)
+    result = run_compare(data, where, base_dir, args.set or [], only=only, quiet=args.quiet)
     if args.json:
         _write_json(args.json, result.to_dict())
     if not args.quiet:
@@ -219,10 +219,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print("in sample (the calibrated defaults, fitted on every source)")
     print(format_validation(validate_perf(data)))
     if args.held_out:
+        from twin._progress import Progress
         from twin.perf.calibrate import held_out_table
 
+        sources = load_sources(data)
+        with Progress(len(sources), "sources", desc="held out") as bar:
+            table = held_out_table(sources, on_source=bar.update)
         print()
-        print(held_out_table(load_sources(data)))
+        print(table)
     return 0
 
 

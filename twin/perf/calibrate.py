@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares, minimize, minimize_scalar
 
+from twin._progress import Progress
 from twin.perf.gpus import GPUSpec, get_gpu
 from twin.perf.llm import get_model
 from twin.perf.roofline import ENGINE_OVERHEADS, ENGINE_TERMS, GPU_EFFICIENCY, Roofline
@@ -232,6 +233,7 @@ def fit_sources(
     seed: int = 0,
     from_defaults: bool = True,
     rounds: int = 3,
+    on_fit: Callable[[], None] | None = None,
 ) -> dict[str, float]:
     """Fitted Roofline parameters (names as in :data:`NAMES`) plus ``"loss"``, on ``sources``.
 
@@ -244,7 +246,8 @@ def fit_sources(
     refined the same way wins (the fit is sensitive to rounding: the same starts
     on another machine or numpy build can end elsewhere). Every step keeps the
     parameters within ``_BOUNDS``. A held-out fit passes ``from_defaults=False``:
-    the defaults were fitted with every source, the held-out one too.
+    the defaults were fitted with every source, the held-out one too. ``on_fit``
+    is called as each start (and the defaults' refinement) is done.
     """
     if starts < 1 and not from_defaults:
         raise ValueError("fit_sources: no start (starts < 1 and from_defaults=False)")
@@ -255,6 +258,8 @@ def fit_sources(
         # The current defaults, refined, compete with the starts: a refit never does worse.
         best_x = _defaults()
         best_x, best_f = _refine(best_x, _objective(best_x, srcs), srcs, rounds)
+        if on_fit is not None:
+            on_fit()
     for i in range(starts):
         x = _X0 if i == 0 else _X0 + rng.normal(0.0, 0.7, len(NAMES))
         x = np.clip(x, _LO + 1e-6, _HI - 1e-6)
@@ -264,6 +269,8 @@ def fit_sources(
         x, f = _refine(x, _objective(x, srcs), srcs, rounds)
         if f < best_f:
             best_x, best_f = x, f
+        if on_fit is not None:
+            on_fit()
     out = _params(best_x)
     out["loss"] = float(best_f)
     return out
@@ -291,9 +298,11 @@ def fit_clock(sources: Sequence[Source], gpu: str) -> float:
     return float(r.x)
 
 
-def fit_roofline(data_dir: Path, starts: int = 3, seed: int = 0) -> dict[str, float]:
+def fit_roofline(
+    data_dir: Path, starts: int = 3, seed: int = 0, on_fit: Callable[[], None] | None = None
+) -> dict[str, float]:
     """:func:`fit_sources` on every source of :func:`twin.perf.validate.load_sources`."""
-    return fit_sources(load_sources(Path(data_dir)), starts, seed)
+    return fit_sources(load_sources(Path(data_dir)), starts, seed, on_fit=on_fit)
 
 
 def roofline_kwargs(p: dict[str, float], gpu: str, engine: str) -> dict[str, object]:
@@ -352,13 +361,17 @@ def leave_one_out(
     sources: Sequence[Source],
     fit: Callable[[Sequence[Source]], dict[str, float]] = held_out_fit,
     model: Callable[[dict[str, float], Source], Any] = fitted_roofline,
+    on_source: Callable[[], None] | None = None,
 ) -> list[tuple[ValidationRow, dict[str, float]]]:
     """Per source, in order: its errors under the parameters ``fit`` finds on all the other
-    sources (``model(params, source)`` builds what is scored), and those parameters."""
+    sources (``model(params, source)`` builds what is scored), and those parameters;
+    ``on_source`` is called as each source is done."""
     out = []
     for i, held in enumerate(sources):
         p = fit([s for j, s in enumerate(sources) if j != i])
         out.append((score(held, model(p, held)), p))
+        if on_source is not None:
+            on_source()
     return out
 
 
@@ -411,12 +424,13 @@ def held_out_table(
     sources: Sequence[Source],
     fit: Callable[[Sequence[Source]], dict[str, float]] = held_out_fit,
     p_all: dict[str, float] | None = None,
+    on_source: Callable[[], None] | None = None,
 ) -> str:
     """The leave-one-out table of ``sources`` (see :func:`leave_one_out`), a reason under it for
     each source that misses the out-of-sample target. ``p_all`` is the fit with every source
     (default: the hard-coded defaults)."""
     p_all = default_params() if p_all is None else p_all
-    rows = leave_one_out(sources, fit)
+    rows = leave_one_out(sources, fit, on_source=on_source)
     notes = {}
     for s, (held, p_out) in zip(sources, rows, strict=True):
         if not held.meets(HELD_OUT_MEDIAN, HELD_OUT_WORST):
@@ -437,10 +451,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", required=True, help="shared data directory")
     ap.add_argument("--starts", type=int, default=3)
     args = ap.parse_args(argv)
-    for g in CAPPED:
-        clock = fit_clock(load_sources(Path(args.data)), g)
+    # a unit is a fit: each capped GPU's clock, each start and the defaults' refinement
+    with Progress(len(CAPPED) + args.starts + 1, "fits", desc="calibrate") as bar:
+        clocks = []
+        for g in CAPPED:
+            clocks.append((g, fit_clock(load_sources(Path(args.data)), g)))
+            bar.update()
+        p = fit_roofline(Path(args.data), starts=args.starts, on_fit=bar.update)
+    for g, clock in clocks:
         print(f"{'sustained_clock@' + g:<32} {clock:.4g} (the other defaults held)")
-    p = fit_roofline(Path(args.data), starts=args.starts)
     for k, v in p.items():
         print(f"{k:<32} {v:.4g}")
     worst, passing, n = check(Path(args.data), p)

@@ -396,6 +396,7 @@ class Engine:
         self._interrupt()
         self.waiting.append(seq)
         self.waiting_tokens += seq.prefill_len
+        self.observer.request_queued(self.env.now, self.id, seq.req)
         self._poke()
 
     def reserve(self, seq: Sequence) -> bool:

@@ -516,6 +516,7 @@ class KVHandoff:
         seq.landed = True
         self.engines[src].release(seq)
         self.engines[dst].receive(seq)
+        self.engines[dst].observer.kv_landed(self.env.now, src, dst, seq.req)
 
 
 class _Stream:

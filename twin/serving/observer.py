@@ -68,6 +68,10 @@ class Observer:
         (``instance`` -1 and ``seq`` None when the router rejected it)."""
 
     # -- engines -------------------------------------------------------------------------
+    def request_queued(self, now: float, instance: int, req: Request) -> None:
+        """``req`` joined ``instance``'s queue of prompts to compute (routed
+        there, retried, or its prefix loaded from a KV pool)."""
+
     def iteration_started(
         self, now: float, instance: int, dt: float, prefill_ids: tuple[int, ...], batch: Batch
     ) -> None:
@@ -83,6 +87,10 @@ class Observer:
 
     def prefilled(self, now: float, instance: int, req: Request) -> None:
         """``req``'s prompt is done on prefill ``instance``; its KV waits to move."""
+
+    def kv_landed(self, now: float, src: int, dst: int, req: Request) -> None:
+        """``req``'s KV has moved from ``src`` to ``dst``: ``src`` freed the blocks
+        it held, and ``req`` decodes on ``dst`` from its next iteration."""
 
     # -- the network ---------------------------------------------------------------------
     def transfer_started(self, now: float, transfer: Transfer) -> None:
@@ -135,6 +143,10 @@ class Broadcast(Observer):
         for o in self.observers:
             o.request_ended(now, instance, req, seq, outcome, reason)
 
+    def request_queued(self, now: float, instance: int, req: Request) -> None:
+        for o in self.observers:
+            o.request_queued(now, instance, req)
+
     def iteration_started(
         self, now: float, instance: int, dt: float, prefill_ids: tuple[int, ...], batch: Batch
     ) -> None:
@@ -152,6 +164,10 @@ class Broadcast(Observer):
     def prefilled(self, now: float, instance: int, req: Request) -> None:
         for o in self.observers:
             o.prefilled(now, instance, req)
+
+    def kv_landed(self, now: float, src: int, dst: int, req: Request) -> None:
+        for o in self.observers:
+            o.kv_landed(now, src, dst, req)
 
     def transfer_started(self, now: float, transfer: Transfer) -> None:
         for o in self.observers:

@@ -270,6 +270,8 @@ class Simulation:
         )
         self._name = spec.scheduler if scheduler is None else type(scheduler).__name__
         self._build_cluster(perf, link_series_s)
+        if trace is not None:
+            trace.watch(self.engines)
         apply_plan(
             self.scheduler.setup(self.view), self.engines, spec.topology is not None,
             spec.scheduler,

@@ -45,6 +45,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from twin._progress import Progress
 from twin.errors import TwinError
 
 if TYPE_CHECKING:
@@ -333,11 +334,20 @@ def bench(
     if vs is not None and not vs.strip():
         raise TwinError("--vs: the command is empty")
     rows = []
-    with tempfile.TemporaryDirectory(prefix="twin-bench-") as tmp:
+    # a unit is one measured run (twin's, or the --vs command's); the bar is drawn
+    # between them, never while one is measured
+    total = len(sizes) * len(configs) * repeat * (1 if vs is None else 2)
+    with (
+        tempfile.TemporaryDirectory(prefix="twin-bench-") as tmp,
+        Progress(total, "runs", desc="bench") as bar,
+    ):
         for n in sizes:
             for config in configs:
                 if vs is None:
-                    runs = [measure_twin(config, n) for _ in range(repeat)]
+                    runs = []
+                    for _ in range(repeat):
+                        runs.append(measure_twin(config, n))
+                        bar.update()
                     rows.append({**summarize(config, n, runs), "raw": runs})
                     continue
                 path = Path(tmp) / f"requests-{config}-{n}.csv"
@@ -347,7 +357,9 @@ def bench(
                 a_runs, b_runs = [], []
                 for _ in range(repeat):  # A B A B ...
                     a_runs.append(measure_twin(config, n))
+                    bar.update()
                     b_runs.append(measure_command(command))
+                    bar.update()
                 row = summarize(config, n, a_runs)
                 rows.append({**row, "raw": a_runs, "vs": _vs_row(a_runs, b_runs, vs, command)})
     return rows

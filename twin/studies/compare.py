@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from twin import _version
+from twin._progress import Progress
 from twin.errors import SpecError, UnknownSchedulerError
 from twin.sim.simulation import Result, Simulation
 from twin.sim.spec import ExperimentSpec, apply_overrides, canonical_json, resolve_spec
@@ -261,9 +262,12 @@ def run_compare(
     overrides: Sequence[str] = (),
     only: Sequence[str] | None = None,
     warn: Callable[[str], None] | None = None,
+    *,
+    quiet: bool = False,
 ) -> CompareResult:
     """Run every entry of the spec's ``compare:`` section (or those in ``only``),
-    one after the other, on the base spec's workload and seed.
+    one after the other, on the base spec's workload and seed (a progress bar
+    on stderr when it is a terminal, unless ``quiet``).
 
     ``spec_data`` is the parsed YAML (left unchanged), ``where`` names it in
     messages, ``base_dir`` anchors relative paths, ``overrides`` are
@@ -271,7 +275,11 @@ def run_compare(
     entry that overrides one says so to ``warn``, see :func:`compare_specs`).
     """
     base, specs = compare_specs(spec_data, where, base_dir, overrides, only, warn)
-    runs = {label: Simulation(spec).run() for label, spec in specs.items()}
+    runs = {}
+    with Progress(len(specs), "runs", desc="compare", quiet=quiet) as bar:
+        for label, spec in specs.items():
+            runs[label] = Simulation(spec).run()
+            bar.update()
     first = next(iter(specs.values()))
     traces: dict[str, str] = {}
     for r in runs.values():

@@ -27,7 +27,6 @@ import copy
 import csv
 import itertools
 import math
-import sys
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from twin._progress import Progress
 from twin.errors import SpecError
 from twin.request import Request
 from twin.sim.spec import ExperimentSpec, resolve_spec
@@ -367,7 +367,11 @@ def goodput(
     pending = {cs: next(g) for cs, g in searches.items()}
     found: dict[tuple[int, int], tuple[float, bool]] = {}
     probes = 0
-    with executor if executor is not None else Executor(jobs=1) as ex:
+    # a unit is a search (a configuration on a seed or window) done; the probes run beside
+    with (
+        executor if executor is not None else Executor(jobs=1) as ex,
+        Progress(len(searches), "searches", desc="goodput") as bar,
+    ):
         while pending:
             order = list(pending)
             jobs: list[Job] = []
@@ -375,19 +379,19 @@ def goodput(
                 d = copy.deepcopy(configs[c][4][s])
                 _set_path(d, key, pending[(c, s)], configs[c][5])
                 jobs.append((runner, (d, configs[c][5], str(base_dir))))
-            results = dict(ex.run(jobs))
-            probes += len(jobs)
-            if sys.stderr.isatty():
-                sys.stderr.write(f"\r{probes} runs, {len(found)}/{len(searches)} searches done")
-                sys.stderr.flush()
+            results = {}
+            for i, value in ex.run(jobs):
+                results[i] = value
+                probes += 1
+                bar.note(f"{probes} runs")
+                bar.update(0)
             for i, cs in enumerate(order):
                 try:
                     pending[cs] = searches[cs].send(results[i] >= configs[cs[0]][2])
                 except StopIteration as stop:
                     found[cs] = stop.value
                     del pending[cs]
-    if sys.stderr.isatty():
-        sys.stderr.write("\n")
+                    bar.update()
 
     rows = []
     for c, (params, label, tgt, gpus, per_seed, at, notes) in enumerate(configs):

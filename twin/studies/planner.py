@@ -52,6 +52,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from twin._progress import Progress
 from twin.errors import CapacityError, ProfileError, SpecError
 from twin.request import Request
 from twin.scheduler import ClusterView, Plan, Route
@@ -577,13 +578,17 @@ def _rescore(
 
 def _score(
     ex: Executor, spec: ExperimentSpec, sample: list[Request], limits: _Limits, role: str,
-    configs: Sequence[tuple[int, int, str]], feed: Candidate | None,
+    configs: Sequence[tuple[int, int, str]], feed: Candidate | None, bar: Progress,
 ) -> tuple[list[Candidate], int]:  # fmt: skip
     """Every configuration of ``role`` scored, in the order of ``configs`` (the
-    searches run as jobs on ``ex``), and the simulations they ran."""
+    searches run as jobs on ``ex``, each counted on ``bar`` as it ends), and
+    the simulations they ran."""
     searched = [(tp, pp) for tp, pp, note in configs if not note]
     jobs: list[Job] = [(_search, (spec, sample, limits, role, tp, pp, feed)) for tp, pp in searched]
-    found = dict(ex.run(jobs))
+    found = {}
+    for i, value in ex.run(jobs):
+        found[i] = value
+        bar.update()
     by_config = {c: found[i] for i, c in enumerate(searched)}
     out, simulations = [], 0
     for tp, pp, note in configs:
@@ -654,15 +659,19 @@ def plan_distserve(
     limits = (max_gpus_per_instance, iterations, max_decode_requests)
     pl = _Planner(spec, sample, *limits)
     configs = pl.configs()
-    with executor if executor is not None else Executor(jobs=1) as ex:
-        prefills, simulations = _score(ex, spec, sample, limits, "prefill", configs, None)
+    searches = 2 * sum(1 for *_, note in configs if not note)  # each configuration, per phase
+    with (
+        executor if executor is not None else Executor(jobs=1) as ex,
+        Progress(searches, "searches", desc="plan") as bar,
+    ):
+        prefills, simulations = _score(ex, spec, sample, limits, "prefill", configs, None, bar)
         best_p = _best(prefills)
         if best_p is None:
             raise SpecError(
                 f"{spec.source}: no prefill configuration within a node meets the TTFT SLO "
                 f"({_s(spec.slo.ttft_s)}) for {spec.slo.target:.0%} of the sample at any rate"
             )
-        decodes, sims = _score(ex, spec, sample, limits, "decode", configs, best_p)
+        decodes, sims = _score(ex, spec, sample, limits, "decode", configs, best_p, bar)
         simulations += sims
     best_d = _best(decodes)
     if best_d is None:
@@ -774,8 +783,14 @@ def plan_distserve(
     # The chosen configurations scored again on the other samples, the counts kept.
     caps = [min(n_p * best_p.goodput_rps, n_d * best_d.goodput_rps)]
     jobs: list[Job] = [(_rescore, (spec, other, limits, best_p, best_d)) for other in samples[1:]]
-    with executor if executor is not None else Executor(jobs=1) as ex:
-        rescored = dict(ex.run(jobs))
+    with (
+        executor if executor is not None else Executor(jobs=1) as ex,
+        Progress(len(jobs), "samples", desc="plan: the other samples") as bar,
+    ):
+        rescored = {}
+        for i, value in ex.run(jobs):
+            rescored[i] = value
+            bar.update()
     for k in range(len(jobs)):
         gp, gd, sims = rescored[k]
         caps.append(min(n_p * gp, n_d * gd))

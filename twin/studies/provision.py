@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from twin._progress import Progress
 from twin.errors import SpecError
 from twin.perf.gpus import get_gpu
 from twin.request import Request
@@ -342,8 +343,14 @@ def provision(
         except SpecError as e:
             left_out.append((n_p, n_d, str(e)))
     jobs: list[Job] = [(_goodput_job, (spec, reqs, tol)) for _, _, spec in held for reqs in samples]
-    with executor if executor is not None else Executor(jobs=1) as ex:
-        found = dict(ex.run(jobs))
+    with (
+        executor if executor is not None else Executor(jobs=1) as ex,
+        Progress(len(jobs), "searches", desc="provision") as bar,  # a split on a sample each
+    ):
+        found = {}
+        for i, value in ex.run(jobs):
+            found[i] = value
+            bar.update()
     k = len(samples)
     for i, (n_p, n_d, spec) in enumerate(held):
         rates = tuple(found[i * k + j] for j in range(k))

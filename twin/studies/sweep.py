@@ -58,7 +58,6 @@ import functools
 import itertools
 import json
 import os
-import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,6 +66,7 @@ from typing import IO, Any
 import yaml
 
 from twin import _version
+from twin._progress import Progress
 from twin.errors import SpecError, TwinError
 from twin.sim.frames import flatten
 from twin.sim.spec import apply_overrides, resolve_spec
@@ -498,26 +498,6 @@ class SweepOutcome:
     notes: tuple[str, ...] = ()  # what was written or left out, and why (printed by twin sweep)
 
 
-class Progress:
-    """``\\r12/40 runs`` on stderr when it is a terminal; silent otherwise."""
-
-    def __init__(self, total: int, what: str = "runs", stream: IO[str] | None = None):
-        self.stream = stream if stream is not None else sys.stderr
-        self.on = self.stream.isatty()
-        self.total, self.what, self.done = total, what, 0
-
-    def step(self, n: int = 1, note: str = "") -> None:
-        self.done += n
-        if self.on:
-            self.stream.write(f"\r{self.done}/{self.total} {self.what}{note}")
-            self.stream.flush()
-
-    def close(self) -> None:
-        if self.on:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
 def run_sweep(
     data: Mapping[str, Any],
     where: str,
@@ -555,7 +535,7 @@ def run_sweep(
     except OSError as e:
         raise TwinError(f"{out}: cannot write: {e.strerror}") from None
     table = RunsTable(f, swept_keys(axes))
-    progress = Progress(len(runs))
+    progress: Progress | None = None
     todo: list[Run] = []
     try:
         for run in runs:
@@ -566,8 +546,8 @@ def run_sweep(
                 todo.append(run)
             else:
                 table.add(run, doc["summary"])
-                progress.step()
         skipped = len(runs) - len(todo)
+        progress = Progress(len(runs), "runs", desc="sweep", initial=skipped)
         jobs: list[Job] = [(runner, (r.data, where, str(base_dir))) for r in todo]
         with executor if executor is not None else Executor(jobs=1) as ex:
             for i, result in ex.run(jobs):
@@ -586,9 +566,10 @@ def run_sweep(
                     _write_whole(out / "traces" / f"{run.run_id}.json", trace)
                 _write_whole(out / "runs" / f"{run.run_id}.json", run_document(run, result))
                 table.add(run, result["summary"])
-                progress.step()
+                progress.update()
     finally:
-        progress.close()
+        if progress is not None:
+            progress.close()
         f.close()
     notes = []
     if parquet:

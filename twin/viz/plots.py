@@ -356,7 +356,7 @@ def plot_timeline(
     window_s: tuple[float, float] | None = None,
 ) -> list[Path]:
     """One row per instance with its iterations (colored prefill, decode or
-    mixed) and one per instance pair (lane) with its KV transfers, over the
+    mixed) and one per instance pair with its KV transfers, over the
     run or ``window_s`` = (start, end) seconds; preemptions are red ticks."""
     doc = load_trace(trace_or_log)
     names: dict[tuple[int, int], str] = {}
@@ -364,8 +364,18 @@ def plot_timeline(
     instants: dict[tuple[int, int], list[float]] = {}
     parity: dict[tuple[int, int], int] = {}
     t_max = 0.0
+    begun: dict[tuple[Any, Any], dict[str, Any]] = {}  # (cat, id) -> its async "b" event
     for e in doc["traceEvents"]:
         key = (e.get("pid", 0), e.get("tid", 0))
+        if e.get("ph") == "b":
+            begun[(e.get("cat"), e.get("id"))] = e
+            continue
+        if e.get("ph") == "e":  # an async slice (a transfer) on its begin's row
+            b = begun.pop((e.get("cat"), e.get("id")), None)
+            if b is None:
+                continue
+            label = b.get("args", {}).get("label", b.get("name", ""))
+            e = {**b, "ph": "X", "name": label, "dur": e["ts"] - b["ts"]}
         if e.get("ph") == "M" and e.get("name") == "thread_name":
             names[key] = e["args"]["name"]
         elif e.get("ph") == "X":
