@@ -374,7 +374,7 @@ def test_a_pipelines_overlapping_micro_batches_take_further_lanes_of_its_instanc
     by_thread = check_trace(doc)  # every thread's slices nest, lanes' included
     assert names(doc) == {(1, 0): "instances", (1, 1): "M0 mixed, node 0",
                           (1, 2): "M0 mixed, node 0 #2"}  # fmt: skip
-    assert len(by_thread[(1, 1)]) + len(by_thread[(1, 2)]) == result.instances[0]["iterations"]
+    assert len(by_thread[(1, 1)]) + len(by_thread[(1, 2)]) == result.instance_rows[0]["iterations"]
     assert by_thread[(1, 2)]  # the second lane is used
     lives = [e["tid"] for e in doc["traceEvents"] if e.get("cat") == "lifetime"]
     assert lives == [1, 2]  # the lifetime on each lane
