@@ -581,6 +581,26 @@ def _plot_options(args: argparse.Namespace, sweep: bool = True) -> Any:
     return PlotOptions(args.facet, args.hue, size, args.dpi, labels, args.at_rate)
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from twin.viz.report import write_report
+
+    note = lambda msg: print(f"twin report: {msg}", file=sys.stderr)  # noqa: E731
+    print(write_report(args.dir, args.out, _plot_options(args), note))
+    return 0
+
+
+def _add_report_parser(sub: Any) -> None:
+    rp = sub.add_parser(
+        "report",
+        help="one self-contained HTML page of a sweep folder: plots, sortable tables, hashes",
+        epilog="example: twin report out/pool-ratio   # writes out/pool-ratio/report.html",
+    )
+    rp.add_argument("dir", help="a sweep or goodput folder (runs.csv, goodput.csv, spec.yaml)")
+    rp.add_argument("--out", metavar="FILE", help="where to write (default: DIR/report.html)")
+    _add_plot_options(rp)
+    rp.set_defaults(func=cmd_report)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="twin", description="pd-twin: a digital twin of an LLM serving cluster"
@@ -763,6 +783,7 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--out", metavar="DIR", help="where to write (default: DIR/plots, else .)")
     _add_plot_options(pt)
     pt.set_defaults(func=cmd_plot)
+    _add_report_parser(sub)
 
     b = sub.add_parser(
         "bench",

@@ -232,7 +232,7 @@ def _styler(
 
 
 KNEE_HANDLE = "knee (last rate at the target)"
-WRAP_BARS, WRAP_CHARS = 24, 28  # goodput labels wrap when a panel has at most 24 bars
+WRAP_BARS, WRAP_CHARS = 24, 28  # goodput labels over 28 wrap when a panel has at most 24 bars
 GROUPED_LEGEND_IN = 2.8  # a grouped legend's width: KNEE_HANDLE at 8 pt and its marker
 
 
@@ -402,8 +402,10 @@ def goodput_figure(
     # a few configurations: long labels wrapped onto lines of WRAP_CHARS, so the bars
     # beside them still fill half the figure; many: one line each
     names = {lab: styler.label(params[lab]) for lab in labels}
-    if most <= WRAP_BARS:
-        names = {k: textwrap.fill(v, WRAP_CHARS) for k, v in names.items()}
+    longest = max(len(v) for v in names.values())
+    if most <= WRAP_BARS and longest > WRAP_CHARS:
+        half = max(WRAP_CHARS, math.ceil(longest * 0.7))  # two lines, rarely three
+        names = {k: textwrap.fill(v, half, break_on_hyphens=False) for k, v in names.items()}
     lines = max(v.count("\n") + 1 for v in names.values())
     if opts.size is None:
         # a bar and its gap: 9 pt labels (about 12.5 pt a line) never touch
