@@ -17,7 +17,7 @@ import pytest
 
 from twin.cli import main
 from twin.studies.sweep import Axis, _cell, make_label
-from twin.viz.plots import attainment_figure, common_rate, sweep_figures
+from twin.viz.plots import attainment_figure, common_rate, sweep_cdf_figure, sweep_figures
 from twin.viz.style import PlotOptions, Styler, layout_problems
 
 TRACES = (
@@ -206,10 +206,13 @@ def test_the_cdfs_compare_every_configuration_at_one_rate(tmp_path, a_requests_c
     # the knees are 0.5, 1, 1, 2, 2, 2, 2, 0.5, 1, 1: the median is 1
     assert common_rate(table, 0.9, None) == (1.0, "the median knee")
     assert common_rate(table, 0.9, 1.7) == (1.7, "asked")
-    fig = sweep_figures(tmp_path, PlotOptions(at_rate=1.7), note=pytest.fail)["cdf"]
+    slo = {"target": 0.9, "ttft": "1 s", "tpot": "50 ms"}
+    fig = sweep_cdf_figure(tmp_path, table, slo, PlotOptions(at_rate=1.7))
     assert fig.get_suptitle().startswith("TTFT and TPOT CDFs at 2x (the swept rate nearest 1.7x)")
-    fig = sweep_figures(tmp_path, PlotOptions(), note=pytest.fail)["cdf"]
+    fig = sweep_cdf_figure(tmp_path, table, slo, PlotOptions())
     assert fig.get_suptitle().startswith("TTFT and TPOT CDFs at 1x (the median knee)")
+    # the SLOs every configuration shares are drawn, and named in the legend
+    assert "SLO TTFT 1 s, TPOT 50 ms" in [t.get_text() for t in fig.legends[0].get_texts()]
     assert len(rows) == 30
 
 
@@ -232,12 +235,13 @@ def png_size(path: Path) -> tuple[int, int]:
 
 def test_twin_plot_takes_the_plot_options(tmp_path, capsys):
     write_pool_ratio(tmp_path, 1)
+    (tmp_path / "goodput.csv").unlink()  # the attainment plot alone tells
     out = tmp_path / "p"
     argv = ["plot", str(tmp_path), "--out", str(out), "--size", "9,5", "--dpi", "40",
             "--label", "tag.trace=workload", "--hue", "scheduler.name"]  # fmt: skip
     assert main(argv) == 0
     printed = capsys.readouterr().out.split()
-    assert printed[:3] == [str(out / f"attainment.{e}") for e in ("png", "svg", "pdf")]
+    assert printed == [str(out / f"attainment.{e}") for e in ("png", "svg", "pdf")]
     assert png_size(out / "attainment.png") == (360, 200)
     for bad, says in [
         (["--facet", "nope"], "--facet: 'nope' is not a swept key of"),
@@ -253,3 +257,28 @@ def test_twin_plot_takes_the_plot_options(tmp_path, capsys):
         assert err.startswith("twin: error: ") and says in err and err.count("\n") == 1, err
     assert main(["plot", "--requests", str(tmp_path / "runs.csv"), "--facet", "x"]) == 2
     assert "apply to a sweep folder" in capsys.readouterr().err
+
+
+# -- the bundled sweep itself, small ---------------------------------------------------------
+def test_the_bundled_pool_ratio_sweep_plots_after_it_runs(shared_data, tmp_path, capsys):
+    traces = shared_data / "traces" / "azure_llm_2023"
+    code, conv = (traces / f"AzureLLMInferenceTrace_{k}.csv" for k in ("code", "conv"))
+    out = tmp_path / "pool-ratio"
+    argv = [
+        "sweep", "pool-ratio", "-j", "1", "--out", str(out), "--requests",
+        "--set", f"sweep.workload.trace=[{code}, {conv}]", "--set", f"workload.trace={conv}",
+        "--set", "workload.max_requests=20", "--set", "sweep.workload.rate_scale=[1, 50]",
+        "--set", "sweep.slo.ttft=[1 s]", "--set", "sweep.slo.tpot=[50 ms]",
+        "--hue", "cluster.prefill.instances", "--dpi", "30",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    printed = capsys.readouterr().out.split()
+    plots = out / "plots"
+    for name in ("attainment", "cdf"):
+        assert [p for p in printed if p.startswith(str(plots / f"{name}."))] == [
+            str(plots / f"{name}.{e}") for e in ("png", "svg", "pdf")
+        ]
+    figs = sweep_figures(out, PlotOptions(facet="workload.trace"), note=lambda m: None)
+    assert [ax.get_title() for ax in figs["attainment"].axes] == ["trace=code", "trace=conv"]
+    for name, fig in figs.items():
+        assert layout_problems(fig) == [], name

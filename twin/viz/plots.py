@@ -905,29 +905,31 @@ def common_rate(
     return min(rates, key=lambda r: (abs(r - mid), r)), "the median knee"
 
 
-def cdf_runs(d: Path, rows: list[dict[str, str]], rate: float) -> list[tuple[str, float, Path]]:
+def cdf_runs(
+    d: Path, rows: list[dict[str, str]], rate: float | None
+) -> list[tuple[str, float, Path]]:
     """Per label (in the sweep's order), the run with per-request data at the
-    rate nearest ``rate`` (lowest seed first): (label, its rate, requests CSV)."""
+    rate nearest ``rate`` (lowest seed first; any rate when the sweep has no
+    rate column, ``rate`` None): (label, its rate, requests CSV)."""
     have = {p.stem: p for p in sorted((d / "requests").glob("*.csv"))}
     rate_col = next((c for c in RATE_COLUMNS if rows and c in rows[0]), None)
-    if rate_col is None:
-        return []
     out = []
     for label in dict.fromkeys(r.get("label") or "all" for r in rows):
         cands = [
             r for r in rows
             if (r.get("label") or "all") == label and r.get("run_id") in have
-            and _float(r.get(rate_col)) is not None
+            and (rate_col is None or _float(r.get(rate_col)) is not None)
         ]  # fmt: skip
         if not cands:
             continue
 
         def closeness(r: dict[str, str]) -> tuple[float, float, float, str]:
-            x = _float(r.get(rate_col)) or 0.0
-            return (abs(x - rate), x, _float(r.get("seed")) or 0.0, r["run_id"])
+            x = (_float(r.get(rate_col)) or 0.0) if rate_col else 0.0
+            return (abs(x - (rate or 0.0)), x, _float(r.get("seed")) or 0.0, r["run_id"])
 
         best = min(cands, key=closeness)
-        out.append((label, _float(best.get(rate_col)) or 0.0, have[best["run_id"]]))
+        x = (_float(best.get(rate_col)) or 0.0) if rate_col else 0.0
+        out.append((label, x, have[best["run_id"]]))
     return out
 
 
@@ -938,18 +940,20 @@ def sweep_cdf_figure(
     (:func:`common_rate`), stated in the title; None without per-request data."""
     target = _float(slo.get("target")) or DEFAULT_TARGET
     rate_col = next((c for c in RATE_COLUMNS if rows and c in rows[0]), None)
-    if rate_col is None:
-        return None
-    rate, why = common_rate(rows, target, opts.at_rate)
-    picked = cdf_runs(d, rows, rate)
+    if rate_col is None and opts.at_rate is not None:
+        raise TwinError(f"--at-rate: {d / 'runs.csv'} sweeps no rate ({', '.join(RATE_COLUMNS)})")
+    rate, why = common_rate(rows, target, opts.at_rate) if rate_col else (0.0, "")
+    picked = cdf_runs(d, rows, rate if rate_col else None)
     if not picked:
         return None
-    unit = RATE_UNIT[rate_col]
+    unit = RATE_UNIT[rate_col] if rate_col else ""
     keys = swept_columns(rows[0].keys(), "run_id", "label")
     params = _configs(rows, keys)
     styler = _styler([params[lab] for lab, _, _ in picked], keys, opts, str(d / "runs.csv"))
     got = sorted({x for _, x, _ in picked})
-    if len(got) == 1:
+    if rate_col is None:
+        at = "(one run per configuration)"
+    elif len(got) == 1:
         at = f"at {got[0]:g}{unit}"
         if why != "asked":
             at += f" ({why})"
@@ -962,9 +966,15 @@ def sweep_cdf_figure(
     for lab, x, _ in picked:
         name = styler.label(params[lab])
         texts.append(name if len(got) == 1 else f"{name} @ {x:g}{unit}")
-    swept = rows[0].keys()
-    ttft = None if "slo.ttft" in swept else _seconds(slo.get("ttft"))
-    tpot = None if "slo.tpot" in swept else _seconds(slo.get("tpot"))
+
+    def one_slo(key: str) -> float | None:
+        """The SLO every configuration shares: swept to one value, or the spec's."""
+        if f"slo.{key}" not in rows[0]:
+            return _seconds(slo.get(key))
+        values = {r.get(f"slo.{key}") for r in rows}
+        return _seconds(values.pop()) if len(values) == 1 else None
+
+    ttft, tpot = one_slo("ttft"), one_slo("tpot")
     runs = [(params[lab], t, p) for (lab, _, p), t in zip(picked, texts, strict=True)]
     return cdf_figure(runs, styler, f"TTFT and TPOT CDFs {at}", ttft_slo_s=ttft, tpot_slo_s=tpot)
 
@@ -1000,9 +1010,10 @@ def sweep_figures(
         try:
             cdf = sweep_cdf_figure(d, rows, slo, opts)
         except TwinError as e:
-            if opts.facet is not None or opts.hue is not None:
+            if opts.facet is not None or opts.hue is not None or opts.at_rate is not None:
                 raise
             say(f"no CDFs: {e}")
+            return figs
     if cdf is not None:
         figs["cdf"] = cdf
     else:
