@@ -157,6 +157,18 @@ def test_the_report_holds_every_configuration_run_hash_and_plot(sweep):
     assert any(n.startswith("no CDFs") for n in notes)
 
 
+def test_a_goodput_folder_alone_makes_a_report(sweep, tmp_path):
+    d, rows = sweep
+    for name in ("goodput.csv", "spec.yaml"):
+        (tmp_path / name).write_bytes((d / name).read_bytes())
+    page = parse(build_report(tmp_path, PlotOptions(dpi=30)))
+    head, configs = page.tables["configs"]
+    assert [c[0] for c in configs] == list(dict.fromkeys(r["label"] for r in rows))
+    assert "goodput (req/s)" in head and "runs" not in page.tables
+    assert len(page.urls) == 1  # the goodput bars
+    assert any("no attainment plot" in n for n in page.items)
+
+
 def test_twin_report_refuses_what_is_not_a_sweep(sweep, tmp_path, capsys):
     d, _ = sweep
     assert (d / "report.html").read_text().startswith("<!DOCTYPE html>")
@@ -179,9 +191,9 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 )
 def test_the_report_renders_in_chromium_and_its_tables_sort(sweep, tmp_path):
     d, rows = sweep
-    url = (
-        d / "report.html"
-    ).as_uri() + "#sort=configs:goodput%20(req%2Fs):desc&sort=runs:run_id:asc"
+    # the configurations sorted by a link; the runs by two clicks on a header (up, then down)
+    link = "#sort=configs:goodput%20(req%2Fs):desc&click=runs:run_id&click=runs:run_id"
+    url = (d / "report.html").as_uri() + link
     argv = [
         CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
         "--disable-component-update", "--disable-sync", "--no-first-run",
@@ -206,5 +218,5 @@ def test_the_report_renders_in_chromium_and_its_tables_sort(sweep, tmp_path):
     assert sorted(written, reverse=True) != written
     assert page.attrs_of["configs"]["data-sorted"] == "goodput (req/s):desc"
     ids = [r[0] for r in page.tables["runs"][1]]
-    assert ids == sorted(r["run_id"] for r in rows)
-    assert page.attrs_of["runs"]["data-sorted"] == "run_id:asc"
+    assert ids == sorted((r["run_id"] for r in rows), reverse=True)
+    assert page.attrs_of["runs"]["data-sorted"] == "run_id:desc"

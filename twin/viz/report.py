@@ -12,8 +12,9 @@ could not be drawn or read).
 
 The page is deterministic: the same folder gives the same bytes (no dates).
 A URL fragment ``#sort=TABLE:COLUMN:asc|desc`` (``configs`` or ``runs``, a
-column's header text; several joined by ``&``) sorts the tables when the page
-opens, so a link can point at a sorted view.
+column's header text) sorts a table when the page opens, so a link can point at
+a sorted view; ``#click=TABLE:COLUMN`` clicks a header as a person would;
+several of either join with ``&``.
 """
 
 from __future__ import annotations
@@ -75,8 +76,8 @@ code { font-size: 12px; }
 """
 
 # Sorts a table by a header's column, numbers by value (cells carry data-v), the rest as
-# text; a second click reverses. #sort=TABLE:COLUMN:asc|desc (several joined by &) sorts
-# when the page opens.
+# text; a second click reverses. #sort=TABLE:COLUMN:asc|desc sorts when the page opens,
+# #click=TABLE:COLUMN clicks that header (several of either joined by &).
 SCRIPT = """
 "use strict";
 function sortTable(table, col, dir) {
@@ -112,12 +113,14 @@ document.querySelectorAll("table.sortable").forEach((table) => {
   });
 });
 decodeURIComponent(location.hash.slice(1)).split("&").forEach((part) => {
-  const m = /^sort=([^:]+):(.+):(asc|desc)$/.exec(part);
-  const table = m && document.getElementById(m[1]);
+  const m = /^(sort|click)=([^:]+):(.+?)(?::(asc|desc))?$/.exec(part);
+  const table = m && document.getElementById(m[2]);
   if (!table) return;
-  const heads = Array.from(table.tHead.rows[0].cells).map((th) => th.textContent);
-  const col = heads.indexOf(m[2]);
-  if (col >= 0) sortTable(table, col, m[3]);
+  const heads = Array.from(table.tHead.rows[0].cells);
+  const col = heads.map((th) => th.textContent).indexOf(m[3]);
+  if (col < 0) return;
+  if (m[1] === "click") heads[col].click();
+  else if (m[4]) sortTable(table, col, m[4]);
 });
 document.body.dataset.ready = "1";
 """
