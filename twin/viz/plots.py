@@ -574,6 +574,7 @@ def plot_cdfs(
     configs = [{"run": label} for label in request_csvs]
     bare = PlotOptions(None, None, opts.size, opts.dpi, {"run": "", **opts.labels})
     styler = Styler(configs, ["run"], bare, "--requests")
+    styler.constant = []  # one file: its name is in the legend already
     runs = [(c, c["run"], p) for c, p in zip(configs, request_csvs.values(), strict=True)]
     fig = cdf_figure(runs, styler, "TTFT and TPOT CDFs", ttft_slo_s=ttft_slo_s,
                      tpot_slo_s=tpot_slo_s)  # fmt: skip
