@@ -29,13 +29,16 @@ from twin.viz.plots import (
 
 
 def check_written(paths: list[Path], *bases: Path) -> None:
-    """A PNG and an SVG per base, each a real image of some size."""
-    assert sorted(paths) == sorted(Path(f"{b}.{ext}") for b in bases for ext in ("png", "svg"))
+    """A PNG, an SVG and a PDF per base, each a real image of some size."""
+    exts = ("png", "svg", "pdf")
+    assert sorted(paths) == sorted(Path(f"{b}.{ext}") for b in bases for ext in exts)
     for p in paths:
         assert p.stat().st_size > 1000, p
     for p in paths:
         if p.suffix == ".png":
             assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        elif p.suffix == ".pdf":
+            assert p.read_bytes()[:5] == b"%PDF-"
         else:
             assert b"<svg" in p.read_bytes()[:2000]
 
@@ -107,11 +110,12 @@ def test_attainment_and_goodput_plots(tmp_path):
     check_written(plot_goodput(tmp_path / "goodput.csv", tmp_path / "g"), tmp_path / "g")
 
 
-def test_the_same_data_gives_the_same_svg(tmp_path):
+def test_the_same_data_gives_the_same_files(tmp_path):
     write_sweep(tmp_path)
     plot_attainment(tmp_path / "runs.csv", tmp_path / "a")
     plot_attainment(tmp_path / "runs.csv", tmp_path / "b")
-    assert (tmp_path / "a.svg").read_bytes() == (tmp_path / "b.svg").read_bytes()
+    for ext in ("png", "svg", "pdf"):
+        assert (tmp_path / f"a.{ext}").read_bytes() == (tmp_path / f"b.{ext}").read_bytes(), ext
 
 
 def test_a_runs_csv_without_a_rate_column_is_refused(tmp_path):
@@ -204,6 +208,7 @@ def test_twin_plot_cli(tmp_path, two_runs, capsys):
     assert capsys.readouterr().out.split() == [
         str(out / "requests-cdf.png"),
         str(out / "requests-cdf.svg"),
+        str(out / "requests-cdf.pdf"),
     ]
     rec = TraceRecorder()
     Simulation(tiny_spec(), trace=rec).run()

@@ -298,6 +298,7 @@ def test_plot_over_time_from_json_and_csv(tmp_path, capsys):
     assert capsys.readouterr().out.split() == [
         str(tmp_path / "p" / "t-over-time.png"),
         str(tmp_path / "p" / "t-over-time.svg"),
+        str(tmp_path / "p" / "t-over-time.pdf"),
     ]
     check_written(sorted((tmp_path / "p").iterdir()), tmp_path / "p" / "t-over-time")
     (tmp_path / "x.csv").write_text("a,b\n1,2\n")

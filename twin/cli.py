@@ -472,7 +472,7 @@ def _plot_after(args: argparse.Namespace, out: Any, unproduced: Sequence[str] = 
     from twin.viz.plots import plot_dir
 
     say = lambda msg: print(f"twin: {msg}", file=sys.stderr)  # noqa: E731
-    for path in plot_dir(out, note=say, unproduced=unproduced):
+    for path in plot_dir(out, note=say, opts=_plot_options(args), unproduced=unproduced):
         print(path)
 
 
@@ -665,9 +665,12 @@ def cmd_plot(args: argparse.Namespace) -> int:
             "twin plot: give a sweep folder, --requests CSV ..., --trace FILE or --timeline FILE"
         )
     out = Path(args.out) if args.out else (Path(args.dir) / "plots" if args.dir else Path("."))
+    opts = _plot_options(args)
+    if args.dir is None and (args.facet or args.hue or args.at_rate is not None):
+        raise TwinError("twin plot: --facet, --hue and --at-rate apply to a sweep folder")
     written: list[Path] = []
     if args.dir is not None:
-        written += plot_dir(args.dir, out)
+        written += plot_dir(args.dir, out, opts=opts)
     if args.requests:
         runs: dict[str, str] = {}
         for path in args.requests:
@@ -675,7 +678,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
             while label in runs:
                 label += "'"
             runs[label] = path
-        written += plot_cdfs(runs, out / "requests-cdf")
+        written += plot_cdfs(runs, out / "requests-cdf", opts=_plot_options(args, sweep=False))
     if args.window and not args.trace:
         raise TwinError("twin plot: --window: applies to --trace")
     if args.trace:
@@ -692,9 +695,14 @@ def cmd_plot(args: argparse.Namespace) -> int:
                 )
             window = (a, b)
         stem = Path(args.trace).stem
-        written += plot_timeline(args.trace, out / f"{stem}-timeline", window_s=window)
+        written += plot_timeline(
+            args.trace, out / f"{stem}-timeline", window_s=window, opts=_plot_options(args, False)
+        )
     if args.timeline:
-        written += plot_over_time(args.timeline, out / f"{Path(args.timeline).stem}-over-time")
+        stem = Path(args.timeline).stem
+        written += plot_over_time(
+            args.timeline, out / f"{stem}-over-time", _plot_options(args, False)
+        )
     for path in written:
         print(path)
     return 0
@@ -709,6 +717,53 @@ class _VersionAction(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kw: Any) -> None:
         print(f"pd-twin {_version.__version__}")
         parser.exit()
+
+
+def _add_plot_options(p: argparse.ArgumentParser) -> None:
+    """The sweep plots' options (twin plot, sweep, goodput, report)."""
+    g = p.add_argument_group("plots")
+    g.add_argument("--facet", metavar="KEY", help="one panel per value of this swept key")
+    g.add_argument("--hue", metavar="KEY", help="color by this swept key; legend grouped by key")
+    g.add_argument("--size", metavar="W,H", help="figure size in inches (default: by content)")
+    g.add_argument("--dpi", type=int, default=150, help="PNG resolution (default 150)")
+    g.add_argument(
+        "--label", action="append", metavar="KEY=TEXT",
+        help="call KEY TEXT in labels (empty TEXT: the value alone); repeatable",
+    )  # fmt: skip
+    g.add_argument(
+        "--at-rate", type=float, metavar="R",
+        help="CDFs of every configuration at the swept rate nearest R (default: the median knee)",
+    )  # fmt: skip
+
+
+def _plot_options(args: argparse.Namespace, sweep: bool = True) -> Any:
+    """The PlotOptions the flags of _add_plot_options ask for."""
+    from twin.viz.style import PlotOptions, parse_labels, parse_size
+
+    size = parse_size(args.size) if args.size else None
+    labels = parse_labels(args.label)
+    if not sweep:
+        return PlotOptions(size=size, dpi=args.dpi, labels=labels)
+    return PlotOptions(args.facet, args.hue, size, args.dpi, labels, args.at_rate)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from twin.viz.report import write_report
+
+    note = lambda msg: print(f"twin report: {msg}", file=sys.stderr)  # noqa: E731
+    print(write_report(args.dir, args.out, _plot_options(args), note))
+    return 0
+
+
+def _add_report_parser(sub: Any) -> None:
+    rp = sub.add_parser(
+        "report",
+        help="one self-contained HTML page of a sweep folder: plots, sortable tables, hashes",
+    )
+    rp.add_argument("dir", help="a sweep or goodput folder (runs.csv, goodput.csv, spec.yaml)")
+    rp.add_argument("--out", metavar="FILE", help="where to write (default: DIR/report.html)")
+    _add_plot_options(rp)
+    rp.set_defaults(func=cmd_report)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -859,6 +914,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--traces", action="store_true",
         help="write each run's Chrome/Perfetto trace to DIR/traces/<run_id>.json",
     )  # fmt: skip
+    _add_plot_options(sw)
     sw.set_defaults(func=cmd_sweep)
 
     gp = sub.add_parser("goodput", help="the largest rate meeting the SLO target, per config")
@@ -874,6 +930,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sample", type=int, metavar="N", help="requests per run (workload.max_requests)"
     )
     gp.add_argument("--no-plots", action="store_true", help="do not plot the folder afterwards")
+    _add_plot_options(gp)
     gp.set_defaults(func=cmd_goodput)
 
     sp = sub.add_parser(
@@ -902,7 +959,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pt = sub.add_parser(
         "plot",
-        help="plot a sweep folder, per-request CSVs, a trace or a run's timeline; PNG and SVG",
+        help="plot a sweep folder, per-request CSVs, a trace or a run's timeline; PNG, SVG, PDF",
     )
     pt.add_argument("dir", nargs="?", help="a sweep folder (runs.csv, goodput.csv, requests/)")
     pt.add_argument(
@@ -918,7 +975,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="attainment and capacity over time of a `twin run --json` or --timeline-csv file",
     )
     pt.add_argument("--out", metavar="DIR", help="where to write (default: DIR/plots, else .)")
+    _add_plot_options(pt)
     pt.set_defaults(func=cmd_plot)
+    _add_report_parser(sub)
 
     b = sub.add_parser(
         "bench",
@@ -984,10 +1043,15 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "topo": ("twin topo dgx-h100-ib400", "twin topo dgx-h100-ib400 --nodes 8 --png topo.png"),
     "plot": (
         "twin plot out/pool-ratio",
+        "twin plot out/pool-ratio --facet workload.trace --hue cluster.prefill.instances",
         "twin plot --requests a.csv b.csv --out plots",
         "twin plot --trace trace.json --window 10,20",
     ),
     "bench": ("twin bench --sizes 10k --config split",),
+    "report": (
+        "twin report out/pool-ratio",
+        "twin report out/pool-ratio --hue cluster.prefill.instances",
+    ),
     "models": ("twin models", "twin models --json -"),
     "gpus": ("twin gpus", "twin gpus --json gpus.json"),
     "topologies": ("twin topologies", "twin topologies --json -"),

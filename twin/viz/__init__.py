@@ -1,6 +1,7 @@
-"""Pictures: plots of runs, sweeps and traces (:mod:`.plots`) and topology drawings
-(:mod:`.topology`). matplotlib is imported here and nowhere else, and only when a
-picture is drawn."""
+"""Pictures: plots of runs, sweeps and traces (:mod:`.plots`, styled by
+:mod:`.style`), the sweep report (:mod:`.report`) and topology drawings
+(:mod:`.topology`). matplotlib is imported here and nowhere else, and only when
+a picture is drawn."""
 
 from twin.viz.plots import (
     plot_attainment,
@@ -9,10 +10,15 @@ from twin.viz.plots import (
     plot_goodput,
     plot_over_time,
     plot_timeline,
+    sweep_figures,
 )
+from twin.viz.report import build_report, write_report
+from twin.viz.style import PlotOptions
 from twin.viz.topology import draw as draw_topology
 
 __all__ = [
+    "PlotOptions",
+    "build_report",
     "draw_topology",
     "plot_attainment",
     "plot_cdfs",
@@ -20,4 +26,6 @@ __all__ = [
     "plot_goodput",
     "plot_over_time",
     "plot_timeline",
+    "sweep_figures",
+    "write_report",
 ]

@@ -1,11 +1,13 @@
-"""Plots of sweeps and runs, each written as PNG and SVG (``out_base.png``,
-``out_base.svg``).
+"""Plots of sweeps and runs, each written as PNG, SVG and PDF
+(``out_base.png``, ``out_base.svg``, ``out_base.pdf``).
 
 - :func:`plot_attainment`: SLO attainment against the arrival rate, a line per
   configuration (mean over seeds, min-max band), the target line and each
   configuration's knee marked;
-- :func:`plot_goodput`: goodput per configuration, bars with the 95% CI;
+- :func:`plot_goodput`: goodput per configuration, horizontal bars with the
+  95% CI;
 - :func:`plot_cdfs`: TTFT and TPOT CDFs of single runs (per-request CSVs);
+  of a sweep folder, one run per configuration at one common rate;
 - :func:`plot_timeline`: one run's iterations per instance and its KV
   transfers per instance pair (from a :class:`~twin.sim.trace.TraceRecorder` or
   a trace JSON of ``twin run --trace-out``);
@@ -15,6 +17,11 @@
   run --json``, whose ``fault_log`` or spec ``events:`` it reads, or
   ``--timeline-csv``);
 - :func:`plot_dir`: every plot a sweep folder allows.
+
+The sweep plots take :class:`~twin.viz.style.PlotOptions` (panels per value
+of a swept key, color by another, size, dpi, key names, the CDFs' rate) and
+name configurations by the keys that vary only (:class:`~twin.viz.style.Styler`);
+each ``*_figure`` function returns the figure unsaved, for the layout tests.
 
 The sweep folder: ``runs.csv`` (``run_id``, swept keys by dotted path,
 ``label``, flattened summary metrics, ``gpus``), optional ``goodput.csv``,
@@ -32,11 +39,13 @@ import csv
 import json
 import math
 import sys
+import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from twin.errors import TwinError
+from twin.viz.style import PALETTE, PlotOptions, Styler, figure, grid, wrap
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -51,10 +60,7 @@ RATE_AXIS = {
 }
 RATE_UNIT = {"workload.rate_scale": "x", "workload.arrival.rate": " req/s"}
 DEFAULT_TARGET = 0.9
-PALETTE = (
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-    "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
-)  # fmt: skip
+FORMATS = ("png", "svg", "pdf")
 SPAN_COLORS = {
     "prefill": "#1f77b4",
     "decode": "#2ca02c",
@@ -62,7 +68,7 @@ SPAN_COLORS = {
     "kv": "#9467bd",
     "fetch": "#8c564b",
 }
-# Fixed SVG ids (and no dates, see _save): the same data gives the same files.
+# Fixed SVG ids (and no dates, see save): the same data gives the same files.
 SVG_HASHSALT = "pd-twin"
 
 
@@ -100,13 +106,14 @@ def _read_csv(path: str | Path) -> list[dict[str, str]]:
         raise TwinError(f"{path}: cannot read: {e.strerror}") from None
 
 
-def _figure(width: float, height: float) -> Figure:
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), layout="constrained")
+def _figure(width: float, height: float, opts: PlotOptions | None = None) -> Figure:
+    return figure(width, height, opts or PlotOptions())
 
 
-def _save(fig: Figure, out_base: str | Path) -> list[Path]:
+def save(fig: Figure, out_base: str | Path, opts: PlotOptions | None = None) -> list[Path]:
+    """``fig`` as ``out_base`` + ``.png`` (at ``opts.dpi``), ``.svg`` and
+    ``.pdf``, without dates or tool versions, so that the same data gives the
+    same bytes."""
     import matplotlib
 
     base = Path(out_base)
@@ -114,18 +121,119 @@ def _save(fig: Figure, out_base: str | Path) -> list[Path]:
         base.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise TwinError(f"{base.parent}: cannot create: {e.strerror}") from None
-    png, svg = Path(f"{base}.png"), Path(f"{base}.svg")
+    paths = [Path(f"{base}.{ext}") for ext in FORMATS]
+    dpi = (opts or PlotOptions()).dpi
     with matplotlib.rc_context({"svg.hashsalt": SVG_HASHSALT}):
         try:
-            fig.savefig(png, dpi=150, metadata={"Software": None})
-            fig.savefig(svg, metadata={"Date": None, "Creator": None})
+            fig.savefig(paths[0], dpi=dpi, metadata={"Software": None})
+            fig.savefig(paths[1], metadata={"Date": None, "Creator": None})
+            fig.savefig(
+                paths[2], metadata={"CreationDate": None, "Creator": None, "Producer": None}
+            )
         except OSError as e:
             raise TwinError(f"{base}: cannot write: {e.strerror}") from None
-    return [png, svg]
+    return paths
 
 
 def _legend_outside(ax: Axes, **kw: Any) -> None:
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, **kw)
+
+
+def _amount(x: float) -> str:
+    """``12,345``, ``123``, ``12.3``, ``0.123``: three figures, no exponent."""
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def swept_columns(columns: Iterable[str], first: str, last: str) -> list[str]:
+    """The swept keys of a sweep table: the columns between ``first`` and
+    ``last`` (``run_id`` and ``label`` in runs.csv, ``label`` and
+    ``goodput_rps_mean`` in goodput.csv), but the rate keys and ``seed``."""
+    cols = list(columns)
+    if first not in cols or last not in cols:
+        return []
+    inner = cols[cols.index(first) + 1 : cols.index(last)]
+    return [c for c in inner if c not in RATE_COLUMNS and c != "seed"]
+
+
+def _panels(fig: Figure, styler: Styler, cols_per: int = 1, **kw: Any) -> list[list[Axes]]:
+    """One row of ``cols_per`` axes per facet value, laid out on a grid of at
+    most 3 facets across; unused cells removed, tick labels kept under the
+    last axes of each column."""
+    n = len(styler.facets)
+    rows, cols = grid(n)
+    if cols_per > 1:
+        rows, cols = n, 1
+    grid_axes = fig.subplots(rows, cols * cols_per, squeeze=False, **kw)
+    out = []
+    for i in range(n):
+        r, c = divmod(i, cols)
+        out.append([grid_axes[r][c * cols_per + j] for j in range(cols_per)])
+    for i in range(n, rows * cols):
+        r, c = divmod(i, cols)
+        for j in range(cols_per):
+            grid_axes[r][c * cols_per + j].remove()
+            if r > 0:
+                grid_axes[r - 1][c * cols_per + j].xaxis.set_tick_params(labelbottom=True)
+    return out
+
+
+def _title(fig: Figure, styler: Styler, text: str, *, lines_drawn: bool = True) -> None:
+    """The figure's title, the keys every configuration shares and those the
+    styles cannot tell apart below it: centered over the axes and wrapped to
+    their width, so that it never runs into the legend beside them. Call it
+    last: it lays the figure out once to find where the axes are."""
+
+    def lines(width: float) -> str:
+        out = [wrap(text, width, 10)]
+        shared = styler.constants_text()
+        if shared:
+            out.append(wrap(f"all: {shared}", width, 10))
+        if styler.unstyled and lines_drawn:
+            names = ", ".join(styler.name(k) or k for k in styler.unstyled)
+            out.append(wrap(f"lines of one style differ in: {names}", width, 10))
+        return "\n".join(out)
+
+    title = fig.suptitle(lines(fig.get_figwidth() * 0.6), fontsize=10)
+    fig.draw_without_rendering()
+    data = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    x0 = min(ax.get_position().x0 for ax in data)
+    x1 = max(ax.get_position().x1 for ax in data)
+    title.set_text(lines((x1 - x0) * fig.get_figwidth()))
+    title.set_x((x0 + x1) / 2)
+
+
+def _text_width_in(texts: Iterable[str], fontsize: float) -> float:
+    """About how wide the longest of ``texts`` is, in inches (0.6 em a glyph)."""
+    longest = max((len(line) for t in texts for line in t.split("\n")), default=0)
+    return longest * fontsize * 0.6 / 72
+
+
+def _configs(rows: Sequence[Mapping[str, str]], keys: Sequence[str]) -> dict[str, dict[str, str]]:
+    """Each label's values of ``keys`` (its first row's), in the order seen;
+    with no swept keys, the label itself (shown as the value alone)."""
+    out: dict[str, dict[str, str]] = {}
+    for r in rows:
+        label = r.get("label") or "all"
+        if label not in out:
+            out[label] = {k: r.get(k) or "" for k in keys} if keys else {"label": label}
+    return out
+
+
+def _styler(
+    configs: Sequence[Mapping[str, str]], keys: Sequence[str], opts: PlotOptions, where: str
+) -> Styler:
+    if keys:
+        return Styler(configs, keys, opts, where)
+    bare = PlotOptions(None, None, opts.size, opts.dpi, {"label": ""}, opts.at_rate)
+    for flag, key in (("--facet", opts.facet), ("--hue", opts.hue)):
+        if key is not None:
+            raise TwinError(f"{flag}: {key!r}: {where} has no swept keys")
+    return Styler(configs, ["label"], bare, where)
+
+
+KNEE_HANDLE = "knee (last rate at the target)"
+WRAP_BARS, WRAP_CHARS = 24, 28  # goodput labels over 28 wrap when a panel has at most 24 bars
+GROUPED_LEGEND_IN = 2.8  # a grouped legend's width: KNEE_HANDLE at 8 pt and its marker
 
 
 # -- SLO attainment ---------------------------------------------------------------------------
@@ -157,92 +265,205 @@ def attainment_series(
     return rate_col, series
 
 
-def plot_attainment(
-    runs_csv: str | Path, out_base: str | Path, target: float | None = None
-) -> list[Path]:
-    """SLO attainment (%) against the rate, a line per label, with the
-    ``target`` line (default: the ``slo.target`` column, else 0.9) and each
-    label's knee marked and annotated."""
-    rows = _read_csv(runs_csv)
-    rate_col, series = attainment_series(rows, str(runs_csv))
+def _target(rows: Sequence[Mapping[str, str]], target: float | None) -> float:
+    if target is not None:
+        return target
+    targets = {_float(r.get("slo.target")) for r in rows} - {None}
+    one = targets.pop() if len(targets) == 1 else None
+    return one if one is not None else DEFAULT_TARGET
+
+
+def knees(
+    rows: list[dict[str, str]], target: float, where: str = "runs.csv"
+) -> dict[str, float | None]:
+    """Each label's knee (:func:`knee` of its mean attainment over seeds)."""
+    _, series = attainment_series(rows, where)
+    return {
+        label: knee([p[0] for p in pts], [p[1] for p in pts], target)
+        for label, pts in series.items()
+    }
+
+
+def attainment_figure(
+    rows: list[dict[str, str]],
+    where: str = "runs.csv",
+    target: float | None = None,
+    opts: PlotOptions | None = None,
+) -> Figure:
+    """The figure of :func:`plot_attainment` from the rows of a runs.csv."""
+    opts = opts or PlotOptions()
+    rate_col, series = attainment_series(rows, where)
     if not series:
-        raise TwinError(f"{runs_csv}: no run has both a rate and an SLO attainment")
-    if target is None:
-        targets = {_float(r.get("slo.target")) for r in rows} - {None}
-        one = targets.pop() if len(targets) == 1 else None
-        target = one if one is not None else DEFAULT_TARGET
-    colors = label_colors(series)
-    fig = _figure(8.5, 4.8)
-    ax = fig.add_subplot()
-    seeds = max(p[4] for pts in series.values() for p in pts)
+        raise TwinError(f"{where}: no run has both a rate and an SLO attainment")
+    target = _target(rows, target)
+    keys = swept_columns(rows[0].keys(), "run_id", "label")
+    params = _configs(rows, keys)
+    order = [lab for lab in params if lab in series]
+    styler = _styler([params[lab] for lab in order], keys if keys else [], opts, where)
     unit = RATE_UNIT[rate_col]
-    knees: dict[float, int] = {}  # knee rate -> labels annotated there so far
-    for label, pts in series.items():
-        c = colors[label]
+    seeds = max(p[4] for pts in series.values() for p in pts)
+    nrows, ncols = grid(len(styler.facets))
+    texts = [f"{styler.label(params[lab])} (knee 0.00{unit})" for lab in order]
+    legend_w = GROUPED_LEGEND_IN if styler.grouped else _text_width_in(texts, 8) + 0.7
+    # the axes at least twice as wide as the legend beside them: they fill half the figure
+    fig = figure(max(4.6 * ncols, 6.0, 2.2 * legend_w) + legend_w + 0.6, 3.2 * nrows + 1.4, opts)
+    panels = _panels(fig, styler, sharex=True, sharey=True)
+    axes = [p[0] for p in panels]
+    few = not styler.grouped
+    per_config = []
+    for lab in order:
+        pts, cfg = series[lab], params[lab]
+        ax = axes[styler.facets.index(styler.facet_of(cfg))]
+        c, ls, mk = styler.color(cfg), styler.linestyle(cfg), styler.marker(cfg)
         x = [p[0] for p in pts]
         k = knee(x, [p[1] for p in pts], target)
-        text = f"{label} (knee {k:g}{unit})" if k is not None else f"{label} (no knee)"
-        ax.plot(x, [100 * p[1] for p in pts], "o-", color=c, label=text, ms=4, lw=1.6)
+        (line,) = ax.plot(x, [100 * p[1] for p in pts], color=c, ls=ls, marker=mk,
+                          ms=4 if few else 3.5, lw=1.6 if few else 1.2)  # fmt: skip
         if seeds > 1:
             ax.fill_between(x, [100 * p[2] for p in pts], [100 * p[3] for p in pts],
-                            color=c, alpha=0.15, lw=0)  # fmt: skip
+                            color=c, alpha=0.15 if few else 0.06, lw=0)  # fmt: skip
         if k is not None:
             y = 100 * next(p[1] for p in pts if p[0] == k)
-            ax.plot([k], [y], marker="*", ms=15, color=c, mec="black", mew=0.8, zorder=5)
-            ax.vlines(k, 0, y, colors=c, linestyles=":", lw=1.2)
-            j = knees.get(k, 0)
-            knees[k] = j + 1
-            ax.annotate(f"{k:g}{unit}", (k, 0), xytext=(4, 4 + 13 * j), textcoords="offset points",
-                        fontsize=9, color=c, fontweight="bold")  # fmt: skip
-    ax.axhline(100 * target, color="0.3", ls="--", lw=1, label=f"target {100 * target:g}%")
-    ax.set_xlabel(RATE_AXIS[rate_col])
-    ax.set_ylabel("SLO attainment (%)")
-    ax.set_ylim(0, 105)
-    ax.grid(alpha=0.3)
+            ax.plot([k], [y], marker="*", ms=13 if few else 9, color=c, mec="black", mew=0.6,
+                    zorder=5, ls="")  # fmt: skip
+            if few:
+                ax.vlines(k, 0, y, colors=[c], linestyles=":", lw=1.0)
+        name = styler.label(cfg)
+        per_config.append(
+            (line, f"{name} (knee {k:g}{unit})" if k is not None else f"{name} (no knee)")
+        )
+    from matplotlib.lines import Line2D
+
+    for i, ax in enumerate(axes):
+        ax.axhline(100 * target, color="0.3", ls="--", lw=1)
+        ax.set_ylim(0, 105)
+        ax.grid(alpha=0.3)
+        ax.set_title(styler.facet_title(styler.facets[i]), fontsize=9)
+        r, col = divmod(i, ncols)
+        if col == 0:
+            ax.set_ylabel("SLO attainment (%)")
+        if r == nrows - 1 or i + ncols >= len(axes):
+            ax.set_xlabel(RATE_AXIS[rate_col])
+    extra = [
+        (Line2D([], [], color="0.3", ls="--", lw=1), f"target {100 * target:g}%"),
+        (Line2D([], [], color="0.6", marker="*", ms=10, mec="black", mew=0.6, ls=""), KNEE_HANDLE),
+    ]
+    styler.legend(fig, axes, per_config, extra)
     how = f"mean of {seeds} seeds, band min-max" if seeds > 1 else "one seed"
-    ax.set_title(f"SLO attainment vs load ({how})")
-    _legend_outside(ax, title="configuration")
-    return _save(fig, out_base)
+    _title(fig, styler, f"SLO attainment vs load ({how}, {len(order)} configurations)")
+    return fig
+
+
+def plot_attainment(
+    runs_csv: str | Path,
+    out_base: str | Path,
+    target: float | None = None,
+    opts: PlotOptions | None = None,
+) -> list[Path]:
+    """SLO attainment (%) against the rate, a line per configuration, with the
+    ``target`` line (default: the ``slo.target`` column, else 0.9) and each
+    configuration's knee starred (and, for a few, its rate in the legend);
+    panels, colors and legend as ``opts`` and :class:`~twin.viz.style.Styler` say."""
+    rows = _read_csv(runs_csv)
+    return save(attainment_figure(rows, str(runs_csv), target, opts), out_base, opts)
 
 
 # -- goodput ----------------------------------------------------------------------------------
-def plot_goodput(goodput_csv: str | Path, out_base: str | Path) -> list[Path]:
-    """Goodput (requests/s at the SLO target) per label, bars with the 95% CI
-    over seeds, each annotated with its goodput per GPU."""
-    rows = _read_csv(goodput_csv)
+def goodput_figure(
+    rows: list[dict[str, str]], where: str = "goodput.csv", opts: PlotOptions | None = None
+) -> Figure:
+    """The figure of :func:`plot_goodput` from the rows of a goodput.csv."""
+    opts = opts or PlotOptions()
     if not rows or "goodput_rps_mean" not in rows[0]:
-        raise TwinError(f"{goodput_csv}: expected columns label, goodput_rps_mean, ...")
-    labels = [r.get("label") or f"row {i + 1}" for i, r in enumerate(rows)]
-    means = [_float(r.get("goodput_rps_mean")) or 0.0 for r in rows]
-    cis = [_float(r.get("goodput_rps_ci95")) or 0.0 for r in rows]
-    colors = label_colors(labels)
-    fig = _figure(max(5.0, 1.2 * len(rows) + 2.5), 4.6)
-    ax = fig.add_subplot()
-    x = range(len(rows))
-    ax.bar(x, means, yerr=cis, capsize=5, color=[colors[lab] for lab in labels],
-           edgecolor="black", linewidth=0.6, error_kw={"elinewidth": 1.2})  # fmt: skip
-    top = max((m + c for m, c in zip(means, cis, strict=True)), default=0.0) or 1.0
+        raise TwinError(f"{where}: expected columns label, goodput_rps_mean, ...")
+    keys = swept_columns(rows[0].keys(), "label", "goodput_rps_mean")
     for i, r in enumerate(rows):
-        per_gpu, gpus = _float(r.get("goodput_per_gpu")), r.get("gpus")
-        text = f"{means[i]:.2f} req/s"
+        r.setdefault("label", "")
+        r["label"] = r["label"] or f"row {i + 1}"
+    params = _configs(rows, keys)
+    labels = [r["label"] for r in rows]
+    styler = _styler([params[lab] for lab in labels], keys, opts, where)
+    by_facet: dict[str | None, list[dict[str, str]]] = {f: [] for f in styler.facets}
+    for r in rows:
+        by_facet[styler.facet_of(params[r["label"]])].append(r)
+    most = max(len(v) for v in by_facet.values())
+    nrows, ncols = grid(len(styler.facets))
+    gpus_vary = len({r.get("gpus") for r in rows}) > 1
+
+    def note(r: Mapping[str, str]) -> str:
+        mean, per_gpu = _float(r.get("goodput_rps_mean")) or 0.0, _float(r.get("goodput_per_gpu"))
+        text = f"{_amount(mean)} req/s"
         if per_gpu is not None:
-            text += f"\n{per_gpu:.3f} /GPU"
-        if gpus:
-            text += f" ({gpus} GPUs)"
-        ax.annotate(text, (i, means[i] + cis[i]), xytext=(0, 4), textcoords="offset points",
-                    ha="center", va="bottom", fontsize=8)  # fmt: skip
-    ax.set_ylim(0, top * 1.25)
-    ax.set_xticks(list(x), labels, rotation=20 if len(rows) > 3 else 0,
-                  ha="right" if len(rows) > 3 else "center")  # fmt: skip
-    ax.set_ylabel("goodput (requests/s at the SLO target)")
-    ax.set_xlabel("configuration")
+            text += f", {_amount(per_gpu)}/GPU"
+        if gpus_vary and r.get("gpus"):
+            text += f" ({r['gpus']} GPUs)"
+        return text
+
+    # a few configurations: long labels wrapped onto lines of WRAP_CHARS, so the bars
+    # beside them still fill half the figure; many: one line each
+    names = {lab: styler.label(params[lab]) for lab in labels}
+    longest = max(len(v) for v in names.values())
+    if most <= WRAP_BARS and longest > WRAP_CHARS:
+        half = max(WRAP_CHARS, math.ceil(longest * 0.7))  # two lines, rarely three
+        names = {k: textwrap.fill(v, half, break_on_hyphens=False) for k, v in names.items()}
+    lines = max(v.count("\n") + 1 for v in names.values())
+    if opts.size is None:
+        # a bar and its gap: 9 pt labels (about 12.5 pt a line) never touch
+        pitch_in = max(0.26, 0.17 * lines + 0.1)
+        height = nrows * (most * pitch_in + 1.0) + 1.0
+    else:
+        height = opts.size[1]
+    pitch_pt = max(1.0, (height - 1.0) / nrows - 1.0) * 72 / most
+    fs = min(9.0, max(3.0, pitch_pt / (1.45 * lines)))
+    label_w = _text_width_in(names.values(), fs)
+    note_w = _text_width_in((note(r) for r in rows), 7)
+    # the bars get at least as much width as their labels: the axes fill half the figure
+    panel_w = max(label_w + note_w + 2.8, 2 * label_w + 0.6)
+    legend_w = 1.8 if styler.grouped else 0.0
+    fig = figure(ncols * panel_w + legend_w + 0.4, height, opts)
+    panels = _panels(fig, styler, sharex=True)
+    axes = [p[0] for p in panels]
+    top = 0.0
+    for f, ax in zip(styler.facets, axes, strict=True):
+        mine = by_facet[f]
+        means = [_float(r.get("goodput_rps_mean")) or 0.0 for r in mine]
+        cis = [_float(r.get("goodput_rps_ci95")) or 0.0 for r in mine]
+        y = list(range(len(mine)))
+        ax.barh(y, means, xerr=cis, height=0.7, capsize=2.5,
+                color=[styler.color(params[r["label"]]) for r in mine],
+                edgecolor="black", linewidth=0.5, error_kw={"elinewidth": 0.9})  # fmt: skip
+        for i, r in enumerate(mine):
+            ax.annotate(note(r), (means[i] + cis[i], i), xytext=(3, 0), textcoords="offset points",
+                        ha="left", va="center", fontsize=min(7.0, fs))  # fmt: skip
+        top = max([top, *(m + c for m, c in zip(means, cis, strict=True))])
+        ax.set_yticks(y, [names[r["label"]] for r in mine], fontsize=fs)
+        ax.set_ylim(most - 0.5, -0.5)
+        ax.grid(axis="x", alpha=0.3)
+        ax.set_title(styler.facet_title(f), fontsize=9)
+    # room right of the longest bar for its note: the note's share of the axes' width
+    share = min(0.6, (note_w + 0.15) / max(panel_w - label_w - 0.6, 0.5))
+    axes[0].set_xlim(0, (top or 1.0) / (1 - share))
+    for i, ax in enumerate(axes):
+        if i // ncols == nrows - 1 or i + ncols >= len(axes):
+            ax.set_xlabel("goodput (requests/s at the SLO target)")
+    if styler.grouped:
+        styler.legend(fig, axes, [], lines=False)
     seeds = {r.get("seeds") for r in rows} - {None, ""}
-    ax.set_title(
-        "Goodput per configuration"
-        + (f" (mean ± 95% CI over {seeds.pop()} seeds)" if len(seeds) == 1 else " (± 95% CI)")
-    )
-    ax.grid(axis="y", alpha=0.3)
-    return _save(fig, out_base)
+    how = f"mean ± 95% CI over {seeds.pop()} seeds" if len(seeds) == 1 else "± 95% CI"
+    gpus = {r.get("gpus") for r in rows} - {None, ""}
+    on = f", {gpus.pop()} GPUs each" if len(gpus) == 1 else ""
+    _title(fig, styler, f"Goodput per configuration ({how}{on})", lines_drawn=False)
+    return fig
+
+
+def plot_goodput(
+    goodput_csv: str | Path, out_base: str | Path, opts: PlotOptions | None = None
+) -> list[Path]:
+    """Goodput (requests/s at the SLO target) per configuration, horizontal
+    bars (one row of text per configuration, so labels never collide) with
+    the 95% CI over seeds, each annotated with its goodput per GPU."""
+    rows = _read_csv(goodput_csv)
+    return save(goodput_figure(rows, str(goodput_csv), opts), out_base, opts)
 
 
 # -- CDFs -------------------------------------------------------------------------------------
@@ -263,15 +484,77 @@ def read_latencies(path: str | Path) -> tuple[list[float], list[float]]:
     return sorted(ttft), sorted(tpot)
 
 
-def _cdf(ax: Axes, xs: list[float], color: str, label: str) -> None:
-    n = len(xs)
-    ax.step(xs, [(i + 1) / n for i in range(n)], where="post", color=color, lw=1.6, label=label)
-
-
 def _log_if_wide(ax: Axes, values: list[float]) -> None:
     pos = [v for v in values if v > 0]
     if pos and max(pos) / min(pos) > 50:
         ax.set_xscale("log")
+
+
+def cdf_figure(
+    runs: Sequence[tuple[Mapping[str, str], str, str | Path]],
+    styler: Styler,
+    title: str,
+    *,
+    ttft_slo_s: float | None = None,
+    tpot_slo_s: float | None = None,
+) -> Figure:
+    """TTFT and TPOT CDFs, a row of two panels per facet; ``runs``:
+    (configuration, legend text, requests CSV) each."""
+    opts = styler.opts
+    data = [(cfg, text, read_latencies(p)) for cfg, text, p in runs]
+    data = [d for d in data if d[2][0]]
+    if not data:
+        raise TwinError("no completed requests in " + ", ".join(str(p) for _, _, p in runs))
+    n = len(styler.facets)
+    legend_w = (
+        GROUPED_LEGEND_IN if styler.grouped else _text_width_in((t for _, t, _ in data), 8) + 0.7
+    )
+    fig = figure(max(9.0, 2.2 * legend_w) + legend_w, 3.0 * n + 1.4, opts)
+    panels = _panels(fig, styler, cols_per=2, sharex="col", sharey=True)
+    few = not styler.grouped
+    per_config = []
+    for cfg, text, (ttft, tpot) in data:
+        ax1, ax2 = panels[styler.facets.index(styler.facet_of(cfg))]
+        style: dict[str, Any] = {
+            "color": styler.color(cfg),
+            "ls": styler.linestyle(cfg),
+            "lw": 1.5 if few else 1.1,
+        }
+        if styler.marker_key:
+            style.update(marker=styler.marker(cfg), markevery=0.2, ms=4)
+        m = len(ttft)
+        (line,) = ax1.step(ttft, [(i + 1) / m for i in range(m)], where="post", **style)
+        if tpot:
+            ms = [v * 1e3 for v in tpot]
+            ax2.step(ms, [(i + 1) / len(ms) for i in range(len(ms))], where="post", **style)
+        per_config.append((line, text))
+    _log_if_wide(panels[0][0], [v for _, _, (t, _) in data for v in t])
+    _log_if_wide(panels[0][1], [v * 1e3 for _, _, (_, t) in data for v in t])
+    from matplotlib.lines import Line2D
+
+    extra = []
+    for i, (ax1, ax2) in enumerate(panels):
+        if ttft_slo_s is not None:
+            ax1.axvline(ttft_slo_s, color="0.3", ls="--", lw=1)
+        if tpot_slo_s is not None:
+            ax2.axvline(tpot_slo_s * 1e3, color="0.3", ls="--", lw=1)
+        facet = styler.facet_title(styler.facets[i])
+        for ax, what in ((ax1, "TTFT"), (ax2, "TPOT")):
+            ax.set_ylim(0, 1.02)
+            ax.grid(alpha=0.3)
+            ax.set_title(f"{what} CDF" + (f", {facet}" if facet else ""), fontsize=9)
+        ax1.set_ylabel("share of completed requests")
+    panels[-1][0].set_xlabel("time to first token (s)")
+    panels[-1][1].set_xlabel("time per output token (ms)")
+    if ttft_slo_s is not None or tpot_slo_s is not None:
+        slos = [f"TTFT {ttft_slo_s:g} s" if ttft_slo_s is not None else "",
+                f"TPOT {tpot_slo_s * 1e3:g} ms" if tpot_slo_s is not None else ""]  # fmt: skip
+        extra.append(
+            (Line2D([], [], color="0.3", ls="--", lw=1), "SLO " + ", ".join(s for s in slos if s))
+        )
+    styler.legend(fig, [a for p in panels for a in p], per_config, extra)
+    _title(fig, styler, title)
+    return fig
 
 
 def plot_cdfs(
@@ -280,42 +563,22 @@ def plot_cdfs(
     *,
     ttft_slo_s: float | None = None,
     tpot_slo_s: float | None = None,
+    opts: PlotOptions | None = None,
 ) -> list[Path]:
     """CDFs of TTFT (s) and TPOT (ms) of completed requests, one line per
     label (``{label: requests CSV}``), with the SLOs as vertical lines when
     given."""
-    data = {label: read_latencies(p) for label, p in request_csvs.items()}
-    data = {k: v for k, v in data.items() if v[0]}
-    if not data:
-        raise TwinError("no completed requests in " + ", ".join(map(str, request_csvs.values())))
-    colors = label_colors(data)
-    fig = _figure(11.5, 4.4)
-    ax1, ax2 = fig.subplots(1, 2)
-    for label, (ttft, tpot) in data.items():
-        _cdf(ax1, ttft, colors[label], label)
-        if tpot:
-            _cdf(ax2, [v * 1e3 for v in tpot], colors[label], label)
-    _log_if_wide(ax1, [v for t, _ in data.values() for v in t])
-    _log_if_wide(ax2, [v * 1e3 for _, t in data.values() for v in t])
-    if ttft_slo_s is not None:
-        ax1.axvline(ttft_slo_s, color="0.3", ls="--", lw=1, label=f"TTFT SLO {ttft_slo_s:g} s")
-    if tpot_slo_s is not None:
-        ax2.axvline(tpot_slo_s * 1e3, color="0.3", ls="--", lw=1,
-                    label=f"TPOT SLO {tpot_slo_s * 1e3:g} ms")  # fmt: skip
-    ax1.set_xlabel("time to first token (s)")
-    ax2.set_xlabel("time per output token (ms)")
-    for ax, what in ((ax1, "TTFT"), (ax2, "TPOT")):
-        ax.set_ylabel("share of completed requests")
-        ax.set_ylim(0, 1.02)
-        ax.grid(alpha=0.3)
-        ax.set_title(f"{what} CDF")
-    handles, texts = ax2.get_legend_handles_labels()
-    for h, t in zip(*ax1.get_legend_handles_labels(), strict=True):
-        if t not in texts:
-            handles.append(h)
-            texts.append(t)
-    ax2.legend(handles, texts, loc="upper left", bbox_to_anchor=(1.02, 1.0), title="run")
-    return _save(fig, out_base)
+    opts = opts or PlotOptions()
+    if opts.facet is not None or opts.hue is not None or opts.at_rate is not None:
+        raise TwinError("--facet, --hue and --at-rate apply to a sweep folder")
+    configs = [{"run": label} for label in request_csvs]
+    bare = PlotOptions(None, None, opts.size, opts.dpi, {"run": "", **opts.labels})
+    styler = Styler(configs, ["run"], bare, "--requests")
+    styler.constant = []  # one file: its name is in the legend already
+    runs = [(c, c["run"], p) for c, p in zip(configs, request_csvs.values(), strict=True)]
+    fig = cdf_figure(runs, styler, "TTFT and TPOT CDFs", ttft_slo_s=ttft_slo_s,
+                     tpot_slo_s=tpot_slo_s)  # fmt: skip
+    return save(fig, out_base, opts)
 
 
 # -- timeline ---------------------------------------------------------------------------------
@@ -354,6 +617,7 @@ def plot_timeline(
     out_base: str | Path,
     *,
     window_s: tuple[float, float] | None = None,
+    opts: PlotOptions | None = None,
 ) -> list[Path]:
     """One row per instance with its iterations (colored prefill, decode or
     mixed) and one per instance pair with its KV transfers, over the
@@ -392,7 +656,7 @@ def plot_timeline(
     rows = sorted(set(names) | set(spans))
     if not rows:
         raise TwinError("the trace has no instances or spans")
-    fig = _figure(12.0, 1.6 + 0.42 * len(rows))
+    fig = _figure(12.0, 1.6 + 0.42 * len(rows), opts)
     ax = fig.add_subplot()
     for y, key in enumerate(rows):
         for color, bars in spans.get(key, {}).items():
@@ -424,7 +688,7 @@ def plot_timeline(
     name = doc.get("otherData", {}).get("name") or "run"
     when = f", {window_s[0]:g} to {window_s[1]:g} s" if window_s else ""
     ax.set_title(f"Timeline of {name}{when}: iterations per instance, KV transfers per pair")
-    return _save(fig, out_base)
+    return save(fig, out_base, opts)
 
 
 # -- one run over time ------------------------------------------------------------------------
@@ -540,7 +804,9 @@ def load_run_timeline(
     )
 
 
-def plot_over_time(source: Mapping[str, Any] | str | Path, out_base: str | Path) -> list[Path]:
+def plot_over_time(
+    source: Mapping[str, Any] | str | Path, out_base: str | Path, opts: PlotOptions | None = None
+) -> list[Path]:
     """A run's SLO attainment per window (by arrival) above its capacity:
     instances up per role and GPUs up, averaged over each window; below them,
     when the run moved KV, the median hand-off time per window; the run's
@@ -556,7 +822,7 @@ def plot_over_time(source: Mapping[str, Any] | str | Path, out_base: str | Path)
         return vals + vals[-1:]
 
     moved = any(r.get("transfer_p50_s") is not None for r in rows)
-    fig = _figure(10.0, 8.0 if moved else 6.0)
+    fig = _figure(10.0, 8.0 if moved else 6.0, opts)
     if moved:
         top, bottom, kv = fig.subplots(3, 1, sharex=True, height_ratios=(3, 2, 2))
         ms = [v * 1e3 for v in steps("transfer_p50_s")]
@@ -600,7 +866,7 @@ def plot_over_time(source: Mapping[str, Any] | str | Path, out_base: str | Path)
     bottom.set_xlim(edges[0], edges[-1] if edges[-1] > edges[0] else edges[0] + 1.0)
     width = f" (windows of {edges[1] - edges[0]:g} s)" if len(rows) > 1 else ""
     top.set_title(f"{name} over time{width}")
-    return _save(fig, out_base)
+    return save(fig, out_base, opts)
 
 
 # -- a sweep folder ---------------------------------------------------------------------------
@@ -612,7 +878,7 @@ def _spec_slo(d: Path) -> dict[str, Any]:
 
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError):
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return {}
     slo = data.get("slo") if isinstance(data, dict) else None
     return slo if isinstance(slo, dict) else {}
@@ -629,54 +895,116 @@ def _seconds(value: Any) -> float | None:
         return None
 
 
-def _cdf_runs(d: Path, rows: list[dict[str, str]], target: float) -> dict[str, Path]:
-    """Per label, the requests CSV of the run nearest the label's knee (else
-    its lowest rate) that has one, lowest seed first; keys ``label @ rate``."""
+def common_rate(
+    rows: list[dict[str, str]], target: float, at_rate: float | None
+) -> tuple[float, str]:
+    """(rate, why) the CDFs compare the configurations at: ``at_rate`` when
+    given, else the swept rate nearest the median of the configurations'
+    knees (the lowest rate when none has one)."""
+    rate_col, series = attainment_series(rows)
+    if at_rate is not None:
+        return at_rate, "asked"
+    rates = sorted({p[0] for pts in series.values() for p in pts})
+    found = sorted(k for k in knees(rows, target).values() if k is not None)
+    if not found:
+        return rates[0], "the lowest rate swept: no configuration has a knee"
+    mid = (
+        found[len(found) // 2]
+        if len(found) % 2
+        else (found[len(found) // 2 - 1] + found[len(found) // 2]) / 2
+    )
+    return min(rates, key=lambda r: (abs(r - mid), r)), "the median knee"
+
+
+def cdf_runs(
+    d: Path, rows: list[dict[str, str]], rate: float | None
+) -> list[tuple[str, float, Path]]:
+    """Per label (in the sweep's order), the run with per-request data at the
+    rate nearest ``rate`` (lowest seed first; any rate when the sweep has no
+    rate column, ``rate`` None): (label, its rate, requests CSV)."""
     have = {p.stem: p for p in sorted((d / "requests").glob("*.csv"))}
-    if not rows:
-        return have
-    try:
-        rate_col, series = attainment_series(rows)
-    except TwinError:
-        return {r["run_id"]: have[r["run_id"]] for r in rows if r.get("run_id") in have}
-    out = {}
-    for label, pts in series.items():
-        k = knee([p[0] for p in pts], [p[1] for p in pts], target)
-        aim = k if k is not None else pts[0][0]
+    rate_col = next((c for c in RATE_COLUMNS if rows and c in rows[0]), None)
+    out = []
+    for label in dict.fromkeys(r.get("label") or "all" for r in rows):
         cands = [
             r for r in rows
             if (r.get("label") or "all") == label and r.get("run_id") in have
-            and _float(r.get(rate_col)) is not None
+            and (rate_col is None or _float(r.get(rate_col)) is not None)
         ]  # fmt: skip
         if not cands:
             continue
 
-        def closeness(r: dict[str, str], aim: float = aim) -> tuple[float, float, float, str]:
-            rate = _float(r.get(rate_col)) or 0.0
-            return (abs(rate - aim), rate, _float(r.get("seed")) or 0.0, r["run_id"])
+        def closeness(r: dict[str, str]) -> tuple[float, float, float, str]:
+            x = (_float(r.get(rate_col)) or 0.0) if rate_col else 0.0
+            return (abs(x - (rate or 0.0)), x, _float(r.get("seed")) or 0.0, r["run_id"])
 
         best = min(cands, key=closeness)
-        rate = _float(best.get(rate_col)) or 0.0
-        out[f"{label} @ {rate:g}{RATE_UNIT[rate_col]}"] = have[best["run_id"]]
+        x = (_float(best.get(rate_col)) or 0.0) if rate_col else 0.0
+        out.append((label, x, have[best["run_id"]]))
     return out
 
 
-def plot_dir(
+def sweep_cdf_figure(
+    d: Path, rows: list[dict[str, str]], slo: Mapping[str, Any], opts: PlotOptions
+) -> Figure | None:
+    """The CDFs of the folder's configurations at one common rate
+    (:func:`common_rate`), stated in the title; None without per-request data."""
+    target = _float(slo.get("target")) or DEFAULT_TARGET
+    rate_col = next((c for c in RATE_COLUMNS if rows and c in rows[0]), None)
+    if rate_col is None and opts.at_rate is not None:
+        raise TwinError(f"--at-rate: {d / 'runs.csv'} sweeps no rate ({', '.join(RATE_COLUMNS)})")
+    rate, why = common_rate(rows, target, opts.at_rate) if rate_col else (0.0, "")
+    picked = cdf_runs(d, rows, rate if rate_col else None)
+    if not picked:
+        return None
+    unit = RATE_UNIT[rate_col] if rate_col else ""
+    keys = swept_columns(rows[0].keys(), "run_id", "label")
+    params = _configs(rows, keys)
+    styler = _styler([params[lab] for lab, _, _ in picked], keys, opts, str(d / "runs.csv"))
+    got = sorted({x for _, x, _ in picked})
+    if rate_col is None:
+        at = "(one run per configuration)"
+    elif len(got) == 1:
+        at = f"at {got[0]:g}{unit}"
+        if why != "asked":
+            at += f" ({why})"
+        elif got[0] != rate:
+            at += f" (the swept rate nearest {rate:g}{unit})"
+    else:
+        listed = ", ".join(f"{x:g}" for x in got)
+        at = f"at the rates nearest {rate:g}{unit} ({why}): {listed}{unit}"
+    texts = []
+    for lab, x, _ in picked:
+        name = styler.label(params[lab])
+        texts.append(name if len(got) == 1 else f"{name} @ {x:g}{unit}")
+
+    def one_slo(key: str) -> float | None:
+        """The SLO every configuration shares: swept to one value, or the spec's."""
+        if f"slo.{key}" not in rows[0]:
+            return _seconds(slo.get(key))
+        values = {r.get(f"slo.{key}") for r in rows}
+        return _seconds(values.pop()) if len(values) == 1 else None
+
+    ttft, tpot = one_slo("ttft"), one_slo("tpot")
+    runs = [(params[lab], t, p) for (lab, _, p), t in zip(picked, texts, strict=True)]
+    return cdf_figure(runs, styler, f"TTFT and TPOT CDFs {at}", ttft_slo_s=ttft, tpot_slo_s=tpot)
+
+
+def sweep_figures(
     d: str | Path,
-    out: str | Path | None = None,
+    opts: PlotOptions | None = None,
     note: Callable[[str], None] | None = None,
     unproduced: Sequence[str] = (),
-) -> list[Path]:
-    """Every plot a sweep folder allows, written to ``out`` (default
-    ``d/plots``): attainment (runs.csv), goodput (goodput.csv), cdf
-    (requests/*.csv), timeline (trace.json or the first traces/*.json).
-    What cannot be drawn is skipped with a note (default: to stderr), but for
-    the plots named in ``unproduced`` (the command that made the folder did
-    not write their inputs: a note would point at nothing to do)."""
+) -> dict[str, Figure]:
+    """The figures a sweep folder allows, by name: ``attainment``
+    (runs.csv), ``goodput`` (goodput.csv), ``cdf`` (requests/*.csv); what
+    cannot be drawn is told to ``note`` (default: stderr), but for the plots
+    named in ``unproduced`` (the command that made the folder did not write
+    their inputs: a note would point at nothing to do)."""
     d = Path(d)
     if not d.is_dir():
         raise TwinError(f"{d}: not a folder")
-    out = Path(out) if out is not None else d / "plots"
+    opts = opts or PlotOptions()
     tell = note or (lambda msg: print(f"twin plot: {msg}", file=sys.stderr))
 
     def say(plot: str, msg: str) -> None:
@@ -685,29 +1013,61 @@ def plot_dir(
 
     slo = _spec_slo(d)
     target = _float(slo.get("target")) or DEFAULT_TARGET
-    written: list[Path] = []
+    figs: dict[str, Figure] = {}
     rows = _read_csv(d / "runs.csv") if (d / "runs.csv").is_file() else []
     if rows:
         try:
-            written += plot_attainment(d / "runs.csv", out / "attainment", target)
+            figs["attainment"] = attainment_figure(rows, str(d / "runs.csv"), target, opts)
         except TwinError as e:
+            if opts.facet is not None or opts.hue is not None:
+                raise
             say("attainment", f"no attainment plot: {e}")
     else:
         say("attainment", f"no attainment plot: {d / 'runs.csv'} missing or empty")
     if (d / "goodput.csv").is_file():
-        written += plot_goodput(d / "goodput.csv", out / "goodput")
-    runs = _cdf_runs(d, rows, target)
-    if runs:
-        swept = rows[0].keys() if rows else set()
-        ttft = None if "slo.ttft" in swept else _seconds(slo.get("ttft"))
-        tpot = None if "slo.tpot" in swept else _seconds(slo.get("tpot"))
-        written += plot_cdfs(runs, out / "cdf", ttft_slo_s=ttft, tpot_slo_s=tpot)
+        figs["goodput"] = goodput_figure(_read_csv(d / "goodput.csv"), str(d / "goodput.csv"), opts)
+    cdf = None
+    if rows and any((d / "requests").glob("*.csv")):
+        try:
+            cdf = sweep_cdf_figure(d, rows, slo, opts)
+        except TwinError as e:
+            if opts.facet is not None or opts.hue is not None or opts.at_rate is not None:
+                raise
+            say("cdf", f"no CDFs: {e}")
+            return figs
+    if cdf is not None:
+        figs["cdf"] = cdf
     else:
         say("cdf", f"no CDFs: no per-request data ({d / 'requests'}/<run_id>.csv)")
+    return figs
+
+
+def plot_dir(
+    d: str | Path,
+    out: str | Path | None = None,
+    note: Callable[[str], None] | None = None,
+    opts: PlotOptions | None = None,
+    unproduced: Sequence[str] = (),
+) -> list[Path]:
+    """Every plot a sweep folder allows, written to ``out`` (default
+    ``d/plots``): :func:`sweep_figures` and a timeline (trace.json or the
+    first traces/*.json). What cannot be drawn is skipped with a note
+    (default: to stderr), but for the plots named in ``unproduced``."""
+    d = Path(d)
+    out = Path(out) if out is not None else d / "plots"
+    tell = note or (lambda msg: print(f"twin plot: {msg}", file=sys.stderr))
+
+    def say(plot: str, msg: str) -> None:
+        if plot not in unproduced:
+            tell(msg)
+
+    written: list[Path] = []
+    for name, fig in sweep_figures(d, opts, tell, unproduced).items():
+        written += save(fig, out / name, opts)
     traces = [d / "trace.json"] if (d / "trace.json").is_file() else []
     traces += sorted((d / "traces").glob("*.json"))
     if traces:
-        written += plot_timeline(traces[0], out / "timeline")
+        written += plot_timeline(traces[0], out / "timeline", opts=opts)
     else:
         say("timeline", f"no timeline: no {d / 'trace.json'} or {d / 'traces'}/<run_id>.json")
     return written
