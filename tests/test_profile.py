@@ -108,6 +108,11 @@ def test_profile_bad_input_one_line(torch, tmp_path, capsys, args, msg):
     assert not (tmp_path / "t.csv").exists()
 
 
+def test_profile_checks_the_output_folder_first(tmp_path, capsys):
+    rc = main(["profile", "tiny", "--device", "cpu", "--out", str(tmp_path / "no" / "t.csv")])
+    assert rc == 2 and "no folder" in capsys.readouterr().err
+
+
 def test_profile_cuda_needs_a_gpu_name(tmp_path, capsys):
     rc = main(["profile", "tiny", "--out", str(tmp_path / "t.csv")])
     assert rc == 2 and "--gpu: missing" in capsys.readouterr().err

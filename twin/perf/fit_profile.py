@@ -232,7 +232,11 @@ def _row(source: Source, pred: np.ndarray, meas: np.ndarray, prompt: np.ndarray)
 def format_report(r: FitReport, engine: str) -> str:
     """The fitted terms, the errors, and a ``perf:`` block with them."""
     lines = ["fitted (the other terms at the GPU's defaults and the engine preset):"]
-    lines += [f"  {k:<16} {v:.4g}" for k, v in r.fitted.items()]
+    for k, v in r.fitted.items():
+        lo, hi, _ = _BOUNDS[k]
+        at = " (at its lower bound)" if v <= lo * 1.001 else (
+            " (at its upper bound)" if v >= hi * 0.999 else "")  # fmt: skip
+        lines.append(f"  {k:<16} {v:.4g}{at}")
     lines += ["", "in sample", format_validation(r.in_sample), ""]
     what = "each table fitted on the others" if r.held_out_kind == "table" else (
         "each point fitted on the other points")  # fmt: skip

@@ -529,12 +529,14 @@ def command(
         raise TwinError(f"twin profile: --grid {grid!r}; expected one of {', '.join(GRIDS)}")
     if tp < 1:
         raise TwinError(f"twin profile: --tp {tp} must be >= 1")
+    path = Path(out)
+    if not path.parent.is_dir():  # before minutes of measuring, not after
+        raise TwinError(f"twin profile: --out {out}: no folder {path.parent}")
     result = profile(
         model, gpu_name, tp=tp, device=device, grid=GRIDS[grid], grid_name=grid,
         layers=layers, dtype=dtype, warmup=warmup, repeats=repeats,
         progress=None if quiet else (lambda msg: print(msg, flush=True)),
     )  # fmt: skip
-    path = Path(out)
     sha = write(result, path)
     print(f"{path}: {len(result.rows)} rows, sha256 {sha}")
     print(f"{sidecar_path(path)}: the environment and the mixed iterations")
