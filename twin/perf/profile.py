@@ -239,16 +239,25 @@ class _Layers:
         out = self.F.scaled_dot_product_attention(q.reshape(b, self.kvh, g, self.d), k, v)
         return out.reshape(b, self.h, 1, self.d)
 
-    def layers_pass(self, prefill: tuple[int, int], decode: tuple[int, int], kv: Any) -> Any:
+    def inputs(self, prefill: tuple[int, int], decode: tuple[int, int]) -> tuple[Any, Any, Any]:
+        """The hidden states entering the first layer and the positions, made before timing."""
+        t = self.t
+        (bp, p), (bd, c) = prefill, decode
+        x = t.randn(bp * p + bd, self.hidden, device=self.dev, dtype=self.dtype) * 0.1
+        pos_p = t.arange(p, device=self.dev) if bp else None
+        pos_d = t.full((1,), c - 1, device=self.dev, dtype=t.long) if bd else None
+        return x, pos_p, pos_d
+
+    def layers_pass(
+        self, prefill: tuple[int, int], decode: tuple[int, int], kv: Any, inp: tuple[Any, ...]
+    ) -> Any:
         """One forward pass of every layer: ``prefill = (B, P)`` prompts (or (0, 0)) beside
-        ``decode = (B, C)`` sequences at context C (or (0, 0)) whose cache is ``kv``."""
+        ``decode = (B, C)`` sequences at context C (or (0, 0)) whose cache is ``kv``; ``inp``
+        from :meth:`inputs`."""
         t = self.t
         bp, p = prefill
         bd, c = decode
-        n_tok = bp * p + bd
-        x = t.randn(n_tok, self.hidden, device=self.dev, dtype=self.dtype) * 0.1
-        pos_p = t.arange(p, device=self.dev) if bp else None
-        pos_d = t.full((1,), c - 1, device=self.dev, dtype=t.long) if bd else None
+        x, pos_p, pos_d = inp
         qd, kd = self.h * self.d, self.kvh * self.d
         for lw in self.layers:
             hdn = self._rms(x, lw["n1"])
@@ -285,9 +294,8 @@ class _Layers:
             x = x + self.F.linear(up, lw["down"])
         return x
 
-    def head_pass(self, seqs: int) -> Any:
-        """The final norm and the LM head over the last token of ``seqs`` sequences."""
-        x = self.t.randn(seqs, self.hidden, device=self.dev, dtype=self.dtype) * 0.1
+    def head_pass(self, x: Any) -> Any:
+        """The final norm and the LM head over ``x``, the last token of each sequence."""
         return self.F.linear(self._rms(x, self.norm), self.head)
 
 
@@ -377,12 +385,14 @@ def profile(
 
     def head_time(seqs: int) -> float:
         if seqs not in head:
-            head[seqs] = timer(lambda: net.head_pass(seqs))
+            x = torch.randn(seqs, model.hidden, device=dev, dtype=tdtype) * 0.1
+            head[seqs] = timer(lambda: net.head_pass(x))
         return head[seqs]
 
     def measure(prefill: tuple[int, int], decode: tuple[int, int]) -> float:
         kv = kv_cache(*decode) if decode[0] else None
-        t = timer(lambda: net.layers_pass(prefill, decode, kv))
+        inp = net.inputs(prefill, decode)
+        t = timer(lambda: net.layers_pass(prefill, decode, kv, inp))
         return t * scale + head_time(prefill[0] + decode[0])
 
     rows: list[tuple[str, int, int, int, float]] = []
