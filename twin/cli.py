@@ -213,6 +213,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    if args.what == "run":
+        return cmd_validate_run(args)
+    if args.spec is not None or args.against is not None:
+        raise TwinError("twin validate perf: takes no SPEC nor --against (those are for run)")
     from twin.perf.validate import find_data_dir, format_validation, load_sources, validate_perf
 
     data = find_data_dir(args.data)
@@ -227,6 +231,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
             table = held_out_table(sources, on_source=bar.update)
         print()
         print(table)
+    return 0
+
+
+def cmd_validate_run(args: argparse.Namespace) -> int:
+    from twin.studies.validate_run import format_comparison, validate_run
+
+    if args.spec is None or args.against is None:
+        raise TwinError("twin validate run: needs SPEC and --against RESULTS")
+    c = validate_run(args.spec, args.against, overrides=args.set or (), format=args.format)
+    print(json.dumps(c.to_dict(), indent=2) if args.json else format_comparison(c))
     return 0
 
 
@@ -833,7 +847,21 @@ def build_parser() -> argparse.ArgumentParser:
     k.set_defaults(func=cmd_kv)
 
     v = sub.add_parser("validate", help="check the performance model against measured profiles")
-    v.add_argument("what", choices=["perf"], help="what to validate: perf, the performance model")
+    v.add_argument(
+        "what", choices=["perf", "run"],
+        help="perf: the performance model against measured profiles; run: a spec against a "
+        "real serving run (--against)",
+    )  # fmt: skip
+    v.add_argument("spec", nargs="?", help="run: the spec (path or bundled name) to replay")
+    v.add_argument(
+        "--against", metavar="RESULTS",
+        help="run: a `vllm bench serve --save-detailed` JSON or an AIPerf profile_export.jsonl",
+    )  # fmt: skip
+    v.add_argument(
+        "--format", default="auto", choices=["auto", "vllm", "aiperf"], help="run: RESULTS format"
+    )
+    v.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="run: override")
+    v.add_argument("--json", action="store_true", help="run: print JSON")
     v.add_argument(
         "--data", help="the public data folder (default: $TWIN_DATA, ./shared/data, ../shared/data)"
     )
@@ -1006,6 +1034,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.set_defaults(func=cmd_bench)
     _add_catalog_parsers(sub)
+    _add_profile_parser(sub)
+    _add_calibrate_parser(sub)
     helps = {a.dest: str(a.help or "") for a in sub._choices_actions}
     for name, sp in sub.choices.items():
         if sp.description is None and helps.get(name):
@@ -1016,6 +1046,66 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_profile_parser(sub: Any) -> None:
+    pr = sub.add_parser(
+        "profile", help="measure a profile table of a model on a GPU with PyTorch (extra: profile)"
+    )
+    _model_args(pr)
+    pr.add_argument("--gpu", help="the catalog GPU measured (twin gpus); optional on --device cpu")
+    pr.add_argument("--tp", type=int, default=1, help="tensor parallelism: one rank's shard timed")
+    pr.add_argument("--out", default="profile.csv", help="the table (default profile.csv)")
+    pr.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cuda (default)")
+    pr.add_argument(
+        "--grid", default="full", choices=["full", "small", "tiny"], help="the points (full)"
+    )
+    pr.add_argument("--layers", type=int, help="layers timed, scaled to all (default: all)")
+    pr.add_argument("--dtype", help="bf16, fp16 or fp32 (default: bf16 on cuda, fp32 on cpu)")
+    pr.add_argument("--warmup", type=int, default=3, help="passes before timing (3)")
+    pr.add_argument("--repeats", type=int, default=5, help="timed passes per point, median (5)")
+    pr.add_argument("-q", "--quiet", action="store_true", help="no line per point")
+    pr.set_defaults(func=cmd_profile)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from twin.perf.profile import command
+
+    return command(
+        _model_arg(args, "profile"), args.gpu, tp=args.tp, out=args.out, device=args.device,
+        grid=args.grid, layers=args.layers, dtype=args.dtype, warmup=args.warmup,
+        repeats=args.repeats, quiet=args.quiet,
+    )  # fmt: skip
+
+
+def _add_calibrate_parser(sub: Any) -> None:
+    ca = sub.add_parser(
+        "calibrate", help="fit the roofline's GPU efficiencies and overheads to profile tables"
+    )
+    ca.add_argument(
+        "--profile", action="append", required=True, metavar="TABLE",
+        help="a native table (twin profile); repeat for several models on one GPU",
+    )  # fmt: skip
+    ca.add_argument("--model", help="the model measured (default: the table's sidecar)")
+    ca.add_argument("--gpu", help="the catalog GPU measured (default: the sidecar)")
+    ca.add_argument("--tp", type=int, help="the TP measured (default: the sidecar, else 1)")
+    ca.add_argument(
+        "--engine", default="distserve", help="preset of the terms not fitted (distserve)"
+    )
+    ca.add_argument(
+        "--fit", metavar="TERM[,TERM...]",
+        help="terms to fit (default mfu,mbu,attn_mfu,overhead_s,seq_overhead_s)",
+    )  # fmt: skip
+    ca.add_argument("--json", action="store_true", help="print JSON")
+    ca.set_defaults(func=cmd_calibrate)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from twin.perf.fit_profile import command
+
+    return command(
+        args.profile, args.model, args.gpu, args.tp, args.engine, args.fit, as_json=args.json
+    )
+
+
 # Each subcommand's --help ends with these examples (one place, not one per parser).
 EXAMPLES: dict[str, tuple[str, ...]] = {
     "run": (
@@ -1023,7 +1113,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "twin run disagg --requests-csv requests.csv --trace-out trace.json",
     ),
     "kv": ("twin kv llama-3-70b --tokens 4096", "twin kv --model my-model.yaml --dtype fp8"),
-    "validate": ("twin validate perf --data ../shared/data",),
+    "validate": (
+        "twin validate perf --data ../shared/data",
+        "twin validate run my-spec.yaml --against vllm-result.json",
+        "twin validate run my-spec.yaml --against artifacts/run/profile_export.jsonl --json",
+    ),
     "handoff": (
         "twin handoff llama-3.1-70b --tokens 8000 --topology dgx-h100-ib400 --tp 8",
         "twin handoff meta-llama/Llama-2-70b-hf --tokens 2000 --topology a100-eth25 --json",
@@ -1056,6 +1150,14 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "gpus": ("twin gpus", "twin gpus --json gpus.json"),
     "topologies": ("twin topologies", "twin topologies --json -"),
     "experiments": ("twin experiments", "twin experiments --json -"),
+    "calibrate": (
+        "twin calibrate --profile qwen3-8b-h200.csv",
+        "twin calibrate --profile qwen3-8b-h200.csv --profile llama-3.1-8b-h200.csv",
+    ),
+    "profile": (
+        "twin profile qwen3-8b --gpu h200 --out qwen3-8b-h200.csv",
+        "twin profile tiny --device cpu --grid tiny --out tiny.csv",
+    ),
 }
 
 

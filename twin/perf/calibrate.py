@@ -48,7 +48,7 @@ from scipy.optimize import least_squares, minimize, minimize_scalar
 
 from twin._progress import Progress
 from twin.perf.gpus import GPUSpec, get_gpu
-from twin.perf.llm import get_model
+from twin.perf.llm import ModelSpec, get_model
 from twin.perf.roofline import ENGINE_OVERHEADS, ENGINE_TERMS, GPU_EFFICIENCY, Roofline
 from twin.perf.validate import (
     TARGET_MEDIAN,
@@ -105,14 +105,28 @@ _LO, _HI, _X0 = (np.log([_BOUNDS[n.split("@")[0]][i] for n in NAMES]) for i in r
 class _Source:
     """Per-point features of one source, as numpy arrays."""
 
-    def __init__(self, s: Source) -> None:
-        m, gpu, tp = get_model(s.model), get_gpu(s.gpu), s.tp
+    def __init__(
+        self,
+        s: Source,
+        family: str | None = None,
+        model: ModelSpec | None = None,
+        gpu_spec: GPUSpec | None = None,
+    ) -> None:
+        """``family``: the key of the GPU terms (default: :data:`FAMILY` of the source's GPU,
+        which must have one); ``model`` / ``gpu_spec``: the shapes and GPU, when not the
+        catalog entries the source names."""
+        m = get_model(s.model) if model is None else model
+        gpu = get_gpu(s.gpu) if gpu_spec is None else gpu_spec
+        tp = s.tp
         self.source = s
         self.name = s.name
-        if gpu.name not in FAMILY:
-            raise ValueError(f"{s.name}: GPU {gpu.name} has no fitted efficiencies")
-        self.gpu = FAMILY[gpu.name]
-        self.clock = f"sustained_clock@{gpu.name}" if gpu.name in CAPPED else None
+        if family is None:
+            if gpu.name not in FAMILY:
+                raise ValueError(f"{s.name}: GPU {gpu.name} has no fitted efficiencies")
+            self.gpu = FAMILY[gpu.name]
+            self.clock = f"sustained_clock@{gpu.name}" if gpu.name in CAPPED else None
+        else:  # a user's GPU: its own terms, at the clock it sustains
+            self.gpu, self.clock = family, None
         self.engine = s.engine
         self.tp = tp
         self.layers = m.layers
@@ -135,9 +149,11 @@ class _Source:
         self.flop_lin = (2.0 * m.layers * m.linear_params_per_layer * self.tok
                          + 2.0 * m.hidden * m.vocab * self.seq) / tp  # fmt: skip
         self.flop_attn = 4.0 * m.layers * m.heads * m.head_dim * (self.apre + self.adec) / tp
-        self.mem = m.weight_bytes / tp + m.kv_bytes_per_token() / tp * self.kv
+        self.mem = m.weight_bytes / tp + m.kv_bytes_per_token_tp(tp) / tp * self.kv
         self.act = m.layers * m.hidden * m.dtype_bytes * self.tok  # bytes per unit act_traffic
         self.peak, self.hbm = gpu.flops_bf16, gpu.hbm_bytes_s
+        if family is not None:
+            self.peak = gpu.sustained_flops
         link = gpu.nvlink_bytes_s if gpu.nvlink_bytes_s > 0 else gpu.pcie_bytes_s
         n_ar = 2 * m.layers if tp > 1 else 0
         self.comm_s = n_ar * 2.0 * (tp - 1) / tp * m.hidden * m.dtype_bytes * self.tok / link
@@ -448,9 +464,26 @@ def held_out_table(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m twin.perf.calibrate", description=__doc__)
-    ap.add_argument("--data", required=True, help="shared data directory")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--data", help="shared data directory")
+    src.add_argument(
+        "--profile", action="append", metavar="TABLE",
+        help="fit one GPU's terms to these native tables instead (see twin.perf.fit_profile)",
+    )  # fmt: skip
     ap.add_argument("--starts", type=int, default=3)
+    ap.add_argument("--model", help="--profile: the model measured (default: the sidecar)")
+    ap.add_argument("--gpu", help="--profile: the catalog GPU measured (default: the sidecar)")
+    ap.add_argument("--tp", type=int, help="--profile: the TP measured (default: the sidecar)")
     args = ap.parse_args(argv)
+    if args.profile:
+        from twin.errors import TwinError
+        from twin.perf.fit_profile import command
+
+        try:
+            return command(args.profile, args.model, args.gpu, args.tp)
+        except TwinError as e:
+            print(f"twin: error: {e}", file=sys.stderr)
+            return 2
     # a unit is a fit: each capped GPU's clock, each start and the defaults' refinement
     with Progress(len(CAPPED) + args.starts + 1, "fits", desc="calibrate") as bar:
         clocks = []

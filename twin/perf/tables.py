@@ -276,35 +276,49 @@ class ProfileTable:
     @classmethod
     def from_native(cls, path: Path, *, where: str = "", pp: int = 1) -> ProfileTable:
         """A native CSV (``phase,batch_size,tokens,context,time_s``; see the class docstring)."""
-        data = path.read_bytes()
-        where = where or str(path)
-        cols = ["phase", "batch_size", "tokens", "context", "time_s"]
-        prefill: dict[tuple[int, int], list[float]] = {}
-        decode: dict[tuple[int, int], list[float]] = {}
+        prefill, decode, sha = read_native(path, where=where)
+        return cls(f"profile:{Path(path).name}", sha, prefill, decode, pp=pp)
+
+
+def read_native(
+    path: Path, *, where: str = ""
+) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float], str]:
+    """The points of a native CSV: prefill ``(batch size, prompt tokens) -> s``, decode
+    ``(batch size, context) -> s`` (repeated keys reduced to their median), and its sha256."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ProfileError(f"{where or path}: cannot read: {e.strerror}") from None
+    where = where or str(path)
+    cols = ["phase", "batch_size", "tokens", "context", "time_s"]
+    prefill: dict[tuple[int, int], list[float]] = {}
+    decode: dict[tuple[int, int], list[float]] = {}
+    try:
         reader = csv.DictReader(io.StringIO(data.decode()))
-        if reader.fieldnames is None or list(reader.fieldnames) != cols:
-            raise ProfileError(f"{where}: header {reader.fieldnames!r}; expected {','.join(cols)}")
-        for line, r in enumerate(reader, start=2):
-            try:
-                b, n, c, t = (int(r["batch_size"]), int(r["tokens"]), int(r["context"]),
-                              float(r["time_s"]))  # fmt: skip
-            except (ValueError, TypeError):
-                raise ProfileError(f"{where}: line {line}: bad number in {r!r}") from None
-            if r["phase"] == "prefill":
-                prefill.setdefault((b, n), []).append(t)
-            elif r["phase"] == "decode":
-                decode.setdefault((b, c), []).append(t)
-            else:
-                raise ProfileError(
-                    f"{where}: line {line}: phase {r['phase']!r}; expected prefill or decode"
-                )
-        return cls(
-            f"profile:{Path(path).name}",
-            hashlib.sha256(data).hexdigest(),
-            {k: statistics.median(v) for k, v in prefill.items()},
-            {k: statistics.median(v) for k, v in decode.items()},
-            pp=pp,
-        )
+        fields = reader.fieldnames
+    except UnicodeDecodeError:
+        raise ProfileError(f"{where}: not a text CSV") from None
+    if fields is None or list(fields) != cols:
+        raise ProfileError(f"{where}: header {fields!r}; expected {','.join(cols)}")
+    for line, r in enumerate(reader, start=2):
+        try:
+            b, n, c, t = (int(r["batch_size"]), int(r["tokens"]), int(r["context"]),
+                          float(r["time_s"]))  # fmt: skip
+        except (ValueError, TypeError):
+            raise ProfileError(f"{where}: line {line}: bad number in {r!r}") from None
+        if r["phase"] == "prefill":
+            prefill.setdefault((b, n), []).append(t)
+        elif r["phase"] == "decode":
+            decode.setdefault((b, c), []).append(t)
+        else:
+            raise ProfileError(
+                f"{where}: line {line}: phase {r['phase']!r}; expected prefill or decode"
+            )
+    return (
+        {k: statistics.median(v) for k, v in prefill.items()},
+        {k: statistics.median(v) for k, v in decode.items()},
+        hashlib.sha256(data).hexdigest(),
+    )
 
 
 # simdistserve's costs outside the fitted JSON, at LLMServe/DistServe commit 82831f1 (the snapshot
