@@ -89,6 +89,7 @@ from twin.scheduler import (
     Scheduler,
     SetRole,
     Ticks,
+    TickWatch,
     duration_s,
     is_int,
     register,
@@ -244,6 +245,22 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
             ):
                 return [self._move(inst, home)]
         return []
+
+    def tick_watch(self, view: ClusterView) -> TickWatch | None:
+        """What a tick that moved nothing turns on: with no move under way and
+        no mixed machine, the prompt machines' queues against
+        ``mixed_threshold_tokens`` and the token machines' free memory against
+        ``token_free_threshold``, each only where its pool's move is possible."""
+        prompt, token, mixed = _pools(view)
+        if self._moving or mixed:
+            return None
+        queue = {i.id: self.mixed_threshold_tokens for i in prompt} if len(token) > 1 else {}
+        free = (
+            {i.id: self.token_free_threshold * i.total_blocks for i in token}
+            if len(prompt) > 1
+            else {}
+        )
+        return TickWatch(queue, free)
 
     def _backed_up(self, pool: tuple[InstanceView, ...]) -> bool:
         return all(i.queue_tokens > self.mixed_threshold_tokens for i in pool)

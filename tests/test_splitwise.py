@@ -254,3 +254,26 @@ def test_provisioning_is_the_same_when_its_searches_run_in_parallel():
     parallel = provision(PROVISION_SPEC, "p.yaml", Path.cwd(), executor=Executor(jobs=2), **kw)
     assert [len(c.goodputs_rps) for c in serial.candidates] == [2, 2]
     assert parallel == serial and format_provision(parallel) == format_provision(serial)
+
+
+@pytest.mark.parametrize(
+    ("sched", "lent"),
+    [
+        ({"move_cost": "10 ms"}, (2, 3)),  # queues past the mark: token machines help
+        # token memory short of the mark (queues never past it): prompt machines help
+        ({"token_free_threshold": 0.999, "mixed_threshold_tokens": 10**9}, (0, 1)),
+    ],
+)
+def test_ticks_asleep_on_their_thresholds_decide_as_ticking_every_interval(sched, lent):
+    runs = []
+    for watch in (False, True):
+        sw = Splitwise(**{"mixed_threshold_tokens": 4096, **sched})
+        sw.tick_on_change = watch  # without it every tick of the grid is asked
+        rows: list = []
+        sim = Simulation(bursty_spec(**sched), scheduler=sw, on_row=rows.append)
+        runs.append((sim, sim.run(), rows))
+    (every, res_every, rows_every), (watched, res_watched, rows_watched) = runs
+    assert res_watched.to_dict() == res_every.to_dict() and rows_watched == rows_every
+    assert watched.role_changes == every.role_changes
+    assert every.role_changes and {i for _, i, _, _ in every.role_changes} <= set(lent)
+    assert watched.control.tick_calls < every.control.tick_calls
