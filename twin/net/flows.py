@@ -1259,12 +1259,17 @@ class Network:
             f.finish_at = now + f.remaining / r if r > 0.0 else math.inf
             for k in f.keys:
                 links[k].load += r
+        top = self.max_link_load_ratio
         for k in keys:
             s = links[k]
-            if s.load > 0.0:
-                s.peak = max(s.peak, s.load)
-                ratio = s.load / s.usable if s.usable > 0.0 else math.inf
-                self.max_link_load_ratio = max(self.max_link_load_ratio, ratio)
+            load = s.load
+            if load > 0.0:
+                if load > s.peak:  # max(), without the call
+                    s.peak = load
+                ratio = load / s.usable if s.usable > 0.0 else math.inf
+                if ratio > top:
+                    top = ratio
+        self.max_link_load_ratio = top
         if len(comp) == 1 and comp[0].finish_at < math.inf:
             # Alone: its finish changes no other rate. Its delivery is planned
             # now, and nothing marks the finish itself unless something joins.
