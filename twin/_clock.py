@@ -15,7 +15,10 @@ stepping reaches, and an idle path must take exactly latency + size / rate, so
 :func:`at` pushes onto SimPy's queue directly. SimPy cannot take an event back
 once scheduled; :func:`move` brings one of :func:`at`'s forward instead (a
 fast-forwarded stretch cut short ends earlier), so that no stale event is left
-to fire. This module is the one place
+to fire, and :func:`arm` schedules (or schedules again) a pending event that a
+process already waits on, at a place among same-instant events taken earlier
+with :func:`slot` (a sleeping tick keeps the place its timeout would have had).
+This module is the one place
 that touches SimPy's private ``Environment._queue`` and ``_eid`` (SimPy 4.x;
 the dependency is pinned to that major version).
 """
