@@ -89,6 +89,7 @@ from twin.scheduler import (
     Scheduler,
     SetRole,
     Ticks,
+    TickWatch,
     duration_s,
     is_int,
     register,
@@ -157,16 +158,20 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
     def route(self, req: Request, view: ClusterView) -> Route | Reject:
         """Both machines at arrival: the prompt machine by JSQ, and, unless it
         is a mixed machine (which serves the whole request), the token machine."""
-        best = self._prompt_machine(req, view)
+        pools = _pools(view)  # the same for both picks (one pass over the view)
+        best = self._prompt_machine(req, pools)
         if best.role == "mixed":
             return Route(best.id, best.id)
-        decode = self.pick_decode(req, view)
+        need = self._need(req, view)
+        decode = self._pick_decode(need, view.now, pools)
         due = view.now + best.estimate_queue_s() + best.estimate_prefill_s(req.prompt_tokens)
-        self._inflight.setdefault(decode, []).append((due, self._need(req, view)))
+        self._inflight.setdefault(decode, []).append((due, need))
         return Route(best.id, decode)
 
-    def _prompt_machine(self, req: Request, view: ClusterView) -> InstanceView:
-        prompt, _, mixed = _pools(view)
+    def _prompt_machine(
+        self, req: Request, pools: tuple[tuple[InstanceView, ...], ...]
+    ) -> InstanceView:
+        prompt, _, mixed = pools
         for pool in (prompt, mixed):
             if pool:
                 best = min(pool, key=_prompt_load)
@@ -184,8 +189,11 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
         """The token machine for ``req`` now: the most free KV memory (less what
         is on its way) that fits the expected need, then the least pending work;
         a mixed machine when no token machine fits. ``route`` asks it at arrival."""
-        need = self._need(req, view)
-        now = view.now
+        return self._pick_decode(self._need(req, view), view.now, _pools(view))
+
+    def _pick_decode(
+        self, need: int, now: float, pools: tuple[tuple[InstanceView, ...], ...]
+    ) -> int:
         for i, sent in list(self._inflight.items()):
             kept = [s for s in sent if s[0] > now]
             if kept:
@@ -193,7 +201,7 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
             else:
                 del self._inflight[i]
 
-        _, token, mixed = _pools(view)
+        _, token, mixed = pools
         inflight = self._inflight
         known: dict[int, int] = {}
 
@@ -244,6 +252,22 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
             ):
                 return [self._move(inst, home)]
         return []
+
+    def tick_watch(self, view: ClusterView) -> TickWatch | None:
+        """What a tick that moved nothing turns on: with no move under way and
+        no mixed machine, the prompt machines' queues against
+        ``mixed_threshold_tokens`` and the token machines' free memory against
+        ``token_free_threshold``, each only where its pool's move is possible."""
+        prompt, token, mixed = _pools(view)
+        if self._moving or mixed:
+            return None
+        queue = {i.id: self.mixed_threshold_tokens for i in prompt} if len(token) > 1 else {}
+        free = (
+            {i.id: self.token_free_threshold * i.total_blocks for i in token}
+            if len(prompt) > 1
+            else {}
+        )
+        return TickWatch(queue, free)
 
     def _backed_up(self, pool: tuple[InstanceView, ...]) -> bool:
         return all(i.queue_tokens > self.mixed_threshold_tokens for i in pool)

@@ -173,7 +173,7 @@ def test_splitwise_keeps_the_contract():
     assert check_scheduler("splitwise") == "split"
 
 
-def bursty_spec(**sched):
+def bursty_spec(events=(), **sched):
     data = {
         "model": "llama-3.1-8b",
         "cluster": {"topology": "dgx-h100-ib400", "nodes": 2, "tp": 4, "prefill": 2, "decode": 2},
@@ -184,7 +184,13 @@ def bursty_spec(**sched):
                      "max_requests": 400},
         "slo": {"ttft": "1 s", "tpot": "50 ms"},
     }  # fmt: skip
+    if events:
+        data["events"] = list(events)
     return resolve_spec(data, "splitwise.yaml", Path.cwd())
+
+
+DOWN_AND_BACK = [{"at": "4 s", "action": "fail", "instance": 3},
+                 {"at": "7 s", "action": "recover", "instance": 3}]  # fmt: skip
 
 
 def test_end_to_end_a_burst_moves_machines_and_everything_completes():
@@ -254,3 +260,28 @@ def test_provisioning_is_the_same_when_its_searches_run_in_parallel():
     parallel = provision(PROVISION_SPEC, "p.yaml", Path.cwd(), executor=Executor(jobs=2), **kw)
     assert [len(c.goodputs_rps) for c in serial.candidates] == [2, 2]
     assert parallel == serial and format_provision(parallel) == format_provision(serial)
+
+
+@pytest.mark.parametrize(
+    ("sched", "lent"),
+    [
+        ({"move_cost": "10 ms"}, (2, 3)),  # queues past the mark: token machines help
+        # token memory short of the mark (queues never past it): prompt machines help
+        ({"token_free_threshold": 0.999, "mixed_threshold_tokens": 10**9}, (0, 1)),
+    ],
+)
+def test_ticks_asleep_on_their_thresholds_decide_as_ticking_every_interval(sched, lent):
+    runs = []
+    for watch in (False, True):
+        sw = Splitwise(**{"mixed_threshold_tokens": 4096, **sched})
+        sw.tick_on_change = watch  # without it every tick of the grid is asked
+        rows: list = []
+        # with memory short, a token machine fails and comes back: the pools change
+        events = [] if "move_cost" in sched else DOWN_AND_BACK
+        sim = Simulation(bursty_spec(events, **sched), scheduler=sw, on_row=rows.append)
+        runs.append((sim, sim.run(), rows))
+    (every, res_every, rows_every), (watched, res_watched, rows_watched) = runs
+    assert res_watched.to_dict() == res_every.to_dict() and rows_watched == rows_every
+    assert watched.role_changes == every.role_changes
+    assert every.role_changes and {i for _, i, _, _ in every.role_changes} <= set(lent)
+    assert watched.control.tick_calls < every.control.tick_calls

@@ -15,7 +15,10 @@ stepping reaches, and an idle path must take exactly latency + size / rate, so
 :func:`at` pushes onto SimPy's queue directly. SimPy cannot take an event back
 once scheduled; :func:`move` brings one of :func:`at`'s forward instead (a
 fast-forwarded stretch cut short ends earlier), so that no stale event is left
-to fire. This module is the one place
+to fire, and :func:`arm` schedules (or schedules again) a pending event that a
+process already waits on, at a place among same-instant events taken earlier
+with :func:`slot` (a sleeping tick keeps the place its timeout would have had).
+This module is the one place
 that touches SimPy's private ``Environment._queue`` and ``_eid`` (SimPy 4.x;
 the dependency is pinned to that major version).
 """
@@ -27,7 +30,7 @@ from collections.abc import Callable
 
 import simpy
 
-__all__ = ["ARRIVAL", "ORDINARY", "Arrival", "at", "move", "place"]
+__all__ = ["ARRIVAL", "ORDINARY", "Arrival", "arm", "at", "move", "place", "slot"]
 
 ARRIVAL = simpy.core.URGENT
 ORDINARY = simpy.core.NORMAL
@@ -74,6 +77,30 @@ def place(env: simpy.Environment) -> Callable[[float, Callable[[simpy.Event], No
         heapq.heappush(env._queue, (when, ORDINARY, eid, ev))  # type: ignore[attr-defined]
 
     return schedule
+
+
+def slot(env: simpy.Environment) -> int:
+    """A place in the order of same-instant events, taken now, for :func:`arm`."""
+    return next(env._eid)  # type: ignore[attr-defined]
+
+
+def arm(env: simpy.Environment, ev: simpy.Event, when: float, place: int | None = None) -> None:
+    """Make ``ev``, a plain event not yet triggered (a process may be waiting
+    on it), fire at ``when``, ordered among the events of that instant as one
+    scheduled when ``place`` was taken (:func:`slot`), or now; rearmed, it
+    fires at the new ``when`` only."""
+    queue = env._queue  # type: ignore[attr-defined]
+    eid = next(env._eid) if place is None else place  # type: ignore[attr-defined]
+    if ev._value is not simpy.events.PENDING:  # armed before: take it back
+        for i, entry in enumerate(queue):
+            if entry[3] is ev:
+                queue[i] = queue[-1]
+                queue.pop()
+                heapq.heapify(queue)
+                break
+    ev._ok = True
+    ev._value = None
+    heapq.heappush(queue, (when, ORDINARY, eid, ev))
 
 
 def move(env: simpy.Environment, ev: simpy.Event, when: float) -> None:

@@ -390,11 +390,32 @@ class Ticks(Protocol):
     control loop then skips the ticks at which the cluster cannot have
     changed. The ticks that are left fall on the same ``tick_s`` grid and
     decide the same. Without it (an interval-counting planner, say), every
-    tick is called."""
+    tick is called.
+
+    Such a policy may also have a ``tick_watch(view)`` method, asked right
+    after a tick that returned nothing (:func:`watch_hook`): a
+    :class:`TickWatch` of the thresholds its decision turns on, or None when
+    it cannot name them. The control loop then asks no tick until one of those
+    comparisons changes its truth value, or an instance changes role, goes
+    down or up, or changes state; the next tick is the first one of the grid
+    at or after that change, so the ticks skipped are exactly ones that would
+    have returned nothing."""
 
     tick_s: float
 
     def tick(self, view: ClusterView) -> Sequence[Action]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class TickWatch:
+    """What a tick that returned nothing turns on (see :class:`Ticks`): it
+    would return nothing again while, for each instance id here,
+    ``queue_tokens > queue_tokens_above[id]`` and ``free_blocks <=
+    free_blocks_at_most[id]`` keep the truth values they have now, and no
+    instance changes role, health or state."""
+
+    queue_tokens_above: Mapping[int, int] = field(default_factory=dict)
+    free_blocks_at_most: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -452,6 +473,13 @@ def ticks_on_change(scheduler: object) -> bool:
     tick that returned nothing need not be repeated until the state changes
     (its ``tick_on_change`` attribute is True; see :class:`Ticks`)."""
     return getattr(scheduler, "tick_on_change", False) is True
+
+
+def watch_hook(scheduler: object) -> Callable[[ClusterView], TickWatch | None] | None:
+    """The policy's ``tick_watch`` (see :class:`Ticks`) when it ticks on
+    change and has one, else None."""
+    fn = getattr(scheduler, "tick_watch", None)
+    return fn if callable(fn) and ticks_on_change(scheduler) else None
 
 
 # -- helpers for policies ------------------------------------------------------------

@@ -567,6 +567,10 @@ class Network:
         # ids of the path tuples of a delayed start -> (the tuples, _shape's answer)
         self._shapes: dict[tuple[int, ...], tuple[tuple[tuple[LinkLike, ...], ...], _Shape | None]]
         self._shapes = {}
+        # id of a shape -> (the shape, its cap, _capacity_gen, links registered, its
+        # rate alone or None): what _predict found for it
+        self._alone: dict[int, tuple[_Shape, float | None, int, int, float | None]] = {}
+        self._capacity_gen = 0  # bumped whenever a link's capacity changes
         # id of a path tuple -> (the tuple, its link keys, its latency), its links registered
         self._paths: dict[int, tuple[tuple[LinkLike, ...], tuple[_Key, ...], float]] = {}
         self._last = env.now  # rates are integrated up to here
@@ -753,25 +757,44 @@ class Network:
         f = _Flow(0, t, index, paths, members, float(size), cap, lat, keys, mult)
         if f.size <= f.tol:
             return None
-        capacity = {}
+        # The group's rate alone on its links, which changes only with the links'
+        # capacities (a factor, a failure) or a link registered since: kept per shape.
         registered = self._links
-        for k, ln in links:
-            st = registered.get(k)
-            if st is None:  # as _register will make it
-                u = ln.usable_bytes_s
-                factor = self._factors.get(k, 1.0)
-                capacity[k] = u if factor == 1.0 else u * factor
-            elif st.base != ln.usable_bytes_s:
-                return None  # an error, raised as it starts
+        seen = self._alone.get(id(shape))
+        if (
+            seen is not None
+            and seen[0] is shape
+            and seen[1] == cap
+            and seen[2] == self._capacity_gen
+            and seen[3] == len(registered)
+        ):
+            rate = seen[4]
+        else:
+            rate = None
+            capacity = {}
+            for k, ln in links:
+                st = registered.get(k)
+                if st is None:  # as _register will make it
+                    u = ln.usable_bytes_s
+                    factor = self._factors.get(k, 1.0)
+                    capacity[k] = u if factor == 1.0 else u * factor
+                elif st.base != ln.usable_bytes_s:
+                    break  # an error, raised as it starts
+                else:
+                    capacity[k] = st.usable
             else:
-                capacity[k] = st.usable
-        rates, bad = _fill_one(f, capacity)
-        if bad >= 0 or not 0.0 < rates[0] < math.inf:
+                rates, bad = _fill_one(f, capacity)
+                if bad < 0 and 0.0 < rates[0] < math.inf:
+                    rate = rates[0]
+            if len(self._alone) >= 4096:
+                self._alone.clear()
+            self._alone[id(shape)] = (shape, cap, self._capacity_gen, len(registered), rate)
+        if rate is None:
             return None
         # the group it starts as (unless a link goes down meanwhile) and its rate
-        t._probe = (f, rates[0])
+        t._probe = (f, rate)
         t._links = mult
-        return due + f.remaining / rates[0] + f.latency
+        return due + f.remaining / rate + f.latency
 
     def _fire_due(self, t: Transfer) -> None:
         """A delayed start's instant, when no delivery is planned for it. The
@@ -880,6 +903,7 @@ class Network:
         self._set_down((src, dst), False)
 
     def _set_down(self, key: _Key, down: bool) -> None:
+        self._capacity_gen += 1
         now = self.env.now
         self._advance(now)
         if down:
@@ -937,6 +961,7 @@ class Network:
         """From now on link ``src -> dst`` carries ``factor`` x its capacity
         (1 restores it); the flows on it are re-shared at once."""
         key = (src, dst)
+        self._capacity_gen += 1
         if self._ahead:  # delayed starts due by now started before, on the old factor
             self._catch_up(self.env.now)
             for t in [t for t in self._ahead if _meets(t, (key,))]:
@@ -1259,12 +1284,17 @@ class Network:
             f.finish_at = now + f.remaining / r if r > 0.0 else math.inf
             for k in f.keys:
                 links[k].load += r
+        top = self.max_link_load_ratio
         for k in keys:
             s = links[k]
-            if s.load > 0.0:
-                s.peak = max(s.peak, s.load)
-                ratio = s.load / s.usable if s.usable > 0.0 else math.inf
-                self.max_link_load_ratio = max(self.max_link_load_ratio, ratio)
+            load = s.load
+            if load > 0.0:
+                if load > s.peak:  # max(), without the call
+                    s.peak = load
+                ratio = load / s.usable if s.usable > 0.0 else math.inf
+                if ratio > top:
+                    top = ratio
+        self.max_link_load_ratio = top
         if len(comp) == 1 and comp[0].finish_at < math.inf:
             # Alone: its finish changes no other rate. Its delivery is planned
             # now, and nothing marks the finish itself unless something joins.
@@ -1363,4 +1393,4 @@ def _meets(t: Transfer, keys: Iterable[_Key]) -> bool:
     mine = t._links
     if mine is None:
         mine = t._links = {(ln.src, ln.dst) for spec in t._specs for ln in spec.path}
-    return any(k in mine for k in keys)
+    return not (mine.keys() if isinstance(mine, dict) else mine).isdisjoint(keys)

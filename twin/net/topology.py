@@ -19,7 +19,11 @@ capacity, not a hop: every path between two nodes carries the sending node's
 outgoing ceiling first and the receiving node's incoming ceiling last, as
 links with ``hop=False``, so the flow solver shares it among the node's flows.
 
-Only this module imports networkx.
+The graph is a light directed graph of its own (:class:`Graph`, the read
+side of networkx's ``DiGraph``: ``nodes``, ``edges``, ``succ``, ``pred``,
+``in_edges``, ``out_edges``, ``has_edge``), so that loading a topology costs
+no networkx import; only the max-flow capacities (``twin topo``) import
+networkx, and only this module does.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Set
+from collections.abc import Iterable, Iterator, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,6 +54,104 @@ if TYPE_CHECKING:
     import networkx as nx
 
 CEILING = "ceiling"  # the kind of a node ceiling's link
+
+
+class _Nodes(dict):  # type: ignore[type-arg]
+    """Vertex -> its attributes, in insertion order; called as networkx's
+    ``G.nodes(data=...)``: ``(vertex, attribute)`` pairs, or ``(vertex,
+    attributes)`` with ``data=True``."""
+
+    def __call__(self, data: bool | str = False) -> Iterator[Any]:
+        if data is True:
+            return iter(self.items())
+        if data is False:
+            return iter(self)
+        return ((v, a.get(data)) for v, a in self.items())
+
+
+class _Edges:
+    """The edges of a :class:`Graph`, as networkx's ``G.edges``: ``(u, v)`` in
+    order of ``u`` then of insertion; ``edges[u, v]`` its attributes, and
+    ``edges(data=...)`` as :class:`_Nodes` does."""
+
+    __slots__ = ("_succ",)
+
+    def __init__(self, succ: dict[str, dict[str, dict[str, Any]]]) -> None:
+        self._succ = succ
+
+    def __getitem__(self, uv: tuple[str, str]) -> dict[str, Any]:
+        return self._succ[uv[0]][uv[1]]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return ((u, v) for u, nbr in self._succ.items() for v in nbr)
+
+    def __len__(self) -> int:
+        return sum(len(nbr) for nbr in self._succ.values())
+
+    def __call__(self, data: bool | str = False) -> Iterator[Any]:
+        if data is False:
+            return iter(self)
+        if data is True:
+            return ((u, v, a) for u, nbr in self._succ.items() for v, a in nbr.items())
+        return ((u, v, a.get(data)) for u, nbr in self._succ.items() for v, a in nbr.items())
+
+
+class Graph:
+    """A directed graph with attributes on vertices and edges, read as
+    networkx's ``DiGraph`` is (the same orders of iteration)."""
+
+    __slots__ = ("nodes", "succ", "pred", "edges")
+
+    def __init__(self) -> None:
+        self.nodes = _Nodes()
+        self.succ: dict[str, dict[str, dict[str, Any]]] = {}
+        self.pred: dict[str, dict[str, dict[str, Any]]] = {}
+        self.edges = _Edges(self.succ)
+
+    def add_node(self, v: str, **attrs: Any) -> None:
+        self.nodes.setdefault(v, {}).update(attrs)
+        self.succ.setdefault(v, {})
+        self.pred.setdefault(v, {})
+
+    def add_edge(self, u: str, v: str, **attrs: Any) -> None:
+        for x in (u, v):
+            if x not in self.nodes:
+                self.add_node(x)
+        got = self.succ[u].get(v)
+        if got is None:
+            got = self.succ[u][v] = self.pred[v][u] = {}
+        got.update(attrs)
+
+    def has_edge(self, u: str, v: str) -> bool:
+        return v in self.succ.get(u, ())
+
+    def out_edges(self, v: str, data: bool | str = False) -> list[Any]:
+        return self._around(v, self.succ[v], data, out=True)
+
+    def in_edges(self, v: str, data: bool | str = False) -> list[Any]:
+        return self._around(v, self.pred[v], data, out=False)
+
+    @staticmethod
+    def _around(v: str, nbr: dict[str, dict[str, Any]], data: bool | str, out: bool) -> list[Any]:
+        pairs = [((v, w) if out else (w, v), a) for w, a in nbr.items()]
+        if data is False:
+            return [e for e, _ in pairs]
+        if data is True:
+            return [(*e, a) for e, a in pairs]
+        return [(*e, a.get(data)) for e, a in pairs]
+
+    def reachable(self, v: str, *, forward: bool = True) -> set[str]:
+        """The vertices reachable from ``v`` (``forward``) or that reach it, but ``v``."""
+        adj = self.succ if forward else self.pred
+        seen = {v}
+        stack = [v]
+        while stack:
+            for w in adj[stack.pop()]:
+                if w not in seen:
+                    seen.add(w)
+                    stack.append(w)
+        seen.discard(v)
+        return seen
 
 
 def _ticks(latency_s: float) -> int:
@@ -98,9 +200,7 @@ class Topology:
         self.name = d.name
         self.where = d.where
         self.fabric = d.fabric
-        import networkx as nx  # here: a spec that never builds a topology does not load it
-
-        g: nx.DiGraph = nx.DiGraph()
+        g = Graph()
         for v in d.vertices:
             attrs: dict[str, Any] = {"type": v.type, "node": v.node}
             if v.type == "gpu":
@@ -166,11 +266,9 @@ class Topology:
         return tuple(n for n in nics if local in node[n]["serves"])
 
     def _check_connected(self) -> None:
-        import networkx as nx
-
         first = self.gpus[0]
-        down = nx.descendants(self.graph, first)
-        up = nx.ancestors(self.graph, first)
+        down = self.graph.reachable(first)
+        up = self.graph.reachable(first, forward=False)
         for g in self.gpus[1:]:
             if g not in down or g not in up:
                 a, b = (first, g) if g not in down else (g, first)

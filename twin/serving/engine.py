@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import simpy
 
@@ -249,6 +249,9 @@ class Engine:
         # INSTANCE_STATES), and who is told when a draining instance may be empty.
         self.state = "serving"
         self.on_idle: Callable[[Engine], None] | None = None
+        # told of changes to the queue, role and health (twin.sim.control: a
+        # sleeping tick's watch)
+        self.watch: Any = None
         self._start_loops()
 
     def _start_loops(self) -> None:
@@ -272,6 +275,8 @@ class Engine:
                 f"instance {self.id}: role {role!r}; expected one of {', '.join(ROLES)}"
             )
         self.role = role
+        if self.watch is not None:
+            self.watch.changed(self)
 
     def set_limits(
         self, *, max_batched_tokens: int | None = None, max_num_seqs: int | None = None
@@ -322,6 +327,8 @@ class Engine:
                     s.generated = s.g_join + (self.steps + 1 - s.d_join)
         lost = self.held()
         self.up = False
+        if self.watch is not None:
+            self.watch.changed(self)
         self.life += 1
         self._wake = None  # the loops of this life wait for it: they never wake
         self.waiting.clear()
@@ -349,6 +356,8 @@ class Engine:
     def recover(self) -> None:
         """The instance serves again, empty, from now."""
         self.up = True
+        if self.watch is not None:
+            self.watch.changed(self)
         self._start_loops()
 
     def drop(self, seq: Sequence) -> None:
@@ -371,6 +380,8 @@ class Engine:
         else:
             self.waiting.remove(seq)
             self.waiting_tokens -= seq.prefill_len
+            if self.watch is not None:
+                self.watch.queue(self)
         self._blocks_freed()
 
     def unreserve(self, seq: Sequence) -> None:
@@ -397,6 +408,8 @@ class Engine:
         self.waiting.append(seq)
         self.waiting_tokens += seq.prefill_len
         self.observer.request_queued(self.env.now, self.id, seq.req)
+        if self.watch is not None:
+            self.watch.queue(self)
         self._poke()
 
     def reserve(self, seq: Sequence) -> bool:
@@ -693,6 +706,8 @@ class Engine:
                 cache.evict(need_blocks)
             self.waiting.popleft()
             self.waiting_tokens -= s.prefill_len
+            if self.watch is not None:
+                self.watch.queue(self)
             kv.allocate(need_blocks)
             s.blocks = need_blocks
             s.units = list(hits)
@@ -797,6 +812,8 @@ class Engine:
         s.prefilled = 0
         self.waiting.appendleft(s)
         self.waiting_tokens += s.prefill_len
+        if self.watch is not None:
+            self.watch.queue(self)
         self.observer.preempted(self.env.now, self.id, s.req)
 
     # -- applying an iteration -------------------------------------------------------

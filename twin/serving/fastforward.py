@@ -131,6 +131,8 @@ class FastForward:
         env = eng.env
         self.stretch = st
         st.event = at(env, st.ends[-1])
+        if eng.kv.watch is not None:  # its blocks are taken as time passes
+            eng.kv.watch.stretch(eng, st)
         yield st.event
         if eng._ff is not self:
             return  # the engine failed: its state was reset

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Container, Sequence
+from typing import Any
 
 from twin.errors import CapacityError
 from twin.request import Request
@@ -58,7 +59,7 @@ class BlockManager:
     before anything must be preempted.
     """
 
-    __slots__ = ("total", "free", "watermark", "block_size", "peak_used")
+    __slots__ = ("total", "free", "watermark", "block_size", "peak_used", "watch")
 
     def __init__(self, total: int, block_size: int, watermark: int = 0) -> None:
         if total <= 0:
@@ -70,6 +71,8 @@ class BlockManager:
         self.block_size = block_size
         self.watermark = min(watermark, total - 1)
         self.peak_used = 0
+        # told of every change of free (twin.sim.control: a sleeping tick's watch)
+        self.watch: Any = None
 
     @property
     def used(self) -> int:
@@ -86,11 +89,15 @@ class BlockManager:
         used = self.total - self.free
         if used > self.peak_used:
             self.peak_used = used
+        if self.watch is not None:
+            self.watch.free(self)
 
     def release(self, blocks: int) -> None:
         if self.free + blocks > self.total:
             raise AssertionError(f"release({blocks}) would exceed capacity {self.total}")
         self.free += blocks
+        if self.watch is not None:
+            self.watch.free(self)
 
 
 def cacheable(req: Request, block_size: int) -> tuple[int, ...]:

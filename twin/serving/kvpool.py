@@ -193,7 +193,7 @@ class KVPools:
         inst = engine.id
         load: list = [seq, engine, None, False]
 
-        def landed(_ev: object) -> None:
+        def landed(_done: object) -> None:
             if load[3]:
                 return  # given up: the pool's node failed
             self._loading[node].remove(load)
@@ -208,4 +208,4 @@ class KVPools:
             src = self.topology.gpus_of_node(node)[: len(self.placements[inst].gpus)]
             flows = shard_flows(self.topology, src, self.placements[inst].gpus, nbytes)
             load[2] = self.network.start(flows, label=f"fetch {req.id}")
-            load[2].done.callbacks.append(landed)
+            load[2].then(landed)

@@ -18,6 +18,18 @@ scheduled event, and the next tick is the first one of the grid at or after
 it. Ticks fall on the same instants as without the skip (the grid is
 ``tick_s`` added tick after tick, as the timeouts add it), and a tick at the
 instant of that event still comes after it, as it would have.
+
+Under load something changes at nearly every tick, so a policy that ticks on
+change may also name what its decision turns on (``tick_watch``, a
+:class:`~twin.scheduler.TickWatch`): after a tick that returned nothing, with
+no move on its way and no instance starting or draining, the loop sleeps and
+each instance watches its thresholds (queued prompt tokens at every change of
+the queue, free KV blocks at every allocation and release, and, for a decode
+stretch that takes its blocks as time passes, the first step by whose start
+its blocks could have crossed), and wakes the loop on a change of truth value
+or of role or health. The next tick is the first of the grid at or after that
+change; the grid's next instant keeps the place among same-instant events
+that its timeout, made at the tick, would have had.
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ from typing import Any
 import simpy
 
 from twin._check import is_int, is_number
-from twin._clock import at
+from twin._clock import arm, at, slot
 from twin.errors import SpecError
 from twin.scheduler import (
     AddInstance,
@@ -37,10 +49,14 @@ from twin.scheduler import (
     Plan,
     RemoveInstance,
     SetRole,
+    TickWatch,
     tick_hook,
     ticks_on_change,
+    watch_hook,
 )
 from twin.serving.engine import ROLES, Engine
+from twin.serving.fastforward import Stretch
+from twin.serving.kvcache import BlockManager
 from twin.serving.observer import Observer
 
 
@@ -115,6 +131,13 @@ class ControlLoop:
         self.ticks = tick_hook(scheduler, name)
         self.tick_s = None if self.ticks is None else float(self.ticks.tick_s)
         self.skips = self.ticks is not None and ticks_on_change(self.ticks)
+        self.watch = watch_hook(self.ticks) if self.ticks is not None else None
+        # while asleep on a watch: the event the ticker waits on, the grid's
+        # next instant and its place, and the instant the event is armed for
+        self._sleep: simpy.Event | None = None
+        self._next = 0.0
+        self._slot = 0
+        self._wake_at = math.inf
         self.tick_calls = 0  # ticks the policy was asked for
         self._arrivals_done = arrivals_done
         self._all_ended = all_ended
@@ -140,6 +163,8 @@ class ControlLoop:
         wait: simpy.Event = env.timeout(tick_s)
         while True:
             yield wait
+            if self._sleep is not None:
+                self._unwatch()
             arrived = self._arrivals_done()
             if (arrived and self._all_ended()) or (
                 arrived and env.peek() == math.inf and not self.moving
@@ -151,6 +176,11 @@ class ControlLoop:
             actions = self.ticks.tick(self.view)
             for action in actions or ():
                 self.act(action)
+            if self.watch is not None and not actions and self._can_sleep():
+                watch = self.watch(self.view)
+                if watch is not None:
+                    wait = self._sleep_on(watch)
+                    continue
             if self.skips and not actions and self._quiet():
                 # Nothing changes before the next event: the first tick of the
                 # grid at or after it decides what every earlier one would.
@@ -161,6 +191,55 @@ class ControlLoop:
                     wait = at(env, when)
                     continue
             wait = env.timeout(tick_s)
+
+    def _can_sleep(self) -> bool:
+        """No move on its way and every instance serving or stopped: then only
+        the instances' own changes, which they report, can change the view."""
+        return not self.moving and all(e.state in ("serving", "stopped") for e in self.engines)
+
+    def _sleep_on(self, watch: TickWatch) -> simpy.Event:
+        """Watch ``watch``'s thresholds; the event the ticker then waits on."""
+        env = self.env
+        self._sleep = ev = simpy.Event(env)
+        self._slot = slot(env)  # where the next tick's timeout would have been made
+        assert self.tick_s is not None
+        self._next = env.now + self.tick_s
+        self._wake_at = math.inf
+        queue, free = watch.queue_tokens_above, watch.free_blocks_at_most
+        for e in self.engines:
+            w = _Watch(self, queue.get(e.id), free.get(e.id))
+            e.watch = w
+            if w.free_at_most is not None:
+                e.sync()
+                w.free_was = e.kv.free <= w.free_at_most
+                e.kv.watch = w
+                st = e._ff.stretch if e._ff is not None else None
+                if st is not None:
+                    w.stretch(e, st)
+            if w.queue_above is not None:
+                w.queue_was = e.waiting_tokens > w.queue_above
+        return ev
+
+    def _unwatch(self) -> None:
+        self._sleep = None
+        for e in self.engines:
+            e.watch = None
+            e.kv.watch = None
+
+    def wake(self, when: float) -> None:
+        """Something a sleeping tick turns on changed, or may have by ``when``:
+        tick at the first instant of the grid at or after it."""
+        if self._sleep is None:
+            return
+        tick_s = self.tick_s
+        assert tick_s is not None
+        g = self._next
+        while g < when:
+            g += tick_s
+        if g >= self._wake_at:
+            return
+        arm(self.env, self._sleep, g, self._slot if g == self._next else None)
+        self._wake_at = g
 
     def _quiet(self) -> bool:
         """Whether the view can change only at an event: no instance holds
@@ -226,3 +305,54 @@ class ControlLoop:
         now = self.env.now
         self.role_changes.append((now, i, old, role))
         self.observer.role_changed(now, i, old, role)
+
+
+class _Watch:
+    """One instance's part of a sleeping tick's :class:`TickWatch`: the
+    thresholds it watches and their truth values when the loop went to sleep."""
+
+    __slots__ = ("loop", "queue_above", "queue_was", "free_at_most", "free_was")
+
+    def __init__(
+        self, loop: ControlLoop, queue_above: int | None, free_at_most: float | None
+    ) -> None:
+        self.loop = loop
+        self.queue_above = queue_above
+        self.queue_was = False
+        self.free_at_most = free_at_most
+        self.free_was = False
+
+    def changed(self, eng: Engine) -> None:
+        """Its role or health changed."""
+        self.loop.wake(eng.env.now)
+
+    def queue(self, eng: Engine) -> None:
+        """Its queued prompt tokens changed."""
+        q = self.queue_above
+        if q is not None and (eng.waiting_tokens > q) != self.queue_was:
+            self.loop.wake(eng.env.now)
+
+    def free(self, kv: BlockManager) -> None:
+        """Its free blocks changed."""
+        f = self.free_at_most
+        if f is not None and (kv.free <= f) != self.free_was:
+            self.loop.wake(self.loop.env.now)
+
+    def stretch(self, eng: Engine, st: Stretch) -> None:
+        """A decode stretch under way, whose steps take their blocks as their
+        starts pass, with no event: wake by the start of the first step by
+        which they could have taken enough to cross (each sequence takes at
+        most one block per ``block_size`` steps)."""
+        f = self.free_at_most
+        if f is None or self.free_was:
+            return  # at or under it: only a release, at an event, can cross back
+        room = eng.kv.free - math.floor(f)  # blocks to take to cross
+        count = len(eng.running)
+        if count <= 0:
+            return
+        bs = eng.kv.block_size
+        # m more steps take at most count * (m // bs + 1) blocks
+        m = max(1, bs * (-(-room // count) - 1))
+        i = st.begun + m - 1  # the step whose start could see it crossed
+        if i < st.stop:
+            self.loop.wake(st.ends[i - 1] if i > 0 else eng.env.now)
