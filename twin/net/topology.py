@@ -125,6 +125,9 @@ class Graph:
     def has_edge(self, u: str, v: str) -> bool:
         return v in self.succ.get(u, ())
 
+    def number_of_edges(self) -> int:
+        return sum(len(nbr) for nbr in self.succ.values())
+
     def out_edges(self, v: str, data: bool | str = False) -> list[Any]:
         return self._around(v, self.succ[v], data, out=True)
 
