@@ -12,21 +12,31 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from twin import _version
+from twin._io import AtomicFile
 from twin.errors import TwinError
 from twin.sim.summary import format_summary
 from twin.units import format_bytes, parse_duration
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C
 
 
-def _open_out(path: str) -> IO[str]:
-    try:
-        return open(path, "w", encoding="utf-8", newline="")
-    except OSError as e:
-        raise TwinError(f"{path}: cannot write: {e.strerror}") from None
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line, ``twin: error: ...``, like every other."""
+
+    def error(self, message: str) -> Any:
+        where = self.prog.removeprefix("twin").strip()
+        hint = f" (see twin {where + ' ' if where else ''}--help)"
+        print(f"twin: error: {where + ': ' if where else ''}{message}{hint}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def _open_out(path: str) -> AtomicFile:
+    """An output file, written under a temporary name and renamed by close()."""
+    return AtomicFile(path)
 
 
 def _write_json(path: str, doc: dict[str, Any]) -> None:
@@ -91,10 +101,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.trace_out:
         from twin.sim.trace import TraceRecorder
 
-        _open_out(args.trace_out).close()  # fail before the run, not after it
+        _open_out(args.trace_out).discard()  # fail before the run, not after it
         recorder = TraceRecorder()
     if args.timeline_csv:
-        _open_out(args.timeline_csv).close()  # fail before the run, not after it
+        _open_out(args.timeline_csv).discard()  # fail before the run, not after it
     # The simulation's modules load once the spec is known to be good.
     from twin.sim.metrics import REQUEST_COLUMNS
     from twin.sim.simulation import Simulation
@@ -108,9 +118,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             on_row = writer.writerow
         sim = Simulation(spec, on_row=on_row, link_series_s=bucket, trace=recorder)
         result = sim.run().to_dict()
-    finally:
+    except BaseException:
         if csv_file is not None:
-            csv_file.close()
+            csv_file.discard()  # no partial CSV under the name of a finished one
+        raise
+    if csv_file is not None:
+        csv_file.close()
     if recorder is not None:
         from twin.sim.trace import write_chrome_trace
 
@@ -170,6 +183,11 @@ def cmd_handoff(args: argparse.Namespace) -> int:
     from twin.studies.handoff import handoff_estimate
 
     model = get_model(args.model, where="twin handoff: MODEL")
+    if args.tokens < 1:
+        raise TwinError(f"twin handoff: --tokens: {args.tokens} must be a positive integer")
+    problem = model.tp_problem(args.tp) if args.tp >= 1 else f"{args.tp} must be positive"
+    if problem:
+        raise TwinError(f"twin handoff: --tp: {problem}")
     where = "twin handoff: --topology"
     topo = load_topology(args.topology, nodes=args.nodes, where=where)
     costs: dict[str, Any] = {}
@@ -236,6 +254,11 @@ def cmd_provision(args: argparse.Namespace) -> int:
     data = parse_yaml(text, where)
     apply_overrides(data, args.set or [])
     power = None if args.power is None else parse_watts(args.power, "--power")
+    if args.gpus is not None:
+        from twin._check import MAX_GPUS
+
+        if not 0 < args.gpus <= MAX_GPUS:
+            raise TwinError(f"twin provision: --gpus: {args.gpus}; expected 1 to {MAX_GPUS:,}")
     _sample_args(args, "provision")
     executor = _executor(args)
 
@@ -291,6 +314,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise TwinError(f"twin plan: --target-rate: {args.target_rate} must be > 0")
     executor = _executor(args)
     spec = load_spec(args.spec, args.set or [])
+    from twin.studies.goodput import require_slo
+
+    require_slo(spec, args.spec)  # up front: the planner's searches are judged against it
 
     def one(n: int) -> Any:
         return plan_distserve(
@@ -362,8 +388,11 @@ def cmd_goodput(args: argparse.Namespace) -> int:
         raise TwinError(f"--target: {args.target} must be in (0, 1]")
     result = goodput(
         data, where, base_dir, rate_key=args.rate_key, seeds=args.seeds, target=args.target,
-        rel_tol=args.rel_tol or 0.05, executor=executor, sample=args.sample,
+        rel_tol=args.rel_tol or 0.05, executor=executor, sample=args.sample, out=out,
     )  # fmt: skip
+    if result.reused:
+        print(f"twin: {result.reused} of {result.probes} runs read from {out / 'probes'}",
+              file=sys.stderr)  # fmt: skip
     try:
         out.mkdir(parents=True, exist_ok=True)
         result.write_csv(out / "goodput.csv")
@@ -478,7 +507,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if repeat < 1:
         raise TwinError(f"--repeat: {repeat} must be >= 1")
     if args.json:
-        _open_out(args.json).close()  # fail before the runs, not after them
+        _open_out(args.json).discard()  # fail before the runs, not after them
     rows = bench(sizes, configs, repeat, vs=args.vs)
     if args.json:
         _write_json(args.json, {"rows": rows})
@@ -508,10 +537,18 @@ def cmd_plot(args: argparse.Namespace) -> int:
         raise TwinError(
             "twin plot: give a sweep folder, --requests CSV ..., --trace FILE or --timeline FILE"
         )
+    if args.window and not args.trace:
+        raise TwinError("twin plot: --window: applies to --trace")
     out = Path(args.out) if args.out else (Path(args.dir) / "plots" if args.dir else Path("."))
     written: list[Path] = []
     if args.dir is not None:
-        written += plot_dir(args.dir, out)
+        notes: list[str] = []
+        from_dir = plot_dir(args.dir, out, note=notes.append)
+        if not from_dir:  # nothing drawn is an error, not a note
+            raise TwinError(f"twin plot: {args.dir}: nothing to plot: {'; '.join(notes)}")
+        for msg in notes:
+            print(f"twin plot: {msg}", file=sys.stderr)
+        written += from_dir
     if args.requests:
         runs: dict[str, str] = {}
         for path in args.requests:
@@ -545,9 +582,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="twin", description="pd-twin: a digital twin of an LLM serving cluster"
-    )
+    p = _Parser(prog="twin", description="pd-twin: a digital twin of an LLM serving cluster")
     p.add_argument("--version", action="version", version=f"pd-twin {_version.__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -754,14 +789,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run one command: 0 done, 2 bad input (one ``twin: error:`` line),
+    130 interrupted (Ctrl-C: one ``twin: interrupted`` line)."""
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
         return int(args.func(args))
     except TwinError as e:
         msg = " ".join(str(e).split("\n"))
         print(f"twin: error: {msg}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("twin: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
 

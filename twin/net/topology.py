@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from twin import yamlio
+from twin._io import read_text
 from twin.bundled import bundled_names, bundled_text
 from twin.errors import SpecError, UnknownNameError
 from twin.net.topodef import LINK_KINDS, TopoDef
@@ -482,7 +483,7 @@ def _read(spec: str, base_dir: Path | None) -> tuple[str, str, str]:
     if path.suffix in (".yaml", ".yml") or path.exists() or "/" in spec:
         if not path.is_file():
             raise SpecError(f"{spec}: no such topology file")
-        return path.read_text(encoding="utf-8"), str(spec), path.stem
+        return read_text(path, "topology", SpecError), str(spec), path.stem
     names = topology_names()
     if spec not in names:
         raise UnknownNameError("topology", spec, names)

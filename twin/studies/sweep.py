@@ -61,6 +61,7 @@ from typing import IO, Any
 import yaml
 
 from twin import _version
+from twin._io import atomic_write, write_text
 from twin.errors import SpecError, TwinError
 from twin.sim.spec import apply_overrides, resolve_spec
 from twin.studies.compare import _set_path
@@ -311,6 +312,36 @@ def parse_jobs(value: str | int | None) -> int | None:
     return n
 
 
+def _worker_ignores_interrupts() -> None:
+    """A pool worker leaves Ctrl-C to its parent, which stops it (no traceback
+    per worker)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _on_term(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _terminate_raises() -> Any:
+    """While a pool runs, SIGTERM unwinds like Ctrl-C (so the pool's workers
+    are stopped); returns the handler to restore, or None off the main thread."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _on_term)
+
+
+def _restore_term(previous: Any) -> None:
+    import signal
+
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+
+
 class Executor:
     """Runs jobs (a function and its arguments) and yields ``(index, result)``
     as they finish: in this process (``jobs=1``, or one core), in a process
@@ -329,6 +360,7 @@ class Executor:
             kind = "dask"
         self.kind, self.jobs, self.address = kind, jobs, address
         self._pool: Any = None
+        self._term: Any = None
         self._client: Any = None
         self._cluster: Any = None
 
@@ -362,12 +394,25 @@ class Executor:
         elif self.workers > 1:
             from concurrent.futures import ProcessPoolExecutor
 
-            self._pool = ProcessPoolExecutor(max_workers=self.workers)
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.workers, initializer=_worker_ignores_interrupts
+            )
+            self._term = _terminate_raises()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            if exc and exc[0] is not None:
+                # interrupted or failed: stop the workers now, leave none behind
+                procs = list((getattr(self._pool, "_processes", None) or {}).values())
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                for p in procs:
+                    p.terminate()
+                for p in procs:
+                    p.join()
+            else:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+            _restore_term(self._term)
         if self._client is not None:
             self._client.close()
         if self._cluster is not None:
@@ -421,9 +466,7 @@ def flatten(summary: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _write_whole(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_text(path, text)
 
 
 def run_document(run: Run, result: Mapping[str, Any]) -> str:
@@ -530,21 +573,39 @@ def run_sweep(
     try:
         (out / "runs").mkdir(parents=True, exist_ok=True)
         _write_whole(out / "spec.yaml", yaml.safe_dump(dict(data), sort_keys=False))
-        f = open(out / "runs.csv", "w", encoding="utf-8", newline="")
     except OSError as e:
         raise TwinError(f"{out}: cannot write: {e.strerror}") from None
-    table = RunsTable(f, swept_keys(axes))
     progress = Progress(len(runs))
     todo: list[Run] = []
+    # runs.csv takes its name only once every row is in (twin._io.atomic_write)
+    with atomic_write(out / "runs.csv") as f:
+        table = RunsTable(f, swept_keys(axes))
+        _run_all(runs, todo, table, progress, out, where, base_dir, executor, runner, requests)
+    return SweepOutcome(runs, len(todo), len(runs) - len(todo), out)
+
+
+def _run_all(
+    runs: list[Run],
+    todo: list[Run],
+    table: RunsTable,
+    progress: Progress,
+    out: Path,
+    where: str,
+    base_dir: Path,
+    executor: Executor | None,
+    runner: Callable[..., dict[str, Any]],
+    requests: bool,
+) -> None:
     try:
         for run in runs:
             doc = _done(out / "runs" / f"{run.run_id}.json", run.spec_sha256)
+            if requests and not (out / "requests" / f"{run.run_id}.csv").is_file():
+                doc = None  # swept before without --requests: run again for its rows
             if doc is None:
                 todo.append(run)
             else:
                 table.add(run, doc["summary"])
                 progress.step()
-        skipped = len(runs) - len(todo)
         jobs: list[Job] = [(runner, (r.data, where, str(base_dir))) for r in todo]
         with executor if executor is not None else Executor(jobs=1) as ex:
             for i, result in ex.run(jobs):
@@ -558,5 +619,3 @@ def run_sweep(
                 progress.step()
     finally:
         progress.close()
-        f.close()
-    return SweepOutcome(runs, len(todo), skipped, out)
