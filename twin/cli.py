@@ -522,6 +522,8 @@ def cmd_topo(args: argparse.Namespace) -> int:
 
     if args.nodes is not None and args.nodes <= 0:
         raise TwinError(f"twin topo: --nodes: {args.nodes} must be a positive integer")
+    if args.png:
+        _open_out(args.png).discard()  # fail before the drawing, not after it
     topo = load_topology(args.topology, nodes=args.nodes)
     print(summary(topo))
     if args.png:

@@ -39,8 +39,13 @@ Output layout (``twin sweep SPEC --out DIR``; ``twin.viz.plots`` relies on it)::
 and the seed (``prefill=2 decode=1 slo.ttft=1 s``). CSV floats are written
 exactly (``repr``), ``None`` as an empty cell, lists and mappings as JSON.
 A run whose JSON is already there with the same spec sha256 is not run again,
-so an interrupted sweep resumes; JSON files are written whole (to a temporary
-name, then renamed), and runs.csv grows as the runs before each row finish.
+so an interrupted sweep resumes (with ``--requests``, a run without its
+``requests/<run_id>.csv`` runs again to write it). Every file is written whole:
+to a temporary name in its folder, renamed once complete
+(:func:`twin._io.atomic_write`), runs.csv once every run has finished, so a
+sweep that fails or is interrupted leaves no partial file that looks finished.
+Interrupted (Ctrl-C, SIGTERM), a local pool stops its workers before the
+command exits.
 Each run is deterministic, so the files are byte-identical whichever executor
 and how many workers ran them.
 """
