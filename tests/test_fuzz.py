@@ -153,6 +153,8 @@ SPEC_VALUES: list[tuple[str, Any, str]] = [
     ("perf", "fast", "perf"),
     ("perf.kind", "magic", "magic"),
     ("perf.kind", 3, "perf.kind"),
+    ("perf.kind", {"x": 1}, "perf.kind"),
+    ("perf.kind", ["roofline"], "perf.kind"),
     ("perf.table", "/no/such/table.csv", "perf"),
     ("scheduler", 5, "scheduler"),
     ("scheduler.name", "splitwse", "splitwse"),
@@ -208,6 +210,33 @@ SPEC_VALUES: list[tuple[str, Any, str]] = [
     ("output.window", "0 s", "window"),
     ("output.window", "wide", "window"),
     ("colour", "blue", "colour"),
+    ("workload.format", {"x": 1}, "format"),
+    ("workload.format", ["azure"], "format"),
+    ("workload.lengths", {"x": 1}, "lengths"),
+    ("workload.arrival.process", {"x": 1}, "process"),
+    ("workload.arrival.process", ["poisson"], "process"),
+    ("workload.rate_schedule", {"kind": {"x": 1}}, "rate_schedule"),
+    ("workload.rate_schedule", {"kind": "diurnal", "colour": 1}, "colour"),
+    ("workload.rate_schedule", "diurnal", "rate_schedule"),
+    ("transfer.mode", {"x": 1}, "mode"),
+    ("transfer.handoff", ["push"], "handoff"),
+    ("transfer.descriptors", {"x": 1}, "descriptors"),
+    ("scheduler.routing", {"x": 1}, "routing"),
+    ("scheduler.name", {"x": 1}, "scheduler"),
+    ("scheduler.name", ["colocated"], "scheduler"),
+    ("engine.oversized", {"x": 1}, "oversized"),
+    ("cluster.placement", {"x": 1}, "placement"),
+    ("slo.ttft_at", ["decode"], "ttft_at"),
+    ("model", {"name": {"x": 1}}, "model"),
+    ("gpu", {"name": ["h100"]}, "gpu"),
+    ("events", "boom", "events"),
+    ("events", [{"at": "1 s", "kind": {"x": 1}}], "events"),
+    ("events", [{"at": "soon", "kind": "fail", "instance": 0}], "events"),
+    ("events", [{"at": "1 s", "kind": "fail", "instance": 99}], "events"),
+    ("events", [5], "events"),
+    ("retry", "always", "retry"),
+    ("failures", "often", "failures"),
+    ("scaling", [1], "scaling"),
     ("sweep", "everything", "sweep"),
     ("compare", "everything", "compare"),
 ]
@@ -951,6 +980,49 @@ ARG_CASES: list[tuple[str, tuple[str, ...], dict[str, bytes], str]] = [
         "slo",
     ),  # fmt: skip
     ("goodput-jobs", ("goodput", "{d}/spec.yaml", "-j", "two"), SWEEP_SPEC, "two"),
+    # compare
+    (
+        "compare-list",
+        ("run", "-q", "{d}/spec.yaml"),
+        {"spec.yaml": _dump({**SPEC, "compare": [1]})},
+        "compare",
+    ),  # fmt: skip
+    (
+        "compare-empty",
+        ("run", "-q", "{d}/spec.yaml"),
+        {"spec.yaml": _dump({**SPEC, "compare": {}})},
+        "compare",
+    ),  # fmt: skip
+    (
+        "compare-entry-scalar",
+        ("run", "-q", "{d}/spec.yaml"),
+        {"spec.yaml": _dump({**SPEC, "compare": {"a": 5}})},
+        "compare",
+    ),  # fmt: skip
+    (
+        "compare-bad-key",
+        ("run", "-q", "{d}/spec.yaml"),
+        {"spec.yaml": _dump({**SPEC, "compare": {"a": {"cluster.colour": 1}}})},
+        "colour",
+    ),  # fmt: skip
+    (
+        "compare-bad-value",
+        ("run", "-q", "{d}/spec.yaml"),
+        {"spec.yaml": _dump({**SPEC, "compare": {"a": {"cluster.instances": 0}}})},
+        "instances",
+    ),  # fmt: skip
+    (
+        "compare-only-unknown",
+        ("run", "-q", "{d}/spec.yaml", "--only", "zz"),
+        {"spec.yaml": _dump({**SPEC, "compare": {"a": {"engine.max_num_seqs": 4}}})},
+        "zz",
+    ),  # fmt: skip
+    (
+        "compare-requests-csv",
+        ("run", "-q", "{d}/spec.yaml", "--requests-csv", "{d}/r.csv"),
+        {"spec.yaml": _dump({**SPEC, "compare": {"a": {"seed": 1}}})},
+        "--requests-csv",
+    ),  # fmt: skip
     # spec
     ("spec-schema-and-set", ("spec", "nope-spec"), {}, "nope-spec"),
     ("spec-sweep", ("spec", "{d}/spec.yaml"), SWEEP_SPEC, "sweep"),
