@@ -15,6 +15,27 @@ from typing import TypeGuard
 from twin.errors import SpecError, UnitError
 from twin.units import parse_bytes, parse_duration
 
+# Bounds on sizes, checked before anything is allocated for them: a typo such
+# as ``instances: 1e8`` is refused at once instead of exhausting memory. Each
+# sits far above the largest real deployment it stands for.
+MAX_GPUS = 200_000
+"""GPUs in one simulated cluster or topology: twice xAI's Colossus (100,000
+H100 GPUs, the largest cluster publicly described, 2024)."""
+MAX_NODES = MAX_GPUS
+"""Nodes of a topology: no node has fewer than one GPU."""
+MAX_GPUS_PER_NODE = 1_024
+"""GPUs in one node (one scale-up domain): about twice the largest NVLink
+domain announced, NVIDIA's Rubin Ultra NVL576 (576 GPUs, GTC 2025)."""
+
+
+def at_most(value: int, bound: int, where: str, what: str) -> None:
+    """Refuse a count above one of the bounds above, saying which."""
+    if value > bound:
+        raise SpecError(
+            f"{where}: {value} {what} is over the limit of {bound:,}; a value this large "
+            "is almost certainly a typo (see the bounds in twin/_check.py)"
+        )
+
 
 def entry(where: str, key: str) -> str:
     """``"spec.yaml: model"`` + ``"layers"`` -> ``"spec.yaml: model.layers"``."""

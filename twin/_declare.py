@@ -295,7 +295,16 @@ POSITIVE_INT = Kind(positive_int, {"type": "integer", "exclusiveMinimum": 0})
 NONNEG_INT = Kind(nonneg_int, {"type": "integer", "minimum": 0})
 POSITIVE_NUMBER = Kind(positive_float, {"type": "number", "exclusiveMinimum": 0})
 BOOL = Kind(boolean, {"type": "boolean"})
-TEXT = Kind(lambda v, w: str(v), {"type": "string"})
+
+
+def _text(v: Any, w: str) -> str:
+    """Free text: a string, or a number written without quotes (``name: 2024``)."""
+    if isinstance(v, str) or (isinstance(v, int | float) and not isinstance(v, bool)):
+        return str(v)
+    raise SpecError(f"{w}: {v!r} must be text (a string)")
+
+
+TEXT = Kind(_text, {"type": "string"})
 FRACTION = interval(0, 1, lo_open=True)
 
 

@@ -15,18 +15,28 @@ from pathlib import Path
 from typing import IO, Any
 
 from twin import _version
+from twin._io import AtomicFile
 from twin.errors import TwinError
 from twin.sim.summary import format_summary
 from twin.units import format_bytes, parse_duration
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C
 
 
-def _open_out(path: str) -> IO[str]:
-    try:
-        return open(path, "w", encoding="utf-8", newline="")
-    except OSError as e:
-        raise TwinError(f"{path}: cannot write: {e.strerror}") from None
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line, ``twin: error: ...``, like every other."""
+
+    def error(self, message: str) -> Any:
+        where = self.prog.removeprefix("twin").strip()
+        hint = f" (see twin {where + ' ' if where else ''}--help)"
+        print(f"twin: error: {where + ': ' if where else ''}{message}{hint}", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def _open_out(path: str) -> AtomicFile:
+    """An output file, written under a temporary name and renamed by close()."""
+    return AtomicFile(path)
 
 
 def _write_json(path: str, doc: dict[str, Any]) -> None:
@@ -43,7 +53,7 @@ def _write_json(path: str, doc: dict[str, Any]) -> None:
 def _json_first(args: argparse.Namespace) -> None:
     """Fail on an unwritable ``--json PATH`` before the work, not after it."""
     if getattr(args, "json", None) not in (None, "-"):
-        _open_out(args.json).close()
+        _open_out(args.json).discard()
 
 
 def _json_option(p: argparse.ArgumentParser, what: str) -> None:
@@ -115,10 +125,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.trace_out:
         from twin.sim.trace import TraceRecorder
 
-        _open_out(args.trace_out).close()  # fail before the run, not after it
+        _open_out(args.trace_out).discard()  # fail before the run, not after it
         recorder = TraceRecorder()
     if args.timeline_csv:
-        _open_out(args.timeline_csv).close()  # fail before the run, not after it
+        _open_out(args.timeline_csv).discard()  # fail before the run, not after it
     # The simulation's modules load once the spec is known to be good.
     from twin.sim.metrics import REQUEST_COLUMNS
     from twin.sim.simulation import Simulation
@@ -150,13 +160,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     except BaseException:
         if parquet is not None:
             parquet.abort()  # no partial file that reads as whole
-        raise
-    else:
-        if parquet is not None:
-            parquet.close()
-    finally:
         if csv_file is not None:
-            csv_file.close()
+            csv_file.discard()  # no partial CSV under the name of a finished one
+        raise
+    if csv_file is not None:
+        csv_file.close()
+    if parquet is not None:
+        parquet.close()
     if recorder is not None:
         from twin.sim.trace import write_chrome_trace
 
@@ -254,6 +264,11 @@ def cmd_handoff(args: argparse.Namespace) -> int:
     from twin.studies.handoff import handoff_estimate
 
     model = model_from_arg(_model_arg(args, "handoff"), where="twin handoff: MODEL")
+    if args.tokens < 1:
+        raise TwinError(f"twin handoff: --tokens: {args.tokens} must be a positive integer")
+    problem = model.tp_problem(args.tp) if args.tp >= 1 else f"{args.tp} must be positive"
+    if problem:
+        raise TwinError(f"twin handoff: --tp: {problem}")
     where = "twin handoff: --topology"
     topo = load_topology(args.topology, nodes=args.nodes, where=where)
     costs: dict[str, Any] = {}
@@ -320,6 +335,11 @@ def cmd_provision(args: argparse.Namespace) -> int:
     data = parse_yaml(text, where)
     apply_overrides(data, args.set or [])
     power = None if args.power is None else parse_watts(args.power, "--power")
+    if args.gpus is not None:
+        from twin._check import MAX_GPUS
+
+        if not 0 < args.gpus <= MAX_GPUS:
+            raise TwinError(f"twin provision: --gpus: {args.gpus}; expected 1 to {MAX_GPUS:,}")
     _sample_args(args, "provision")
     _json_first(args)
     executor = _executor(args)
@@ -412,6 +432,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     executor = _executor(args)
     spec = load_spec(args.spec, args.set or [])
     _export_args_check(args, "plan")
+    from twin.studies.goodput import require_slo
+
+    require_slo(spec, args.spec)  # up front: the planner's searches are judged against it
 
     def one(n: int) -> Any:
         return plan_distserve(
@@ -500,8 +523,11 @@ def cmd_goodput(args: argparse.Namespace) -> int:
         raise TwinError(f"--target: {args.target} must be in (0, 1]")
     result = goodput(
         data, where, base_dir, rate_key=args.rate_key, seeds=args.seeds, target=args.target,
-        rel_tol=args.rel_tol or 0.05, executor=executor, sample=args.sample,
+        rel_tol=args.rel_tol or 0.05, executor=executor, sample=args.sample, out=out,
     )  # fmt: skip
+    if result.reused:
+        print(f"twin: {result.reused} of {result.probes} runs read from {out / 'probes'}",
+              file=sys.stderr)  # fmt: skip
     try:
         out.mkdir(parents=True, exist_ok=True)
         result.write_csv(out / "goodput.csv")
@@ -658,6 +684,8 @@ def cmd_topo(args: argparse.Namespace) -> int:
 
     if args.nodes is not None and args.nodes <= 0:
         raise TwinError(f"twin topo: --nodes: {args.nodes} must be a positive integer")
+    if args.png:
+        _open_out(args.png).discard()  # fail before the drawing, not after it
     topo = load_topology(args.topology, nodes=args.nodes)
     if args.json:
         from twin.net.report import describe
@@ -678,13 +706,21 @@ def cmd_plot(args: argparse.Namespace) -> int:
         raise TwinError(
             "twin plot: give a sweep folder, --requests CSV ..., --trace FILE or --timeline FILE"
         )
+    if args.window and not args.trace:
+        raise TwinError("twin plot: --window: applies to --trace")
     out = Path(args.out) if args.out else (Path(args.dir) / "plots" if args.dir else Path("."))
     opts = _plot_options(args)
     if args.dir is None and (args.facet or args.hue or args.at_rate is not None):
         raise TwinError("twin plot: --facet, --hue and --at-rate apply to a sweep folder")
     written: list[Path] = []
     if args.dir is not None:
-        written += plot_dir(args.dir, out, opts=opts)
+        notes: list[str] = []
+        from_dir = plot_dir(args.dir, out, note=notes.append, opts=opts)
+        if not from_dir:  # nothing drawn is an error, not a note
+            raise TwinError(f"twin plot: {args.dir}: nothing to plot: {'; '.join(notes)}")
+        for msg in notes:
+            print(f"twin plot: {msg}", file=sys.stderr)
+        written += from_dir
     if args.requests:
         runs: dict[str, str] = {}
         for path in args.requests:
@@ -781,9 +817,7 @@ def _add_report_parser(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="twin", description="pd-twin: a digital twin of an LLM serving cluster"
-    )
+    p = _Parser(prog="twin", description="pd-twin: a digital twin of an LLM serving cluster")
     p.add_argument("--version", action=_VersionAction, help="print the version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -1162,14 +1196,19 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run one command: 0 done, 2 bad input (one ``twin: error:`` line),
+    130 interrupted (Ctrl-C: one ``twin: interrupted`` line)."""
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
         return int(args.func(args))
     except TwinError as e:
         msg = " ".join(str(e).split("\n"))
         print(f"twin: error: {msg}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("twin: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
 

@@ -1,8 +1,13 @@
-"""YAML reading with YAML 1.2 numbers.
+"""YAML reading with YAML 1.2 numbers and no duplicate keys.
 
 PyYAML follows YAML 1.1, where ``8e9`` and ``1.5e9`` are strings (an exponent
 needs a dot and a sign there). People write them as numbers, so the loader
 here reads every YAML 1.2 float as a float.
+
+A mapping that gives one key twice is an error (YAML 1.2 requires unique
+keys; PyYAML would silently keep the last), so a spec never runs with a value
+its author did not mean. Keys a ``<<`` merge brings in may be overridden, as
+YAML's merge-key rule says.
 """
 
 from __future__ import annotations
@@ -14,7 +19,30 @@ import yaml
 
 
 class Loader(yaml.SafeLoader):
-    """A safe loader that also reads ``8e9``, ``1.5e9`` and ``1e-4`` as floats."""
+    """A safe loader that also reads ``8e9``, ``1.5e9`` and ``1e-4`` as floats
+    and refuses a key given twice in one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=False)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: SafeLoader reports it
+                    continue
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"duplicate key {key!r} (first at line {first.start_mark.line + 1}); "
+                        "each key may appear once in a mapping",
+                        key_node.start_mark,
+                    )
+                seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
 
 
 Loader.add_implicit_resolver(

@@ -23,23 +23,23 @@ def _span(lo: int, hi: int) -> str:
     return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
-def _describe_node(topo: Topology, node: int) -> str:
+def _describe_node(topo: Topology, node: int, switches: dict[int, list[str]]) -> str:
     nodes = topo.graph.nodes
     gpus = topo.gpus_of_node(node)
     types = sorted({topo.gpu_type(i) for i in gpus})
     parts = [f"{len(gpus)} x {'/'.join(types)}"]
-    for v, a in nodes(data=True):
-        if a["node"] == node and a["type"] == "switch":
-            rates = sorted(
-                {
-                    ln.capacity_bytes_s
-                    for _, _, ln in topo.graph.in_edges(v, data="link")
-                    if nodes[ln.src]["type"] == "gpu"
-                }
-            )
-            if rates:
-                per = "/".join(f"{r / 1e9:g} GB/s" for r in rates)
-                parts.append(f"{a['fabric']} {per} per GPU")
+    for v in switches.get(node, ()):
+        a = nodes[v]
+        rates = sorted(
+            {
+                ln.capacity_bytes_s
+                for _, _, ln in topo.graph.in_edges(v, data="link")
+                if nodes[ln.src]["type"] == "gpu"
+            }
+        )
+        if rates:
+            per = "/".join(f"{r / 1e9:g} GB/s" for r in rates)
+            parts.append(f"{a['fabric']} {per} per GPU")
     nics = topo.nics_of_node(node)
     if nics:
         kinds = sorted({nodes[n]["kind"] for n in nics})
@@ -72,8 +72,12 @@ def summary(topo: Topology) -> str:
         f"fabric {topo.fabric if has_fabric else 'none'}",
     ]
     groups: list[tuple[int, int, str]] = []
+    switches: dict[int, list[str]] = {}  # each node's switches, in the graph's order
+    for v, a in nodes(data=True):
+        if a["type"] == "switch" and a["node"] is not None:
+            switches.setdefault(a["node"], []).append(v)
     for k in range(topo.num_nodes):
-        desc = _describe_node(topo, k)
+        desc = _describe_node(topo, k, switches)
         if groups and groups[-1][2] == desc:
             groups[-1] = (groups[-1][0], k, desc)
         else:
@@ -142,8 +146,12 @@ def describe(topo: Topology) -> dict[str, Any]:
         counts[t] += 1
     has_fabric = any(n is None for _, n in nodes(data="node"))
     groups: list[dict[str, Any]] = []
+    switches: dict[int, list[str]] = {}  # each node's switches, in the graph's order
+    for v, a in nodes(data=True):
+        if a["type"] == "switch" and a["node"] is not None:
+            switches.setdefault(a["node"], []).append(v)
     for k in range(topo.num_nodes):
-        desc = _describe_node(topo, k)
+        desc = _describe_node(topo, k, switches)
         if groups and groups[-1]["description"] == desc:
             groups[-1]["nodes"][1] = k
         else:

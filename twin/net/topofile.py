@@ -18,7 +18,17 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from twin._check import check_keys, entry, is_int, positive_float, positive_int
+from twin._check import (
+    MAX_GPUS,
+    MAX_GPUS_PER_NODE,
+    MAX_NODES,
+    at_most,
+    check_keys,
+    entry,
+    is_int,
+    positive_float,
+    positive_int,
+)
 from twin.errors import SpecError
 from twin.net.explicit import parse_explicit
 from twin.net.topodef import (
@@ -86,6 +96,7 @@ def _template(t: object, where: str, name: str) -> _Template:
     gpu = gpu_name(t["gpu"], entry(where, "gpu"))
     spec = get_gpu(gpu)
     n = positive_int(t["gpus"], entry(where, "gpus"))
+    at_most(n, MAX_GPUS_PER_NODE, entry(where, "gpus"), "GPUs per node")
     wi = entry(where, "intra")
     intra = as_mapping(t.get("intra", {"kind": "nvswitch" if spec.nvlink_bytes_s else "pcie"}), wi)
     check_keys(intra, wi, ("kind",), ("bandwidth",))
@@ -109,6 +120,7 @@ def _template(t: object, where: str, name: str) -> _Template:
         ("gpus", "attach", "pcie", "generation", "ceiling"),
     )
     count = positive_int(nics["count"], entry(wn, "count"))
+    at_most(count, MAX_GPUS_PER_NODE, entry(wn, "count"), "NICs per node")
     nic_kind = one_of(nics["kind"], entry(wn, "kind"), "NIC kind", NIC_KINDS)
     nic_bw = parse_rate(nics["bandwidth"], entry(wn, "bandwidth"))
     generation = None
@@ -221,6 +233,8 @@ def _templated(data: Mapping[str, Any], where: str, default: str, nodes: int | N
                 f"mixes {len(groups)} node groups"
             )
         groups = [(groups[0][0], positive_int(nodes, "nodes"))]
+    at_most(sum(c for _, c in groups), MAX_NODES, wnodes, "nodes")
+    at_most(sum(t.gpus * c for t, c in groups), MAX_GPUS, wnodes, "GPUs (nodes x GPUs per node)")
     eff, lat = per_kind(data, where)
     given = data.get("protocol") or {}
     for t, _ in groups:

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from twin import yamlio
+from twin._io import read_text
 from twin.bundled import bundled_names, bundled_text
 from twin.errors import SpecError, UnknownNameError
 from twin.net.topodef import LINK_KINDS, TopoDef
@@ -258,6 +259,9 @@ class Topology:
         self._paths: dict[tuple[int, int, int | None], tuple[Link, ...]] = {}
         self._legs: dict[tuple[str, str, str], list[str] | None] = {}
         self._injection: dict[int, float] = {}
+        self._injection_by_key: dict[tuple[Any, ...], float] = {}
+        self._vertex_rank: dict[str, int] | None = None
+        self.max_flows = 0  # max-flow problems solved so far (what twin topo's size costs)
         self._bisection: float | None = None
         self._check_connected()
 
@@ -491,10 +495,50 @@ class Topology:
         import networkx as nx
 
         f: nx.DiGraph = nx.DiGraph()
-        for u, v, ln in self.graph.edges(data="link"):
-            if keep is None or (u in keep and v in keep):
+        if keep is None:
+            for u, v, ln in self.graph.edges(data="link"):
                 f.add_edge(u, v, capacity=ln.usable_bytes_s)
+            return f
+        # the edges among ``keep`` only, in the graph's order (max-flow's sums are
+        # then the same to the bit as over a scan of the whole graph), not a scan
+        for u in sorted(keep, key=self._vertex_order):
+            for _, v, ln in self.graph.out_edges(u, data="link"):
+                if v in keep:
+                    f.add_edge(u, v, capacity=ln.usable_bytes_s)
         return f
+
+    def _injection_key(self, gpu: int) -> tuple[Any, ...]:
+        """What :meth:`injection_bytes_s` depends on, without the node's
+        number: the GPU's place in its node, the rates of the node's links
+        (in the graph's vertex order, which repeats from node to node of
+        one template), of its NICs' fabric links and the node's ceiling. Two
+        GPUs with the same key have the same injection, so a topology of
+        many identical nodes runs one max-flow per GPU position, not per GPU."""
+        node = self._node[gpu]
+        keep = self._inside(node, *self._gpu_nics[gpu])
+        ranked = sorted(keep, key=self._vertex_order)
+        order = {v: i for i, v in enumerate(ranked)}
+        links = tuple(
+            (order[u], order[v], ln.usable_bytes_s)
+            for u in ranked
+            for _, v, ln in self.graph.out_edges(u, data="link")
+            if v in keep
+        )
+        fabric = tuple(
+            sum(
+                ln.usable_bytes_s
+                for _, v, ln in self.graph.out_edges(n, data="link")
+                if self.graph.nodes[v]["node"] is None
+            )
+            for n in self._gpu_nics[gpu]
+        )
+        src = order.get(self.gpus[gpu])
+        return (self._template[node], src, links, fabric, self.ceiling_bytes_s(node))
+
+    def _vertex_order(self, vertex: str) -> int:
+        if self._vertex_rank is None:
+            self._vertex_rank = {v: i for i, v in enumerate(self.graph.nodes)}
+        return self._vertex_rank[vertex]
 
     def injection_bytes_s(self, gpu: int) -> float:
         """The most a GPU alone can send off its node through the NICs that serve
@@ -506,7 +550,10 @@ class Topology:
         node = self._node[gpu]
         nics = self._gpu_nics[gpu]
         total = 0.0
-        if nics:
+        key = self._injection_key(gpu) if nics else ()
+        if key in self._injection_by_key:
+            total = self._injection_by_key[key]
+        elif nics:
             f = self._flow_graph(self._inside(node, *nics))
             for n in nics:
                 out = sum(
@@ -516,9 +563,11 @@ class Topology:
                 )
                 f.add_edge(n, "__sink__", capacity=out)
             total = _max_flow(f, self.gpus[gpu], "__sink__")
+            self.max_flows += 1
             cap = self.ceiling_bytes_s(node)
             if cap is not None:
                 total = min(total, cap)
+            self._injection_by_key[key] = total
         self._injection[gpu] = total
         return total
 
@@ -583,7 +632,7 @@ def _read(spec: str, base_dir: Path | None) -> tuple[str, str, str]:
     if path.suffix in (".yaml", ".yml") or path.exists() or "/" in spec:
         if not path.is_file():
             raise SpecError(f"{spec}: no such topology file")
-        return path.read_text(encoding="utf-8"), str(spec), path.stem
+        return read_text(path, "topology", SpecError), str(spec), path.stem
     names = topology_names()
     if spec not in names:
         raise UnknownNameError("topology", spec, names)

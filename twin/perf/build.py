@@ -182,7 +182,7 @@ def read_perf(spec: object, where: str = "", base_dir: Path | None = None) -> An
     if not isinstance(spec, Mapping):
         raise SpecError(f"{w}: {spec!r} must be a mapping with a 'kind'")
     kind = spec.get("kind")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise SpecError(f"{w}.kind: {kind!r}; expected one of {', '.join(KINDS)}")
     cls = KINDS[kind]
     allowed = keys(cls)

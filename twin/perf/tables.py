@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from twin._check import is_int, is_number
+from twin._io import decode_text
 from twin.errors import ProfileError, TwinError
 from twin.perf.gpus import get_gpu
 from twin.perf.iteration import VECTOR_STEPS, Batch
@@ -23,6 +24,13 @@ from twin.perf.llm import get_model
 
 if TYPE_CHECKING:
     import numpy as np
+
+
+def _read_bytes(path: Path, where: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise ProfileError(f"{where}: cannot read profile: {e.strerror}") from None
 
 
 class _Grid:
@@ -240,13 +248,13 @@ class ProfileTable:
         cls, path: Path, model: str, hardware: str, tp: int, *, where: str = "", pp: int = 1
     ) -> ProfileTable:
         """Rows of splitwise-sim's ``perf_model.csv`` for one (model, hardware, TP)."""
-        data = path.read_bytes()
         where = where or str(path)
+        data = _read_bytes(path, where)
         prefill: dict[tuple[int, int], list[float]] = {}
         decode: dict[tuple[int, int], list[float]] = {}
         combos: set[tuple[str, str, int]] = set()
         try:
-            for r in csv.DictReader(io.StringIO(data.decode())):
+            for r in csv.DictReader(io.StringIO(decode_text(data, where, ProfileError))):
                 combo = (r["model"], r["hardware"], int(r["tensor_parallel"]))
                 combos.add(combo)
                 same = _same_name(combo[0], model, get_model) and _same_name(
@@ -257,7 +265,7 @@ class ProfileTable:
                 p, b, t = int(r["prompt_size"]), int(r["batch_size"]), int(r["token_size"])
                 prefill.setdefault((b, p), []).append(float(r["prompt_time"]) / 1e3)
                 decode.setdefault((b, p + t // 2), []).append(float(r["token_time"]) / 1e3)
-        except (KeyError, ValueError, TypeError) as e:
+        except (KeyError, ValueError, TypeError, csv.Error) as e:
             raise ProfileError(f"{where}: not a splitwise-sim perf_model.csv ({e!r})") from None
         if not prefill:
             known = ", ".join(f"{m}/{h}/tp{t}" for m, h, t in sorted(combos))
@@ -285,22 +293,19 @@ def read_native(
 ) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float], str]:
     """The points of a native CSV: prefill ``(batch size, prompt tokens) -> s``, decode
     ``(batch size, context) -> s`` (repeated keys reduced to their median), and its sha256."""
-    try:
-        data = Path(path).read_bytes()
-    except OSError as e:
-        raise ProfileError(f"{where or path}: cannot read: {e.strerror}") from None
     where = where or str(path)
+    data = _read_bytes(Path(path), where)
     cols = ["phase", "batch_size", "tokens", "context", "time_s"]
     prefill: dict[tuple[int, int], list[float]] = {}
     decode: dict[tuple[int, int], list[float]] = {}
+    reader = csv.DictReader(io.StringIO(decode_text(data, where, ProfileError)))
     try:
-        reader = csv.DictReader(io.StringIO(data.decode()))
-        fields = reader.fieldnames
-    except UnicodeDecodeError:
-        raise ProfileError(f"{where}: not a text CSV") from None
-    if fields is None or list(fields) != cols:
-        raise ProfileError(f"{where}: header {fields!r}; expected {','.join(cols)}")
-    for line, r in enumerate(reader, start=2):
+        rows = list(reader)
+    except csv.Error as e:
+        raise ProfileError(f"{where}: line {reader.line_num}: not valid CSV ({e})") from None
+    if reader.fieldnames is None or list(reader.fieldnames) != cols:
+        raise ProfileError(f"{where}: header {reader.fieldnames!r}; expected {','.join(cols)}")
+    for line, r in enumerate(rows, start=2):
         try:
             b, n, c, t = (int(r["batch_size"]), int(r["tokens"]), int(r["context"]),
                           float(r["time_s"]))  # fmt: skip
@@ -415,10 +420,10 @@ class DistServeFit:
     ) -> DistServeFit:
         """Coefficients of ``model`` (as keyed in the file, e.g. ``facebook/opt-13b``) at TP;
         the keywords as in the class docstring."""
-        data = Path(path).read_bytes()
         where = where or str(path)
+        data = _read_bytes(Path(path), where)
         try:
-            doc = json.loads(data)
+            doc = json.loads(decode_text(data, where, ProfileError))
         except ValueError as e:
             raise ProfileError(f"{where}: not JSON ({e})") from None
         entry = None

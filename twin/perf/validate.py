@@ -29,6 +29,7 @@ Target: median <= 15% and worst <= 35% on every source.
 from __future__ import annotations
 
 import csv
+import io
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -36,8 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twin._io import read_text
 from twin.bundled import find_data_dir as find_data_dir  # re-exported
-from twin.errors import TwinError
+from twin.errors import ProfileError, TwinError
 from twin.perf.gpus import get_gpu
 from twin.perf.iteration import Batch, PerfModel
 from twin.perf.llm import get_model
@@ -120,14 +122,25 @@ def splitwise_sources(path: Path) -> list[Source]:
         lambda: defaultdict(list)
     )
     order = {m: i for i, m in enumerate(SPLITWISE_MODELS)}
-    with path.open(newline="") as f:
-        for r in csv.DictReader(f):
+    reader = csv.DictReader(io.StringIO(read_text(path, "profile", ProfileError), newline=""))
+    cols = ("model", "hardware", "tensor_parallel", "prompt_size", "batch_size", "token_size",
+            "prompt_time", "token_time")  # fmt: skip
+    try:
+        for r in reader:
+            missing = [c for c in cols if r.get(c) is None]
+            if missing:
+                raise ProfileError(
+                    f"{path}: line {reader.line_num}: missing {', '.join(missing)}; expected "
+                    f"splitwise-sim's columns {', '.join(cols)}"
+                )
             if r["model"] not in order or r["hardware"] not in SPLITWISE_HARDWARE:
                 continue
             key = (r["model"], r["hardware"], int(r["tensor_parallel"]))
             p, b, t = int(r["prompt_size"]), int(r["batch_size"]), int(r["token_size"])
             prompt[key][(p, b)].append(float(r["prompt_time"]) / 1e3)
             token[key][(p, b, t)].append(float(r["token_time"]) / 1e3)
+    except (ValueError, csv.Error) as e:
+        raise ProfileError(f"{path}: line {reader.line_num}: {e}") from None
     out = []
     for (model, hw, tp), pts in sorted(prompt.items(), key=lambda kv: (order[kv[0][0]], kv[0])):
         med = {k: statistics.median(v) for k, v in pts.items()}

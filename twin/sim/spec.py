@@ -33,7 +33,7 @@ from typing import Any, ClassVar
 import yaml
 
 from twin import yamlio
-from twin._check import is_int, positive_int
+from twin._check import MAX_GPUS, MAX_GPUS_PER_NODE, at_most, is_int, positive_int
 from twin._declare import (
     NONNEG_INT,
     POSITIVE_INT,
@@ -51,6 +51,7 @@ from twin._declare import (
     section,
     string,
 )
+from twin._io import read_text
 from twin.bundled import bundled_names, bundled_text
 from twin.errors import SpecError, UnknownNameError, UnknownSchedulerError
 from twin.perf.build import perf_schema, read_perf
@@ -305,7 +306,7 @@ def read_spec_text(spec: str) -> tuple[str, str, Path]:
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():
             raise SpecError(f"{spec}: no such experiment spec file")
-        return path.read_text(encoding="utf-8"), str(path), path.resolve().parent
+        return read_text(path, "experiment spec", SpecError), str(path), path.resolve().parent
     names = bundled_names("experiments")
     if spec not in names:
         raise UnknownNameError("experiment", spec, names)
@@ -403,6 +404,12 @@ def _cluster(data: Any, where: str, base_dir: Path) -> _Cluster:
         groups.append(InstanceGroup("mixed", cl.gpus // (tp * pp), tp, pp))
     elif "instances" in given or not groups:
         groups.append(InstanceGroup("mixed", cl.instances, tp, pp))
+    at_most(cl.gpus_per_node, MAX_GPUS_PER_NODE, f"{at}.gpus_per_node", "GPUs per node")
+    for ig in groups:  # before anything is built per instance or per GPU
+        key = f"{at}.{ig.role}" if ig.role != "mixed" else at
+        what = f"GPUs (instances x tp x pp = {ig.count} x {ig.tp} x {ig.pp})"
+        at_most(ig.count * ig.tp * ig.pp, MAX_GPUS, key, what)
+    at_most(sum(ig.count * ig.tp * ig.pp for ig in groups), MAX_GPUS, at, "GPUs in all")
     out: dict[str, Any] = {
         "instances": sum(g.count for g in groups),
         "tp": tp,

@@ -47,6 +47,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from twin._io import atomic_write
 from twin.errors import TwinError
 from twin.serving.engine import ROLES
 from twin.serving.observer import InstanceInfo
@@ -328,7 +329,7 @@ def write_timeline_csv(rows: Iterable[Mapping[str, Any]], path: str | Path) -> P
     """Write timeline rows as CSV, columns :data:`TIMELINE_COLUMNS` in that
     order, an empty cell for a value that is not there (no request)."""
     try:
-        with open(path, "w", encoding="utf-8", newline="") as f:
+        with atomic_write(path) as f:  # no partial CSV under the finished name
             w = csv.writer(f, lineterminator="\n")
             w.writerow(TIMELINE_COLUMNS)
             for row in rows:

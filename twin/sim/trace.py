@@ -84,6 +84,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from twin import _version
+from twin._io import write_text
 from twin.errors import TwinError
 from twin.net.flows import Transfer
 from twin.net.topology import Topology
@@ -544,7 +545,7 @@ def write_chrome_trace(rec: TraceRecorder, path: str | Path) -> Path:
     path = Path(path)
     text = chrome_trace_text(rec)
     try:
-        path.write_text(text, encoding="utf-8")
+        write_text(path, text)  # under a temporary name, then renamed
     except OSError as e:
         raise TwinError(f"{path}: cannot write: {e.strerror}") from None
     return path

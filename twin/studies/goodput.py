@@ -16,6 +16,13 @@ confidence interval (Student t, K - 1 degrees of freedom; NaN for one seed),
 and the mean per GPU. ``goodput.csv`` holds the same (layout in
 ``twin/studies/sweep.py``).
 
+With ``out`` (``twin goodput --out DIR``), each probe's attainment is written
+to ``DIR/probes/<key>.json`` as soon as it finishes, the key a hash of the
+probe's spec and of the code; a search run again over the same folder reads
+the probes already there instead of running them, so an interrupted
+``twin goodput`` resumes where it stopped and ends with the same result as a
+fresh one (the runs are deterministic).
+
 NOTE: attainment need not fall monotonically with the rate (a small sample,
 a burst); the search returns a rate that meets the target next to one twice
 (then 1 + tolerance times) as fast that does not, not necessarily the largest.
@@ -25,7 +32,9 @@ from __future__ import annotations
 
 import copy
 import csv
+import hashlib
 import itertools
+import json
 import math
 from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from twin import _version
+from twin._io import atomic_write, write_text
 from twin._progress import Progress
 from twin.errors import SpecError
 from twin.request import Request
@@ -115,6 +126,50 @@ def find_max_rate(meets: Callable[[float], bool], start: float, **kw: Any) -> tu
 
 
 # -- a sweep spec's goodput ----------------------------------------------------------
+def require_slo(spec: ExperimentSpec, where: str) -> None:
+    """Goodput is judged against the SLO: refuse a spec without one, before any run."""
+    if math.isinf(spec.slo.ttft_s) and math.isinf(spec.slo.tpot_s):
+        raise SpecError(
+            f"{where}: slo: no ttft or tpot given; goodput is the largest rate meeting an "
+            "SLO, so the spec needs one (e.g. slo: {ttft: 1 s, tpot: 50 ms})"
+        )
+
+
+class ProbeStore:
+    """``DIR/probes/<key>.json``: one finished probe's attainment each, keyed
+    by the sha256 of the probe's spec data, its folder and the code."""
+
+    def __init__(self, out: Path | None):
+        self.dir = None if out is None else Path(out) / "probes"
+        if self.dir is not None:
+            try:
+                self.dir.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise SpecError(f"{self.dir}: cannot write: {e.strerror}") from None
+
+    @staticmethod
+    def key(data: Mapping[str, Any], base_dir: Path) -> str:
+        text = json.dumps(
+            {"data": data, "base_dir": str(base_dir), "code": _version.code_sha256()},
+            sort_keys=True, separators=(",", ":"), default=str,
+        )  # fmt: skip
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+    def get(self, key: str) -> float | None:
+        if self.dir is None:
+            return None
+        try:
+            doc = json.loads((self.dir / f"{key}.json").read_text(encoding="utf-8"))
+            value = doc["attainment"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # absent, or not whole: run it again
+        return float(value) if isinstance(value, int | float) else None
+
+    def put(self, key: str, attainment: float) -> None:
+        if self.dir is not None:
+            write_text(self.dir / f"{key}.json", json.dumps({"attainment": attainment}) + "\n")
+
+
 def probe_attainment(data: Mapping[str, Any], where: str, base_dir: str) -> float:
     """SLO attainment of one run (a worker's job)."""
     from twin.studies.sweep import run_spec
@@ -178,6 +233,7 @@ class Goodput:
     keys: list[str]
     rows: list[GoodputRow]
     probes: int
+    reused: int = 0  # probes read from an earlier run's DIR/probes, not run again
 
     def csv_rows(self) -> list[list[str]]:
         head = ["label", *self.keys, "goodput_rps_mean", "goodput_rps_ci95"]
@@ -191,7 +247,7 @@ class Goodput:
         return out
 
     def write_csv(self, path: Path) -> None:
-        with open(path, "w", encoding="utf-8", newline="") as f:
+        with atomic_write(path) as f:
             csv.writer(f, lineterminator="\n").writerows(self.csv_rows())
 
     def format_table(self) -> str:
@@ -296,6 +352,7 @@ def goodput(
     max_steps: int = 12,
     executor: Executor | None = None,
     runner: Callable[..., float] = probe_attainment,
+    out: Path | None = None,
 ) -> Goodput:
     """The goodput of every configuration of the spec ``data`` (parsed YAML,
     overrides applied). ``seeds``: K seeds from the spec's seed on (default:
@@ -308,7 +365,8 @@ def goodput(
     synthetic one at K seeds; a trace, whose requests no seed changes, in K
     consecutive windows of ``max_requests`` requests (``workload.skip``), as
     many as it holds. Each row carries the warnings of
-    :func:`twin.studies.samples.sample_warnings`."""
+    :func:`twin.studies.samples.sample_warnings`. ``out``: the folder whose
+    ``probes/`` keeps each finished probe (see the module docstring)."""
     axes = parse_sweep(data["sweep"], where) if "sweep" in data else []
     key = _rate_key(data, axes, rate_key)
     if key not in RATE_KEYS:
@@ -354,6 +412,7 @@ def goodput(
             _set_path(d, key, start, at)
             per_seed[seed] = d
         spec = resolve_spec(per_seed[seed_list[0]], at, base_dir)
+        require_slo(spec, at)
         per_seed, notes = _replicates(spec, per_seed, seed_list, at, base_dir)
         tgt = spec.slo.target if target is None else target
         label = make_label(params, caxes, ())
@@ -366,7 +425,8 @@ def goodput(
     }
     pending = {cs: next(g) for cs, g in searches.items()}
     found: dict[tuple[int, int], tuple[float, bool]] = {}
-    probes = 0
+    probes = reused = 0
+    store = ProbeStore(out)
     # a unit is a search (a configuration on a seed or window) done; the probes run beside
     with (
         executor if executor is not None else Executor(jobs=1) as ex,
@@ -375,16 +435,26 @@ def goodput(
         while pending:
             order = list(pending)
             jobs: list[Job] = []
-            for c, s in order:
+            results: dict[int, float] = {}
+            pkeys: list[str] = []
+            for i, (c, s) in enumerate(order):
                 d = copy.deepcopy(configs[c][4][s])
                 _set_path(d, key, pending[(c, s)], configs[c][5])
+                pkey = store.key(d, base_dir)
+                done = store.get(pkey)
+                if done is not None:
+                    results[i] = done
+                    reused += 1
+                    continue
+                pkeys.append(pkey)
                 jobs.append((runner, (d, configs[c][5], str(base_dir))))
-            results = {}
-            for i, value in ex.run(jobs):
-                results[i] = value
-                probes += 1
-                bar.note(f"{probes} runs")
+            index = [i for i in range(len(order)) if i not in results]
+            for j, att in ex.run(jobs):
+                store.put(pkeys[j], att)  # written as it finishes: a rerun resumes here
+                results[index[j]] = att
+                bar.note(f"{probes + len(results)} runs")
                 bar.update(0)
+            probes += len(order)
             for i, cs in enumerate(order):
                 try:
                     pending[cs] = searches[cs].send(results[i] >= configs[cs[0]][2])
@@ -423,4 +493,4 @@ def goodput(
                 tuple(warn),
             )  # fmt: skip
         )
-    return Goodput(key, keys, rows, probes)
+    return Goodput(key, keys, rows, probes, reused)

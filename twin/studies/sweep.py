@@ -44,8 +44,13 @@ Output layout (``twin sweep SPEC --out DIR``; ``twin.viz.plots`` relies on it)::
 and the seed (``prefill=2 decode=1 slo.ttft=1 s``). CSV floats are written
 exactly (``repr``), ``None`` as an empty cell, lists and mappings as JSON.
 A run whose JSON is already there with the same spec sha256 is not run again,
-so an interrupted sweep resumes; JSON files are written whole (to a temporary
-name, then renamed), and runs.csv grows as the runs before each row finish.
+so an interrupted sweep resumes (with ``--requests``, a run without its
+``requests/<run_id>.csv`` runs again to write it). Every file is written whole:
+to a temporary name in its folder, renamed once complete
+(:func:`twin._io.atomic_write`), runs.csv once every run has finished, so a
+sweep that fails or is interrupted leaves no partial file that looks finished.
+Interrupted (Ctrl-C, SIGTERM), a local pool stops its workers before the
+command exits.
 Each run is deterministic, so the files are byte-identical whichever executor
 and how many workers ran them.
 """
@@ -66,6 +71,7 @@ from typing import IO, Any
 import yaml
 
 from twin import _version
+from twin._io import atomic_write, write_text
 from twin._progress import Progress
 from twin.errors import SpecError, TwinError
 from twin.sim.frames import flatten
@@ -334,6 +340,36 @@ def parse_jobs(value: str | int | None) -> int | None:
     return n
 
 
+def _worker_ignores_interrupts() -> None:
+    """A pool worker leaves Ctrl-C to its parent, which stops it (no traceback
+    per worker)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _on_term(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _terminate_raises() -> Any:
+    """While a pool runs, SIGTERM unwinds like Ctrl-C (so the pool's workers
+    are stopped); returns the handler to restore, or None off the main thread."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _on_term)
+
+
+def _restore_term(previous: Any) -> None:
+    import signal
+
+    if previous is not None:
+        signal.signal(signal.SIGTERM, previous)
+
+
 class Executor:
     """Runs jobs (a function and its arguments) and yields ``(index, result)``
     as they finish: in this process (``jobs=1``, or one core), in a process
@@ -352,6 +388,7 @@ class Executor:
             kind = "dask"
         self.kind, self.jobs, self.address = kind, jobs, address
         self._pool: Any = None
+        self._term: Any = None
         self._client: Any = None
         self._cluster: Any = None
 
@@ -385,12 +422,25 @@ class Executor:
         elif self.workers > 1:
             from concurrent.futures import ProcessPoolExecutor
 
-            self._pool = ProcessPoolExecutor(max_workers=self.workers)
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.workers, initializer=_worker_ignores_interrupts
+            )
+            self._term = _terminate_raises()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            if exc and exc[0] is not None:
+                # interrupted or failed: stop the workers now, leave none behind
+                procs = list((getattr(self._pool, "_processes", None) or {}).values())
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                for p in procs:
+                    p.terminate()
+                for p in procs:
+                    p.join()
+            else:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+            _restore_term(self._term)
         if self._client is not None:
             self._client.close()
         if self._cluster is not None:
@@ -431,9 +481,7 @@ def _cell(value: Any) -> str:
 
 
 def _write_whole(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_text(path, text)
 
 
 def run_document(run: Run, result: Mapping[str, Any]) -> str:
@@ -531,17 +579,53 @@ def run_sweep(
         (out / "runs").mkdir(parents=True, exist_ok=True)
         _write_whole(out / "spec.yaml", yaml.safe_dump(dict(data), sort_keys=False))
         (out / "runs.parquet").unlink(missing_ok=True)  # rewritten once runs.csv is whole
-        f = open(out / "runs.csv", "w", encoding="utf-8", newline="")
     except OSError as e:
         raise TwinError(f"{out}: cannot write: {e.strerror}") from None
-    table = RunsTable(f, swept_keys(axes))
-    progress: Progress | None = None
     todo: list[Run] = []
+    # runs.csv takes its name only once every row is in (twin._io.atomic_write)
+    with atomic_write(out / "runs.csv") as f:
+        table = RunsTable(f, swept_keys(axes))
+        _run_all(
+            runs, todo, table, out, where, base_dir, executor, runner, requests, traces, parquet
+        )
+    skipped = len(runs) - len(todo)
+    notes = []
+    if parquet:
+        from twin.studies.sweepdata import write_runs_parquet
+
+        write_runs_parquet(out)
+        notes.append(
+            f"Parquet written beside the CSV files: {out / 'runs.parquet'}"
+            + (f", {out / 'requests'}/<run_id>.parquet" if requests else "")
+        )
+    else:
+        notes.append("no Parquet: pyarrow is not installed (pip install 'pd-twin[data]'); CSV only")
+    return SweepOutcome(runs, len(todo), skipped, out, tuple(notes))
+
+
+def _run_all(
+    runs: list[Run],
+    todo: list[Run],
+    table: RunsTable,
+    out: Path,
+    where: str,
+    base_dir: Path,
+    executor: Executor | None,
+    runner: Callable[..., dict[str, Any]],
+    requests: bool,
+    traces: bool,
+    parquet: bool,
+) -> None:
+    """Add the done runs to ``table``, then run ``todo`` (filled here) and add
+    each as it finishes, writing its files."""
+    progress: Progress | None = None
     try:
         for run in runs:
             doc = _done(out / "runs" / f"{run.run_id}.json", run.spec_sha256)
             if traces and not (out / "traces" / f"{run.run_id}.json").is_file():
                 doc = None
+            if requests and not (out / "requests" / f"{run.run_id}.csv").is_file():
+                doc = None  # swept before without --requests: run again for its rows
             if doc is None:
                 todo.append(run)
             else:
@@ -570,16 +654,3 @@ def run_sweep(
     finally:
         if progress is not None:
             progress.close()
-        f.close()
-    notes = []
-    if parquet:
-        from twin.studies.sweepdata import write_runs_parquet
-
-        write_runs_parquet(out)
-        notes.append(
-            f"Parquet written beside the CSV files: {out / 'runs.parquet'}"
-            + (f", {out / 'requests'}/<run_id>.parquet" if requests else "")
-        )
-    else:
-        notes.append("no Parquet: pyarrow is not installed (pip install 'pd-twin[data]'); CSV only")
-    return SweepOutcome(runs, len(todo), skipped, out, tuple(notes))

@@ -36,6 +36,7 @@ Agg canvas, so no display is needed and pyplot's global state is untouched.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import sys
@@ -44,6 +45,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from twin._io import atomic_path, read_text
 from twin.errors import TwinError
 from twin.viz.style import PALETTE, PlotOptions, Styler, figure, grid, wrap
 
@@ -99,11 +101,11 @@ def _float(x: Any) -> float | None:
 
 
 def _read_csv(path: str | Path) -> list[dict[str, str]]:
+    text = read_text(path, "CSV")
     try:
-        with open(path, encoding="utf-8", newline="") as f:
-            return list(csv.DictReader(f))
-    except OSError as e:
-        raise TwinError(f"{path}: cannot read: {e.strerror}") from None
+        return list(csv.DictReader(io.StringIO(text, newline="")))
+    except csv.Error as e:
+        raise TwinError(f"{path}: not valid CSV ({e})") from None
 
 
 def _figure(width: float, height: float, opts: PlotOptions | None = None) -> Figure:
@@ -125,11 +127,12 @@ def save(fig: Figure, out_base: str | Path, opts: PlotOptions | None = None) -> 
     dpi = (opts or PlotOptions()).dpi
     with matplotlib.rc_context({"svg.hashsalt": SVG_HASHSALT}):
         try:
-            fig.savefig(paths[0], dpi=dpi, metadata={"Software": None})
-            fig.savefig(paths[1], metadata={"Date": None, "Creator": None})
-            fig.savefig(
-                paths[2], metadata={"CreationDate": None, "Creator": None, "Producer": None}
-            )
+            with atomic_path(paths[0]) as tmp:
+                fig.savefig(tmp, dpi=dpi, metadata={"Software": None})
+            with atomic_path(paths[1]) as tmp:
+                fig.savefig(tmp, metadata={"Date": None, "Creator": None})
+            with atomic_path(paths[2]) as tmp:
+                fig.savefig(tmp, metadata={"CreationDate": None, "Creator": None, "Producer": None})
         except OSError as e:
             raise TwinError(f"{base}: cannot write: {e.strerror}") from None
     return paths
@@ -592,18 +595,40 @@ def load_trace(trace: TraceRecorder | Mapping[str, Any] | str | Path) -> dict[st
         return dict(trace)
     if isinstance(trace, str | Path):
         try:
-            doc = json.loads(Path(trace).read_text(encoding="utf-8"))
-        except OSError as e:
-            raise TwinError(f"{trace}: cannot read: {e.strerror}") from None
+            doc = json.loads(read_text(trace, "trace"))
         except json.JSONDecodeError as e:
             raise TwinError(f"{trace}: not JSON: {e}") from None
         if not isinstance(doc, dict) or "traceEvents" not in doc:
             raise TwinError(f"{trace}: not a Chrome trace (no traceEvents)")
+        _check_events(doc["traceEvents"], str(trace))
         return doc
     raise TwinError(
         f"a timeline needs iteration durations: pass a TraceRecorder (Simulation(spec, "
         f"trace=...)) or a trace JSON from `twin run --trace-out`, not {type(trace).__name__}"
     )
+
+
+def _check_events(events: Any, where: str) -> None:
+    """The fields :func:`plot_timeline` reads: each event an object, ``ts`` and
+    ``dur`` numbers, ``pid`` and ``tid`` numbers or strings."""
+    if not isinstance(events, list):
+        raise TwinError(f"{where}: traceEvents: {type(events).__name__}; expected a list")
+    for i, e in enumerate(events):
+        at = f"{where}: traceEvents[{i}]"
+        if not isinstance(e, dict):
+            raise TwinError(f"{at}: {e!r:.60} is not an object")
+        for k in ("pid", "tid"):
+            if k in e and (isinstance(e[k], bool) or not isinstance(e[k], int | float | str)):
+                raise TwinError(f"{at}.{k}: {e[k]!r:.60} is not a number or a string")
+        need = ("ts", "dur") if e.get("ph") == "X" else ("ts",) if e.get("ph") == "i" else ()
+        for k in need:
+            v = e.get(k)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise TwinError(f"{at}.{k}: {v!r:.60} is not a number of microseconds")
+        if e.get("ph") == "M" and e.get("name") == "thread_name":
+            args = e.get("args")
+            if not isinstance(args, dict) or "name" not in args:
+                raise TwinError(f"{at}.args: expected {{name: ...}} for a thread_name event")
 
 
 def _span_color(e: dict[str, Any]) -> str:
@@ -769,10 +794,7 @@ def load_run_timeline(
     if isinstance(source, Mapping):
         doc: Any = source
     else:
-        try:
-            text = Path(source).read_text(encoding="utf-8")
-        except OSError as e:
-            raise TwinError(f"{source}: cannot read: {e.strerror}") from None
+        text = read_text(source, "timeline")
         if text.lstrip().startswith("{"):
             try:
                 doc = json.loads(text)

@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from twin._io import atomic_path
 from twin.errors import TwinError
 
 if TYPE_CHECKING:
@@ -137,7 +138,8 @@ def draw(topo: Topology, path: str | Path) -> None:
     ax.set_axis_off()
     ax.margins(0.05)
     try:
-        fig.savefig(path, dpi=110, bbox_inches="tight")
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=110, bbox_inches="tight")
     except (OSError, ValueError) as e:
         raise TwinError(f"{path}: cannot write the picture: {e}") from None
     finally:

@@ -342,7 +342,7 @@ def parse_rate_schedule(value: object, where: str) -> RateSchedule:
             f"{where}: {value!r} is not a mapping; expected {{kind: {' | '.join(KINDS)}, ...}}"
         )
     kind = value.get("kind")
-    if kind not in _KEYS:
+    if not isinstance(kind, str) or kind not in _KEYS:
         got = "missing" if "kind" not in value else f"{kind!r} unknown"
         raise SpecError(f"{where}.kind: {got}; expected one of {', '.join(KINDS)}")
     required, optional = _KEYS[str(kind)]

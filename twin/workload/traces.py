@@ -47,8 +47,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
+from typing import Any
 
 from twin._check import is_int, is_number
+from twin._io import not_utf8
 from twin.errors import TraceError, UnknownNameError
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -204,41 +206,59 @@ def _csv_rows(
     path: Path, required: Sequence[str], take: Sequence[str] | None = None
 ) -> Iterator[tuple[int, list[str]]]:
     """(line number, the raw values of the columns ``take``, default
-    ``required``, in that order) for each data row; checks header and widths."""
+    ``required``, in that order) for each data row; checks header and widths.
+    Bytes that are not UTF-8 and rows the csv module refuses (a cell over its
+    field limit, an unclosed quote at the end) are :class:`TraceError`."""
     try:
         f = open(path, newline="", encoding="utf-8-sig")
     except OSError as e:
         raise TraceError(f"{path}: cannot read trace: {e.strerror}") from None
     with f:
         reader = csv.reader(f)
-        header = next(reader, None)
-        expected = ", ".join(required)
-        if header is None or not any(h.strip() for h in header):
-            raise TraceError(f"{path}: empty file; expected a header line with columns {expected}")
-        names = [h.strip() for h in header]
-        missing = [c for c in required if c not in names]
-        if missing:
+        try:
+            yield from _csv_body(path, reader, required, take)
+        except UnicodeDecodeError:
+            raise TraceError(not_utf8(path)) from None
+        except csv.Error as e:
             raise TraceError(
-                f"{path}: line 1: missing column(s) {', '.join(missing)}; expected columns "
-                f"{expected} (found {', '.join(names)})"
+                f"{path}: line {reader.line_num}: not a CSV row the reader accepts ({e}); "
+                f"expected at most {csv.field_size_limit():,} characters per cell"
+                if "field limit" in str(e)
+                else f"{path}: line {reader.line_num}: not valid CSV ({e})"
+            ) from None
+
+
+def _csv_body(
+    path: Path, reader: Any, required: Sequence[str], take: Sequence[str] | None
+) -> Iterator[tuple[int, list[str]]]:
+    header = next(reader, None)
+    expected = ", ".join(required)
+    if header is None or not any(h.strip() for h in header):
+        raise TraceError(f"{path}: empty file; expected a header line with columns {expected}")
+    names = [h.strip() for h in header]
+    missing = [c for c in required if c not in names]
+    if missing:
+        raise TraceError(
+            f"{path}: line 1: missing column(s) {', '.join(missing)}; expected columns "
+            f"{expected} (found {', '.join(names)})"
+        )
+    index = [names.index(c) for c in (required if take is None else take)]
+    width = len(names)
+    rows = 0
+    start = reader.line_num + 1
+    for row in reader:
+        line, start = start, reader.line_num + 1
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue
+        if len(row) != width:
+            raise TraceError(
+                f"{path}: line {line}: {len(row)} fields; expected {len(names)} "
+                f"({', '.join(names)})"
             )
-        index = [names.index(c) for c in (required if take is None else take)]
-        width = len(names)
-        rows = 0
-        start = reader.line_num + 1
-        for row in reader:
-            line, start = start, reader.line_num + 1
-            if not row or (len(row) == 1 and not row[0].strip()):
-                continue
-            if len(row) != width:
-                raise TraceError(
-                    f"{path}: line {line}: {len(row)} fields; expected {len(names)} "
-                    f"({', '.join(names)})"
-                )
-            rows += 1
-            yield line, [row[i] for i in index]
-        if rows == 0:
-            raise TraceError(f"{path}: no requests after the header; expected at least one row")
+        rows += 1
+        yield line, [row[i] for i in index]
+    if rows == 0:
+        raise TraceError(f"{path}: no requests after the header; expected at least one row")
 
 
 # --------------------------------------------------------------------------- readers
@@ -322,48 +342,55 @@ def iter_mooncake(
     path = Path(path)
     mono = _Monotone(path, "timestamp")
     try:
-        f = open(path, encoding="utf-8")
+        # utf-8-sig: a leading byte-order mark is dropped, as the CSV readers do
+        f = open(path, encoding="utf-8-sig")
     except OSError as e:
         raise TraceError(f"{path}: cannot read trace: {e.strerror}") from None
-    rows = 0
     with f:
-        for line, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError as e:
-                raise TraceError(
-                    f"{path}: line {line}: not valid JSON ({e.msg}); expected one object per line "
-                    f"with keys {', '.join(MOONCAKE_KEYS)}"
-                ) from None
-            if not isinstance(obj, dict):
-                raise TraceError(
-                    f"{path}: line {line}: {type(obj).__name__} is not a JSON object; expected "
-                    f"keys {', '.join(MOONCAKE_KEYS)}"
-                )
-            missing = [k for k in MOONCAKE_KEYS if k not in obj]
-            if missing:
-                raise TraceError(
-                    f"{path}: line {line}: missing key(s) {', '.join(missing)}; expected keys "
-                    f"{', '.join(MOONCAKE_KEYS)}"
-                )
-            t = _parse_seconds(path, line, "timestamp", obj["timestamp"], per_s=1000)
-            mono.check(line, t, obj["timestamp"])
-            hashes = obj["hash_ids"]
-            if not isinstance(hashes, list) or not all(is_int(h) for h in hashes):
-                raise TraceError(
-                    f"{_where(path, line, 'hash_ids')}: {str(hashes)[:60]!r} is not a list of "
-                    "integers"
-                )
-            rows += 1
-            yield TraceRecord(
-                t,
-                _parse_tokens(path, line, "input_length", obj["input_length"]),
-                _parse_tokens(path, line, "output_length", obj["output_length"]),
-                tuple(hashes),
-                block_tokens,
+        try:
+            yield from _mooncake_body(path, f, block_tokens, mono)
+        except UnicodeDecodeError:
+            raise TraceError(not_utf8(path)) from None
+
+
+def _mooncake_body(path: Path, f: Any, block_tokens: int, mono: _Monotone) -> Iterator[TraceRecord]:
+    rows = 0
+    for line, text in enumerate(f, start=1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise TraceError(
+                f"{path}: line {line}: not valid JSON ({e.msg}); expected one object per line "
+                f"with keys {', '.join(MOONCAKE_KEYS)}"
+            ) from None
+        if not isinstance(obj, dict):
+            raise TraceError(
+                f"{path}: line {line}: {type(obj).__name__} is not a JSON object; expected "
+                f"keys {', '.join(MOONCAKE_KEYS)}"
             )
+        missing = [k for k in MOONCAKE_KEYS if k not in obj]
+        if missing:
+            raise TraceError(
+                f"{path}: line {line}: missing key(s) {', '.join(missing)}; expected keys "
+                f"{', '.join(MOONCAKE_KEYS)}"
+            )
+        t = _parse_seconds(path, line, "timestamp", obj["timestamp"], per_s=1000)
+        mono.check(line, t, obj["timestamp"])
+        hashes = obj["hash_ids"]
+        if not isinstance(hashes, list) or not all(is_int(h) for h in hashes):
+            raise TraceError(
+                f"{_where(path, line, 'hash_ids')}: {str(hashes)[:60]!r} is not a list of integers"
+            )
+        rows += 1
+        yield TraceRecord(
+            t,
+            _parse_tokens(path, line, "input_length", obj["input_length"]),
+            _parse_tokens(path, line, "output_length", obj["output_length"]),
+            tuple(hashes),
+            block_tokens,
+        )
     if not rows:
         raise TraceError(
             f"{path}: empty file; expected JSON lines with keys {', '.join(MOONCAKE_KEYS)}"
@@ -421,9 +448,11 @@ def detect_format(path: str | Path) -> str:
     path = Path(path)
     try:
         with open(path, encoding="utf-8-sig") as f:
-            first = f.readline().strip()
+            first = f.readline(1 << 16).strip()  # a header, not a whole file without newlines
     except OSError as e:
         raise TraceError(f"{path}: cannot read trace: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise TraceError(not_utf8(path)) from None
     if path.suffix in (".jsonl", ".json") or first.startswith("{"):
         return "mooncake"
     if not first:
