@@ -702,7 +702,7 @@ ARG_CASES: list[tuple[str, tuple[str, ...], dict[str, bytes], str]] = [
     ("kv-block-zero", ("kv", "llama-2-70b", "--block-size", "0"), {}, "--block-size"),
     ("kv-block-word", ("kv", "llama-2-70b", "--block-size", "x"), {}, "--block-size"),
     ("kv-dtype", ("kv", "llama-2-70b", "--dtype", "fp7"), {}, "fp7"),
-    ("kv-no-model", ("kv",), {}, "model"),
+    ("kv-no-model", ("kv",), {}, "MODEL"),
     # handoff
     ("handoff-no-tokens", ("handoff", "llama-2-70b", "--topology", "dgx-h100-ib400"), {}, ""),
     (

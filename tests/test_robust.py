@@ -208,7 +208,7 @@ def test_sweep_requests_fills_in_a_folder_swept_without(tmp_path):
     assert not (out / "requests").exists()
     done = run_sweep(d, "s.yaml", Path.cwd(), out, requests=True)
     assert done.ran == 2
-    assert sorted(p.name for p in (out / "requests").iterdir()) == sorted(
+    assert sorted(p.name for p in (out / "requests").glob("*.csv")) == sorted(
         f"{r.run_id}.csv" for r in done.runs
     )
     assert run_sweep(d, "s.yaml", Path.cwd(), out, requests=True).ran == 0
