@@ -229,3 +229,55 @@ def test_the_catalog_lists_every_moe_model():
     for name in ("deepseek-v3", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-20b",
                  "gpt-oss-120b", "mixtral-8x7b"):  # fmt: skip
         assert MODELS[name].is_moe
+
+
+# -- the planner --------------------------------------------------------------------
+def test_the_planner_prefers_expert_parallel_decode_for_deepseek():
+    """DeepSeek-V3's FP8 weights fill most of an H200 node whatever the layout,
+    and under TP its latent KV is copied to every rank; EP 8 over 8
+    data-parallel attention ranks keeps one copy and reads each GPU's own
+    sequences' KV only, so it decodes more per GPU and the planner takes it."""
+    from pathlib import Path
+
+    from twin._progress import Progress
+    from twin.sim.spec import resolve_spec
+    from twin.studies.planner import Candidate, _best, _Planner, _score
+    from twin.studies.samples import replicate_samples
+    from twin.studies.sweep import Executor
+
+    topo = {
+        "name": "h200-node",
+        "node": {"gpu": "h200", "gpus": 8,
+                 "nics": {"count": 8, "kind": "infiniband", "bandwidth": "400 Gbps"}},
+        "nodes": 2,
+    }  # fmt: skip
+    data = {
+        "model": "deepseek-v3",
+        "cluster": {"topology": topo, "prefill": 1, "decode": 1},
+        "workload": {
+            "lengths": {
+                "prompt": {"dist": "fixed", "value": 2000},
+                "output": {"dist": "fixed", "value": 100},
+            },
+            "arrival": {"process": "poisson", "rate": 4.0},
+            "max_requests": 24,
+        },  # fmt: skip
+        "slo": {"ttft": "30 s", "tpot": "40 ms"},  # decode limits, not the prefill feed
+    }
+    spec = resolve_spec(data, "plan.yaml", Path.cwd())
+    pl = _Planner(spec, replicate_samples(spec, 24, 1)[0], 8, 4, 300)
+    # every layout of the node: only TP8 and the EP8 ones hold the weights
+    dense = {(tp, pp): note for tp, pp, note in pl.configs()}
+    assert dense == {(1, 1): "weights do not fit", (2, 1): "weights do not fit",
+                     (4, 1): "weights do not fit", (8, 1): ""}  # fmt: skip
+    fits = [(tp, ep) for tp, ep, note in pl.expert_configs() if not note]
+    assert fits == [(1, 8), (2, 8), (4, 8)]
+    # the decode phase's search, as plan_distserve runs it, on TP8 and on EP8 (DP8)
+    feed = Candidate("prefill", 8, 1, 200.0)
+    with Executor(jobs=1) as ex, Progress(2, "searches", desc="plan") as bar:
+        decodes, _ = _score(ex, spec, pl.sample, (8, 4, 300), "decode",
+                            [(8, 1, "", 1), (1, 1, "", 8)], feed, bar)  # fmt: skip
+    tp8, ep8 = decodes
+    assert (tp8.label(), ep8.label()) == ("TP8 PP1", "TP1 DP8 EP8")
+    assert tp8.goodput_rps > 0 and ep8.per_gpu > 1.2 * tp8.per_gpu
+    assert _best(decodes) == ep8
