@@ -281,3 +281,20 @@ def test_the_planner_prefers_expert_parallel_decode_for_deepseek():
     assert (tp8.label(), ep8.label()) == ("TP8 PP1", "TP1 DP8 EP8")
     assert tp8.goodput_rps > 0 and ep8.per_gpu > 1.2 * tp8.per_gpu
     assert _best(decodes) == ep8
+
+
+def test_provision_keeps_the_expert_parallel_layout_and_counts_its_gpus():
+    from twin.studies.provision import _candidate_spec, placed_power_w
+
+    from twin.sim.spec import apply_overrides, read_spec
+
+    spec = load_spec("disagg", WIDE)
+    data = read_spec("disagg")[0]
+    apply_overrides(data, WIDE)
+    pg, dg = spec.groups
+    cand = _candidate_spec(data, spec.source, spec.base_dir, pg, dg, 1, 1)
+    assert [(g.role, g.count, g.ep, g.dp, g.gpus) for g in cand.groups] == [
+        ("prefill", 1, 16, 16, 16), ("decode", 1, 32, 32, 32)
+    ]  # fmt: skip
+    # 64 GPUs placed (two prefill instances of 16 over two nodes each, a decode of 32)
+    assert placed_power_w(spec) == 64 * get_gpu("h100").tdp_w
