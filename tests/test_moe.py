@@ -284,9 +284,8 @@ def test_the_planner_prefers_expert_parallel_decode_for_deepseek():
 
 
 def test_provision_keeps_the_expert_parallel_layout_and_counts_its_gpus():
-    from twin.studies.provision import _candidate_spec, placed_power_w
-
     from twin.sim.spec import apply_overrides, read_spec
+    from twin.studies.provision import _candidate_spec, placed_power_w
 
     spec = load_spec("disagg", WIDE)
     data = read_spec("disagg")[0]
