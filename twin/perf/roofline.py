@@ -77,6 +77,7 @@ GPU_EFFICIENCY: Mapping[str, tuple[float, float, float, float, float, float]] = 
         "h100-sxm": _H100_EFF,
         "h100-80gb-pcap": _H100_EFF,
         "h200": _H100_EFF,
+        "h800": _H100_EFF,
     }
 )
 _NO_THROTTLE = (0.0, 0.0)
@@ -398,6 +399,7 @@ class Roofline:
         act = m.hidden * m.dtype_bytes
         self._comm_token /= dp  # activation passes and TP all-reduces of T / dp tokens
         self._p2p_token /= dp
+        self._seq /= dp  # each rank's scheduler and sampler handle its own sequences
         # routed experts: with EP each GPU holds experts / ep whole experts; without, every
         # GPU holds a 1 / tp slice of every expert
         shard = 1 if ep > 1 else tp
