@@ -310,3 +310,11 @@ def test_deepseek_published_figures_within_forty_percent():
     assert 0.6 < d["output_tokens_s_node"] / 14.8e3 < 1.0
     assert d["step_s"] <= 0.05 and d["batch_per_rank"] > 8
     assert "published 73,700" in report()
+
+
+def test_a_node_failure_takes_down_the_wide_ep_instance_spanning_it():
+    from twin.sim.simulation import Simulation
+
+    spec = load_spec("disagg", [*WIDE, "events=[{at: 0.5 s, action: fail, node: 6}]"])
+    sim = Simulation(spec)
+    assert sim.faults.instances_of(spec.events[0]) == (2,)  # node 6 is the decode's third

@@ -231,6 +231,14 @@ class Roofline:
     ProfileTable where accuracy matters; :func:`twin.perf.validate.validate_perf`
     prints the errors.
 
+    Mixture of experts (``model.experts > 0``): the dense part above covers
+    attention, the dense layers, the shared experts and the router, run by
+    ``dp`` data-parallel attention ranks of ``tp`` GPUs (FLOPs, KV reads,
+    activation passes and per-sequence costs over ``dp x tp``; the non-expert
+    weights read by every rank); :meth:`moe_time` adds each MoE layer's routed
+    experts and, under ``ep`` > 1, its two all-to-alls, priced on the links
+    given (``a2a_*``, from :func:`twin.net.topology.all_to_all_links`).
+
     ``iteration_time`` is a pure function of the batch; everything that does
     not depend on it is precomputed here.
     """
