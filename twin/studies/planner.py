@@ -724,7 +724,7 @@ def plan_distserve(
     pl = _Planner(spec, sample, *limits)
     configs = [(tp, pp, note, 1) for tp, pp, note in pl.configs()]
     configs += [(tp, 1, note, ep) for tp, ep, note in pl.expert_configs()]
-    searches = 2 * sum(1 for *_, note in configs if not note)  # each configuration, per phase
+    searches = 2 * sum(1 for _, _, note, _ in configs if not note)  # each configuration, per phase
     with (
         executor if executor is not None else Executor(jobs=1) as ex,
         Progress(searches, "searches", desc="plan") as bar,
