@@ -318,3 +318,13 @@ def test_a_node_failure_takes_down_the_wide_ep_instance_spanning_it():
     spec = load_spec("disagg", [*WIDE, "events=[{at: 0.5 s, action: fail, node: 6}]"])
     sim = Simulation(spec)
     assert sim.faults.instances_of(spec.events[0]) == (2,)  # node 6 is the decode's third
+
+
+def test_expert_weights_that_do_not_fit_name_the_layout(capsys):
+    # EP8 on one 80 GB H100 node: 17 GB of dense weights plus 82 GB of experts a GPU
+    args = ["run", "disagg", "-q"]
+    for s in [*WIDE, "cluster.prefill={instances: 2, ep: 8, dp: 8}"]:
+        args += ["--set", s]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "prefill instance (EP8, DP8 x TP1 x PP1)" in err[0], err

@@ -384,16 +384,27 @@ class Simulation:
         weights: float = spec.model.weight_bytes
         if ep > 1:  # dense weights on each TP group, the experts split ep ways
             weights = spec.model.weight_bytes_per_gpu(tp, pp, ep) * tp * pp
-        blocks = dp * kv_capacity_blocks(
-            gpu_memory_bytes=gpu.memory_bytes,
-            memory_utilization=spec.memory_utilization,
-            weight_bytes=weights,
-            activation_reserve_bytes=spec.activation_reserve_bytes,
-            kv_bytes_per_token=spec.model.kv_bytes_per_token_tp(tp),  # KV heads replicated
-            tp=tp,
-            pp=pp,
-            block_size=spec.engine.block_size,
-        )
+        try:
+            blocks = dp * kv_capacity_blocks(
+                gpu_memory_bytes=gpu.memory_bytes,
+                memory_utilization=spec.memory_utilization,
+                weight_bytes=weights,
+                activation_reserve_bytes=spec.activation_reserve_bytes,
+                kv_bytes_per_token=spec.model.kv_bytes_per_token_tp(tp),  # KV heads replicated
+                tp=tp,
+                pp=pp,
+                block_size=spec.engine.block_size,
+            )
+        except CapacityError:
+            if ep == 1:
+                raise
+            usable = gpu.memory_bytes * spec.memory_utilization / 2**30
+            raise CapacityError(
+                f"no memory left for the KV cache: each GPU of the {role} instance (EP{ep}, "
+                f"DP{dp} x TP{tp} x PP{pp}) has {usable:.1f} GiB usable and its weights take"
+                f" {weights / (tp * pp) / 2**30:.1f} GiB"
+                f" (the experts over {ep} GPUs); raise ep or use a larger GPU"
+            ) from None
         watermark = int(spec.engine.watermark * blocks)
         kv = BlockManager(blocks, spec.engine.block_size, watermark)
         eng = Engine(
