@@ -225,8 +225,9 @@ def test_the_key_lists_come_from_the_declarations():
     assert keys(TopKeys) == ("name", "description", "seed", "model", "gpu", "cluster", "engine",
                              "perf", "scheduler", "workload", "slo", "transfer", "events",
                              "retry", "failures", "scaling", "output")  # fmt: skip
-    assert keys(ClusterKeys) == ("instances", "gpus", "tp", "pp", "gpus_per_node", "topology",
-                                 "nodes", "prefill", "decode", "placement", "kv_pool")  # fmt: skip
+    assert keys(ClusterKeys) == ("instances", "gpus", "tp", "pp", "ep", "dp", "gpus_per_node",
+                                 "topology", "nodes", "prefill", "decode", "placement",
+                                 "kv_pool")  # fmt: skip
     for cls in (TopKeys, ClusterKeys, EngineConfig, TransferConfig, SLO):
         assert all(d.help for _, d in declarations(cls)), cls
 

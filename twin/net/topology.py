@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterable, Iterator, Mapping, Set
+from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -675,3 +675,43 @@ def load_topology(
     else:
         raise SpecError(f"{where or 'topology'}: {spec!r} is not a topology name, path or mapping")
     return Topology(parse_topology(data, label, default, nodes))
+
+
+def all_to_all_links(topo: Topology, gpus: Sequence[int]) -> dict[str, float | int]:
+    """What an all-to-all among ``gpus`` (one expert-parallel group) runs on,
+    from the topology, for :class:`~twin.perf.roofline.Roofline`: the ranks on
+    the busiest node (``a2a_ranks_per_node``), the rate one GPU reaches another
+    of its node (``a2a_intra_bytes_s``: the path's bottleneck), and when the
+    group spans nodes the rate each GPU sends off its node while all send at
+    once (``a2a_inter_bytes_s``: the smallest over the group of its NICs'
+    injection rate shared among the group's GPUs those NICs serve, and of the
+    node's ceiling shared among the group's GPUs on it) and the latency of a
+    cross-node path (``a2a_latency_s``). Computed once per instance when it is
+    built, not per iteration."""
+    by_node: dict[int, list[int]] = {}
+    for g in gpus:
+        by_node.setdefault(topo.node_of(g), []).append(g)
+    per_node = max(len(v) for v in by_node.values())
+    out: dict[str, float | int] = {"a2a_ranks_per_node": per_node}
+    intra = math.inf
+    for members in by_node.values():
+        if len(members) > 1:
+            intra = min(intra, topo.bottleneck_bytes_s(topo.path(members[0], members[1])))
+    if math.isfinite(intra):
+        out["a2a_intra_bytes_s"] = intra
+    if len(by_node) > 1:
+        nodes = sorted(by_node)
+        inter = math.inf
+        for k in nodes:
+            members = by_node[k]
+            for g in members:
+                nics = set(topo.nics_of_gpu(g))
+                sharing = sum(1 for h in members if nics & set(topo.nics_of_gpu(h)))
+                inter = min(inter, topo.injection_bytes_s(g) / max(1, sharing))
+            ceiling = topo.ceiling_bytes_s(k)
+            if ceiling is not None:
+                inter = min(inter, ceiling / len(members))
+        a, b = by_node[nodes[0]][0], by_node[nodes[1]][0]
+        out["a2a_inter_bytes_s"] = inter
+        out["a2a_latency_s"] = topo.latency_s(topo.path(a, b))
+    return out

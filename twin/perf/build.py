@@ -103,6 +103,10 @@ class RooflineKeys:
         None, _AT_LEAST_0, "compute time before the throttle applies (default: per GPU)",
         key="throttle_knee",
     )  # fmt: skip
+    expert_skew: float | None = declared(
+        None, interval(0, 100),
+        "MoE: the busiest GPU's routed tokens over the mean, minus 1 (default 0: uniform)",
+    )  # fmt: skip
     engine: str = declared(
         DEFAULT_ENGINE,
         anything({"enum": list(ENGINE_OVERHEADS)}, _engine),
@@ -210,6 +214,9 @@ def build_perf_model(
     pp: int = 1,
     where: str = "",
     base_dir: Path | None = None,
+    ep: int = 1,
+    dp: int = 1,
+    a2a: Mapping[str, Any] | None = None,
 ) -> PerfModel:
     """A perf model from a YAML mapping; ``None`` is the calibrated Roofline.
 
@@ -226,10 +233,17 @@ def build_perf_model(
     simdistserve's). Every kind is built for ``pp`` pipeline stages. Relative
     paths resolve against ``base_dir``. ``where`` prefixes error messages
     (``"spec.yaml: perf"``).
+
+    A mixture-of-experts instance with expert parallelism (``ep`` > 1, ``dp``
+    data-parallel attention ranks) needs the Roofline; ``a2a`` holds the links
+    its all-to-alls run on (:func:`twin.net.topology.all_to_all_links`).
     """
     w = where or "perf"
+    moe: dict[str, Any] = {}
+    if ep > 1 or dp > 1:
+        moe = {"ep": ep, "dp": dp, **(a2a or {})}
     if spec is None:
-        return Roofline(model, gpu, tp, pp)
+        return Roofline(model, gpu, tp, pp, **moe)
     perf = read_perf(spec, where, base_dir)
     if isinstance(perf, RooflineKeys):
         kw = {
@@ -237,7 +251,9 @@ def build_perf_model(
             for f in dataclasses.fields(perf)
             if f.name not in ("kind", "engine") and getattr(perf, f.name) is not None
         }
-        return Roofline(model, gpu, tp, pp, engine=perf.engine, **kw)
+        return Roofline(model, gpu, tp, pp, engine=perf.engine, **kw, **moe)
+    if moe:
+        raise SpecError(f"{w}.kind: {perf.kind} has no expert parallelism; use kind: roofline")
     path = Path(perf.path)
     sel_tp = tp if perf.tp is None else perf.tp
     name = model.name if perf.model is None else perf.model

@@ -98,6 +98,11 @@ GPUS: Mapping[str, GPUSpec] = MappingProxyType(
         "h100-80gb-pcap": GPUSpec(
             "h100-80gb-pcap", 989e12, 3.35e12, 80 * GiB, 490.0, 450e9, 64e9, PCAP_SUSTAINED_CLOCK
         ),
+        # NVIDIA H800 SXM5 (the H100's export variant, DeepSeek's serving GPU): the H100
+        # SXM5's 989 TFLOPS BF16 dense, 3.35 TB/s and 80 GB, 700 W, with NVLink cut to
+        # 400 GB/s bidirectional (DeepSeek-V3 technical report, arXiv 2412.19437, section
+        # 3.2.2: "NVLink ... 160 GB/s" achieved of it; NVIDIA H800 product brief)
+        "h800": GPUSpec("h800", 989e12, 3.35e12, 80 * GiB, 700.0, 200e9, 64e9),
         # NVIDIA H200 Tensor Core GPU datasheet (SXM): 989 TFLOPS BF16 dense, 4.8 TB/s,
         # 141 GB, 700 W, NVLink 900 GB/s bidirectional
         "h200": GPUSpec("h200", 989e12, 4.8e12, 141e9, 700.0, 450e9, 64e9),
@@ -124,6 +129,7 @@ _ALIASES: Mapping[str, str] = MappingProxyType(
         "h100-sxm5": "h100-sxm",
         "h100-pcap": "h100-80gb-pcap",
         "h200-sxm": "h200",
+        "h800-sxm": "h800",
         "h200-141gb": "h200",
         "l40s-48gb": "l40s",
         "mi300": "mi300x",

@@ -9,6 +9,15 @@ with aliases) or builds a user model from an inline YAML mapping.
 KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per
 element, for the whole model; a TP shard holds 1/TP of it. Engines allocate
 KV in blocks (default 16 tokens), so sizes are rounded up to whole blocks.
+
+Mixture-of-experts models (``experts > 0``) replace the MLP of every layer
+after the first ``dense_layers`` by ``experts`` routed experts of width
+``expert_intermediate``, of which each token uses ``experts_per_token``, plus
+``shared_experts`` that every token uses. DeepSeek's multi-head latent
+attention (``kv_lora_rank > 0``) caches, per layer and token, one compressed
+latent of ``kv_lora_rank`` elements and the rope key of ``qk_rope_dim``: KV
+bytes per token = layers x (kv_lora_rank + qk_rope_dim) x bytes per element,
+the same on every TP rank (the latent is not split over heads).
 """
 
 from __future__ import annotations
@@ -28,6 +37,9 @@ _DTYPE_BYTES: Mapping[str, int] = MappingProxyType(
      "fp8": 1, "int8": 1}
 )  # fmt: skip
 _MLP_KINDS = ("gated", "plain")
+_MOE_FIELDS = ("experts", "experts_per_token", "shared_experts", "expert_intermediate",
+               "dense_layers")  # fmt: skip
+_MLA_FIELDS = ("kv_lora_rank", "qk_rope_dim", "qk_nope_dim", "q_lora_rank")
 
 
 def dtype_bytes(name: str | int) -> int:
@@ -55,6 +67,18 @@ class ModelSpec:
     ``max_context`` is the longest sequence (prompt plus output, tokens) the
     model was built for, Hugging Face's ``max_position_embeddings``; ``None``
     for a user model that gives none (no limit).
+
+    Mixture of experts (all 0 for a dense model): ``experts`` routed experts
+    per MoE layer, ``experts_per_token`` of them per token (top-k),
+    ``shared_experts`` every token uses, each ``expert_intermediate`` wide
+    (gated when ``mlp`` is); the first ``dense_layers`` layers have a dense MLP
+    of width ``intermediate``, the rest are MoE layers. Multi-head latent
+    attention (DeepSeek; all 0 for GQA): ``kv_lora_rank`` (the cached latent),
+    ``qk_rope_dim`` (the cached rope key), ``qk_nope_dim`` and ``q_lora_rank``
+    (0: a full query projection); ``head_dim`` is then the value head size.
+    ``weight_dtype_bytes`` is the bytes per weight when the checkpoint's
+    weights are stored narrower than the activations and KV (DeepSeek-V3's FP8
+    weights); 0 means ``dtype_bytes``.
     """
 
     name: str
@@ -69,6 +93,16 @@ class ModelSpec:
     dtype_bytes: int = 2
     mlp: str = "gated"
     max_context: int | None = None
+    experts: int = 0
+    experts_per_token: int = 0
+    shared_experts: int = 0
+    expert_intermediate: int = 0
+    dense_layers: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_dim: int = 0
+    qk_nope_dim: int = 0
+    q_lora_rank: int = 0
+    weight_dtype_bytes: int = 0
 
     def __post_init__(self) -> None:
         where = f"model {self.name!r}"
@@ -85,6 +119,48 @@ class ModelSpec:
             raise SpecError(f"{where}: mlp={self.mlp!r}; expected one of {', '.join(_MLP_KINDS)}")
         if self.max_context is not None:
             positive_int(self.max_context, f"{where}: max_context")
+        for field in _MOE_FIELDS + _MLA_FIELDS + ("weight_dtype_bytes",):
+            v = getattr(self, field)
+            if not is_int(v) or v < 0:
+                raise SpecError(f"{where}: {field}={v!r} must be an integer >= 0")
+        if self.weight_dtype_bytes not in (0, 1, 2, 4):
+            raise SpecError(
+                f"{where}: weight_dtype_bytes={self.weight_dtype_bytes!r}; expected 1, 2 or 4"
+            )
+        if self.experts:
+            if not 0 < self.experts_per_token <= self.experts:
+                raise SpecError(
+                    f"{where}: experts_per_token={self.experts_per_token!r} must be in"
+                    f" 1..experts={self.experts}"
+                )
+            if self.expert_intermediate < 1:
+                raise SpecError(f"{where}: expert_intermediate must be >= 1 with experts")
+            if self.dense_layers >= self.layers:
+                raise SpecError(
+                    f"{where}: dense_layers={self.dense_layers} leaves no MoE layer of"
+                    f" {self.layers}"
+                )
+        elif any(getattr(self, f) for f in _MOE_FIELDS):
+            raise SpecError(f"{where}: {', '.join(_MOE_FIELDS[1:])} need experts >= 1")
+        if self.kv_lora_rank and not self.qk_rope_dim:
+            raise SpecError(f"{where}: kv_lora_rank needs qk_rope_dim >= 1")
+        if not self.kv_lora_rank and any(getattr(self, f) for f in _MLA_FIELDS):
+            raise SpecError(f"{where}: {', '.join(_MLA_FIELDS[1:])} need kv_lora_rank >= 1")
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the model has routed experts."""
+        return self.experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        """Whether the attention is multi-head latent attention (a cached latent)."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers with routed experts (0 for a dense model)."""
+        return self.layers - self.dense_layers if self.experts else 0
 
     def tp_problem(self, tp: int) -> str | None:
         """Why a real engine cannot shard this model ``tp`` ways, or None.
@@ -98,8 +174,12 @@ class ModelSpec:
         """
         if self.heads % tp:
             return f"{tp} does not divide {self.name}'s {self.heads} attention heads"
-        if self.intermediate % tp:
+        if self.intermediate % tp and (self.dense_layers or not self.experts):
             return f"{tp} does not divide {self.name}'s FFN width {self.intermediate:,}"
+        if self.experts and self.expert_intermediate % tp:
+            return f"{tp} does not divide {self.name}'s expert width {self.expert_intermediate:,}"
+        if self.is_mla:
+            return None  # one latent per token, replicated on every TP rank
         if self.kv_heads % tp and tp % self.kv_heads:
             return (
                 f"{tp} neither divides nor is a multiple of {self.name}'s {self.kv_heads} KV heads"
@@ -108,7 +188,10 @@ class ModelSpec:
 
     def kv_heads_per_gpu(self, tp: int = 1) -> int:
         """KV heads each TP rank holds: ``kv_heads / tp``, or 1 when ``tp``
-        exceeds the KV heads (each is then replicated, as vLLM does)."""
+        exceeds the KV heads (each is then replicated, as vLLM does); 1 for
+        latent attention (the latent is one "head" every rank holds)."""
+        if self.is_mla:
+            return 1
         return max(1, self.kv_heads // tp)
 
     def kv_bytes_per_token_tp(self, tp: int = 1, dtype_bytes: int | None = None) -> int:
@@ -116,25 +199,97 @@ class ModelSpec:
         model's :meth:`kv_bytes_per_token`, or more when ``tp`` exceeds the KV
         heads and they are replicated."""
         b = self.dtype_bytes if dtype_bytes is None else dtype_bytes
+        if self.is_mla:
+            return tp * self.kv_bytes_per_token(b)
         return 2 * self.layers * self.kv_heads_per_gpu(tp) * tp * self.head_dim * b
 
     def kv_bytes_per_token(self, dtype_bytes: int | None = None) -> int:
-        """Bytes of K and V one token holds across all layers (whole model, not a shard)."""
+        """Bytes of K and V one token holds across all layers (whole model, not a
+        shard); for latent attention the latent and the rope key."""
         b = self.dtype_bytes if dtype_bytes is None else dtype_bytes
+        if self.is_mla:
+            return self.layers * (self.kv_lora_rank + self.qk_rope_dim) * b
         return 2 * self.layers * self.kv_heads * self.head_dim * b
 
     @property
+    def kv_elements_per_layer(self) -> int:
+        """Elements one token caches per layer: 2 x kv_heads x head_dim, or
+        kv_lora_rank + qk_rope_dim for latent attention."""
+        if self.is_mla:
+            return self.kv_lora_rank + self.qk_rope_dim
+        return 2 * self.kv_heads * self.head_dim
+
+    @property
+    def weight_bytes_per_param(self) -> int:
+        """Bytes per stored weight: ``weight_dtype_bytes``, else ``dtype_bytes``."""
+        return self.weight_dtype_bytes or self.dtype_bytes
+
+    @property
     def weight_bytes(self) -> int:
-        """Bytes of all weights at ``dtype_bytes`` per parameter."""
-        return self.params * self.dtype_bytes
+        """Bytes of all weights at :attr:`weight_bytes_per_param` per parameter."""
+        return self.params * self.weight_bytes_per_param
+
+    def weight_bytes_per_gpu(self, tp: int = 1, pp: int = 1, ep: int = 1) -> float:
+        """Weight bytes on each GPU of an instance: all weights over ``tp x pp``
+        without EP; with EP the routed experts over ``ep`` and the rest over
+        ``tp`` (each data-parallel attention rank keeps its copy), over ``pp``."""
+        if ep == 1:
+            return self.weight_bytes / (tp * pp)
+        routed = self.routed_params * self.weight_bytes_per_param
+        return ((self.weight_bytes - routed) / tp + routed / ep) / pp
+
+    @property
+    def attn_params_per_layer(self) -> int:
+        """Weights of one layer's attention projections: Q, K, V and O for
+        GQA; for latent attention the query (through ``q_lora_rank`` when set),
+        the joint KV down-projection with the rope key, the latent's K/V
+        up-projection and O."""
+        h = self.hidden
+        if not self.is_mla:
+            return 2 * h * self.heads * self.head_dim + 2 * h * self.kv_heads * self.head_dim
+        qk = self.heads * (self.qk_nope_dim + self.qk_rope_dim)
+        q = h * self.q_lora_rank + self.q_lora_rank * qk if self.q_lora_rank else h * qk
+        kv_down = h * (self.kv_lora_rank + self.qk_rope_dim)
+        kv_up = self.kv_lora_rank * self.heads * (self.qk_nope_dim + self.head_dim)
+        return q + kv_down + kv_up + self.heads * self.head_dim * h
+
+    def mlp_params(self, width: int) -> int:
+        """Weights of one MLP (or expert) ``width`` wide: 3 or 2 matrices."""
+        return (3 if self.mlp == "gated" else 2) * self.hidden * width
+
+    @property
+    def expert_params(self) -> int:
+        """Weights of one routed expert (0 for a dense model)."""
+        return self.mlp_params(self.expert_intermediate) if self.experts else 0
+
+    @property
+    def routed_params(self) -> int:
+        """Weights of all routed experts of all MoE layers."""
+        return self.moe_layers * self.experts * self.expert_params
+
+    @property
+    def dense_token_params(self) -> int:
+        """Weights every token multiplies, all layers together, apart from the
+        routed experts: attention, the dense layers' MLPs and, per MoE layer,
+        the shared experts and the router (hidden x experts)."""
+        moe = self.shared_experts * self.expert_params + self.hidden * self.experts
+        return (
+            self.layers * self.attn_params_per_layer
+            + self.dense_layers * self.mlp_params(self.intermediate)
+            + self.moe_layers * moe
+        )
 
     @property
     def linear_params_per_layer(self) -> int:
-        """Weights of the matrices one token multiplies in a layer (attention + MLP)."""
-        q_o = 2 * self.hidden * self.heads * self.head_dim
-        k_v = 2 * self.hidden * self.kv_heads * self.head_dim
-        mats = 3 if self.mlp == "gated" else 2
-        return q_o + k_v + mats * self.hidden * self.intermediate
+        """Weights of the matrices one token multiplies in a layer (attention + MLP);
+        for a MoE model the per-layer mean with its ``experts_per_token`` routed experts."""
+        if not self.experts and not self.is_mla:
+            q_o = 2 * self.hidden * self.heads * self.head_dim
+            k_v = 2 * self.hidden * self.kv_heads * self.head_dim
+            mats = 3 if self.mlp == "gated" else 2
+            return q_o + k_v + mats * self.hidden * self.intermediate
+        routed = self.moe_layers * self.experts_per_token * self.expert_params
+        return (self.dense_token_params + routed) // self.layers
 
 
 def kv_blocks(tokens: int, block_size: int) -> int:
@@ -170,11 +325,13 @@ def kv_facts(
     b = model.dtype_bytes if dtype_bytes is None else dtype_bytes
     per_token = model.kv_bytes_per_token(b)
     blocks = kv_blocks(tokens, block_size)
+    shape: dict[str, Any] = {"kv_heads": model.kv_heads, "head_dim": model.head_dim}
+    if model.is_mla:
+        shape = {"kv_lora_rank": model.kv_lora_rank, "qk_rope_dim": model.qk_rope_dim}
     return {
         "model": model.name,
         "layers": model.layers,
-        "kv_heads": model.kv_heads,
-        "head_dim": model.head_dim,
+        **shape,
         "bytes_per_element": b,
         "bytes_per_token": per_token,
         "block_size": block_size,
@@ -198,10 +355,12 @@ def kv_report(
     per_token = model.kv_bytes_per_token(b)
     blocks = kv_blocks(tokens, block_size)
     total = blocks * block_size * per_token
+    shape = f"{model.kv_heads} kv heads x {model.head_dim} head dim"
+    if model.is_mla:
+        shape = f"({model.kv_lora_rank} latent + {model.qk_rope_dim} rope)"
     return "\n".join(
         [
-            f"model            {model.name} ({model.layers} layers x {model.kv_heads} kv heads"
-            f" x {model.head_dim} head dim, {b} B/element)",
+            f"model            {model.name} ({model.layers} layers x {shape}, {b} B/element)",
             f"bytes per token  {per_token:,} B",
             f"bytes per block  {per_token * block_size:,} B ({block_size} tokens)",
             f"blocks           {blocks:,} for {tokens:,} tokens"
@@ -265,6 +424,148 @@ MODELS: Mapping[str, ModelSpec] = MappingProxyType(
         ),
         # Qwen/Qwen3-8B
         "qwen3-8b": _m("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, 8_190_735_360, 40960),
+        # Mixture of experts. Shapes from each Hugging Face config.json (repo and keys in
+        # the comment); params counted from those shapes (weights, biases, norms, untied
+        # embeddings and LM head), each equal to the published total.
+        # deepseek-ai/DeepSeek-V3 config.json (the same values as the GitHub repo
+        # deepseek-ai/DeepSeek-V3, inference/configs/config_671B.json): num_hidden_layers
+        # 61, hidden_size 7168, num_attention_heads 128, v_head_dim 128, intermediate_size
+        # 18432 (first_k_dense_replace 3 dense layers), n_routed_experts 256,
+        # num_experts_per_tok 8, n_shared_experts 1, moe_intermediate_size 2048,
+        # kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128, q_lora_rank 1536,
+        # vocab_size 129280, max_position_embeddings 163840; weights FP8 (config.json's
+        # quantization_config: fp8 e4m3), KV and activations BF16. 671B without the
+        # multi-token-prediction module (its 14B are not served here).
+        "deepseek-v3": ModelSpec(
+            "deepseek-v3",
+            61,
+            7168,
+            128,
+            128,
+            128,
+            18432,
+            129280,
+            671_026_419_200,
+            2,
+            "gated",
+            163840,
+            experts=256,
+            experts_per_token=8,
+            shared_experts=1,
+            expert_intermediate=2048,
+            dense_layers=3,
+            kv_lora_rank=512,
+            qk_rope_dim=64,
+            qk_nope_dim=128,
+            q_lora_rank=1536,
+            weight_dtype_bytes=1,
+        ),  # fmt: skip
+        # Qwen/Qwen3-30B-A3B config.json: num_hidden_layers 48, hidden_size 2048, heads 32,
+        # num_key_value_heads 4, head_dim 128, intermediate_size 6144 (no dense layer:
+        # mlp_only_layers []), num_experts 128, num_experts_per_tok 8,
+        # moe_intermediate_size 768, vocab_size 151936, max_position_embeddings 40960
+        "qwen3-30b-a3b": ModelSpec(
+            "qwen3-30b-a3b",
+            48,
+            2048,
+            32,
+            4,
+            128,
+            6144,
+            151936,
+            30_532_122_624,
+            2,
+            "gated",
+            40960,
+            experts=128,
+            experts_per_token=8,
+            expert_intermediate=768,
+        ),  # fmt: skip
+        # Qwen/Qwen3-235B-A22B config.json: num_hidden_layers 94, hidden_size 4096, heads
+        # 64, num_key_value_heads 4, head_dim 128, intermediate_size 12288 (no dense
+        # layer), num_experts 128, num_experts_per_tok 8, moe_intermediate_size 1536,
+        # vocab_size 151936, max_position_embeddings 40960
+        "qwen3-235b-a22b": ModelSpec(
+            "qwen3-235b-a22b",
+            94,
+            4096,
+            64,
+            4,
+            128,
+            12288,
+            151936,
+            235_093_634_560,
+            2,
+            "gated",
+            40960,
+            experts=128,
+            experts_per_token=8,
+            expert_intermediate=1536,
+        ),  # fmt: skip
+        # openai/gpt-oss-20b config.json: num_hidden_layers 24, hidden_size 2880,
+        # num_attention_heads 64, num_key_value_heads 8, head_dim 64, intermediate_size
+        # 2880 (each expert's width), num_local_experts 32, num_experts_per_tok 4,
+        # vocab_size 201088, max_position_embeddings 131072. NOTE: every other layer is
+        # sliding_attention with sliding_window 128, which a paged engine can cap at 128
+        # tokens; here every layer keeps the full context (an upper bound on the KV), and
+        # the MXFP4 experts are priced at BF16 (2 B per weight, about 3.8x their bytes).
+        "gpt-oss-20b": ModelSpec(
+            "gpt-oss-20b",
+            24,
+            2880,
+            64,
+            8,
+            64,
+            2880,
+            201088,
+            20_914_757_184,
+            2,
+            "gated",
+            131072,
+            experts=32,
+            experts_per_token=4,
+            expert_intermediate=2880,
+        ),  # fmt: skip
+        # openai/gpt-oss-120b config.json: as gpt-oss-20b with num_hidden_layers 36 and
+        # num_local_experts 128 (the same NOTE on sliding windows and MXFP4)
+        "gpt-oss-120b": ModelSpec(
+            "gpt-oss-120b",
+            36,
+            2880,
+            64,
+            8,
+            64,
+            2880,
+            201088,
+            116_829_156_672,
+            2,
+            "gated",
+            131072,
+            experts=128,
+            experts_per_token=4,
+            expert_intermediate=2880,
+        ),  # fmt: skip
+        # mistralai/Mixtral-8x7B-v0.1 config.json: num_hidden_layers 32, hidden_size 4096,
+        # num_attention_heads 32, num_key_value_heads 8 (head_dim 4096 / 32 = 128),
+        # intermediate_size 14336 (each expert), num_local_experts 8, num_experts_per_tok
+        # 2, vocab_size 32000, max_position_embeddings 32768
+        "mixtral-8x7b": ModelSpec(
+            "mixtral-8x7b",
+            32,
+            4096,
+            32,
+            8,
+            128,
+            14336,
+            32000,
+            46_702_792_704,
+            2,
+            "gated",
+            32768,
+            experts=8,
+            experts_per_token=2,
+            expert_intermediate=14336,
+        ),  # fmt: skip
     }
 )
 
@@ -283,6 +584,12 @@ HF_IDS: Mapping[str, str] = MappingProxyType(
         "opt-66b": "facebook/opt-66b",
         "bloom-176b": "bigscience/bloom",
         "qwen3-8b": "Qwen/Qwen3-8B",
+        "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+        "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+        "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
+        "gpt-oss-20b": "openai/gpt-oss-20b",
+        "gpt-oss-120b": "openai/gpt-oss-120b",
+        "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
     }
 )
 
@@ -296,6 +603,8 @@ _ALIASES: Mapping[str, str] = MappingProxyType(
         "llama-3.0-8b": "llama-3-8b",
         "llama-3.0-70b": "llama-3-70b",
         "opt-175": "opt-175b",
+        "deepseek-r1": "deepseek-v3",
+        "mixtral-8x7b-v0.1": "mixtral-8x7b",
     }
 )
 
@@ -304,7 +613,8 @@ _VARIANT_SUFFIXES = ("-instruct", "-chat", "-base", "-hf")
 
 _REQUIRED = ("name", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate",
              "vocab", "params")  # fmt: skip
-_OPTIONAL = ("dtype_bytes", "dtype", "mlp", "max_context")
+_OPTIONAL = ("dtype_bytes", "dtype", "mlp", "max_context", *_MOE_FIELDS, *_MLA_FIELDS,
+             "weight_dtype_bytes")  # fmt: skip
 
 
 def normal_model_name(name: str) -> str:
@@ -386,7 +696,18 @@ def get_model(name_or_mapping: str | Mapping[str, object], where: str = "") -> M
     ctx = None
     if m.get("max_context") is not None:
         ctx = positive_int(m["max_context"], entry(where, "max_context"))
-    return ModelSpec(name=m["name"], dtype_bytes=b, mlp=str(mlp), max_context=ctx, **ints)
+    extra = {k: _nonneg_int(m[k], entry(where, k)) for k in _OPTIONAL[4:] if k in m}
+    try:
+        return ModelSpec(name=m["name"], dtype_bytes=b, mlp=str(mlp), max_context=ctx, **ints,
+                         **extra)  # fmt: skip
+    except SpecError as e:
+        raise SpecError(f"{where or 'model'}: {e}") from None
+
+
+def _nonneg_int(v: object, where: str) -> int:
+    if not is_int(v) or v < 0:  # type: ignore[operator]
+        raise SpecError(f"{where}: {v!r} must be an integer >= 0")
+    return v  # type: ignore[return-value]
 
 
 def model_from_arg(value: str, where: str) -> ModelSpec:

@@ -77,6 +77,7 @@ GPU_EFFICIENCY: Mapping[str, tuple[float, float, float, float, float, float]] = 
         "h100-sxm": _H100_EFF,
         "h100-80gb-pcap": _H100_EFF,
         "h200": _H100_EFF,
+        "h800": _H100_EFF,
     }
 )
 _NO_THROTTLE = (0.0, 0.0)
@@ -138,6 +139,13 @@ def engine_overheads(engine: str) -> Mapping[str, float]:
 def _check_fraction(name: str, v: float) -> float:
     if not is_number(v) or not 0.0 < v <= 1.0:
         raise SpecError(f"roofline: {name}={v!r} must be a number in (0, 1]")
+    return float(v)
+
+
+def positive_float_or(v: float, name: str) -> float:
+    """``v`` as a float when it is a finite number > 0, else a :class:`SpecError`."""
+    if not is_number(v) or not 0.0 < v < float("inf"):
+        raise SpecError(f"roofline: {name}={v!r} must be a finite number > 0")
     return float(v)
 
 
@@ -223,6 +231,14 @@ class Roofline:
     ProfileTable where accuracy matters; :func:`twin.perf.validate.validate_perf`
     prints the errors.
 
+    Mixture of experts (``model.experts > 0``): the dense part above covers
+    attention, the dense layers, the shared experts and the router, run by
+    ``dp`` data-parallel attention ranks of ``tp`` GPUs (FLOPs, KV reads,
+    activation passes and per-sequence costs over ``dp x tp``; the non-expert
+    weights read by every rank); :meth:`moe_time` adds each MoE layer's routed
+    experts and, under ``ep`` > 1, its two all-to-alls, priced on the links
+    given (``a2a_*``, from :func:`twin.net.topology.all_to_all_links`).
+
     ``iteration_time`` is a pure function of the batch; everything that does
     not depend on it is precomputed here.
     """
@@ -233,7 +249,9 @@ class Roofline:
         "hop_latency_s", "tp_mfu_exponent", "act_traffic", "no_overlap", "throttle",
         "throttle_knee_s", "_flop_token", "_flop_seq", "_flop_attn", "_kv_b", "_w_b",
         "_inv_compute", "_inv_attn", "_inv_mem", "_fixed", "_seq", "_comm_token", "_comm_fixed",
-        "_p2p_token", "_p2p_fixed",
+        "_p2p_token", "_p2p_fixed", "ep", "dp", "expert_skew", "a2a_intra_bytes_s",
+        "a2a_inter_bytes_s", "a2a_ranks_per_node", "a2a_latency_s", "_moe", "_e_local",
+        "_e_flop", "_e_bytes", "_a2a_token", "_a2a_fixed",
     )  # fmt: skip
 
     def __init__(
@@ -257,8 +275,15 @@ class Roofline:
         no_overlap: float | None = None,
         throttle: float | None = None,
         throttle_knee_s: float | None = None,
+        ep: int = 1,
+        dp: int = 1,
+        expert_skew: float = 0.0,
+        a2a_intra_bytes_s: float | None = None,
+        a2a_inter_bytes_s: float | None = None,
+        a2a_ranks_per_node: int | None = None,
+        a2a_latency_s: float | None = None,
     ) -> None:
-        for label, v in (("tp", tp), ("pp", pp)):
+        for label, v in (("tp", tp), ("pp", pp), ("ep", ep), ("dp", dp)):
             if not is_int(v) or v < 1:
                 raise SpecError(f"roofline: {label}={v!r} must be a positive integer")
         if model.layers % pp:
@@ -330,6 +355,132 @@ class Roofline:
             comm_fixed += (pp - 1) * self.hop_latency_s
         self._comm_token = comm_token  # per-token time outside the roofline max()
         self._comm_fixed = comm_fixed
+        self.ep, self.dp = ep, dp
+        self.expert_skew = _check_nonneg("expert_skew", expert_skew)
+        self.a2a_intra_bytes_s: float | None = None
+        self.a2a_inter_bytes_s: float | None = None
+        self.a2a_latency_s: float | None = None
+        self.a2a_ranks_per_node: int | None = None
+        self._moe = m.experts > 0
+        self._e_local = self._e_flop = self._e_bytes = self._a2a_token = self._a2a_fixed = 0.0
+        if self._moe:
+            self._init_moe(link, a2a_intra_bytes_s, a2a_inter_bytes_s, a2a_ranks_per_node,
+                           a2a_latency_s)  # fmt: skip
+        elif ep > 1 or dp > 1:
+            raise SpecError(
+                f"roofline: ep/dp above 1 need a mixture-of-experts model, not {m.name}"
+            )
+        if ep > 1:
+            self.name += f"ep{ep}"
+        if dp > 1:
+            self.name += f"dp{dp}"
+
+    def _init_moe(
+        self,
+        link: float,
+        intra: float | None,
+        inter: float | None,
+        per_node: int | None,
+        latency: float | None,
+    ) -> None:
+        """The mixture-of-experts terms: the dense part over the ``dp x tp``
+        attention ranks, each routed expert's GEMM, the all-to-alls of EP."""
+        m, tp, dp, ep, pp = self.model, self.tp, self.dp, self.ep, self.pp
+        if m.experts % ep:
+            raise SpecError(f"roofline: ep={ep} does not divide {m.name}'s {m.experts} experts")
+        if ep > 1 and ep != dp * tp:
+            raise SpecError(
+                f"roofline: ep={ep} must equal dp x tp = {dp * tp} (the experts span the"
+                " attention ranks of a stage)"
+            )
+        if ep == 1 and dp > 1:
+            raise SpecError(f"roofline: dp={dp} (data-parallel attention) needs ep = dp x tp")
+        ranks = tp * dp
+        wb = m.weight_bytes_per_param
+        # dense part (attention, dense layers, shared experts, router, LM head): each of the
+        # dp attention ranks runs its share of the sequences on tp GPUs
+        self._flop_token = 2.0 * m.dense_token_params / ranks
+        self._flop_seq = 2.0 * m.hidden * m.vocab / ranks
+        self._flop_attn = 4.0 * m.layers * m.heads * m.head_dim / ranks
+        self._kv_b = m.kv_bytes_per_token_tp(tp) / ranks
+        self._w_b = (m.params - m.routed_params) * wb / tp
+        act = m.hidden * m.dtype_bytes
+        self._comm_token /= dp  # activation passes and TP all-reduces of T / dp tokens
+        self._p2p_token /= dp
+        self._seq /= dp  # each rank's scheduler and sampler handle its own sequences
+        # routed experts: with EP each GPU holds experts / ep whole experts; without, every
+        # GPU holds a 1 / tp slice of every expert
+        shard = 1 if ep > 1 else tp
+        self._e_local = float(m.experts // ep)
+        self._e_flop = 2.0 * m.expert_params / shard  # per token routed to the expert
+        self._e_bytes = m.expert_params * wb / shard  # the expert's weights read once
+        if ep == 1:
+            return
+        g = ep if per_node is None else per_node
+        if not is_int(g) or not 1 <= g <= ep:
+            raise SpecError(f"roofline: a2a_ranks_per_node={per_node!r} must be in 1..ep={ep}")
+        intra = link if intra is None else intra
+        if g < ep and inter is None:
+            raise SpecError(
+                f"roofline: ep={ep} spans nodes of {g} ranks; a2a_inter_bytes_s is needed"
+            )
+        self.a2a_ranks_per_node = g
+        intra_bw = positive_float_or(intra, "a2a_intra_bytes_s")
+        self.a2a_intra_bytes_s = intra_bw
+        lat = _check_nonneg("a2a_latency_s", self.hop_latency_s if latency is None else latency)
+        self.a2a_latency_s = lat
+        # one all-to-all: each rank sends its T / ep tokens' k copies (hidden x dtype bytes
+        # each), (g - 1) / ep of them to the other ranks of its node over NVLink, (ep - g) / ep
+        # over the NIC; the links run in parallel and the slower bounds it
+        per_token = m.experts_per_token * act / ep * (1.0 + self.expert_skew)
+        t_intra = per_token * (g - 1) / ep / intra_bw
+        t_inter = 0.0
+        if inter is not None:
+            inter_bw = positive_float_or(inter, "a2a_inter_bytes_s")
+            self.a2a_inter_bytes_s = inter_bw
+            t_inter = per_token * (ep - g) / ep / inter_bw
+        # two per MoE layer (dispatch and combine)
+        self._a2a_token = 2.0 * m.moe_layers * max(t_intra, t_inter)
+        self._a2a_fixed = 2.0 * m.moe_layers * lat
+        del pp
+
+    def all_to_all_time(self, tokens: int) -> float:
+        """Seconds of one all-to-all of ``tokens`` tokens (the instance's, all
+        ranks together) over the EP ranks; 0.0 without EP."""
+        if self.ep == 1 or tokens == 0:
+            return 0.0
+        per_layer = 2.0 * self.model.moe_layers
+        return (self._a2a_fixed + self._a2a_token * tokens) / per_layer
+
+    def moe_time(self, tokens: int) -> float:
+        """Seconds of the routed experts and the all-to-alls of an iteration of
+        ``tokens`` new tokens, all MoE layers; 0.0 for a dense model.
+
+        Per MoE layer on the busiest GPU: its ``T k / ep x (1 + expert_skew)``
+        token-expert pairs (all ``T k`` without EP, on a 1 / tp slice of each
+        expert) over its active experts, ``experts / ep x (1 - (1 - k / E)^T)``
+        (the expected number with at least one token under uniform routing), each
+        expert's GEMM at its own batch: compute ``2 x pairs x expert params`` at
+        ``mfu``, memory its weights at ``mbu``, combined as the dense roofline
+        (the larger plus ``no_overlap`` x the smaller): a small decode batch reads
+        every active expert's weights. Plus two all-to-alls under EP.
+        """
+        if not self._moe or tokens == 0:
+            return 0.0
+        m = self.model
+        k, e = m.experts_per_token, m.experts
+        pairs = tokens * k * (1.0 + self.expert_skew) / self.ep
+        active = self._e_local * (1.0 - (1.0 - k / e) ** tokens)
+        compute = pairs * self._e_flop * self._inv_compute
+        mem = active * self._e_bytes * self._inv_mem
+        if compute > mem:
+            roof = compute + self.no_overlap * mem
+        else:
+            roof = mem + self.no_overlap * compute
+        t = m.moe_layers * roof
+        if self.ep > 1:
+            t += self._a2a_fixed + self._a2a_token * tokens
+        return t
 
     def stage_times(self, batch: Batch) -> tuple[float, float]:
         """Seconds ``batch`` holds the first pipeline stage and each later one
@@ -366,7 +517,10 @@ class Roofline:
             roof = compute_s + self.no_overlap * mem_s
         else:
             roof = mem_s + self.no_overlap * compute_s
-        return roof + self._fixed + self._seq * seqs + self._comm_fixed + self._comm_token * tokens
+        t = roof + self._fixed + self._seq * seqs + self._comm_fixed + self._comm_token * tokens
+        if self._moe:
+            t += self.moe_time(tokens)
+        return t
 
     def decode_steps(self, count: int, context_sum: int, n: int) -> list[float]:
         """Seconds of ``n`` decode-only iterations of ``count`` sequences, their
@@ -382,6 +536,7 @@ class Roofline:
         fixed, per_seq = self._fixed, self._seq * seqs
         comm_fixed, comm = self._comm_fixed, self._comm_token * tokens
         stop = context_sum + n * count
+        moe = self.moe_time(tokens) if self._moe else 0.0
         if n < VECTOR_STEPS:
             out = []
             for ctx in range(context_sum, stop, count):
@@ -390,7 +545,10 @@ class Roofline:
                     compute_s += throttle * (compute_s - knee)
                 mem_s = (w_b + kv_b * (ctx + tokens)) * inv_mem
                 roof = compute_s + no * mem_s if compute_s > mem_s else mem_s + no * compute_s
-                out.append(roof + fixed + per_seq + comm_fixed + comm)
+                t = roof + fixed + per_seq + comm_fixed + comm
+                if moe:
+                    t += moe
+                out.append(t)
             return out
         import numpy as np
 
@@ -406,4 +564,6 @@ class Roofline:
         t += per_seq
         t += comm_fixed
         t += comm
+        if moe:
+            t += moe
         return t.tolist()  # type: ignore[no-any-return]

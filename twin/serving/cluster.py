@@ -53,6 +53,7 @@ def place_on_topology(
     where: str = "cluster",
     templates: Sequence[str | None] | None = None,
     roles: Sequence[str] | None = None,
+    span: Sequence[bool] | None = None,
 ) -> list[Placement]:
     """Place instance ``i`` (``sizes[i]`` GPUs) on ``topology``, taking instances
     in ``order``: each goes to the first node with enough free GPUs, on its
@@ -62,8 +63,11 @@ def place_on_topology(
     (:meth:`Topology.template_of`) instance ``i`` must go to; those instances
     are placed first, in ``order``, so that the others cannot take their
     nodes. ``roles[i]`` names the instance's group in messages
-    (``<where>.<role>.template``)."""
+    (``<where>.<role>.template``). ``span[i]`` true lets instance ``i`` (an
+    expert-parallel one) take several whole free nodes when it needs more GPUs
+    than one node has; its ``node`` is the first."""
     n = len(sizes)
+    spans = list(span) if span is not None else [False] * n
     pinned = list(templates) if templates is not None else [None] * n
     role = list(roles) if roles is not None else ["instance"] * n
     free = {k: list(topology.gpus_of_node(k)) for k in range(topology.num_nodes)}
@@ -78,6 +82,22 @@ def place_on_topology(
             raise UnknownNameError(
                 "node template", t, topology.templates, where=f"{where}.{role[i]}.template"
             )
+        if need > largest and spans[i]:
+            whole = [k for k in nodes if len(free[k]) == len(topology.gpus_of_node(k))]
+            taken: list[int] = []
+            for k in whole:
+                if len(taken) >= need:
+                    break
+                take = free[k][: need - len(taken)]
+                taken += take
+                del free[k][: len(take)]
+            if len(taken) < need:
+                raise SpecError(
+                    f"{where}.{role[i]}: instance {i} needs {need} GPUs on whole free nodes;"
+                    f" topology {topology.name!r} has too few left (raise cluster.nodes)"
+                )
+            placed[i] = Placement(i, topology.node_of(taken[0]), tuple(taken))
+            continue
         if t is None and need > largest:
             raise SpecError(
                 f"{where}: instance {i} needs {need} GPUs in one node; nodes of "

@@ -246,7 +246,7 @@ class Faults:
         self.random = spec.failures
         self.seed = spec.seed if spec.failure_seed is None else spec.failure_seed
         gpus = sorted(g for p in sim.placements for g in p.gpus)
-        nodes = sorted({p.node for p in sim.placements})
+        nodes = sorted({k for p in sim.placements for k in self.nodes_of(p)})
         topo = sim.spec.topology
         for ci, c in enumerate(self.random):
             if c.component in ("nic", "link") and topo is None:
@@ -283,7 +283,7 @@ class Faults:
         sim = self.sim
         ids: dict[str, list[int | str]] = {
             "instance": list(range(len(sim.engines))),
-            "node": list(sorted({p.node for p in sim.placements})),
+            "node": list(sorted({k for p in sim.placements for k in self.nodes_of(p)})),
             "gpu": list(sorted(g for p in sim.placements for g in p.gpus)),
         }
         topo = sim.spec.topology
@@ -347,12 +347,20 @@ class Faults:
     def _applier(self, e: Event) -> Callable[[object], None]:
         return lambda _ev: self.apply(e)
 
+    def nodes_of(self, p: Any) -> set[int]:
+        """The nodes placement ``p``'s GPUs are on: its own node, or several for
+        an expert-parallel instance that spans nodes."""
+        topo = self.sim.spec.topology
+        if topo is not None:  # an instance spans nodes only there (place_on_topology)
+            return {topo.node_of(g) for g in p.gpus}
+        return {p.node}
+
     def instances_of(self, e: Event) -> tuple[int, ...]:
         sim = self.sim
         if e.target == "instance":
             return (int(e.name),)
         if e.target == "node":
-            return tuple(p.instance for p in sim.placements if p.node == e.name)
+            return tuple(p.instance for p in sim.placements if e.name in self.nodes_of(p))
         if e.target == "gpu":
             return tuple(p.instance for p in sim.placements if e.name in p.gpus)
         return ()

@@ -24,6 +24,7 @@ from twin import _version
 from twin._clock import Arrival, at
 from twin.errors import CapacityError, SpecError, TwinError
 from twin.net.flows import Network
+from twin.net.topology import all_to_all_links
 from twin.perf.build import build_perf_model
 from twin.perf.gpus import get_gpu
 from twin.perf.iteration import PerfModel
@@ -309,14 +310,16 @@ class Simulation:
         each wired to the others as it is made, and the router's view of them."""
         spec = self.spec
         roles = [g.role for g in spec.groups for _ in range(g.count)]
-        sizes = [g.tp * g.pp for g in spec.groups for _ in range(g.count)]
+        sizes = [g.gpus for g in spec.groups for _ in range(g.count)]
         shapes = [(g.tp, g.pp) for g in spec.groups for _ in range(g.count)]
+        experts = [(g.ep, g.dp) for g in spec.groups for _ in range(g.count)]
         topo = spec.topology
         if topo is not None:
             order = placement_order(roles, spec.placement)
             placements = place_on_topology(
                 topo, sizes, order, where=f"{spec.source}: cluster", roles=roles,
                 templates=[g.template for g in spec.groups for _ in range(g.count)],
+                span=[ep > 1 for ep, _ in experts],
             )  # fmt: skip
             gpus = [get_gpu(topo.gpu_type(p.gpus[0])) for p in placements]
             self.network: Network | None = Network(self.env, link_series_s, self.observer)
@@ -349,36 +352,59 @@ class Simulation:
                 layers=spec.model.layers,
             )
         self.capacity: list[int] = []
-        self.perfs: dict[tuple[str, int, int], PerfModel] = {}
+        self.perfs: dict[tuple[Any, ...], PerfModel] = {}
         self._perf_override = perf
         self._views: list[EngineView] = views
-        for p, role, gpu, (tp, pp) in zip(placements, roles, gpus, shapes, strict=True):
-            self._make_engine(p, role, gpu, tp, pp)
+        for p, role, gpu, (tp, pp), (ep, dp) in zip(
+            placements, roles, gpus, shapes, experts, strict=True
+        ):
+            self._make_engine(p, role, gpu, tp, pp, ep, dp)
         slo = Objectives(spec.slo.ttft_s, spec.slo.tpot_s)
         pools = self.pools.prefix if self.pools else None
         self.view = ClusterView(views, lambda: self.env.now, slo, pools, rng=self.rng_scheduler)
         pick = pick_decode_with(self.scheduler, self.view)
 
-    def _make_engine(self, p: Placement, role: str, gpu: Any, tp: int, pp: int) -> Engine:
+    def _make_engine(
+        self, p: Placement, role: str, gpu: Any, tp: int, pp: int, ep: int = 1, dp: int = 1
+    ) -> Engine:
         """Build instance ``p.instance``'s engine (its perf model shared by
         instances of the same GPU and shape) and its view."""
         spec = self.spec
-        key = (gpu.name, tp, pp)
+        key: tuple[Any, ...] = (gpu.name, tp, pp)
+        a2a: dict[str, Any] = {}
+        if ep > 1:
+            topo = spec.topology
+            a2a = all_to_all_links(topo, p.gpus[: dp * tp]) if topo is not None else {}
+            key = (gpu.name, tp, pp, ep, dp, *sorted(a2a.items()))
         if key not in self.perfs:
             self.perfs[key] = self._perf_override or build_perf_model(
                 spec.perf, spec.model, gpu, tp, pp,
-                where=f"{spec.source}: perf", base_dir=spec.base_dir,
+                where=f"{spec.source}: perf", base_dir=spec.base_dir, ep=ep, dp=dp, a2a=a2a,
             )  # fmt: skip
-        blocks = kv_capacity_blocks(
-            gpu_memory_bytes=gpu.memory_bytes,
-            memory_utilization=spec.memory_utilization,
-            weight_bytes=spec.model.weight_bytes,
-            activation_reserve_bytes=spec.activation_reserve_bytes,
-            kv_bytes_per_token=spec.model.kv_bytes_per_token_tp(tp),  # KV heads replicated
-            tp=tp,
-            pp=pp,
-            block_size=spec.engine.block_size,
-        )
+        weights: float = spec.model.weight_bytes
+        if ep > 1:  # dense weights on each TP group, the experts split ep ways
+            weights = spec.model.weight_bytes_per_gpu(tp, pp, ep) * tp * pp
+        try:
+            blocks = dp * kv_capacity_blocks(
+                gpu_memory_bytes=gpu.memory_bytes,
+                memory_utilization=spec.memory_utilization,
+                weight_bytes=weights,
+                activation_reserve_bytes=spec.activation_reserve_bytes,
+                kv_bytes_per_token=spec.model.kv_bytes_per_token_tp(tp),  # KV heads replicated
+                tp=tp,
+                pp=pp,
+                block_size=spec.engine.block_size,
+            )
+        except CapacityError:
+            if ep == 1:
+                raise
+            usable = gpu.memory_bytes * spec.memory_utilization / 2**30
+            raise CapacityError(
+                f"no memory left for the KV cache: each GPU of the {role} instance (EP{ep}, "
+                f"DP{dp} x TP{tp} x PP{pp}) has {usable:.1f} GiB usable and its weights take"
+                f" {weights / (tp * pp) / 2**30:.1f} GiB"
+                f" (the experts over {ep} GPUs); raise ep or use a larger GPU"
+            ) from None
         watermark = int(spec.engine.watermark * blocks)
         kv = BlockManager(blocks, spec.engine.block_size, watermark)
         eng = Engine(

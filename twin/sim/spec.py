@@ -90,6 +90,12 @@ class GroupKeys:
     instances: int = declared(1, POSITIVE_INT, "instances of this role")
     tp: int | None = declared(None, POSITIVE_INT, "tensor parallelism (default: cluster.tp)")
     pp: int | None = declared(None, POSITIVE_INT, "pipeline parallelism (default: cluster.pp)")
+    ep: int | None = declared(
+        None, POSITIVE_INT, "expert parallelism of a MoE model (default: cluster.ep)"
+    )
+    dp: int | None = declared(
+        None, POSITIVE_INT, "data-parallel attention ranks (default: cluster.dp)"
+    )
     template: str | None = declared(
         None, TEXT, "the topology's node template its instances go to (default: any node)"
     )
@@ -117,6 +123,13 @@ class ClusterKeys:
         1, POSITIVE_INT, "tensor parallelism per instance (the default of every group)"
     )
     pp: int = declared(1, POSITIVE_INT, "pipeline parallelism per instance")
+    ep: int = declared(
+        1, POSITIVE_INT, "expert parallelism: the routed experts split over ep = dp x tp GPUs"
+    )
+    dp: int = declared(
+        1, POSITIVE_INT,
+        "data-parallel attention: an instance is dp x tp x pp GPUs, each dp rank its sequences",
+    )  # fmt: skip
     gpus_per_node: int = declared(8, POSITIVE_INT, "GPUs per node, without a topology")
     topology: Any = declared(
         None, anything(_NAME_OR_MAPPING), "a bundled name, a YAML path or an inline mapping"
@@ -230,6 +243,13 @@ class InstanceGroup:
     tp: int
     pp: int
     template: str | None = None
+    ep: int = 1
+    dp: int = 1
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of one instance: ``dp x tp x pp``."""
+        return self.dp * self.tp * self.pp
 
 
 @dataclass(frozen=True)
@@ -387,35 +407,44 @@ def _cluster(data: Any, where: str, base_dir: Path) -> _Cluster:
     at = f"{where}: cluster"
     r = read(ClusterKeys, data, at)
     cl, given = r.value, r.given
-    tp, pp = cl.tp, cl.pp
+    tp, pp, ep, dp = cl.tp, cl.pp, cl.ep, cl.dp
     if "instances" in given and "gpus" in given:
         raise SpecError(f"{at}: give instances or gpus, not both")
     groups: list[InstanceGroup] = []
     for role in ("prefill", "decode"):
         if role in given:
             g: GroupKeys = getattr(cl, role)
-            groups.append(InstanceGroup(role, g.instances, g.tp or tp, g.pp or pp, g.template))
+            groups.append(
+                InstanceGroup(
+                    role, g.instances, g.tp or tp, g.pp or pp, g.template, g.ep or ep, g.dp or dp
+                )  # fmt: skip
+            )
     if ("prefill" in given) != ("decode" in given):
         missing = "decode" if "prefill" in given else "prefill"
         raise SpecError(f"{at}.{missing}: missing; a split cluster needs both roles")
     if cl.gpus is not None:
-        if cl.gpus % (tp * pp):
-            raise SpecError(f"{at}.gpus: {cl.gpus} is not a multiple of tp x pp = {tp * pp}")
-        groups.append(InstanceGroup("mixed", cl.gpus // (tp * pp), tp, pp))
+        if cl.gpus % (dp * tp * pp):
+            size = f"dp x tp x pp = {dp * tp * pp}" if dp > 1 else f"tp x pp = {tp * pp}"
+            raise SpecError(f"{at}.gpus: {cl.gpus} is not a multiple of {size}")
+        groups.append(InstanceGroup("mixed", cl.gpus // (dp * tp * pp), tp, pp, None, ep, dp))
     elif "instances" in given or not groups:
-        groups.append(InstanceGroup("mixed", cl.instances, tp, pp))
+        groups.append(InstanceGroup("mixed", cl.instances, tp, pp, None, ep, dp))
     at_most(cl.gpus_per_node, MAX_GPUS_PER_NODE, f"{at}.gpus_per_node", "GPUs per node")
     for ig in groups:  # before anything is built per instance or per GPU
         key = f"{at}.{ig.role}" if ig.role != "mixed" else at
-        what = f"GPUs (instances x tp x pp = {ig.count} x {ig.tp} x {ig.pp})"
-        at_most(ig.count * ig.tp * ig.pp, MAX_GPUS, key, what)
-    at_most(sum(ig.count * ig.tp * ig.pp for ig in groups), MAX_GPUS, at, "GPUs in all")
+        what = f"GPUs (instances x dp x tp x pp = {ig.count} x {ig.dp} x {ig.tp} x {ig.pp})"
+        at_most(ig.count * ig.gpus, MAX_GPUS, key, what)
+    at_most(sum(ig.count * ig.gpus for ig in groups), MAX_GPUS, at, "GPUs in all")
     out: dict[str, Any] = {
         "instances": sum(g.count for g in groups),
         "tp": tp,
         "pp": pp,
+        **({"ep": ep} if ep > 1 else {}),
+        **({"dp": dp} if dp > 1 else {}),
         "groups": [
             {"role": g.role, "instances": g.count, "tp": g.tp, "pp": g.pp}
+            | ({"ep": g.ep} if g.ep > 1 else {})
+            | ({"dp": g.dp} if g.dp > 1 else {})
             | ({"template": g.template} if g.template is not None else {})
             for g in groups
         ],
@@ -488,12 +517,42 @@ def _check_limits(model: ModelSpec, engine: EngineConfig, cluster: _Cluster, whe
         problem = model.tp_problem(g.tp)
         if problem:
             raise SpecError(f"{where}: {key}: {problem}")
+        _check_ep(model, g, g_keys, where)
         if cluster.topology is None and g.tp > keys.gpus_per_node:
             raise SpecError(
                 f"{where}: {key}: {g.tp} exceeds a node's {keys.gpus_per_node} GPUs "
                 "(cluster.gpus_per_node); tensor parallelism across nodes is not modelled "
                 "(its all-reduce is priced on NVLink): use pp to span nodes"
             )
+
+
+def _check_ep(model: ModelSpec, g: InstanceGroup, g_keys: Any, where: str) -> None:
+    """An expert-parallel layout a real engine accepts: a MoE model, ``ep``
+    dividing its routed experts, and ``ep = dp x tp`` (the experts span the
+    attention ranks of a stage, as in vLLM's and SGLang's EP); ``dp`` above 1
+    only with EP."""
+    if g.ep == 1 and g.dp == 1:
+        return
+    pre = f"cluster.{g.role}" if g.role != "mixed" else "cluster"
+    at = {
+        k: f"{pre}.{k}" if g_keys is not None and getattr(g_keys, k) is not None else f"cluster.{k}"
+        for k in ("ep", "dp")
+    }
+    name = "ep" if g.ep > 1 else "dp"
+    if not model.is_moe:
+        raise SpecError(
+            f"{where}: {at[name]}: {getattr(g, name)} needs a mixture-of-experts model;"
+            f" {model.name} is dense"
+        )
+    if model.experts % g.ep:
+        raise SpecError(
+            f"{where}: {at['ep']}: {g.ep} does not divide {model.name}'s {model.experts} experts"
+        )
+    if g.ep != g.dp * g.tp:
+        raise SpecError(
+            f"{where}: {at['ep']}: {g.ep} must equal dp x tp = {g.dp} x {g.tp} = {g.dp * g.tp}"
+            " (the experts span the instance's attention ranks)"
+        )
 
 
 def _policy(data: Any, given_as: Any, where: str) -> tuple[str, dict[str, Any]]:

@@ -21,7 +21,10 @@ def _name(entry: Any) -> str:
 def _group_text(g: dict[str, Any]) -> str:
     role = "" if g["role"] == "mixed" else f"{g['role']} "
     pp = f" PP{g['pp']}" if g["pp"] > 1 else ""
-    return f"{g['instances']} x {role}TP{g['tp']}{pp}"
+    moe = (f" DP{g['dp']}" if g.get("dp", 1) > 1 else "") + (
+        f" EP{g['ep']}" if g.get("ep", 1) > 1 else ""
+    )
+    return f"{g['instances']} x {role}TP{g['tp']}{pp}{moe}"
 
 
 def _topology_text(topo: Any) -> str:

@@ -110,7 +110,9 @@ class CompareResult:
 
 def _row(label: str, r: Result) -> list[str]:
     s, spec = r.summary, r.header["spec"]
-    gpus = sum(g["instances"] * g["tp"] * g["pp"] for g in spec["cluster"]["groups"])
+    gpus = sum(
+        g["instances"] * g["tp"] * g["pp"] * g.get("dp", 1) for g in spec["cluster"]["groups"]
+    )
     att = s["slo_attainment"]
     return [
         label,

@@ -84,16 +84,23 @@ class Candidate:
     pp: int
     goodput_rps: float
     note: str = ""
+    ep: int = 1  # expert parallelism over ep / tp data-parallel attention ranks (MoE)
+
+    @property
+    def dp(self) -> int:
+        return self.ep // self.tp if self.ep > 1 else 1
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp
+        return self.tp * self.pp * self.dp
 
     @property
     def per_gpu(self) -> float:
         return self.goodput_rps / self.gpus
 
     def label(self) -> str:
+        if self.ep > 1:
+            return f"TP{self.tp} DP{self.dp} EP{self.ep}"
         return f"TP{self.tp} PP{self.pp}"
 
 
@@ -152,7 +159,7 @@ class DistServePlan:
         """The ``cluster``, ``transfer`` and ``scheduler`` mappings that run this plan."""
 
         def group(n: int, c: Candidate) -> dict[str, int]:
-            return {"instances": n, "tp": c.tp, "pp": c.pp}
+            return {"instances": n, "tp": c.tp, "pp": c.pp} | _ep_keys(c.ep, c.tp)
 
         return {
             "cluster": {
@@ -180,7 +187,7 @@ class DistServePlan:
 
         def cand(c: Candidate) -> dict[str, Any]:
             return {
-                "role": c.role, "tp": c.tp, "pp": c.pp, "gpus": c.gpus,
+                "role": c.role, "tp": c.tp, "pp": c.pp, **_ep_keys(c.ep, c.tp), "gpus": c.gpus,
                 "goodput_rps": c.goodput_rps, "goodput_per_gpu": c.per_gpu, "note": c.note,
             }  # fmt: skip
 
@@ -367,9 +374,13 @@ class _Planner:
         self.unbounded = False
 
     # one simulation ---------------------------------------------------------------------
-    def _spec(self, groups: dict[str, tuple[int, int, int]], ttft_at: str) -> ExperimentSpec:
+    def _spec(self, groups: dict[str, tuple[int, int, int, int]], ttft_at: str) -> ExperimentSpec:
         res = self.spec.resolved
-        sizes = [tp * pp for tp, pp, n in groups.values() for _ in range(n)]
+        sizes = [
+            tp * pp * (ep // tp if ep > 1 else 1)
+            for tp, pp, n, ep in groups.values()
+            for _ in range(n)
+        ]
         nodes = _nodes_needed(sizes, self.per_node)
         topology = {
             "name": "plan-probe",
@@ -381,8 +392,8 @@ class _Planner:
             "nodes": nodes,
         }
         cluster = {"topology": topology, "placement": "packed"}
-        for role, (tp, pp, n) in groups.items():
-            cluster[role] = {"instances": n, "tp": tp, "pp": pp}
+        for role, (tp, pp, n, ep) in groups.items():
+            cluster[role] = {"instances": n, "tp": tp, "pp": pp} | _ep_keys(ep, tp)
         slo = {k: v for k, v in res["slo"].items() if v is not None}
         data = {
             "name": f"{res['name']}-plan",
@@ -430,24 +441,28 @@ class _Planner:
             self.cache[key] = met[0] / met[1] if met[1] else 0.0
         return self.cache[key]
 
-    def prefill_attainment(self, tp: int, pp: int, rate: float) -> float:
+    def prefill_attainment(self, tp: int, pp: int, rate: float, ep: int = 1) -> float:
         def make():
-            spec = self._spec({"prefill": (tp, pp, 1), "decode": (tp, pp, 1)}, "prefill")
+            shape = (tp, pp, 1, ep)
+            spec = self._spec({"prefill": shape, "decode": shape}, "prefill")
             return spec, self._requests(rate, True), 0.0
 
-        return self._attain(("prefill", tp, pp, rate), make)
+        return self._attain(("prefill", tp, pp, ep, rate), make)
 
-    def decode_attainment(self, tp: int, pp: int, feed: Candidate, rate: float) -> float:
+    def decode_attainment(
+        self, tp: int, pp: int, feed: Candidate, rate: float, ep: int = 1
+    ) -> float:
         # Enough prefill instances that they keep up with twice the probe rate. Both
         # SLOs count, TTFT ending when the decode side takes the request up: under pull a decode
         # instance that falls behind keeps TPOT but makes requests wait for it.
         n_p = max(1, min(32, math.ceil(2 * rate / max(feed.goodput_rps, 1e-9))))
 
         def make():
-            groups = {"prefill": (feed.tp, feed.pp, n_p), "decode": (tp, pp, 1)}
+            groups = {"prefill": (feed.tp, feed.pp, n_p, feed.ep), "decode": (tp, pp, 1, ep)}
             return self._spec(groups, "decode"), *self._looped(rate)
 
-        return self._attain(("decode", tp, pp, feed.tp, feed.pp, n_p, rate), make)
+        key = ("decode", tp, pp, ep, feed.tp, feed.pp, feed.ep, n_p, rate)
+        return self._attain(key, make)
 
     def _looped(self, rate: float) -> tuple[list[Request], float]:
         """The sample at ``rate``, looped until it covers the warm-up (one
@@ -536,13 +551,60 @@ class _Planner:
                 out.append((tp, pp, note))
         return sorted(out, key=lambda c: (c[0] * c[1], c[1], c[0]))
 
+    def expert_configs(self) -> list[tuple[int, int, str]]:
+        """(tp, ep, note) of the expert-parallel layouts of a MoE model inside a
+        node: ``ep`` dividing the routed experts, ``ep / tp >= 2`` data-parallel
+        attention ranks of ``tp`` GPUs each, no pipeline; the note as in
+        :meth:`configs`. Empty for a dense model or a perf model other than the
+        Roofline (the only one with EP)."""
+        from twin.serving.kvcache import kv_capacity_blocks
+
+        model, spec = self.spec.model, self.spec
+        if not model.is_moe or (spec.perf is not None and spec.perf.get("kind") != "roofline"):
+            return []
+        gpu_mem = _gpu_memory(self.topo)
+        out = []
+        for ep in _divisors(model.experts):
+            if ep < 2 or ep > self.max_gpus:
+                continue
+            for tp in _divisors(ep):
+                if ep // tp < 2 or model.tp_problem(tp):
+                    continue
+                note = ""
+                try:
+                    kv_capacity_blocks(
+                        gpu_memory_bytes=gpu_mem,
+                        memory_utilization=spec.memory_utilization,
+                        weight_bytes=model.weight_bytes_per_gpu(tp, 1, ep) * tp,
+                        activation_reserve_bytes=spec.activation_reserve_bytes,
+                        kv_bytes_per_token=model.kv_bytes_per_token_tp(tp),
+                        tp=tp,
+                        pp=1,
+                        block_size=spec.engine.block_size,
+                    )
+                except CapacityError:
+                    note = "weights do not fit"
+                out.append((tp, ep, note))
+        return sorted(out, key=lambda c: (c[1], c[0]))
+
+
+def _ep_keys(ep: int, tp: int) -> dict[str, int]:
+    """A group's ``ep`` and ``dp`` keys: none without EP (a dense layout)."""
+    return {"ep": ep, "dp": ep // tp} if ep > 1 else {}
+
+
+def _gpu_memory(topo: Any) -> float:
+    from twin.perf.gpus import get_gpu
+
+    return float(get_gpu(topo.gpu_type(0)).memory_bytes)
+
 
 def _prefill_probe(pl: _Planner, c: Candidate) -> Callable[[float], float]:
-    return lambda r: pl.prefill_attainment(c.tp, c.pp, r)
+    return lambda r: pl.prefill_attainment(c.tp, c.pp, r, c.ep)
 
 
 def _decode_probe(pl: _Planner, c: Candidate, feed: Candidate) -> Callable[[float], float]:
-    return lambda r: pl.decode_attainment(c.tp, c.pp, feed, r)
+    return lambda r: pl.decode_attainment(c.tp, c.pp, feed, r, c.ep)
 
 
 # Each configuration's goodput search is one job on the executor: the searches
@@ -553,12 +615,12 @@ _Limits = tuple[int, int, int]  # max GPUs per instance, bisection steps, decode
 
 def _search(
     spec: ExperimentSpec, sample: list[Request], limits: _Limits, role: str, tp: int, pp: int,
-    feed: Candidate | None,
+    feed: Candidate | None, ep: int = 1,
 ) -> tuple[float, bool, int]:  # fmt: skip
     """One configuration's goodput (a job): (rate, whether it met the target at
     every rate tried, simulations run). A decode configuration is fed by ``feed``."""
     pl = _Planner(spec, sample, *limits)
-    c = Candidate(role, tp, pp, 0.0)
+    c = Candidate(role, tp, pp, 0.0, ep=ep)
     probe = _prefill_probe(pl, c) if feed is None else _decode_probe(pl, c, feed)
     rate = pl.goodput(probe)
     return rate, pl.unbounded, pl.simulations
@@ -578,30 +640,32 @@ def _rescore(
 
 def _score(
     ex: Executor, spec: ExperimentSpec, sample: list[Request], limits: _Limits, role: str,
-    configs: Sequence[tuple[int, int, str]], feed: Candidate | None, bar: Progress,
+    configs: Sequence[tuple[int, int, str, int]], feed: Candidate | None, bar: Progress,
 ) -> tuple[list[Candidate], int]:  # fmt: skip
-    """Every configuration of ``role`` scored, in the order of ``configs`` (the
-    searches run as jobs on ``ex``, each counted on ``bar`` as it ends), and
-    the simulations they ran."""
-    searched = [(tp, pp) for tp, pp, note in configs if not note]
-    jobs: list[Job] = [(_search, (spec, sample, limits, role, tp, pp, feed)) for tp, pp in searched]
+    """Every configuration (tp, pp, note, ep) of ``role`` scored, in the order
+    of ``configs`` (the searches run as jobs on ``ex``, each counted on ``bar``
+    as it ends), and the simulations they ran."""
+    searched = [(tp, pp, ep) for tp, pp, note, ep in configs if not note]
+    jobs: list[Job] = [
+        (_search, (spec, sample, limits, role, tp, pp, feed, ep)) for tp, pp, ep in searched
+    ]
     found = {}
     for i, value in ex.run(jobs):
         found[i] = value
         bar.update()
     by_config = {c: found[i] for i, c in enumerate(searched)}
     out, simulations = [], 0
-    for tp, pp, note in configs:
+    for tp, pp, note, ep in configs:
         if note:
-            out.append(Candidate(role, tp, pp, 0.0, note))
+            out.append(Candidate(role, tp, pp, 0.0, note, ep))
             continue
-        rate, unbounded, sims = by_config[(tp, pp)]
+        rate, unbounded, sims = by_config[(tp, pp, ep)]
         simulations += sims
         if rate == 0:
             note = "misses the SLO at every rate tried"
         elif unbounded:
             note = "meets the SLO at every rate tried: the sample is too small to queue"
-        out.append(Candidate(role, tp, pp, rate, note))
+        out.append(Candidate(role, tp, pp, rate, note, ep))
     return out, simulations
 
 
@@ -658,8 +722,9 @@ def plan_distserve(
     sample = samples[0]
     limits = (max_gpus_per_instance, iterations, max_decode_requests)
     pl = _Planner(spec, sample, *limits)
-    configs = pl.configs()
-    searches = 2 * sum(1 for *_, note in configs if not note)  # each configuration, per phase
+    configs = [(tp, pp, note, 1) for tp, pp, note in pl.configs()]
+    configs += [(tp, 1, note, ep) for tp, ep, note in pl.expert_configs()]
+    searches = 2 * sum(1 for _, _, note, _ in configs if not note)  # each configuration, per phase
     with (
         executor if executor is not None else Executor(jobs=1) as ex,
         Progress(searches, "searches", desc="plan") as bar,

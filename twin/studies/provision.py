@@ -118,7 +118,8 @@ class Provision:
             }  # fmt: skip
 
         def group(g: InstanceGroup) -> dict[str, Any]:
-            return {"tp": g.tp, "pp": g.pp, "template": g.template}
+            moe = {"ep": g.ep, "dp": g.dp} if g.ep > 1 or g.dp > 1 else {}
+            return {"tp": g.tp, "pp": g.pp, **moe, "template": g.template}
 
         return {
             "budget": self.budget,
@@ -161,7 +162,7 @@ def _groups(spec: ExperimentSpec) -> tuple[InstanceGroup, InstanceGroup]:
 def _instances(spec: ExperimentSpec) -> tuple[list[str], list[int], list[str | None]]:
     """Each instance's role, GPU count and node template, in id order."""
     each = [g for g in spec.groups for _ in range(g.count)]
-    return [g.role for g in each], [g.tp * g.pp for g in each], [g.template for g in each]
+    return [g.role for g in each], [g.gpus for g in each], [g.template for g in each]
 
 
 def _place(spec: ExperimentSpec) -> list[Placement]:
@@ -170,6 +171,7 @@ def _place(spec: ExperimentSpec) -> list[Placement]:
     return place_on_topology(
         spec.topology, sizes, placement_order(roles, spec.placement),
         where=f"{spec.source}: cluster", templates=templates, roles=roles,
+        span=[g.ep > 1 for g in spec.groups for _ in range(g.count)],
     )  # fmt: skip
 
 
@@ -178,7 +180,7 @@ def placed_power_w(spec: ExperimentSpec) -> float:
     instance, its GPUs' catalog TDP on the nodes it is placed on; without a
     topology, every GPU is the spec's ``gpu``."""
     if spec.topology is None:
-        return sum(g.count * g.tp * g.pp for g in spec.groups) * spec.gpu.tdp_w
+        return sum(g.count * g.gpus for g in spec.groups) * spec.gpu.tdp_w
     topo = spec.topology
     return sum(get_gpu(topo.gpu_type(i)).tdp_w for p in _place(spec) for i in p.gpus)
 
@@ -262,6 +264,8 @@ def _candidate_spec(
     cl.pop("gpus", None)
     for role, g, n in (("prefill", pg, n_p), ("decode", dg, n_d)):
         cl[role] = {"instances": n, "tp": g.tp, "pp": g.pp}
+        if g.ep > 1 or g.dp > 1:  # an expert-parallel group keeps its layout
+            cl[role].update(ep=g.ep, dp=g.dp)
         if g.template is not None:
             cl[role]["template"] = g.template
     d["cluster"] = cl
@@ -306,7 +310,7 @@ def provision(
     pg, dg = _groups(base)
     if power_w is not None and gpus is not None:
         raise SpecError("give a power budget or a GPU budget, not both")
-    gp, gd = pg.tp * pg.pp, dg.tp * dg.pp
+    gp, gd = pg.gpus, dg.gpus
     wp, wd = gp * _role_tdp(base, pg), gd * _role_tdp(base, dg)
     if power_w is not None:
         if not power_w > 0:
@@ -390,7 +394,8 @@ def _overlap(a: Candidate, b: Candidate) -> bool:
 
 
 def _on(g: InstanceGroup) -> str:
-    return "" if g.template is None else f" on {g.template}"
+    ep = f" DP{g.dp} EP{g.ep}" if g.ep > 1 else ""
+    return ep + ("" if g.template is None else f" on {g.template}")
 
 
 def format_provision(p: Provision) -> str:

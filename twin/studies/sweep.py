@@ -232,7 +232,9 @@ def make_label(params: Mapping[str, Any], axes: Sequence[Axis], leave_out: Itera
 
 
 def _gpus(resolved: Mapping[str, Any]) -> int:
-    return sum(g["instances"] * g["tp"] * g["pp"] for g in resolved["cluster"]["groups"])
+    return sum(
+        g["instances"] * g["tp"] * g["pp"] * g.get("dp", 1) for g in resolved["cluster"]["groups"]
+    )
 
 
 def expand(
