@@ -1,0 +1,175 @@
+"""KV tiers below HBM: exact eviction and reload traces, and conservation under Hypothesis."""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from twin._clock import Arrival
+from twin.perf.iteration import Batch
+from twin.request import Request
+from twin.serving.engine import Engine, EngineConfig
+from twin.serving.kvcache import BlockManager
+from twin.serving.observer import Observer
+from twin.serving.sequence import Sequence
+from twin.serving.tiers import KVTiers, Tier, TierChain
+
+MB = 1e6
+
+
+class Linear:
+    """10 ms + 0.1 ms per prefill token + 1 ms per decoding sequence."""
+
+    name = "linear"
+    sha256 = None
+
+    def __init__(self) -> None:
+        self.check = None
+
+    def iteration_time(self, b: Batch) -> float:
+        if self.check is not None:
+            self.check()
+        return 0.01 + 1e-4 * b.prefill_tokens + 1e-3 * b.decode_count
+
+
+class Done(Observer):
+    def __init__(self) -> None:
+        self.done: list[Sequence] = []
+
+    def request_ended(self, now, instance, req, seq, status, reason) -> None:
+        self.done.append(seq)
+
+
+def run(reqs, *, hbm_blocks, tiers, check=None):
+    """One instance (16-token blocks, one block per prefix unit) whose prefix
+    cache has ``tiers`` ((name, blocks, read B/s, write B/s, latency s)) below,
+    1 MB per block; requests are submitted through the tiers."""
+    env = simpy.Environment()
+    perf = Linear()
+    obs = Done()
+    cfg = EngineConfig(prefix_caching=True, watermark=0.0)
+    eng = Engine(env, 0, perf, BlockManager(hbm_blocks, 16), cfg, obs)
+    chain = TierChain(env, [Tier(*t) for t in tiers], MB)
+    eng.cache.tiers = chain
+    kvt = KVTiers(env)
+    kvt.add(0, chain)
+    if check is not None:
+        perf.check = lambda: check(eng, chain)
+
+    def arrive():
+        for r in reqs:
+            if r.arrival_s > env.now:
+                yield Arrival(env, r.arrival_s - env.now)
+            kvt.submit(Sequence(r, env.now), eng)
+
+    env.process(arrive())
+    env.run()
+    return eng, chain, {s.req.id: s for s in obs.done}
+
+
+A = (1, 2, 3, 4)
+B = (5, 6, 7, 8)
+
+
+def test_an_evicted_prefix_goes_to_dram_and_comes_back_on_the_next_request():
+    # HBM holds 4 blocks: r1 evicts r0's 4 units to DRAM (1 ms a block at 1 GB/s),
+    # r2 has r0's prefix and loads it back before it is admitted.
+    reqs = [Request(0, 0.0, 64, 1, A, 16), Request(1, 0.1, 64, 1, B, 16),
+            Request(2, 0.2, 64, 1, A, 16)]  # fmt: skip
+    eng, chain, done = run(reqs, hbm_blocks=4, tiers=[("dram", 8, 1e9, 1e9, 0.0)])
+    dram = chain.tiers[0]
+    r0, r1, r2 = done[0], done[1], done[2]
+    assert r0.t_prefill_done == pytest.approx(0.01 + 64e-4)  # 16.4 ms, nothing cached
+    assert r1.t_scheduled == pytest.approx(0.1) and r1.cached_tokens == 0
+    # r1's admission evicted A (4 blocks): one write, 0.100 -> 0.104 s
+    # r2 at 0.2: A is in DRAM (written by 0.104); 63 tokens (the last is computed)
+    # of 4 blocks come back in one read of 4 MB at 1 GB/s: 0.200 -> 0.204 s
+    assert r2.kv_load_s == pytest.approx(0.004)
+    assert r2.tier_tokens == (63, 0)
+    assert r2.t_scheduled == pytest.approx(0.204)
+    assert r2.cached_tokens == 63
+    # its prefill computes one token: 10 ms + 0.1 ms
+    assert r2.t_prefill_done == pytest.approx(0.204 + 0.0101)
+    # r2's admission evicted B to DRAM: the write starts at 0.204 (the writer is free)
+    assert list(dram.units) == list(B)
+    assert dram.units[5][1] == pytest.approx(0.208)
+    assert dram.bytes_written == 8 * MB and dram.bytes_read == 4 * MB
+    assert dram.hit_tokens == 63
+    # A is back in HBM only: the tiers are exclusive
+    assert set(eng.cache.units) == set(A) and not set(A) & set(dram.units)
+
+
+def test_a_prefix_still_being_written_is_not_read_and_a_busy_writer_delays_it():
+    env = simpy.Environment()
+    dram = Tier("dram", 10, 2e9, 1e9, 0.0)
+    chain = TierChain(env, [dram], MB)
+    chain.write_down([(1, 2), (2, 2)])  # 4 MB at 1 GB/s: 0 -> 4 ms
+    chain.write_down([(3, 1)])  # behind it: 4 -> 5 ms
+    assert [dram.units[h][1] for h in (1, 2, 3)] == pytest.approx([0.004, 0.004, 0.005])
+    assert chain.run([1, 2, 3]) == []  # nothing readable yet
+    env.run(until=0.0045)
+    assert chain.run([1, 2, 3]) == [0, 0]
+    # two loads at once compete for the tier's reads: 2 MB at 2 GB/s each, in turn
+    first = chain.load([1], [0], [16])
+    second = chain.load([2], [0], [16])
+    assert first == pytest.approx(0.0045 + 0.001) and second == pytest.approx(0.0045 + 0.002)
+
+
+def test_a_full_dram_tier_writes_its_oldest_units_down_to_ssd():
+    env = simpy.Environment()
+    dram = Tier("dram", 2, 1e9, 1e9, 0.0)
+    ssd = Tier("ssd", 10, 13e9, 6.6e9, 1e-4)
+    chain = TierChain(env, [dram, ssd], MB)
+    chain.write_down([(1, 1), (2, 1)])  # DRAM: 0 -> 2 ms
+    chain.write_down([(3, 1), (4, 1)])  # DRAM: 2 -> 4 ms; 1 and 2 go to the SSD
+    assert list(dram.units) == [3, 4] and list(ssd.units) == [1, 2]
+    # the SSD write waits for 1 and 2 to be in DRAM (2 ms), then 100 us + 2 MB at 6.6 GB/s
+    assert ssd.units[1][1] == pytest.approx(0.002 + 1e-4 + 2 * MB / 6.6e9)
+    assert dram.used_blocks == 2 and ssd.used_blocks == 2
+    env.run(until=1.0)
+    assert chain.run([1, 2, 3, 5]) == [1, 1, 0]  # 1, 2 in the SSD, 3 in DRAM, 5 nowhere
+
+
+def _conserved(eng, chain):
+    held = [set(eng.cache.units)] + [set(t.units) for t in chain.tiers]
+    for i in range(len(held)):
+        for j in range(i + 1, len(held)):
+            assert not held[i] & held[j], "a unit in two tiers of one instance"
+    for t in chain.tiers:
+        assert t.used_blocks == sum(int(u[0]) for u in t.units.values())
+        assert 0 <= t.used_blocks <= t.capacity_blocks
+    assert (
+        eng.kv.free + eng.cache.cached_blocks + sum(s.blocks for s in eng.running.values())
+        == eng.kv.total
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0.0, 0.05), st.integers(1, 6), st.integers(1, 4),
+            st.lists(st.integers(0, 5), min_size=6, max_size=6),
+        ),
+        min_size=1, max_size=25,
+    ),
+    st.integers(6, 14), st.integers(0, 6), st.integers(0, 6),
+)  # fmt: skip
+def test_blocks_are_conserved_across_tiers(items, hbm, dram_blocks, ssd_blocks):
+    t = 0.0
+    reqs = []
+    for i, (gap, units, out, hashes) in enumerate(items):
+        t += gap
+        # hashes name a prefix: build chains so that equal hashes share a start
+        chain = tuple(hash(tuple(hashes[: k + 1])) & 0xFFFF for k in range(units))
+        reqs.append(Request(i, t, 16 * units, out, chain, 16))
+    tiers = []
+    if dram_blocks:
+        tiers.append(("dram", dram_blocks, 1e9, 1e9, 0.0))
+    if ssd_blocks:
+        tiers.append(("ssd", ssd_blocks, 13e9, 6.6e9, 1e-4))
+    eng, chain, done = run(reqs, hbm_blocks=hbm, tiers=tiers, check=_conserved)
+    _conserved(eng, chain)
+    assert len(done) == len(reqs)
