@@ -173,3 +173,44 @@ def test_blocks_are_conserved_across_tiers(items, hbm, dram_blocks, ssd_blocks):
     eng, chain, done = run(reqs, hbm_blocks=hbm, tiers=tiers, check=_conserved)
     _conserved(eng, chain)
     assert len(done) == len(reqs)
+
+
+def test_a_prompts_copy_into_the_kv_pool_takes_its_pcie_time():
+    from pathlib import Path
+
+    from twin.perf.gpus import get_gpu
+    from twin.sim.simulation import Simulation
+    from twin.sim.spec import resolve_spec
+
+    data = {
+        "model": "llama-3.1-8b",
+        "cluster": {
+            "topology": "dgx-h100-ib400", "nodes": 2, "kv_pool": "64 GiB",
+            "prefill": {"instances": 1, "tp": 4}, "decode": {"instances": 1, "tp": 4},
+        },
+        "engine": {"prefix_caching": True},
+        "scheduler": {"name": "mooncake", "early_rejection": "off"},
+        "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 1},
+                     "max_requests": 1},
+    }  # fmt: skip
+    spec = resolve_spec(data, "pool.yaml", Path.cwd())
+    rows: list[dict] = []
+    reqs = [
+        Request(0, 0.0, 2048, 4, (1, 2, 3, 4), 512),
+        Request(1, 0.0, 2048, 4, (5, 6, 7, 8), 512),
+    ]
+    sim = Simulation(spec, requests=reqs, on_row=rows.append)
+    summary = sim.run().summary
+    assert sim.pools is not None
+    pool = next(p for p in sim.pools.pools if p.units)
+    unit = 512 * spec.model.kv_bytes_per_token()
+    pcie = get_gpu("h100-sxm").pcie_bytes_s * 4  # the instance's 4 GPUs, each its shard
+    # both prompts end in one iteration; the copies go one after the other
+    done = {r["id"]: r["prefill_done_s"] for r in rows}
+    assert done[0] == done[1]
+    first = done[0] + 4 * unit / pcie
+    assert [pool.ready[h] for h in (1, 2, 3, 4)] == pytest.approx([first] * 4)
+    assert [pool.ready[h] for h in (5, 6, 7, 8)] == pytest.approx([first + 4 * unit / pcie] * 4)
+    assert summary["kv_bytes_copied"] == 8 * unit
+    # a unit still being copied is not there for a router
+    assert pool.match((1, 2), now=first - 1e-9) == 0 and pool.match((1, 2), now=first) == 2

@@ -784,6 +784,10 @@ class Simulation:
         summary["kv_bytes_transferred"] = self.handoff.bytes_moved if self.handoff else 0.0
         summary["kv_bytes_saved"] = self.handoff.bytes_saved if self.handoff else 0.0
         summary["kv_bytes_fetched"] = self.kv_bytes_fetched
+        if (
+            self.pools is not None
+        ):  # GPU -> pool copies (only with a pool: runs without read as before)
+            summary["kv_bytes_copied"] = self.pools.bytes_copied
         if self.tiers is not None:
             summary["kv_tiers"] = self.tiers.summary(self.metrics.prompt_tokens)
         if self.scaler.scaled or spec_scales(self.spec):
