@@ -71,3 +71,49 @@ def test_bad_parameters_and_clusters_are_refused():
         build_scheduler("kv-router", {"dram_weight": -1})
     with pytest.raises(SpecError, match="kv-router"):
         KVRouter().setup(make_view(instance(0), instance(1, role="prefill")))
+
+
+def test_the_bundled_tier_comparison_resolves_every_variant():
+    from pathlib import Path
+
+    from twin.sim.spec import parse_yaml, read_spec_text
+    from twin.studies.compare import compare_entries, compare_specs
+
+    root = Path(__file__).resolve().parent.parent
+    text, where, _ = read_spec_text("compare-kv-tiers")
+    data = parse_yaml(text, where)
+    entries = compare_entries(data, where)
+    policies = ["round-robin", "least-loaded", "kv-router", "mooncake"]
+    assert list(entries) == [p + t for p in policies for t in ("", "+tiers")]
+    synthetic = (
+        "workload={lengths: azure-conv, max_requests: 5, arrival: {process: poisson, rate: 1}}"
+    )
+    _, specs = compare_specs(data, where, root, [synthetic])
+    for label, spec in specs.items():
+        assert (spec.kv_tiers is not None) == label.endswith("+tiers")
+        assert sum(g.count * g.tp * g.pp for g in spec.groups) == 32
+        assert spec.engine.prefix_caching
+    assert specs["kv-router+tiers"].kv_tiers.dram_bytes == 1e12
+
+
+def test_the_tier_plot_of_a_compare_file(tmp_path):
+    import json
+
+    pytest.importorskip("matplotlib")
+    from twin.errors import TwinError
+    from twin.viz.plots import plot_kv_tiers
+
+    def run(hit, dram):
+        tiers = {"kv_tiers": {"dram": {"hit_rate": dram}}} if dram is not None else {}
+        return {"summary": {"prefix_hit_rate": hit, "slo_attainment": 0.9, **tiers}}
+
+    doc = {"header": {}, "runs": {"a": run(0.1, None), "a+tiers": run(0.2, 0.05)}}
+    path = tmp_path / "cmp.json"
+    path.write_text(json.dumps(doc))
+    written = plot_kv_tiers(path, tmp_path / "out")
+    assert [p.name for p in written] == ["out.png", "out.svg"] and all(
+        p.stat().st_size for p in written
+    )
+    path.write_text(json.dumps({"summary": {}}))
+    with pytest.raises(TwinError, match="not the --json file of a compare spec"):
+        plot_kv_tiers(path, tmp_path / "out")

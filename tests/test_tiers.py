@@ -150,7 +150,7 @@ def _conserved(eng, chain):
 @given(
     st.lists(
         st.tuples(
-            st.floats(0.0, 0.05), st.integers(1, 6), st.integers(1, 4),
+            st.floats(0.0, 0.05), st.integers(1, 4), st.integers(1, 4),
             st.lists(st.integers(0, 5), min_size=6, max_size=6),
         ),
         min_size=1, max_size=25,
@@ -158,6 +158,7 @@ def _conserved(eng, chain):
     st.integers(6, 14), st.integers(0, 6), st.integers(0, 6),
 )  # fmt: skip
 def test_blocks_are_conserved_across_tiers(items, hbm, dram_blocks, ssd_blocks):
+    # every request fits alone: at most 64 prompt + 3 more tokens, 5 of the >= 6 blocks
     t = 0.0
     reqs = []
     for i, (gap, units, out, hashes) in enumerate(items):
@@ -214,3 +215,66 @@ def test_a_prompts_copy_into_the_kv_pool_takes_its_pcie_time():
     assert summary["kv_bytes_copied"] == 8 * unit
     # a unit still being copied is not there for a router
     assert pool.match((1, 2), now=first - 1e-9) == 0 and pool.match((1, 2), now=first) == 2
+
+
+def _tier_spec(**tiers):
+    from pathlib import Path
+
+    from twin.sim.spec import resolve_spec
+
+    data = {
+        "model": "llama-3.1-8b",
+        "cluster": {"instances": 1},
+        # some 15,000 tokens of KV: three and a half 4,096-token prompts
+        "engine": {"prefix_caching": True, "gpu_memory_utilization": 0.235},
+        "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 1},
+                     "max_requests": 1},
+    }  # fmt: skip
+    if tiers:
+        data["kv_tiers"] = tiers
+    return resolve_spec(data, "tiers.yaml", Path.cwd())
+
+
+def test_a_run_reports_hits_per_tier_in_its_summary_and_rows():
+    from twin.sim.simulation import Simulation
+
+    prompts = [tuple(100 * c + k for k in range(8)) for c in range(5)]
+    # five distinct 4,096-token prompts, then the first again: its prefix was evicted
+    reqs = [Request(i, float(i), 4096, 2, prompts[i % 5], 512) for i in range(6)]
+    rows: list[dict] = []
+    s = Simulation(_tier_spec(dram="64 GB"), requests=reqs, on_row=rows.append).run().summary
+    last = next(r for r in rows if r["id"] == 5)
+    assert last["dram_hit_tokens"] == 4095 and last["hbm_hit_tokens"] == 0
+    assert last["ssd_hit_tokens"] == 0 and last["pool_hit_tokens"] == 0
+    # 4,095 tokens of 128 KiB at the H100's PCIe (the GPU catalog's pcie_bytes_s)
+    from twin.perf.gpus import get_gpu
+
+    kv_token = 131072
+    units = 8 * 512 * kv_token  # whole units move: 8 of 512 tokens
+    assert last["kv_load_s"] == pytest.approx(units / get_gpu("h100-sxm").pcie_bytes_s)
+    assert s["kv_tiers"]["dram"]["hit_tokens"] == 4095
+    assert s["kv_tiers"]["dram"]["bytes_read"] == units
+    assert s["kv_tiers"]["dram"]["hit_rate"] == pytest.approx(4095 / (6 * 4096))
+    assert "ssd" not in s["kv_tiers"]
+    # HBM only: the same request computes its prompt again, and no kv_tiers key
+    rows.clear()
+    s = Simulation(_tier_spec(), requests=reqs, on_row=rows.append).run().summary
+    last = next(r for r in rows if r["id"] == 5)
+    assert last["dram_hit_tokens"] == 0 and last["hbm_hit_tokens"] == 0 and "kv_tiers" not in s
+
+
+def test_kv_tiers_need_the_prefix_cache():
+    from pathlib import Path
+
+    from twin.errors import SpecError
+    from twin.sim.spec import resolve_spec
+
+    data = {"model": "llama-3.1-8b", "kv_tiers": {"dram": "1 GB"},
+            "workload": {"lengths": "azure-conv", "max_requests": 1,
+                         "arrival": {"process": "poisson", "rate": 1}}}  # fmt: skip
+    with pytest.raises(SpecError, match="kv_tiers: .* set engine.prefix_caching: true"):
+        resolve_spec(data, "t.yaml", Path.cwd())
+    data["engine"] = {"prefix_caching": True}
+    data["kv_tiers"] = {"dram": "1 GB", "ssd_read_bandwidth": "fast"}
+    with pytest.raises(SpecError, match="kv_tiers.ssd_read_bandwidth"):
+        resolve_spec(data, "t.yaml", Path.cwd())
