@@ -9,6 +9,7 @@ import pytest
 import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
 import schedulers.disagg  # noqa: F401
 import schedulers.distserve  # noqa: F401
+import schedulers.kv_router  # noqa: F401
 import schedulers.mooncake  # noqa: F401
 import schedulers.splitwise  # noqa: F401
 from twin.errors import SpecError

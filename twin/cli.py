@@ -700,8 +700,14 @@ def cmd_topo(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from twin.viz.plots import plot_cdfs, plot_dir, plot_over_time, plot_timeline
+    from twin.viz.plots import plot_cdfs, plot_dir, plot_kv_tiers, plot_over_time, plot_timeline
 
+    if args.compare:
+        out = Path(args.out) if args.out else Path(".")
+        for path in plot_kv_tiers(args.compare, out / f"{Path(args.compare).stem}-kv-tiers"):
+            print(path)
+        if args.dir is None and not args.requests and not args.trace and not args.timeline:
+            return 0
     if args.dir is None and not args.requests and not args.trace and not args.timeline:
         raise TwinError(
             "twin plot: give a sweep folder, --requests CSV ..., --trace FILE or --timeline FILE"
@@ -1035,6 +1041,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--timeline",
         metavar="FILE",
         help="attainment and capacity over time of a `twin run --json` or --timeline-csv file",
+    )
+    pt.add_argument(
+        "--compare",
+        metavar="FILE",
+        help="prompt tokens reused per KV tier and SLO attainment of a compare run's --json file",
     )
     pt.add_argument("--out", metavar="DIR", help="where to write (default: DIR/plots, else .)")
     _add_plot_options(pt)

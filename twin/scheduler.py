@@ -224,6 +224,12 @@ class InstanceView(Protocol):
         instance on an idle network."""
         ...
 
+    # Views of this project also have ``cached_prefix_by_tier(req) -> dict``:
+    # prompt tokens of ``req`` the instance would reuse from each KV tier
+    # (``"hbm"``, ``"dram"``, ``"ssd"``; the leading run in HBM, then its
+    # continuation below), the estimate a router keeps from KV events. It is
+    # not part of the protocol, so views written before it still conform.
+
 
 @dataclass(frozen=True, slots=True)
 class InstanceSnapshot:
@@ -252,6 +258,8 @@ class InstanceSnapshot:
     queue_s: float | None = None
     up: bool = True
     state: str = "serving"
+    # the prefix units held below HBM: (tier name, hashes), top tier first
+    tier_hashes: tuple[tuple[str, frozenset[int]], ...] = ()
 
     @property
     def accepting(self) -> bool:
@@ -278,6 +286,19 @@ class InstanceSnapshot:
 
     def estimate_fetch_s(self, node: int, tokens: int) -> float:
         return tokens * self.fetch_s_per_token
+
+    def cached_prefix_by_tier(self, req: Request) -> dict[str, int]:
+        out = {"hbm": 0, "dram": 0, "ssd": 0}
+        tier = "hbm"
+        for h in req.prefix_hashes:
+            if h not in self.cached_hashes:
+                tier = next((name for name, held in self.tier_hashes if h in held), "")
+                if not tier:
+                    break
+            elif tier != "hbm":
+                break  # HBM holds only a leading run
+            out[tier] += req.prefix_block_tokens
+        return out
 
 
 @dataclass(frozen=True, slots=True)

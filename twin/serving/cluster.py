@@ -17,6 +17,7 @@ from twin.errors import SpecError, UnknownNameError
 from twin.perf.iteration import Batch, PerfModel
 from twin.request import Request
 from twin.serving.engine import Engine
+from twin.serving.tiers import KVTiers
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,17 +196,19 @@ def queue_iterations_s(
 class EngineView:
     """The live, read-only :class:`twin.scheduler.InstanceView` of an engine."""
 
-    __slots__ = ("_engine", "_placement", "_fetch")
+    __slots__ = ("_engine", "_placement", "_fetch", "_tiers")
 
     def __init__(
         self,
         engine: Engine,
         placement: Placement,
         fetch: Callable[[int, int, int], float] | None = None,
+        tiers: KVTiers | None = None,
     ) -> None:
         self._engine = engine
         self._placement = placement
         self._fetch = fetch  # (instance, node, tokens) -> seconds
+        self._tiers = tiers
 
     @property
     def role(self) -> str:
@@ -307,6 +310,12 @@ class EngineView:
 
     def cached_prefix_tokens(self, req: Request) -> int:
         return self._engine.cached_prefix_tokens(req)
+
+    def cached_prefix_by_tier(self, req: Request) -> dict[str, int]:
+        e = self._engine
+        if self._tiers is None:
+            return {"hbm": e.cached_prefix_tokens(req), "dram": 0, "ssd": 0}
+        return self._tiers.prefix_by_tier(e, req)
 
     def estimate_fetch_s(self, node: int, tokens: int) -> float:
         if self._fetch is None or tokens <= 0:

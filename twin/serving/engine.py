@@ -348,7 +348,7 @@ class Engine:
         self.kv = BlockManager(old.total, old.block_size, old.watermark)
         self.kv.peak_used = old.peak_used
         if self.cache is not None:
-            self.cache = PrefixCache(self.kv)
+            self.cache = PrefixCache(self.kv, self.cache.tiers)  # the tiers below stay
         if self._ff is not None:
             self._ff = FastForward(self)
         return lost

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Container, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twin.errors import CapacityError
 from twin.request import Request
+
+if TYPE_CHECKING:
+    from twin.serving.tiers import TierChain
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -132,10 +135,13 @@ class PrefixCache:
     evicting one releases them.
     """
 
-    __slots__ = ("kv", "units", "cached_blocks", "evictable_blocks")
+    __slots__ = ("kv", "units", "cached_blocks", "evictable_blocks", "tiers")
 
-    def __init__(self, kv: BlockManager) -> None:
+    def __init__(self, kv: BlockManager, tiers: TierChain | None = None) -> None:
         self.kv = kv
+        # the tiers below (twin.serving.tiers): evicted units are written down
+        # to them, and a unit kept here again leaves them
+        self.tiers = tiers
         self.units: OrderedDict[int, list[int]] = OrderedDict()  # hash -> [refs, blocks]
         self.cached_blocks = 0
         self.evictable_blocks = 0
@@ -169,6 +175,8 @@ class PrefixCache:
         by that sequence; False, and nothing kept, when ``h`` is already cached."""
         if h in self.units:
             return False
+        if self.tiers is not None:
+            self.tiers.discard(h)
         self.units[h] = [1, blocks]
         self.cached_blocks += blocks
         return True
@@ -180,10 +188,14 @@ class PrefixCache:
         kv = self.kv
         if kv.free >= free_target or not self.evictable_blocks:
             return
+        gone: list[tuple[int, int]] = []
         for h in [h for h, u in units.items() if u[0] == 0]:
             blocks = units.pop(h)[1]
             self.cached_blocks -= blocks
             self.evictable_blocks -= blocks
             kv.release(blocks)
+            gone.append((h, blocks))
             if kv.free >= free_target:
-                return
+                break
+        if self.tiers is not None:
+            self.tiers.write_down(gone)  # one write of the batch

@@ -6,10 +6,13 @@ prefix over the network instead of computing it again. A pool holds prefix
 units (the trace's hashes, 512 tokens each in the Mooncake trace) up to a
 byte capacity, evicting the least recently used.
 
-NOTE: copying a prompt's KV from GPU to host memory is taken as free and
-instant (it overlaps with serving in the real system), and a loaded prefix
-lands in a staging buffer before the prefill allocates its blocks, so the
-load does not hold KV blocks while it travels.
+Copying a prompt's KV from the GPU to its node's pool is not free: it
+crosses the instance's PCIe links (every GPU its shard, at the catalog's
+``pcie_bytes_s``), one copy after another per instance, as the KV tiers'
+writes do (:mod:`twin.serving.tiers`); a unit can be loaded from the pool only
+once its copy has ended. The copy overlaps with serving (it does not hold the
+engine). NOTE: a loaded prefix lands in a staging buffer before the prefill
+allocates its blocks, so the load does not hold KV blocks while it travels.
 """
 
 from __future__ import annotations
@@ -34,25 +37,32 @@ from twin.serving.sequence import Sequence as Seq
 class KVPool:
     """LRU set of prefix units on one node, ``capacity_bytes`` in all."""
 
-    __slots__ = ("node", "capacity_bytes", "used_bytes", "units")
+    __slots__ = ("node", "capacity_bytes", "used_bytes", "units", "ready")
 
     def __init__(self, node: int, capacity_bytes: float) -> None:
         self.node = node
         self.capacity_bytes = capacity_bytes
         self.used_bytes = 0.0
         self.units: OrderedDict[int, float] = OrderedDict()  # hash -> bytes
+        self.ready: dict[int, float] = {}  # hash -> when its copy into the pool ends
 
-    def match(self, hashes: Sequence[int]) -> int:
-        """How many of ``hashes``, from the first, are here."""
-        return leading_run(hashes, self.units)
+    def match(self, hashes: Sequence[int], now: float = float("inf")) -> int:
+        """How many of ``hashes``, from the first, are here (copied in by ``now``)."""
+        n = leading_run(hashes, self.units)
+        ready = self.ready
+        for i in range(n):
+            if ready.get(hashes[i], 0.0) > now:
+                return i
+        return n
 
     def touch(self, hashes: Sequence[int]) -> None:
         for h in hashes:
             self.units.move_to_end(h)
 
-    def insert(self, hashes: Sequence[int], unit_bytes: float) -> None:
-        """Keep ``hashes`` (a prompt's leading units), evicting the least
-        recently used units when full; a unit larger than the pool is skipped."""
+    def insert(self, hashes: Sequence[int], unit_bytes: float, ready_s: float = 0.0) -> None:
+        """Keep ``hashes`` (a prompt's leading units), readable from ``ready_s``,
+        evicting the least recently used units when full; a unit larger than
+        the pool is skipped."""
         if unit_bytes > self.capacity_bytes:
             return
         units = self.units
@@ -61,10 +71,13 @@ class KVPool:
                 units.move_to_end(h)
                 continue
             while self.used_bytes + unit_bytes > self.capacity_bytes:
-                _, b = units.popitem(last=False)
+                old, b = units.popitem(last=False)
+                self.ready.pop(old, None)
                 self.used_bytes -= b
             units[h] = unit_bytes
             self.used_bytes += unit_bytes
+            if ready_s > 0.0:
+                self.ready[h] = ready_s
 
 
 class KVPools:
@@ -95,6 +108,8 @@ class KVPools:
         self.kv_bytes_per_token = kv_bytes_per_token
         self.block_size = block_size
         self.bytes_fetched = 0.0
+        self.bytes_copied = 0.0  # GPU -> pool copies
+        self._copy_free: dict[int, float] = {}  # instance -> when its copies so far end
         self._rates: dict[tuple[int, int], tuple[float, float]] = {}
         # Loads under way, by the node whose pool they read: [seq, engine,
         # transfer or None (inside the node), whether the load is given up].
@@ -118,6 +133,7 @@ class KVPools:
         submitted without the prefix, which is computed again."""
         pool = self.pools[node]
         pool.units.clear()
+        pool.ready.clear()
         pool.used_bytes = 0.0
         for load in self._loading.pop(node, []):
             seq, engine, transfer, _ = load
@@ -129,16 +145,30 @@ class KVPools:
     def keep_prompt(self, engine: Engine, seq: Seq) -> None:
         """An engine computed ``seq``'s prompt: its node's pool keeps the prefix."""
         hashes = cacheable(seq.req, self.block_size)
-        if hashes:
-            unit_bytes = seq.req.prefix_block_tokens * self.kv_bytes_per_token
-            self.pools[self.placements[engine.id].node].insert(hashes, unit_bytes)
+        if not hashes:
+            return
+        unit_bytes = seq.req.prefix_block_tokens * self.kv_bytes_per_token
+        node = self.placements[engine.id].node
+        pool = self.pools[node]
+        new = sum(1 for h in hashes if h not in pool.units)
+        if not new or unit_bytes > pool.capacity_bytes:
+            pool.insert(hashes, unit_bytes)
+            return
+        # one copy of the new units over the instance's PCIe links, after its earlier ones
+        _, rate = self._rate(engine.id, node)
+        start = max(self.env.now, self._copy_free.get(engine.id, 0.0))
+        end = start + new * unit_bytes / rate
+        self._copy_free[engine.id] = end
+        self.bytes_copied += new * unit_bytes
+        pool.insert(hashes, unit_bytes, end)
 
     def prefix(self, req: Request) -> dict[int, int]:
         """Node -> prompt tokens of ``req`` whose KV that node's pool holds."""
         hashes = cacheable(req, self.block_size)
         out = {}
+        now = self.env.now
         for pool in self.pools:
-            n = pool.match(hashes)
+            n = pool.match(hashes, now)
             if n:
                 out[pool.node] = n * req.prefix_block_tokens
         return out
@@ -182,7 +212,7 @@ class KVPools:
         req = seq.req
         hashes = cacheable(req, self.block_size)
         pool = self.pools[node]
-        n = pool.match(hashes)
+        n = pool.match(hashes, self.env.now)
         tokens = min(n * req.prefix_block_tokens, req.prompt_tokens - 1)
         if tokens <= engine.cached_prefix_tokens(req):
             engine.submit(seq)  # nothing to load that the instance does not hold

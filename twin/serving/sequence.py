@@ -85,6 +85,8 @@ class Sequence:
         "shared_blocks",
         "cached_tokens",
         "preloaded_tokens",
+        "tier_tokens",
+        "kv_load_s",
         "handoff_costs",
         "kv_moved_bytes",
         "kv_saved_bytes",
@@ -137,6 +139,10 @@ class Sequence:
         self.shared_blocks = 0
         self.cached_tokens = 0
         self.preloaded_tokens = 0  # prompt tokens whose KV was loaded from a KV pool
+        # KV tiers (twin.serving.tiers): prompt tokens loaded back from DRAM and
+        # from SSD, and how long the load took (0 when nothing was loaded)
+        self.tier_tokens = (0, 0)
+        self.kv_load_s = 0.0
         # The hand-off's fixed costs (a twin.serving.handoff.HandoffCosts), the
         # KV bytes it moved and those the decode side's prefix cache held.
         self.handoff_costs: object | None = None

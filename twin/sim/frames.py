@@ -40,6 +40,10 @@ _OTHER_KINDS = {
     "prefill_instance": "int?",
     "decode_instance": "int?",
     "slo_met": "bool",
+    "hbm_hit_tokens": "int?",  # none for a request that did not complete
+    "dram_hit_tokens": "int?",
+    "ssd_hit_tokens": "int?",
+    "pool_hit_tokens": "int?",
 }
 
 # The per-request table (twin/sim/metrics.py's rows, ``--requests-csv``):

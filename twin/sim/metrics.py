@@ -211,6 +211,13 @@ REQUEST_COLUMNS = (
     "attempts",
     "lost_tokens",
     "time_lost_s",
+    # where the reused prompt tokens came from (KV tiers, KV pool) and how long
+    # loading them back took
+    "hbm_hit_tokens",
+    "dram_hit_tokens",
+    "ssd_hit_tokens",
+    "pool_hit_tokens",
+    "kv_load_s",
 )
 
 
@@ -415,6 +422,7 @@ class Metrics(Observer):
                     "attempts": s.attempt,
                     "lost_tokens": s.lost_tokens,
                     "time_lost_s": s.lost_s,
+                    **_hit_cells(s),
                 }
             )
         self._attempts(s)
@@ -504,3 +512,20 @@ class Metrics(Observer):
             "retries": self.retries,
             "lost_tokens": self.lost_tokens,
         }
+
+
+def _hit_cells(s: Any) -> dict[str, Any]:
+    """The requests CSV's hit columns of a completed sequence: its reused
+    prompt tokens split by where they came from. Tokens loaded from a KV pool
+    (Mooncake's store) or from the lower KV tiers are counted as such; the rest
+    of the reuse was in the instance's HBM prefix cache."""
+    dram, ssd = s.tier_tokens
+    lower = dram + ssd
+    pool = 0 if lower else min(s.preloaded_tokens, s.cached_tokens)
+    return {
+        "hbm_hit_tokens": max(0, s.cached_tokens - lower - pool),
+        "dram_hit_tokens": dram,
+        "ssd_hit_tokens": ssd,
+        "pool_hit_tokens": pool,
+        "kv_load_s": s.kv_load_s,
+    }

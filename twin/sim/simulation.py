@@ -50,6 +50,7 @@ from twin.serving.kvcache import BlockManager, blocks_for, kv_capacity_blocks
 from twin.serving.kvpool import KVPools
 from twin.serving.observer import InstanceInfo, Observer, broadcast
 from twin.serving.sequence import DECODE, HANDOFF, INCOMING, LOST, PREFILL, Sequence
+from twin.serving.tiers import KVTiers, build_chain
 from twin.sim.control import ControlLoop, apply_plan
 from twin.sim.faults import Faults
 from twin.sim.frames import flatten
@@ -336,6 +337,7 @@ class Simulation:
                 self.env, spec.kv_pool_bytes, topo, placements, self.network, kv_token,
                 spec.engine.block_size,
             )  # fmt: skip
+        self.tiers: KVTiers | None = KVTiers(self.env) if spec.kv_tiers is not None else None
         self.engines: list[Engine] = []  # by id; complete before the run starts
         views: list[EngineView] = []
         self.handoff: KVHandoff | None = None
@@ -413,8 +415,15 @@ class Simulation:
         )  # fmt: skip
         self.engines.append(eng)
         self.capacity.append(blocks - watermark)
+        if self.tiers is not None and eng.cache is not None and spec.kv_tiers is not None:
+            eng.cache.tiers = build_chain(
+                self.env, spec.kv_tiers,
+                block_bytes=spec.model.kv_bytes_per_token_tp(tp) * spec.engine.block_size,
+                pcie_bytes_s=gpu.pcie_bytes_s * tp * pp,
+            )  # fmt: skip
+            self.tiers.add(eng.id, eng.cache.tiers)
         fetch_s = self.pools.estimate_s if self.pools else None
-        self._views.append(EngineView(eng, p, fetch_s))
+        self._views.append(EngineView(eng, p, fetch_s, self.tiers))
         return eng
 
     def add_engine(self, p: Placement, role: str, tp: int, pp: int) -> Engine:
@@ -560,6 +569,8 @@ class Simulation:
                     f"{decision.fetch_from!r}; the cluster has no KV pool (cluster.kv_pool)"
                 )
             self.pools.fetch_then_submit(seq, src, decision.fetch_from, self._name)
+        elif self.tiers is not None:
+            self.tiers.submit(seq, src)  # after loading what its tiers hold
         else:
             src.submit(seq)
 
@@ -799,6 +810,12 @@ class Simulation:
         summary["kv_bytes_transferred"] = self.handoff.bytes_moved if self.handoff else 0.0
         summary["kv_bytes_saved"] = self.handoff.bytes_saved if self.handoff else 0.0
         summary["kv_bytes_fetched"] = self.kv_bytes_fetched
+        if (
+            self.pools is not None
+        ):  # GPU -> pool copies (only with a pool: runs without read as before)
+            summary["kv_bytes_copied"] = self.pools.bytes_copied
+        if self.tiers is not None:
+            summary["kv_tiers"] = self.tiers.summary(self.metrics.prompt_tokens)
         if self.scaler.scaled or spec_scales(self.spec):
             summary["gpu_seconds"] = self.scaler.gpu_seconds(self.metrics.last_end_s)
         links = self.network.link_stats() if self.network is not None else []

@@ -60,6 +60,7 @@ from twin.perf.llm import ModelSpec, get_model
 from twin.scheduler import build_scheduler, scheduler_names
 from twin.serving.engine import EngineConfig
 from twin.serving.handoff import TransferConfig
+from twin.serving.tiers import TierKeys
 from twin.sim.faults import (
     Event,
     EventKeys,
@@ -217,6 +218,9 @@ class TopKeys:
         None, section(ScalingKeys), "start-up cost of instances a policy adds (AddInstance)"
     )
     output: Any = declared(None, section(OutputKeys), "what a run reports besides its summary")
+    kv_tiers: Any = declared(
+        None, section(TierKeys), "KV tiers below HBM per instance: DRAM, SSD (see KV tiers)"
+    )
 
 
 def spec_schema(extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
@@ -285,6 +289,7 @@ class ExperimentSpec:
     failures: tuple[RandomKeys, ...] = ()
     failure_seed: int | None = None
     scaling: ScalingKeys | None = None  # given: runs report gpu_seconds
+    kv_tiers: TierKeys | None = None  # given: KV tiers below HBM, runs report kv_tiers
 
     @property
     def sha256(self) -> str:
@@ -635,6 +640,14 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
     scaling = read(ScalingKeys, top.scaling, f"{where}: scaling")
     if "scaling" in top_read.given:
         out["scaling"] = scaling.written
+    tiers = read(TierKeys, top.kv_tiers, f"{where}: kv_tiers")
+    if "kv_tiers" in top_read.given:
+        if not engine.prefix_caching:
+            raise SpecError(
+                f"{where}: kv_tiers: the tiers hold what the prefix cache evicts; "
+                "set engine.prefix_caching: true"
+            )
+        out["kv_tiers"] = tiers.written
     # Only when given, so that specs without it keep their resolved form and sha256.
     output = read(OutputKeys, top.output, f"{where}: output")
     if "output" in top_read.given:
@@ -669,4 +682,5 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
         failures=failures,
         failure_seed=failure_seed,
         scaling=scaling.value if "scaling" in top_read.given else None,
+        kv_tiers=tiers.value if "kv_tiers" in top_read.given else None,
     )

@@ -59,6 +59,9 @@ COLUMNS = (
     ("KV GiB", 9),
 )
 GPU_SECONDS_COLUMN = ("GPU-s", 8)  # only when a run reports gpu_seconds
+# only when a run has KV tiers: the share of prompt tokens reused, and of them
+# loaded back from host DRAM and from SSD (the rest was in HBM or a KV pool)
+TIER_COLUMNS = (("reuse %", 8), ("DRAM %", 7), ("SSD %", 6))
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,10 @@ class CompareResult:
             columns = (*COLUMNS, GPU_SECONDS_COLUMN)
             for row, r in zip(rows, self.runs.values(), strict=True):
                 row.append(_num(r.summary.get("gpu_seconds"), 1.0, 0))
+        if any("kv_tiers" in r.summary for r in self.runs.values()):
+            columns = (*columns, *TIER_COLUMNS)
+            for row, r in zip(rows, self.runs.values(), strict=True):
+                row.extend(_tier_cells(r.summary))
         widths = [
             max(w, len(title), *(len(row[i]) for row in rows))
             for i, (title, w) in enumerate(columns)
@@ -129,6 +136,14 @@ def _row(label: str, r: Result) -> list[str]:
         _num(s["throughput_rps"], 1.0, 2),
         _num(s["kv_bytes_transferred"] / 2**30, 1.0, 1),
     ]
+
+
+def _tier_cells(s: Mapping[str, Any]) -> list[str]:
+    tiers = s.get("kv_tiers", {})
+    cells = [_num(s.get("prefix_hit_rate"), 100.0, 1)]
+    for name in ("dram", "ssd"):
+        cells.append(_num(tiers[name]["hit_rate"], 100.0, 1) if name in tiers else "-")
+    return cells
 
 
 def _num(x: float | None, scale: float, digits: int = 3) -> str:

@@ -1093,3 +1093,44 @@ def plot_dir(
     else:
         say("timeline", f"no timeline: no {d / 'trace.json'} or {d / 'traces'}/<run_id>.json")
     return written
+
+
+# -- KV tiers ---------------------------------------------------------------------------------
+def plot_kv_tiers(compare_json: str | Path, out_base: str | Path) -> list[Path]:
+    """Two panels of a compare run's ``--json`` file, one bar per variant:
+    the share of prompt tokens reused, stacked by where they came from (HBM
+    or a KV pool, host DRAM, SSD), and the SLO attainment."""
+    try:
+        doc = json.loads(Path(compare_json).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise TwinError(f"{compare_json}: cannot read: {e.strerror}") from None
+    except ValueError as e:
+        raise TwinError(f"{compare_json}: not JSON: {e}") from None
+    runs = doc.get("runs") if isinstance(doc, dict) else None
+    if not isinstance(runs, dict) or not runs:
+        raise TwinError(f"{compare_json}: not the --json file of a compare spec (no runs)")
+    labels = list(runs)
+    shares: dict[str, list[float]] = {"HBM or pool": [], "DRAM": [], "SSD": []}
+    attainment = []
+    for label in labels:
+        s = runs[label]["summary"]
+        tiers = s.get("kv_tiers", {})
+        dram = tiers.get("dram", {}).get("hit_rate") or 0.0
+        ssd = tiers.get("ssd", {}).get("hit_rate") or 0.0
+        shares["DRAM"].append(100 * dram)
+        shares["SSD"].append(100 * ssd)
+        shares["HBM or pool"].append(100 * max(0.0, (s.get("prefix_hit_rate") or 0.0) - dram - ssd))
+        attainment.append(100 * (s.get("slo_attainment") or 0.0))
+    fig = _figure(max(6.0, 0.9 * len(labels) + 3.0), 6.0)
+    top, bottom = fig.subplots(2, 1, sharex=True)
+    xs = list(range(len(labels)))
+    base = [0.0] * len(labels)
+    for (name, values), color in zip(shares.items(), PALETTE, strict=False):
+        top.bar(xs, values, bottom=base, color=color, label=name)
+        base = [b + v for b, v in zip(base, values, strict=True)]
+    top.set_ylabel("prompt tokens reused (%)")
+    _legend_outside(top)
+    bottom.bar(xs, attainment, color=PALETTE[0])
+    bottom.set_ylabel("SLO attainment (%)")
+    bottom.set_xticks(xs, labels, rotation=30, ha="right")
+    return save(fig, out_base)

@@ -1,0 +1,119 @@
+"""The kv-router policy against hand-built views, and the view's per-tier prefix."""
+
+from __future__ import annotations
+
+import pytest
+
+from schedulers.kv_router import KVRouter
+from twin.errors import SpecError
+from twin.request import Request
+from twin.scheduler import build_scheduler
+from twin.testing import instance, make_view
+
+# 1,024 prompt tokens in two 512-token units, 16-token blocks: 64 blocks to prefill
+REQ = Request(0, 0.0, 1024, 10, (7, 8), 512)
+
+
+def _view(queued):
+    """Instance 1 holds the request's prefix and has ``queued`` prompt tokens waiting."""
+    held = frozenset({7, 8})
+    return make_view(instance(0), instance(1, cached_hashes=held, queue_tokens=queued))
+
+
+def test_the_instance_with_more_reuse_wins_until_its_load_outweighs_it():
+    router = KVRouter()
+    for queued in (0, 512, 1008, 1024, 1040):
+        view = _view(queued)
+        # cost = 1.0 x prefill blocks + active blocks: instance 0 pays 64 + 64,
+        # instance 1 pays 0 + (queued + 1024) / 16
+        assert router.cost(view[0], REQ) == 128.0
+        assert router.cost(view[1], REQ) == (queued + 1024) / 16
+    assert [router.route(REQ, _view(q)).prefill for q in (0, 512, 1008)] == [1, 1, 1]
+    # at 1,024 queued tokens the costs tie (128), and the tie goes to the lower id;
+    # past it instance 1's load outweighs its reuse
+    assert [router.route(REQ, _view(q)).prefill for q in (1024, 1040)] == [0, 0]
+
+
+def test_reuse_from_a_lower_tier_counts_at_its_weight():
+    router = KVRouter()
+    dram = instance(1, tier_hashes=(("dram", frozenset({7, 8})),))
+    ssd = instance(2, tier_hashes=(("ssd", frozenset({7, 8})),))
+    view = make_view(instance(0), dram, ssd)
+    assert view[1].cached_prefix_by_tier(REQ) == {"hbm": 0, "dram": 1024, "ssd": 0}
+    assert router.prefill_blocks(view[0], REQ) == 64
+    assert router.prefill_blocks(view[1], REQ) == pytest.approx(0.1 * 64)
+    assert router.prefill_blocks(view[2], REQ) == pytest.approx(0.4 * 64)
+    assert router.route(REQ, view).prefill == 1
+    # the HBM run continues below: one unit in HBM, the next in DRAM
+    mixed = instance(0, cached_hashes=frozenset({7}), tier_hashes=(("dram", frozenset({8})),))
+    assert mixed.cached_prefix_by_tier(REQ) == {"hbm": 512, "dram": 512, "ssd": 0}
+
+
+def test_a_larger_overlap_weight_favours_reuse_over_load():
+    view = _view(1040)
+    assert KVRouter().route(REQ, view).prefill == 0
+    assert KVRouter(overlap_score_weight=2.0).route(REQ, view).prefill == 1
+
+
+def test_split_clusters_route_prefill_by_cost_and_decode_by_load():
+    router = KVRouter()
+    view = make_view(
+        instance(0, role="prefill"), instance(1, role="prefill", cached_hashes=frozenset({7, 8})),
+        instance(2, role="decode", free_blocks=100), instance(3, role="decode", free_blocks=900),
+    )  # fmt: skip
+    router.setup(view)
+    assert router.route(REQ, view).prefill == 1 and router.route(REQ, view).decode is None
+    assert router.pick_decode(REQ, view) == 3
+
+
+def test_bad_parameters_and_clusters_are_refused():
+    with pytest.raises(SpecError, match="scheduler.dram_weight"):
+        build_scheduler("kv-router", {"dram_weight": -1})
+    with pytest.raises(SpecError, match="kv-router"):
+        KVRouter().setup(make_view(instance(0), instance(1, role="prefill")))
+
+
+def test_the_bundled_tier_comparison_resolves_every_variant():
+    from pathlib import Path
+
+    from twin.sim.spec import parse_yaml, read_spec_text
+    from twin.studies.compare import compare_entries, compare_specs
+
+    root = Path(__file__).resolve().parent.parent
+    text, where, _ = read_spec_text("compare-kv-tiers")
+    data = parse_yaml(text, where)
+    entries = compare_entries(data, where)
+    policies = ["round-robin", "least-loaded", "kv-router", "mooncake"]
+    assert list(entries) == [p + t for p in policies for t in ("", "+tiers")]
+    synthetic = (
+        "workload={lengths: azure-conv, max_requests: 5, arrival: {process: poisson, rate: 1}}"
+    )
+    _, specs = compare_specs(data, where, root, [synthetic])
+    for label, spec in specs.items():
+        assert (spec.kv_tiers is not None) == label.endswith("+tiers")
+        assert sum(g.count * g.tp * g.pp for g in spec.groups) == 32
+        assert spec.engine.prefix_caching
+    assert specs["kv-router+tiers"].kv_tiers.dram_bytes == 1e12
+
+
+def test_the_tier_plot_of_a_compare_file(tmp_path):
+    import json
+
+    pytest.importorskip("matplotlib")
+    from twin.errors import TwinError
+    from twin.viz.plots import plot_kv_tiers
+
+    def run(hit, dram):
+        tiers = {"kv_tiers": {"dram": {"hit_rate": dram}}} if dram is not None else {}
+        return {"summary": {"prefix_hit_rate": hit, "slo_attainment": 0.9, **tiers}}
+
+    doc = {"header": {}, "runs": {"a": run(0.1, None), "a+tiers": run(0.2, 0.05)}}
+    path = tmp_path / "cmp.json"
+    path.write_text(json.dumps(doc))
+    written = plot_kv_tiers(path, tmp_path / "out")
+    assert [p.name for p in written] == ["out.png", "out.svg"] and all(
+        p.stat().st_size for p in written
+    )
+    path.write_text(json.dumps({"summary": {}}))
+    with pytest.raises(TwinError, match="not the --json file of a compare spec"):
+        plot_kv_tiers(path, tmp_path / "out")

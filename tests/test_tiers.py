@@ -1,0 +1,286 @@
+"""KV tiers below HBM: exact eviction and reload traces, and conservation under Hypothesis."""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from twin._clock import Arrival
+from twin.perf.iteration import Batch
+from twin.request import Request
+from twin.serving.engine import Engine, EngineConfig
+from twin.serving.kvcache import BlockManager
+from twin.serving.observer import Observer
+from twin.serving.sequence import Sequence
+from twin.serving.tiers import KVTiers, Tier, TierChain
+
+MB = 1e6
+
+
+class Linear:
+    """10 ms + 0.1 ms per prefill token + 1 ms per decoding sequence."""
+
+    name = "linear"
+    sha256 = None
+
+    def __init__(self) -> None:
+        self.check = None
+
+    def iteration_time(self, b: Batch) -> float:
+        if self.check is not None:
+            self.check()
+        return 0.01 + 1e-4 * b.prefill_tokens + 1e-3 * b.decode_count
+
+
+class Done(Observer):
+    def __init__(self) -> None:
+        self.done: list[Sequence] = []
+
+    def request_ended(self, now, instance, req, seq, status, reason) -> None:
+        self.done.append(seq)
+
+
+def run(reqs, *, hbm_blocks, tiers, check=None):
+    """One instance (16-token blocks, one block per prefix unit) whose prefix
+    cache has ``tiers`` ((name, blocks, read B/s, write B/s, latency s)) below,
+    1 MB per block; requests are submitted through the tiers."""
+    env = simpy.Environment()
+    perf = Linear()
+    obs = Done()
+    cfg = EngineConfig(prefix_caching=True, watermark=0.0)
+    eng = Engine(env, 0, perf, BlockManager(hbm_blocks, 16), cfg, obs)
+    chain = TierChain(env, [Tier(*t) for t in tiers], MB)
+    eng.cache.tiers = chain
+    kvt = KVTiers(env)
+    kvt.add(0, chain)
+    if check is not None:
+        perf.check = lambda: check(eng, chain)
+
+    def arrive():
+        for r in reqs:
+            if r.arrival_s > env.now:
+                yield Arrival(env, r.arrival_s - env.now)
+            kvt.submit(Sequence(r, env.now), eng)
+
+    env.process(arrive())
+    env.run()
+    return eng, chain, {s.req.id: s for s in obs.done}
+
+
+A = (1, 2, 3, 4)
+B = (5, 6, 7, 8)
+
+
+def test_an_evicted_prefix_goes_to_dram_and_comes_back_on_the_next_request():
+    # HBM holds 4 blocks: r1 evicts r0's 4 units to DRAM (1 ms a block at 1 GB/s),
+    # r2 has r0's prefix and loads it back before it is admitted.
+    reqs = [Request(0, 0.0, 64, 1, A, 16), Request(1, 0.1, 64, 1, B, 16),
+            Request(2, 0.2, 64, 1, A, 16)]  # fmt: skip
+    eng, chain, done = run(reqs, hbm_blocks=4, tiers=[("dram", 8, 1e9, 1e9, 0.0)])
+    dram = chain.tiers[0]
+    r0, r1, r2 = done[0], done[1], done[2]
+    assert r0.t_prefill_done == pytest.approx(0.01 + 64e-4)  # 16.4 ms, nothing cached
+    assert r1.t_scheduled == pytest.approx(0.1) and r1.cached_tokens == 0
+    # r1's admission evicted A (4 blocks): one write, 0.100 -> 0.104 s
+    # r2 at 0.2: A is in DRAM (written by 0.104); 63 tokens (the last is computed)
+    # of 4 blocks come back in one read of 4 MB at 1 GB/s: 0.200 -> 0.204 s
+    assert r2.kv_load_s == pytest.approx(0.004)
+    assert r2.tier_tokens == (63, 0)
+    assert r2.t_scheduled == pytest.approx(0.204)
+    assert r2.cached_tokens == 63
+    # its prefill computes one token: 10 ms + 0.1 ms
+    assert r2.t_prefill_done == pytest.approx(0.204 + 0.0101)
+    # r2's admission evicted B to DRAM: the write starts at 0.204 (the writer is free)
+    assert list(dram.units) == list(B)
+    assert dram.units[5][1] == pytest.approx(0.208)
+    assert dram.bytes_written == 8 * MB and dram.bytes_read == 4 * MB
+    assert dram.hit_tokens == 63
+    # A is back in HBM only: the tiers are exclusive
+    assert set(eng.cache.units) == set(A) and not set(A) & set(dram.units)
+
+
+def test_a_prefix_still_being_written_is_not_read_and_a_busy_writer_delays_it():
+    env = simpy.Environment()
+    dram = Tier("dram", 10, 2e9, 1e9, 0.0)
+    chain = TierChain(env, [dram], MB)
+    chain.write_down([(1, 2), (2, 2)])  # 4 MB at 1 GB/s: 0 -> 4 ms
+    chain.write_down([(3, 1)])  # behind it: 4 -> 5 ms
+    assert [dram.units[h][1] for h in (1, 2, 3)] == pytest.approx([0.004, 0.004, 0.005])
+    assert chain.run([1, 2, 3]) == []  # nothing readable yet
+    env.run(until=0.0045)
+    assert chain.run([1, 2, 3]) == [0, 0]
+    # two loads at once compete for the tier's reads: 2 MB at 2 GB/s each, in turn
+    first = chain.load([1], [0], [16])
+    second = chain.load([2], [0], [16])
+    assert first == pytest.approx(0.0045 + 0.001) and second == pytest.approx(0.0045 + 0.002)
+
+
+def test_a_full_dram_tier_writes_its_oldest_units_down_to_ssd():
+    env = simpy.Environment()
+    dram = Tier("dram", 2, 1e9, 1e9, 0.0)
+    ssd = Tier("ssd", 10, 13e9, 6.6e9, 1e-4)
+    chain = TierChain(env, [dram, ssd], MB)
+    chain.write_down([(1, 1), (2, 1)])  # DRAM: 0 -> 2 ms
+    chain.write_down([(3, 1), (4, 1)])  # DRAM: 2 -> 4 ms; 1 and 2 go to the SSD
+    assert list(dram.units) == [3, 4] and list(ssd.units) == [1, 2]
+    # the SSD write waits for 1 and 2 to be in DRAM (2 ms), then 100 us + 2 MB at 6.6 GB/s
+    assert ssd.units[1][1] == pytest.approx(0.002 + 1e-4 + 2 * MB / 6.6e9)
+    assert dram.used_blocks == 2 and ssd.used_blocks == 2
+    env.run(until=1.0)
+    assert chain.run([1, 2, 3, 5]) == [1, 1, 0]  # 1, 2 in the SSD, 3 in DRAM, 5 nowhere
+
+
+def _conserved(eng, chain):
+    held = [set(eng.cache.units)] + [set(t.units) for t in chain.tiers]
+    for i in range(len(held)):
+        for j in range(i + 1, len(held)):
+            assert not held[i] & held[j], "a unit in two tiers of one instance"
+    for t in chain.tiers:
+        assert t.used_blocks == sum(int(u[0]) for u in t.units.values())
+        assert 0 <= t.used_blocks <= t.capacity_blocks
+    assert (
+        eng.kv.free + eng.cache.cached_blocks + sum(s.blocks for s in eng.running.values())
+        == eng.kv.total
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0.0, 0.05), st.integers(1, 4), st.integers(1, 4),
+            st.lists(st.integers(0, 5), min_size=6, max_size=6),
+        ),
+        min_size=1, max_size=25,
+    ),
+    st.integers(6, 14), st.integers(0, 6), st.integers(0, 6),
+)  # fmt: skip
+def test_blocks_are_conserved_across_tiers(items, hbm, dram_blocks, ssd_blocks):
+    # every request fits alone: at most 64 prompt + 3 more tokens, 5 of the >= 6 blocks
+    t = 0.0
+    reqs = []
+    for i, (gap, units, out, hashes) in enumerate(items):
+        t += gap
+        # hashes name a prefix: build chains so that equal hashes share a start
+        chain = tuple(hash(tuple(hashes[: k + 1])) & 0xFFFF for k in range(units))
+        reqs.append(Request(i, t, 16 * units, out, chain, 16))
+    tiers = []
+    if dram_blocks:
+        tiers.append(("dram", dram_blocks, 1e9, 1e9, 0.0))
+    if ssd_blocks:
+        tiers.append(("ssd", ssd_blocks, 13e9, 6.6e9, 1e-4))
+    eng, chain, done = run(reqs, hbm_blocks=hbm, tiers=tiers, check=_conserved)
+    _conserved(eng, chain)
+    assert len(done) == len(reqs)
+
+
+def test_a_prompts_copy_into_the_kv_pool_takes_its_pcie_time():
+    from pathlib import Path
+
+    from twin.perf.gpus import get_gpu
+    from twin.sim.simulation import Simulation
+    from twin.sim.spec import resolve_spec
+
+    data = {
+        "model": "llama-3.1-8b",
+        "cluster": {
+            "topology": "dgx-h100-ib400", "nodes": 2, "kv_pool": "64 GiB",
+            "prefill": {"instances": 1, "tp": 4}, "decode": {"instances": 1, "tp": 4},
+        },
+        "engine": {"prefix_caching": True},
+        "scheduler": {"name": "mooncake", "early_rejection": "off"},
+        "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 1},
+                     "max_requests": 1},
+    }  # fmt: skip
+    spec = resolve_spec(data, "pool.yaml", Path.cwd())
+    rows: list[dict] = []
+    reqs = [
+        Request(0, 0.0, 2048, 4, (1, 2, 3, 4), 512),
+        Request(1, 0.0, 2048, 4, (5, 6, 7, 8), 512),
+    ]
+    sim = Simulation(spec, requests=reqs, on_row=rows.append)
+    summary = sim.run().summary
+    assert sim.pools is not None
+    pool = next(p for p in sim.pools.pools if p.units)
+    unit = 512 * spec.model.kv_bytes_per_token()
+    pcie = get_gpu("h100-sxm").pcie_bytes_s * 4  # the instance's 4 GPUs, each its shard
+    # both prompts end in one iteration; the copies go one after the other
+    done = {r["id"]: r["prefill_done_s"] for r in rows}
+    assert done[0] == done[1]
+    first = done[0] + 4 * unit / pcie
+    assert [pool.ready[h] for h in (1, 2, 3, 4)] == pytest.approx([first] * 4)
+    assert [pool.ready[h] for h in (5, 6, 7, 8)] == pytest.approx([first + 4 * unit / pcie] * 4)
+    assert summary["kv_bytes_copied"] == 8 * unit
+    # a unit still being copied is not there for a router
+    assert pool.match((1, 2), now=first - 1e-9) == 0 and pool.match((1, 2), now=first) == 2
+
+
+def _tier_spec(**tiers):
+    from pathlib import Path
+
+    from twin.sim.spec import resolve_spec
+
+    data = {
+        "model": "llama-3.1-8b",
+        "cluster": {"instances": 1},
+        # some 15,000 tokens of KV: three and a half 4,096-token prompts
+        "engine": {"prefix_caching": True, "gpu_memory_utilization": 0.235},
+        "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 1},
+                     "max_requests": 1},
+    }  # fmt: skip
+    if tiers:
+        data["kv_tiers"] = tiers
+    return resolve_spec(data, "tiers.yaml", Path.cwd())
+
+
+def test_a_run_reports_hits_per_tier_in_its_summary_and_rows():
+    from twin.sim.simulation import Simulation
+
+    prompts = [tuple(100 * c + k for k in range(8)) for c in range(5)]
+    # five distinct 4,096-token prompts, then the first again: its prefix was evicted
+    reqs = [Request(i, float(i), 4096, 2, prompts[i % 5], 512) for i in range(6)]
+    rows: list[dict] = []
+    s = Simulation(_tier_spec(dram="64 GB"), requests=reqs, on_row=rows.append).run().summary
+    last = next(r for r in rows if r["id"] == 5)
+    assert last["dram_hit_tokens"] == 4095 and last["hbm_hit_tokens"] == 0
+    assert last["ssd_hit_tokens"] == 0 and last["pool_hit_tokens"] == 0
+    # 4,095 tokens of 128 KiB at the H100's PCIe (the GPU catalog's pcie_bytes_s,
+    # 64 GB/s, less encoding and packet overhead: 57.6 GB/s)
+    from twin.perf.gpus import get_gpu
+    from twin.serving.tiers import PCIE_PAYLOAD_EFFICIENCY
+
+    assert get_gpu("h100-sxm").pcie_bytes_s * PCIE_PAYLOAD_EFFICIENCY == pytest.approx(
+        57.6e9, rel=1e-3
+    )
+
+    kv_token = 131072
+    units = 8 * 512 * kv_token  # whole units move: 8 of 512 tokens
+    assert last["kv_load_s"] == pytest.approx(units / 57.6e9, rel=1e-3)
+    assert s["kv_tiers"]["dram"]["hit_tokens"] == 4095
+    assert s["kv_tiers"]["dram"]["bytes_read"] == units
+    assert s["kv_tiers"]["dram"]["hit_rate"] == pytest.approx(4095 / (6 * 4096))
+    assert "ssd" not in s["kv_tiers"]
+    # HBM only: the same request computes its prompt again, and no kv_tiers key
+    rows.clear()
+    s = Simulation(_tier_spec(), requests=reqs, on_row=rows.append).run().summary
+    last = next(r for r in rows if r["id"] == 5)
+    assert last["dram_hit_tokens"] == 0 and last["hbm_hit_tokens"] == 0 and "kv_tiers" not in s
+
+
+def test_kv_tiers_need_the_prefix_cache():
+    from pathlib import Path
+
+    from twin.errors import SpecError
+    from twin.sim.spec import resolve_spec
+
+    data = {"model": "llama-3.1-8b", "kv_tiers": {"dram": "1 GB"},
+            "workload": {"lengths": "azure-conv", "max_requests": 1,
+                         "arrival": {"process": "poisson", "rate": 1}}}  # fmt: skip
+    with pytest.raises(SpecError, match="kv_tiers: .* set engine.prefix_caching: true"):
+        resolve_spec(data, "t.yaml", Path.cwd())
+    data["engine"] = {"prefix_caching": True}
+    data["kv_tiers"] = {"dram": "1 GB", "ssd_read_bandwidth": "fast"}
+    with pytest.raises(SpecError, match="kv_tiers.ssd_read_bandwidth"):
+        resolve_spec(data, "t.yaml", Path.cwd())

@@ -1,0 +1,376 @@
+"""KV tiers below HBM: host DRAM and local NVMe under each instance's prefix cache.
+
+Production stacks keep KV below HBM (NVIDIA Dynamo's KV block manager, llm-d,
+LMCache): a prefix unit evicted from the GPU's prefix cache is written down to
+host DRAM, and one evicted from DRAM to a local SSD; a later request whose
+prompt starts with units held below is served by loading them back instead of
+computing them again. Here each instance has its own chain of tiers under its
+:class:`~twin.serving.kvcache.PrefixCache` (``kv_tiers:`` in a spec).
+
+- A tier holds whole prefix units (the trace's hashes) up to its capacity, in
+  blocks of the instance's KV; it evicts least recently used first (the only
+  policy, ``eviction: lru``), and what it evicts goes one tier down (off the
+  last tier it is gone).
+- Tiers are exclusive: a unit is in at most one tier of an instance (HBM, DRAM
+  or SSD). A unit the prefix cache keeps again (computed or reloaded) leaves
+  the lower tiers; a reloaded unit leaves its tier when the load starts.
+- A write down is one transfer per batch of units evicted together, at the
+  tier's write bandwidth, after the tier's writes before it (one writer per
+  tier): a unit can be read from the tier only once its write has ended.
+  A read back is one transfer per request and tier, at the tier's read
+  bandwidth, after the reads from that tier before it, so loads compete.
+  The request is submitted to its instance when its loads have ended, with
+  the loaded tokens counted as cached (``Sequence.preloaded_tokens``).
+
+NOTE: the HBM blocks of an evicted unit are free at once: the copy is taken to
+read them into a host staging buffer faster than they are reused, so a busy
+writer delays when the unit is readable below, not the eviction itself.
+An SSD read lands in host memory before it crosses PCIe; the SSD's read
+bandwidth (13 GB/s) is below the host link's, so it alone is charged.
+
+No SimPy event is spent on writes (their end times are kept with the units);
+each request's reload is one timeout.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import simpy
+
+from twin._declare import Kind, choice, declared, nbytes, seconds
+from twin.errors import SpecError, UnitError
+from twin.serving.kvcache import cacheable
+from twin.units import parse_bandwidth
+
+
+def _bandwidth(value: Any, where: str) -> float:
+    try:
+        x = parse_bandwidth(value)
+    except UnitError as e:
+        raise SpecError(f"{where}: {e}") from None
+    if not x > 0:
+        raise SpecError(f"{where}: {value!r} must be > 0")
+    return x
+
+
+_BANDWIDTH = Kind(
+    _bandwidth, {"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string"}]},
+    unit="bytes/s", keep=True,
+)  # fmt: skip
+
+# Share of a PCIe link's rate a bulk copy gets: the catalog gives the raw rate
+# per direction (Gen5 x16: 32 GT/s x 16 lanes = 64 GB/s); 128b/130b encoding
+# leaves 128/130 of it, and each transaction packet of the usual 256-byte
+# maximum payload carries about 24 bytes of header, sequence number, LCRC and
+# framing (PCI Express Base Specification 5.0), 256/280 of the rest: about
+# 90%, 57.6 GB/s for Gen5 x16.
+PCIE_PAYLOAD_EFFICIENCY = 128 / 130 * 256 / 280
+EVICTIONS = ("lru",)
+TIER_NAMES = ("hbm", "dram", "ssd")
+
+
+@dataclass(frozen=True)
+class TierKeys:
+    """The KV tiers below each instance's HBM prefix cache (``kv_tiers:``);
+    needs ``engine.prefix_caching``. A tier without a capacity is left out."""
+
+    dram_bytes: float | None = declared(
+        None, nbytes(positive=True), "host-memory KV per instance (null: no DRAM tier)",
+        key="dram", nullable=True,
+    )  # fmt: skip
+    # null: the GPU catalog's host link per direction (pcie_bytes_s, e.g. PCIe
+    # Gen5 x16 for an H100 SXM) times the instance's GPUs, each copying its
+    # shard, at the payload share of the link (PCIE_PAYLOAD_EFFICIENCY).
+    dram_bandwidth: float | None = declared(
+        None, _BANDWIDTH, "HBM <-> host copies per instance (null: the GPUs' PCIe links)",
+        nullable=True,
+    )  # fmt: skip
+    # A DMA's set-up (microseconds) is far below a unit's copy time (a 512-token
+    # unit of Llama-3-8B's KV, 64 MiB, takes about 1 ms at 55 GB/s): taken as 0.
+    dram_latency_s: float = declared(
+        "0 s", seconds(positive=False), "fixed time of one DRAM transfer", key="dram_latency"
+    )
+    ssd_bytes: float | None = declared(
+        None, nbytes(positive=True), "local NVMe KV per instance (null: no SSD tier)",
+        key="ssd", nullable=True,
+    )  # fmt: skip
+    # Samsung PM1743 (PCIe 5.0 x4 enterprise NVMe), Samsung's announced figures:
+    # 13,000 MB/s sequential read, 6,600 MB/s sequential write (AnandTech,
+    # "Samsung Announces First PCIe 5.0 Enterprise SSD: PM1743", 2021-12-23).
+    ssd_read_bandwidth: float = declared("13 GB/s", _BANDWIDTH, "NVMe reads per instance")
+    ssd_write_bandwidth: float = declared("6.6 GB/s", _BANDWIDTH, "NVMe writes per instance")
+    # NAND flash reads take tens of microseconds (TLC page read) plus the NVMe
+    # stack; 100 us is the round figure used for an enterprise NVMe 4 KiB read
+    # (the PM1743's announcement gives none).
+    ssd_latency_s: float = declared(
+        "100 us", seconds(positive=False), "fixed time of one SSD transfer", key="ssd_latency"
+    )
+    eviction: str = declared("lru", choice(*EVICTIONS), "which unit a full tier gives up: lru")
+
+
+class Tier:
+    """One tier of one instance: LRU units up to ``capacity_blocks``, and the
+    times its writer and its reader are busy until."""
+
+    __slots__ = (
+        "name", "capacity_blocks", "read_bps", "write_bps", "latency_s", "units",
+        "used_blocks", "peak_blocks", "write_free_s", "read_free_s",
+        "bytes_read", "bytes_written", "hit_tokens", "samples",
+    )  # fmt: skip
+
+    def __init__(
+        self, name: str, capacity_blocks: int, read_bps: float, write_bps: float, latency_s: float
+    ) -> None:
+        self.name = name
+        self.capacity_blocks = capacity_blocks
+        self.read_bps = read_bps
+        self.write_bps = write_bps
+        self.latency_s = latency_s
+        self.units: OrderedDict[int, list[float]] = OrderedDict()  # hash -> [blocks, ready_s]
+        self.used_blocks = 0
+        self.peak_blocks = 0
+        self.write_free_s = 0.0
+        self.read_free_s = 0.0
+        self.bytes_read = 0.0
+        self.bytes_written = 0.0
+        self.hit_tokens = 0
+        self.samples: list[tuple[float, int]] = []  # (time, used blocks) at each change
+
+
+class TierChain:
+    """The tiers below one instance's prefix cache, top first (DRAM, then SSD)."""
+
+    __slots__ = ("env", "tiers", "block_bytes")
+
+    def __init__(self, env: simpy.Environment, tiers: Sequence[Tier], block_bytes: float) -> None:
+        self.env = env
+        self.tiers = list(tiers)
+        self.block_bytes = block_bytes
+
+    def _note(self, tier: Tier) -> None:
+        if tier.used_blocks > tier.peak_blocks:
+            tier.peak_blocks = tier.used_blocks
+        s = tier.samples
+        now = self.env.now
+        if s and s[-1][0] == now:
+            s[-1] = (now, tier.used_blocks)
+        else:
+            s.append((now, tier.used_blocks))
+
+    def write_down(self, units: Sequence[tuple[int, int]], level: int = 0) -> None:
+        """``units`` ((hash, blocks), least recently used first) leave the tier
+        above ``level``: one write of them all into tier ``level``, which gives
+        up its least recently used units (down a tier) to make room."""
+        if level >= len(self.tiers) or not units:
+            return
+        tier = self.tiers[level]
+        now = self.env.now
+        keep = [(h, b) for h, b in units if b <= tier.capacity_blocks and h not in tier.units]
+        if not keep:
+            return
+        need = sum(b for _, b in keep)
+        down: list[tuple[int, int]] = []
+        latest = 0.0  # the latest write still under way among those going down
+        while need > tier.capacity_blocks:  # more than the tier holds: the oldest pass by
+            h, b = keep.pop(0)
+            need -= b
+            down.append((h, b))
+        while tier.used_blocks + need > tier.capacity_blocks:
+            old, (held, ready) = tier.units.popitem(last=False)
+            tier.used_blocks -= int(held)
+            down.append((old, int(held)))
+            latest = max(latest, ready)
+        nbytes = need * self.block_bytes
+        start = max(now, tier.write_free_s)
+        end = start + tier.latency_s + nbytes / tier.write_bps
+        tier.write_free_s = end
+        tier.bytes_written += nbytes
+        for h, b in keep:
+            tier.units[h] = [b, end]
+        tier.used_blocks += need
+        self._note(tier)
+        if down:
+            self._write_below(down, level + 1, latest)
+
+    def _write_below(self, units: list[tuple[int, int]], level: int, ready: float) -> None:
+        """As :meth:`write_down`, for units that can leave only once written (``ready``)."""
+        if level >= len(self.tiers):
+            return
+        tier = self.tiers[level]
+        if ready > tier.write_free_s:
+            tier.write_free_s = ready
+        self.write_down(units, level)
+
+    def discard(self, h: int) -> None:
+        """Unit ``h`` is in the prefix cache again: it leaves the lower tiers."""
+        for tier in self.tiers:
+            u = tier.units.pop(h, None)
+            if u is not None:
+                tier.used_blocks -= int(u[0])
+                self._note(tier)
+                return
+
+    def run(self, hashes: Sequence[int]) -> list[int]:
+        """For each of ``hashes`` in order while it is readable in a lower
+        tier now, that tier's index (the leading run below HBM)."""
+        now = self.env.now
+        out = []
+        for h in hashes:
+            for i, tier in enumerate(self.tiers):
+                u = tier.units.get(h)
+                if u is not None and u[1] <= now:
+                    out.append(i)
+                    break
+            else:
+                break
+        return out
+
+    def load(self, hashes: Sequence[int], where: Sequence[int], tokens: Sequence[int]) -> float:
+        """Take ``hashes`` (found in tiers ``where``, ``tokens`` each) out of
+        their tiers and read them back: one read per tier, after that tier's
+        reads before it. Returns when the last read ends."""
+        now = self.env.now
+        per = [0] * len(self.tiers)
+        per_tokens = [0] * len(self.tiers)
+        for h, i, n in zip(hashes, where, tokens, strict=True):
+            tier = self.tiers[i]
+            b = int(tier.units.pop(h)[0])
+            tier.used_blocks -= b
+            per[i] += b
+            per_tokens[i] += n
+        done = now
+        for i, blocks in enumerate(per):
+            if not blocks:
+                continue
+            tier = self.tiers[i]
+            nbytes = blocks * self.block_bytes
+            start = max(now, tier.read_free_s)
+            end = start + tier.latency_s + nbytes / tier.read_bps
+            tier.read_free_s = end
+            tier.bytes_read += nbytes
+            tier.hit_tokens += per_tokens[i]
+            self._note(tier)
+            done = max(done, end)
+        return done
+
+
+class KVTiers:
+    """Every instance's tier chain, and the reloads before a request is submitted."""
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self.chains: dict[int, TierChain] = {}
+
+    def add(self, instance: int, chain: TierChain) -> None:
+        self.chains[instance] = chain
+
+    def prefix_by_tier(self, engine: Any, req: Any) -> dict[str, int]:
+        """Prompt tokens of ``req`` the instance would reuse from each tier
+        (HBM first, then the run continuing below), as a router keeping KV
+        events would estimate them."""
+        out = dict.fromkeys(TIER_NAMES, 0)
+        cache = engine.cache
+        if cache is None:
+            return out
+        hashes = engine.cacheable(req)
+        n = cache.match(hashes)
+        unit = req.prefix_block_tokens
+        out["hbm"] = n * unit
+        chain = self.chains.get(engine.id)
+        if chain is not None:
+            for i in chain.run(hashes[n:]):
+                out[TIER_NAMES[i + 1]] += unit
+        return out
+
+    def submit(self, seq: Any, engine: Any) -> None:
+        """Submit ``seq`` to ``engine`` once the prefix units its lower tiers
+        hold (after those in HBM) are loaded back; at once when there are none."""
+        chain = self.chains.get(engine.id)
+        cache = engine.cache
+        if chain is None or cache is None or not engine.up:
+            engine.submit(seq)
+            return
+        req = seq.req
+        hashes = cacheable(req, engine.kv.block_size)
+        n = cache.match(hashes)
+        where = chain.run(hashes[n:])
+        if not where:
+            engine.submit(seq)
+            return
+        unit = req.prefix_block_tokens
+        limit = req.prompt_tokens - 1  # a prefill always computes the last token
+        tokens = []
+        for k in range(len(where)):
+            tokens.append(max(0, min(unit, limit - (n + k) * unit)))
+        while tokens and tokens[-1] == 0:
+            tokens.pop()
+        where = where[: len(tokens)]
+        if not where:
+            engine.submit(seq)
+            return
+        loaded = hashes[n : n + len(where)]
+        now = self.env.now
+        done = chain.load(loaded, where, tokens)
+        dram = sum(t for t, i in zip(tokens, where, strict=True) if i == 0)
+        seq.tier_tokens = (dram, sum(tokens) - dram)
+        seq.kv_load_s = done - now
+        seq.preloaded_tokens = n * unit + sum(tokens)
+
+        def landed(_ev: object) -> None:
+            engine.submit(seq)
+
+        self.env.timeout(done - now).callbacks.append(landed)
+
+    def summary(self, prompt_tokens: int) -> dict[str, Any]:
+        """Per tier (DRAM, SSD): tokens served from it, their share of
+        ``prompt_tokens``, bytes read and written, peak and final occupancy."""
+        out: dict[str, Any] = {}
+        for name in TIER_NAMES[1:]:
+            tiers = [c.tiers[i] for c in self.chains.values() for i in range(len(c.tiers))
+                     if c.tiers[i].name == name]  # fmt: skip
+            if not tiers:
+                continue
+            block_bytes = next(iter(self.chains.values())).block_bytes
+            hit = sum(t.hit_tokens for t in tiers)
+            out[name] = {
+                "hit_tokens": hit,
+                "hit_rate": hit / prompt_tokens if prompt_tokens else None,
+                "bytes_read": sum(t.bytes_read for t in tiers),
+                "bytes_written": sum(t.bytes_written for t in tiers),
+                "capacity_bytes": sum(t.capacity_blocks for t in tiers) * block_bytes,
+                "peak_instance_bytes": max(t.peak_blocks for t in tiers) * block_bytes,
+                "final_bytes": sum(t.used_blocks for t in tiers) * block_bytes,
+            }
+        return out
+
+
+def build_chain(
+    env: simpy.Environment,
+    keys: TierKeys,
+    *,
+    block_bytes: float,
+    pcie_bytes_s: float,
+) -> TierChain:
+    """The tier chain ``keys`` gives one instance whose blocks are
+    ``block_bytes`` each and whose host links carry ``pcie_bytes_s`` in all (raw)."""
+    tiers = []
+    if keys.dram_bytes is not None:
+        bw = keys.dram_bandwidth
+        if bw is None:
+            bw = pcie_bytes_s * PCIE_PAYLOAD_EFFICIENCY
+        tiers.append(Tier("dram", int(keys.dram_bytes // block_bytes), bw, bw, keys.dram_latency_s))
+    if keys.ssd_bytes is not None:
+        tiers.append(
+            Tier(
+                "ssd",
+                int(keys.ssd_bytes // block_bytes),
+                keys.ssd_read_bandwidth,
+                keys.ssd_write_bandwidth,
+                keys.ssd_latency_s,
+            )  # fmt: skip
+        )
+    return TierChain(env, tiers, block_bytes)
