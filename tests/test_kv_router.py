@@ -111,7 +111,7 @@ def test_the_tier_plot_of_a_compare_file(tmp_path):
     path = tmp_path / "cmp.json"
     path.write_text(json.dumps(doc))
     written = plot_kv_tiers(path, tmp_path / "out")
-    assert [p.name for p in written] == ["out.png", "out.svg"] and all(
+    assert [p.name for p in written] == ["out.png", "out.svg", "out.pdf"] and all(
         p.stat().st_size for p in written
     )
     path.write_text(json.dumps({"summary": {}}))
