@@ -41,8 +41,8 @@ from twin._check import (
     positive_int,
     size,
 )
-from twin.errors import SpecError
-from twin.units import DURATION_PATTERN, SIZE_PATTERN
+from twin.errors import SpecError, UnitError
+from twin.units import DURATION_PATTERN, SIZE_PATTERN, parse_bandwidth
 
 T = TypeVar("T")
 _META = "twin.declared"
@@ -305,6 +305,23 @@ def _text(v: Any, w: str) -> str:
 
 
 TEXT = Kind(_text, {"type": "string"})
+
+
+def _bandwidth(value: Any, where: str) -> float:
+    """A positive rate: bytes/s, or a string with its unit (``"400 Gb/s"``)."""
+    try:
+        x = parse_bandwidth(value)
+    except UnitError as e:
+        raise SpecError(f"{where}: {e}") from None
+    if not x > 0:
+        raise SpecError(f"{where}: {value!r} must be > 0")
+    return x
+
+
+BANDWIDTH = Kind(
+    _bandwidth, {"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string"}]},
+    unit="bytes/s", keep=True,
+)  # fmt: skip
 FRACTION = interval(0, 1, lo_open=True)
 
 

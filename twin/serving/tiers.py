@@ -41,26 +41,8 @@ from typing import Any
 
 import simpy
 
-from twin._declare import Kind, choice, declared, nbytes, seconds
-from twin.errors import SpecError, UnitError
+from twin._declare import BANDWIDTH, choice, declared, nbytes, seconds
 from twin.serving.kvcache import cacheable
-from twin.units import parse_bandwidth
-
-
-def _bandwidth(value: Any, where: str) -> float:
-    try:
-        x = parse_bandwidth(value)
-    except UnitError as e:
-        raise SpecError(f"{where}: {e}") from None
-    if not x > 0:
-        raise SpecError(f"{where}: {value!r} must be > 0")
-    return x
-
-
-_BANDWIDTH = Kind(
-    _bandwidth, {"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string"}]},
-    unit="bytes/s", keep=True,
-)  # fmt: skip
 
 # Share of a PCIe link's rate a bulk copy gets: the catalog gives the raw rate
 # per direction (Gen5 x16: 32 GT/s x 16 lanes = 64 GB/s); 128b/130b encoding
@@ -86,7 +68,7 @@ class TierKeys:
     # Gen5 x16 for an H100 SXM) times the instance's GPUs, each copying its
     # shard, at the payload share of the link (PCIE_PAYLOAD_EFFICIENCY).
     dram_bandwidth: float | None = declared(
-        None, _BANDWIDTH, "HBM <-> host copies per instance (null: the GPUs' PCIe links)",
+        None, BANDWIDTH, "HBM <-> host copies per instance (null: the GPUs' PCIe links)",
         nullable=True,
     )  # fmt: skip
     # A DMA's set-up (microseconds) is far below a unit's copy time (a 512-token
@@ -101,8 +83,8 @@ class TierKeys:
     # Samsung PM1743 (PCIe 5.0 x4 enterprise NVMe), Samsung's announced figures:
     # 13,000 MB/s sequential read, 6,600 MB/s sequential write (AnandTech,
     # "Samsung Announces First PCIe 5.0 Enterprise SSD: PM1743", 2021-12-23).
-    ssd_read_bandwidth: float = declared("13 GB/s", _BANDWIDTH, "NVMe reads per instance")
-    ssd_write_bandwidth: float = declared("6.6 GB/s", _BANDWIDTH, "NVMe writes per instance")
+    ssd_read_bandwidth: float = declared("13 GB/s", BANDWIDTH, "NVMe reads per instance")
+    ssd_write_bandwidth: float = declared("6.6 GB/s", BANDWIDTH, "NVMe writes per instance")
     # NAND flash reads take tens of microseconds (TLC page read) plus the NVMe
     # stack; 100 us is the round figure used for an enterprise NVMe 4 KiB read
     # (the PM1743's announcement gives none).

@@ -19,32 +19,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from twin._check import is_int
-from twin._declare import Kind, choice, declared, seconds
-from twin.errors import SpecError, UnitError
+from twin._declare import BANDWIDTH, choice, declared, seconds
+from twin.errors import SpecError
 from twin.scheduler import ROLES, AddInstance, RemoveInstance
 from twin.serving.cluster import Placement
 from twin.serving.engine import Engine
 from twin.serving.observer import InstanceInfo
-from twin.units import parse_bandwidth
 
 if TYPE_CHECKING:
     from twin.sim.simulation import Simulation
-
-
-def _bandwidth(value: Any, where: str) -> float:
-    try:
-        x = parse_bandwidth(value)
-    except UnitError as e:
-        raise SpecError(f"{where}: {e}") from None
-    if not x > 0:
-        raise SpecError(f"{where}: {value!r} must be > 0")
-    return x
-
-
-BANDWIDTH = Kind(
-    _bandwidth, {"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string"}]},
-    unit="bytes/s", keep=True,
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
