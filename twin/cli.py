@@ -222,6 +222,24 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_validate_workload_args(v: argparse.ArgumentParser) -> None:
+    from twin.studies.fidelity import DEFAULT_RATE, DEFAULT_REQUESTS
+
+    v.add_argument(
+        "--workload", metavar="TRACE|NAME",
+        help="perf: also weight each source's errors by the iterations this workload forms "
+        "(azure-conv, azure-code, mooncake, or a trace file)",
+    )  # fmt: skip
+    v.add_argument(
+        "--requests", type=int, default=DEFAULT_REQUESTS,
+        help=f"perf --workload: requests simulated per source (default {DEFAULT_REQUESTS})",
+    )  # fmt: skip
+    v.add_argument(
+        "--rate", type=float, default=DEFAULT_RATE,
+        help=f"perf --workload: arrivals per second for a length table (default {DEFAULT_RATE})",
+    )  # fmt: skip
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     if args.what == "run":
         return cmd_validate_run(args)
@@ -230,8 +248,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from twin.perf.validate import find_data_dir, format_validation, load_sources, validate_perf
 
     data = find_data_dir(args.data)
+    weighted = None
+    if args.workload is not None:
+        from twin.studies.fidelity import format_weighted, validate_weighted
+
+        rows = validate_weighted(data, args.workload, args.requests, args.rate)
+        weighted = format_weighted(rows, args.workload)
     print("in sample (the calibrated defaults, fitted on every source)")
     print(format_validation(validate_perf(data)))
+    if weighted is not None:
+        print()
+        print(weighted)
     if args.held_out:
         from twin._progress import Progress
         from twin.perf.calibrate import held_out_table
@@ -910,6 +937,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also refit leaving each source out and score it (one fit per source: minutes)",
     )
+    _add_validate_workload_args(v)
     v.set_defaults(func=cmd_validate)
 
     h = sub.add_parser("handoff", help="KV bytes and idle-network transfer time of one hand-off")
