@@ -243,6 +243,8 @@ def _add_validate_workload_args(v: argparse.ArgumentParser) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     if args.what == "run":
         return cmd_validate_run(args)
+    if args.what == "replay":
+        return cmd_validate_replay(args)
     if args.spec is not None or args.against is not None:
         raise TwinError("twin validate perf: takes no SPEC nor --against (those are for run)")
     from twin.perf.validate import find_data_dir, format_validation, load_sources, validate_perf
@@ -268,6 +270,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
             table = held_out_table(sources, on_source=bar.update)
         print()
         print(table)
+    return 0
+
+
+def cmd_validate_replay(args: argparse.Namespace) -> int:
+    from twin.studies.replay import format_replay, validate_replay
+
+    if args.spec is None or args.against is not None:
+        raise TwinError("twin validate replay: needs SPEC and takes no --against")
+    c = validate_replay(args.spec, args.set or ())
+    print(json.dumps(c.to_dict(), indent=2, sort_keys=True) if args.json else format_replay(c))
     return 0
 
 
@@ -915,11 +927,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="check the performance model against measured profiles")
     v.add_argument(
-        "what", choices=["perf", "run"],
+        "what", choices=["perf", "run", "replay"],
         help="perf: the performance model against measured profiles; run: a spec against a "
-        "real serving run (--against)",
+        "real serving run (--against); replay: a spec's measured perf table against each "
+        "roofline preset",
     )  # fmt: skip
-    v.add_argument("spec", nargs="?", help="run: the spec (path or bundled name) to replay")
+    v.add_argument("spec", nargs="?", help="run, replay: the spec (path or bundled name)")
     v.add_argument(
         "--against", metavar="RESULTS",
         help="run: a `vllm bench serve --save-detailed` JSON or an AIPerf profile_export.jsonl",
@@ -927,8 +940,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument(
         "--format", default="auto", choices=["auto", "vllm", "aiperf"], help="run: RESULTS format"
     )
-    v.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="run: override")
-    v.add_argument("--json", action="store_true", help="run: print JSON")
+    v.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="run, replay: override")
+    v.add_argument("--json", action="store_true", help="run, replay: print JSON")
     v.add_argument(
         "--data", help="the public data folder (default: $TWIN_DATA, ./shared/data, ../shared/data)"
     )
@@ -1188,6 +1201,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "kv": ("twin kv llama-3-70b --tokens 4096", "twin kv --model my-model.yaml --dtype fp8"),
     "validate": (
         "twin validate perf --data ../shared/data",
+        "twin validate perf --workload azure-conv",
+        "twin validate replay my-profile-spec.yaml",
         "twin validate run my-spec.yaml --against vllm-result.json",
         "twin validate run my-spec.yaml --against artifacts/run/profile_export.jsonl --json",
     ),
