@@ -223,20 +223,20 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_validate_workload_args(v: argparse.ArgumentParser) -> None:
-    from twin.studies.fidelity import DEFAULT_RATE, DEFAULT_REQUESTS
-
+    # Defaults: twin.studies.fidelity (DEFAULT_REQUESTS, DEFAULT_RATE), not imported here
+    # so that the CLI starts lean.
     v.add_argument(
         "--workload", metavar="TRACE|NAME",
         help="perf: also weight each source's errors by the iterations this workload forms "
         "(azure-conv, azure-code, mooncake, or a trace file)",
     )  # fmt: skip
     v.add_argument(
-        "--requests", type=int, default=DEFAULT_REQUESTS,
-        help=f"perf --workload: requests simulated per source (default {DEFAULT_REQUESTS})",
+        "--requests", type=int,
+        help="perf --workload: requests simulated per source (default 200)",
     )  # fmt: skip
     v.add_argument(
-        "--rate", type=float, default=DEFAULT_RATE,
-        help=f"perf --workload: arrivals per second for a length table (default {DEFAULT_RATE})",
+        "--rate", type=float,
+        help="perf --workload: arrivals per second for a length table (default 1.0)",
     )  # fmt: skip
 
 

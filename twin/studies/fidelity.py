@@ -36,7 +36,7 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "format": "mooncake",
     },
 }
-DEFAULT_REQUESTS = 200
+DEFAULT_REQUESTS = 200  # twin validate perf --help names both defaults
 DEFAULT_RATE = 1.0  # requests/s to one instance for a length table (load, not a measurement)
 
 
@@ -186,10 +186,13 @@ def weighted_score(source: Source, rec: IterationRecorder, model: Any = None) ->
 def validate_weighted(
     data_dir: Path,
     workload: str,
-    requests: int = DEFAULT_REQUESTS,
-    rate: float = DEFAULT_RATE,
+    requests: int | None = DEFAULT_REQUESTS,
+    rate: float | None = DEFAULT_RATE,
 ) -> list[WeightedRow]:
-    """:func:`weighted_score` of every source under ``data_dir`` on ``workload``."""
+    """:func:`weighted_score` of every source under ``data_dir`` on ``workload``
+    (``None``: the default requests, rate)."""
+    requests = DEFAULT_REQUESTS if requests is None else requests
+    rate = DEFAULT_RATE if rate is None else rate
     if not (isinstance(requests, int) and requests > 0):
         raise TwinError(f"--requests: {requests!r} must be a positive integer")
     if not (isinstance(rate, int | float) and math.isfinite(rate) and rate > 0):
