@@ -106,3 +106,20 @@ def test_cli_weighted_table_on_real_data(
     row = [x for x in out.splitlines() if x.startswith("splitwise llama2-70b h100-80gb tp8")][-1]
     served, total = row.split()[-1].split("/")
     assert total == "20" and 0 < int(served) <= 20
+
+
+def test_workload_mix_of_a_trace_file(tmp_path: Path) -> None:
+    # Four requests, one second apart, each alone on the instance: four one-prompt
+    # prefill iterations of exactly the trace's prompt lengths.
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:00:00.0,100,2\n2023-11-16 18:00:01.0,200,2\n"
+        "2023-11-16 18:00:02.0,300,2\n2023-11-16 18:00:03.0,400,2\n"
+    )
+    src = Source("toy", "llama-2-7b", "a100-80gb", 1, (), engine="distserve")
+    rec = workload_mix(src, str(trace), requests=10)
+    assert (rec.requests, rec.served) == (4, 4)
+    assert rec.prefill == {(1, 100): 1, (1, 200): 1, (1, 300): 1, (1, 400): 1}
+    # The second token of each is one decode step of one sequence at its prompt + 1.
+    assert rec.decode == {(1, 101): 1, (1, 201): 1, (1, 301): 1, (1, 401): 1}
