@@ -8,6 +8,13 @@ spec: for a budget in watts or in GPUs, it lists every prefill:decode count
 that fills the budget (no further instance of either role fits), estimates
 each one's goodput by simulation, and reports the best.
 
+For a mixture-of-experts model (on the Roofline) each role is searched in
+its spec layout and in every expert-parallel layout valid for it
+(:func:`layouts`: ``ep`` dividing the routed experts, ``ep = dp x tp`` at the
+spec's ``tp``, the weights leaving room for KV), every pair of layouts with
+its splits; each candidate names its layouts. A dense model's search is the
+spec's layout only.
+
 Power follows the hardware: a split's power is the catalog TDP of every GPU
 its instances are placed on, summed (on a topology that mixes H100 and
 power-capped H100 nodes, an instance on a capped node costs 490 W a GPU, one
