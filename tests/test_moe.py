@@ -442,3 +442,14 @@ def test_provision_of_a_dense_model_searches_its_own_layout_only():
 
     spec = load_spec("disagg")
     assert [layouts(spec, g, 10**4) for g in spec.groups] == [[g] for g in spec.groups]
+
+
+def test_plan_takes_a_compare_spec_by_its_base(capsys):
+    # the base is planned: its own keys are checked (here a bad EP), compare: is not refused
+    assert main(["plan", "deepseek-wide-ep", "--set", "cluster.decode.ep=24"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == (
+        "twin: note: deepseek-wide-ep.yaml has compare: (disagg, colocated); twin plan plans "
+        "its base, the spec without it"
+    )
+    assert len(err) == 2 and "cluster.decode.ep: 24 does not divide" in err[1]
