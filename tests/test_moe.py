@@ -328,3 +328,128 @@ def test_expert_weights_that_do_not_fit_name_the_layout(capsys):
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "prefill instance (EP8, DP8 x TP1 x PP1)" in err[0], err
+
+
+# -- wide EP in the planner and EP in provisioning -----------------------------------
+def _wide_plan_spec(nodes: int, tpot: str):
+    from pathlib import Path
+
+    from twin.sim.spec import resolve_spec
+
+    data = {
+        "model": "deepseek-v3",
+        "cluster": {"topology": "dgx-h100-ib400", "nodes": nodes, "prefill": 1, "decode": 1},
+        "workload": {
+            "lengths": {
+                "prompt": {"dist": "fixed", "value": 2000},
+                "output": {"dist": "fixed", "value": 100},
+            },
+            "arrival": {"process": "poisson", "rate": 4.0},
+            "max_requests": 24,
+        },  # fmt: skip
+        "slo": {"ttft": "30 s", "tpot": tpot},
+    }
+    return resolve_spec(data, "plan.yaml", Path.cwd())
+
+
+def test_the_planner_takes_a_wide_ep_decode_where_no_node_holds_deepseek(monkeypatch):
+    """DeepSeek-V3's 671 GB of FP8 weights do not fit one DGX H100 node in any
+    layout (TP8: 84 GB a GPU; EP8: 17 GB of dense weights and 82 GB of experts
+    a GPU; 0.9 x 80 GiB usable), so every in-node candidate is out and the
+    planner must span nodes: EP16 over 2 nodes, EP32 over 4. At the same
+    sequences per rank a decode step of EP32 is shorter than EP16's (each GPU
+    reads 8 experts' weights instead of 16, memory bound, while the all-to-all
+    crosses the same NICs), so under a TPOT SLO EP32 decodes more per GPU."""
+    from twin.net.topology import all_to_all_links
+    from twin.perf.build import build_perf_model
+    from twin.studies import planner
+    from twin.studies.planner import _Planner, plan_distserve
+    from twin.studies.samples import replicate_samples
+
+    spec = _wide_plan_spec(6, "20 ms")
+    ds, h100 = spec.model, get_gpu("h100")
+    usable = spec.memory_utilization * h100.memory_bytes
+    assert ds.weight_bytes_per_gpu(8, 1, 1) > usable
+    assert ds.weight_bytes_per_gpu(1, 1, 8) > usable > ds.weight_bytes_per_gpu(1, 1, 16)
+    pl = _Planner(spec, replicate_samples(spec, 24, 1)[0], 8, 3, 400, 4)
+    assert all(note == "weights do not fit" for *_, note in pl.configs())
+    fits = [(tp, ep) for tp, ep, note in pl.expert_configs() if not note]
+    assert fits == [(tp, ep) for ep in (16, 32) for tp in (1, 2, 4, 8)]  # 2 and 4 nodes
+    assert pl.where() == "within a node or, with EP, over up to 4 nodes"
+    topo = load_topology("dgx-h100-ib400", nodes=4)
+    step = {}
+    for ep in (16, 32):
+        links = all_to_all_links(topo, range(ep))
+        assert links["a2a_inter_bytes_s"] == topo.injection_bytes_s(0)  # one NIC a GPU
+        r = build_perf_model(None, ds, h100, 1, 1, ep=ep, dp=ep, a2a=links)
+        step[ep] = r.iteration_time(Batch((), 4 * ep, 4 * ep * 2050))  # 4 sequences a rank
+    assert step[32] < 0.9 * step[16]
+    # the search as plan_distserve runs it, on the TP1 layouts (pure data-parallel attention)
+    orig = _Planner.expert_configs
+    monkeypatch.setattr(_Planner, "expert_configs", lambda s: [c for c in orig(s) if c[0] == 1])
+    plan = plan_distserve(spec, sample_size=24, replicates=1, iterations=3,
+                          max_decode_requests=400)  # fmt: skip
+    by = {(c.role, c.label()): c for c in plan.candidates}
+    d16, d32 = by["decode", "TP1 DP16 EP16"], by["decode", "TP1 DP32 EP32"]
+    assert 0 < d16.per_gpu < d32.per_gpu
+    assert plan.decode == d32 and plan.decode.gpus == 32 > plan.gpus_per_node
+    assert plan.prefill.label() == "TP1 DP16 EP16"
+    over = plan.to_spec_overrides()["cluster"]
+    assert over["decode"] == {"instances": 1, "tp": 1, "pp": 1, "ep": 32, "dp": 32}
+    assert "+ 1 x decode TP1 DP32 EP32 = 48 GPUs" in plan.explain()
+    assert planner._nodes_needed([16, 32], 8) == 6
+
+
+def test_provision_searches_the_ep_layouts_of_each_role(capsys, tmp_path):
+    """On 48 GPUs of DGX H100 nodes, DeepSeek-V3's valid layouts are EP16 and
+    EP32 (EP8 and below leave no room for KV, EP64 exceeds the budget): four
+    layout pairs, of which EP32 + EP32 does not fit, each with its splits."""
+    import json
+
+    from twin.studies.provision import layouts
+
+    spec = load_spec("deepseek-wide-ep", ["compare=null"])
+    pg, dg = spec.groups
+    assert [g.ep for g in layouts(spec, pg, 48)] == [16, 32]
+    assert [g.ep for g in layouts(spec, pg, 31)] == [16]
+    assert [(g.ep, g.dp, g.tp) for g in layouts(spec, dg, 48)] == [(16, 16, 1), (32, 32, 1)]
+    # the CLI plans the spec's base, with a note, and names each split's layouts
+    args = ["provision", "deepseek-wide-ep", "--gpus", "48", "--sample", "12",
+            "--replicates", "1", "--set", "workload.max_requests=40",
+            "--json", str(tmp_path / "p.json")]  # fmt: skip
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert err.startswith("twin: note: deepseek-wide-ep.yaml has compare: (disagg, colocated)")
+    doc = json.loads((tmp_path / "p.json").read_text())
+    rows = [
+        (c["prefill"], c["prefill_group"]["ep"], c["decode"], c["decode_group"]["ep"], c["gpus"])
+        for c in doc["candidates"]
+    ]
+    assert rows == [(1, 16, 2, 16, 48), (2, 16, 1, 16, 48), (1, 16, 1, 32, 48), (1, 32, 1, 16, 48)]
+    assert doc["candidates"][2]["decode_group"] == {"tp": 1, "pp": 1, "ep": 32, "dp": 32,
+                                                    "template": None}  # fmt: skip
+    assert "       1  TP1 DP16 EP16       1  TP1 DP32 EP32    48" in out
+    best = doc["best"]
+    assert f"best: {best['prefill']} prefill ({_lbl(best['prefill_group'])}) + " in out
+
+
+def _lbl(g: dict) -> str:
+    return f"TP{g['tp']} DP{g['dp']} EP{g['ep']}"
+
+
+def test_provision_of_a_dense_model_searches_its_own_layout_only():
+    from twin.studies.provision import layouts
+
+    spec = load_spec("disagg")
+    assert [layouts(spec, g, 10**4) for g in spec.groups] == [[g] for g in spec.groups]
+
+
+def test_plan_takes_a_compare_spec_by_its_base(capsys):
+    # the base is planned: its own keys are checked (here a bad EP), compare: is not refused
+    assert main(["plan", "deepseek-wide-ep", "--set", "cluster.decode.ep=24"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == (
+        "twin: note: deepseek-wide-ep.yaml has compare: (disagg, colocated); twin plan plans "
+        "its base, the spec without it"
+    )
+    assert len(err) == 2 and "cluster.decode.ep: 24 does not divide" in err[1]

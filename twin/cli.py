@@ -373,6 +373,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
     text, where, base_dir = read_spec_text(args.spec)
     data = parse_yaml(text, where)
     apply_overrides(data, args.set or [])
+    _compare_base(data, where, "provision")
     power = None if args.power is None else parse_watts(args.power, "--power")
     if args.gpus is not None:
         from twin._check import MAX_GPUS
@@ -458,10 +459,22 @@ def _sample_args(args: argparse.Namespace, cmd: str) -> None:
         args.convergence = sorted(set(sizes))
 
 
+def _compare_base(data: dict[str, Any], where: str, cmd: str) -> None:
+    """A spec with ``compare:`` is planned as its base: the section is dropped, with a note."""
+    if "compare" in data:
+        entries = data.pop("compare")
+        labels = ", ".join(map(str, entries)) if isinstance(entries, dict) else "..."
+        print(
+            f"twin: note: {where} has compare: ({labels}); twin {cmd} plans its base, "
+            "the spec without it",
+            file=sys.stderr,
+        )
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     import yaml
 
-    from twin.sim.spec import load_spec
+    from twin.sim.spec import apply_overrides, parse_yaml, read_spec_text, resolve_spec
     from twin.studies.planner import plan_distserve
 
     _sample_args(args, "plan")
@@ -469,7 +482,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise TwinError(f"twin plan: --target-rate: {args.target_rate} must be > 0")
     _json_first(args)
     executor = _executor(args)
-    spec = load_spec(args.spec, args.set or [])
+    text, where, base_dir = read_spec_text(args.spec)
+    data = parse_yaml(text, where)
+    apply_overrides(data, args.set or [])
+    _compare_base(data, where, "plan")
+    spec = resolve_spec(data, where, base_dir)
     _export_args_check(args, "plan")
     from twin.studies.goodput import require_slo
 

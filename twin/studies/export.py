@@ -213,7 +213,8 @@ def from_provision(data: Mapping[str, Any], where: str, base_dir: Path, prov: An
     from twin.studies.provision import _candidate_spec
 
     spec = resolve_spec(data, where, base_dir)
-    b, pg, dg = prov.best, prov.prefill_group, prov.decode_group
+    b = prov.best
+    pg, dg = b.prefill_group or prov.prefill_group, b.decode_group or prov.decode_group
     run = _candidate_spec(data, where, base_dir, pg, dg, b.prefill, b.decode)
     return _deployment(
         spec, run, "twin provision", Role(b.prefill, pg.tp, pg.pp), Role(b.decode, dg.tp, dg.pp),

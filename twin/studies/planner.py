@@ -33,8 +33,16 @@ where they go, to maximize goodput per GPU:
    hand-off on NVLink. The unit chosen is the node-sized group with the most
    goodput per GPU.
 
-NOTE: simplifications, with their consequences. Instances never span nodes in
-this twin, so Algorithm 2's instance segments (PP stages of one instance
+Expert parallelism (a mixture-of-experts model, the Roofline): beside TP x PP
+the search scores EP layouts of ``ep / tp`` data-parallel attention ranks,
+inside a node and over 2 up to ``max_ep_nodes`` whole nodes (wide EP). A
+probe with a wide instance runs on the spec's own nodes and fabric (grown to
+the nodes it needs), so that each MoE layer's two all-to-alls cross the real
+NICs; its KV hand-off then crosses that fabric too, which the in-node probes
+leave out.
+
+NOTE: simplifications, with their consequences. Only expert-parallel
+instances span nodes in this twin, so Algorithm 2's instance segments (PP stages of one instance
 across nodes, stage-aligned with the other phase) are not available: a model
 whose prefill/decode pair does not fit in one node falls back to free
 placement over the slow fabric, and the plan says so. PP adds memory, not
@@ -299,10 +307,17 @@ def _divisors(n: int) -> list[int]:
 
 def _first_fit(sizes: Sequence[int], per_node: int) -> list[int]:
     """The node each instance lands on when taken in order, each on the first
-    node with room (as :func:`twin.serving.cluster.place_on_topology` places them)."""
+    node with room (as :func:`twin.serving.cluster.place_on_topology` places them);
+    an instance of more GPUs than a node (wide EP) takes the next whole free
+    nodes and lands on the first of them."""
     free: list[int] = []
     out = []
     for s in sizes:
+        if s > per_node:
+            k = math.ceil(s / per_node)
+            out.append(len(free))
+            free += [0] * (k - 1) + [k * per_node - s]
+            continue
         for k, f in enumerate(free):
             if f >= s:
                 free[k] -= s
@@ -316,7 +331,8 @@ def _first_fit(sizes: Sequence[int], per_node: int) -> list[int]:
 
 def _nodes_needed(sizes: Sequence[int], per_node: int) -> int:
     """Nodes of ``per_node`` GPUs that first-fit places ``sizes`` on."""
-    return max(_first_fit(sizes, per_node), default=0) + 1
+    where = _first_fit(sizes, per_node)
+    return max((k + math.ceil(s / per_node) for k, s in zip(where, sizes, strict=True)), default=1)
 
 
 def _unit_repeats(cp: Candidate, kp: int, cd: Candidate, kd: int, per_node: int) -> bool:
@@ -343,6 +359,7 @@ class _Planner:
         max_gpus: int,
         iterations: int,
         max_decode_requests: int,
+        max_ep_nodes: int = 1,
     ) -> None:
         topo = spec.topology
         if topo is None:
@@ -356,6 +373,7 @@ class _Planner:
         self.topo = topo
         self.per_node = len(topo.gpus_of_node(0))
         self.max_gpus = min(max_gpus, self.per_node)
+        self.max_ep_nodes = max_ep_nodes
         self.iterations = iterations
         self.sample = sorted(sample, key=lambda r: (r.arrival_s, r.id))
         t0 = self.sample[0].arrival_s
@@ -382,7 +400,7 @@ class _Planner:
             for _ in range(n)
         ]
         nodes = _nodes_needed(sizes, self.per_node)
-        topology = {
+        topology: Any = {
             "name": "plan-probe",
             "node": {
                 "gpu": self.topo.gpu_type(0),
@@ -391,7 +409,13 @@ class _Planner:
             },
             "nodes": nodes,
         }
+        if max(sizes) > self.per_node:
+            # A wide-EP instance's all-to-alls cross the NICs: the probe runs on
+            # the spec's own nodes and fabric, as many nodes as it needs.
+            topology = res["cluster"]["topology"]
         cluster = {"topology": topology, "placement": "packed"}
+        if max(sizes) > self.per_node:
+            cluster["nodes"] = nodes
         for role, (tp, pp, n, ep) in groups.items():
             cluster[role] = {"instances": n, "tp": tp, "pp": pp} | _ep_keys(ep, tp)
         slo = {k: v for k, v in res["slo"].items() if v is not None}
@@ -551,24 +575,34 @@ class _Planner:
                 out.append((tp, pp, note))
         return sorted(out, key=lambda c: (c[0] * c[1], c[1], c[0]))
 
+    def where(self) -> str:
+        """Where the searched instances live, for messages."""
+        if self.spec.model.is_moe and self.max_ep_nodes > 1 and self.topo.num_nodes > 1:
+            return f"within a node or, with EP, over up to {self.max_ep_nodes} nodes"
+        return "within a node"
+
     def expert_configs(self) -> list[tuple[int, int, str]]:
         """(tp, ep, note) of the expert-parallel layouts of a MoE model inside a
-        node: ``ep`` dividing the routed experts, ``ep / tp >= 2`` data-parallel
-        attention ranks of ``tp`` GPUs each, no pipeline; the note as in
-        :meth:`configs`. Empty for a dense model or a perf model other than the
-        Roofline (the only one with EP)."""
+        node, or over 2 up to ``max_ep_nodes`` whole nodes of the topology (wide
+        EP: ``ep`` a multiple of a node's GPUs): ``ep`` dividing the routed
+        experts, ``ep / tp >= 2`` data-parallel attention ranks of ``tp`` GPUs
+        each (TP inside a node), no pipeline; the note as in :meth:`configs`.
+        Empty for a dense model or a perf model other than the Roofline (the
+        only one with EP)."""
         from twin.serving.kvcache import kv_capacity_blocks
 
         model, spec = self.spec.model, self.spec
         if not model.is_moe or (spec.perf is not None and spec.perf.get("kind") != "roofline"):
             return []
         gpu_mem = _gpu_memory(self.topo)
+        wide = self.per_node * min(self.max_ep_nodes, self.topo.num_nodes)
         out = []
         for ep in _divisors(model.experts):
-            if ep < 2 or ep > self.max_gpus:
+            # inside a node, or over whole nodes (wide EP)
+            if ep < 2 or (ep > self.max_gpus and (ep > wide or ep % self.per_node)):
                 continue
             for tp in _divisors(ep):
-                if ep // tp < 2 or model.tp_problem(tp):
+                if ep // tp < 2 or tp > self.max_gpus or model.tp_problem(tp):
                     continue
                 note = ""
                 try:
@@ -610,7 +644,8 @@ def _decode_probe(pl: _Planner, c: Candidate, feed: Candidate) -> Callable[[floa
 # Each configuration's goodput search is one job on the executor: the searches
 # share nothing (every probe's cache key names its configuration), and the
 # bisection inside one stays serial. Jobs take and return plain data.
-_Limits = tuple[int, int, int]  # max GPUs per instance, bisection steps, decode requests
+# max GPUs per in-node instance, bisection steps, decode requests, nodes of a wide-EP instance
+_Limits = tuple[int, int, int, int]
 
 
 def _search(
@@ -686,6 +721,7 @@ def plan_distserve(
     max_link_busy: float = 0.5,
     iterations: int = 6,
     max_decode_requests: int = 1500,
+    max_ep_nodes: int = 4,
     executor: Executor | None = None,
 ) -> DistServePlan:
     """Plan a DistServe deployment of ``spec``'s model on its topology.
@@ -704,6 +740,9 @@ def plan_distserve(
     bracket. ``max_decode_requests``: a decode probe loops the sample until a
     decode batch has filled (one request lifetime at the TPOT SLO) and as long
     again, up to this many requests; arrivals in the warm-up are not counted.
+    ``max_ep_nodes``: a mixture-of-experts model's expert-parallel layouts
+    may also span 2 up to this many whole nodes (wide EP, ``ep`` a multiple of
+    the node's GPUs), their all-to-alls priced on the topology's NICs.
     ``executor`` runs the searches of each phase's configurations, and the
     scores on the other samples, as parallel jobs (default: one after the
     other, in this process). Deterministic: the same inputs give the same
@@ -720,7 +759,7 @@ def plan_distserve(
         samples = [sample]
         asked, replicates = len(sample), 1
     sample = samples[0]
-    limits = (max_gpus_per_instance, iterations, max_decode_requests)
+    limits = (max_gpus_per_instance, iterations, max_decode_requests, max_ep_nodes)
     pl = _Planner(spec, sample, *limits)
     configs = [(tp, pp, note, 1) for tp, pp, note in pl.configs()]
     configs += [(tp, 1, note, ep) for tp, ep, note in pl.expert_configs()]
@@ -733,7 +772,7 @@ def plan_distserve(
         best_p = _best(prefills)
         if best_p is None:
             raise SpecError(
-                f"{spec.source}: no prefill configuration within a node meets the TTFT SLO "
+                f"{spec.source}: no prefill configuration {pl.where()} meets the TTFT SLO "
                 f"({_s(spec.slo.ttft_s)}) for {spec.slo.target:.0%} of the sample at any rate"
             )
         decodes, sims = _score(ex, spec, sample, limits, "decode", configs, best_p, bar)
@@ -741,7 +780,7 @@ def plan_distserve(
     best_d = _best(decodes)
     if best_d is None:
         raise SpecError(
-            f"{spec.source}: no decode configuration within a node meets the TPOT SLO "
+            f"{spec.source}: no decode configuration {pl.where()} meets the TPOT SLO "
             f"({_s(spec.slo.tpot_s)}) for {spec.slo.target:.0%} of the sample at any rate"
         )
 
@@ -791,7 +830,7 @@ def plan_distserve(
         unit = _node_unit(prefills, decodes, per_node)
         if unit is None:
             reasons.append(
-                "no prefill/decode pair fits in one node (instances never span nodes here), "
+                "no prefill/decode pair fits in one node (only EP instances span nodes here), "
                 "so the plan places freely and the KV crosses the slow fabric"
             )
             affinity = "low (no pair fits a node)"

@@ -8,6 +8,13 @@ spec: for a budget in watts or in GPUs, it lists every prefill:decode count
 that fills the budget (no further instance of either role fits), estimates
 each one's goodput by simulation, and reports the best.
 
+For a mixture-of-experts model (on the Roofline) each role is searched in
+its spec layout and in every expert-parallel layout valid for it
+(:func:`layouts`: ``ep`` dividing the routed experts, ``ep = dp x tp`` at the
+spec's ``tp``, the weights leaving room for KV), every pair of layouts with
+its splits; each candidate names its layouts. A dense model's search is the
+spec's layout only.
+
 Power follows the hardware: a split's power is the catalog TDP of every GPU
 its instances are placed on, summed (on a topology that mixes H100 and
 power-capped H100 nodes, an instance on a capped node costs 490 W a GPU, one
@@ -54,10 +61,11 @@ from typing import Any
 import numpy as np
 
 from twin._progress import Progress
-from twin.errors import SpecError
-from twin.perf.gpus import get_gpu
+from twin.errors import CapacityError, SpecError
+from twin.perf.gpus import GPUSpec, get_gpu
 from twin.request import Request
 from twin.serving.cluster import Placement, place_on_topology, placement_order
+from twin.serving.kvcache import kv_capacity_blocks
 from twin.sim.spec import ExperimentSpec, InstanceGroup, resolve_spec
 from twin.studies.samples import (
     DEFAULT_REPLICATES,
@@ -82,6 +90,8 @@ class Candidate:
     goodput_rps: float  # the mean over the samples
     goodput_ci95: float = math.nan  # half-width of its 95% interval (NaN for one sample)
     goodputs_rps: tuple[float, ...] = ()  # one per sample
+    prefill_group: InstanceGroup | None = None  # the layouts this split runs (None: the spec's)
+    decode_group: InstanceGroup | None = None
 
     @property
     def goodput_per_gpu(self) -> float:
@@ -102,6 +112,8 @@ class Provision:
     """Splits the topology cannot hold: ``(prefill, decode, why)``."""
     sample: int = 0  # requests per sample
     warnings: list[str] = dataclasses.field(default_factory=list)
+    layouts: bool = False
+    """Whether EP layouts were searched (a MoE model): each candidate names its own."""
 
     def to_dict(self) -> dict[str, Any]:
         """The search as ``twin provision --json`` writes it: the budget, each
@@ -110,16 +122,20 @@ class Provision:
         splits left out and why, and the best split."""
         from twin.studies.samples import json_number
 
+        def group(g: InstanceGroup) -> dict[str, Any]:
+            moe = {"ep": g.ep, "dp": g.dp} if g.ep > 1 or g.dp > 1 else {}
+            return {"tp": g.tp, "pp": g.pp, **moe, "template": g.template}
+
         def cand(c: Candidate) -> dict[str, Any]:
-            return {
+            out: dict[str, Any] = {
                 "prefill": c.prefill, "decode": c.decode, "gpus": c.gpus, "power_w": c.power_w,
                 "goodput_rps": c.goodput_rps, "goodput_ci95": json_number(c.goodput_ci95),
                 "goodputs_rps": list(c.goodputs_rps), "goodput_per_gpu": c.goodput_per_gpu,
             }  # fmt: skip
-
-        def group(g: InstanceGroup) -> dict[str, Any]:
-            moe = {"ep": g.ep, "dp": g.dp} if g.ep > 1 or g.dp > 1 else {}
-            return {"tp": g.tp, "pp": g.pp, **moe, "template": g.template}
+            if self.layouts:
+                out["prefill_group"] = group(c.prefill_group or self.prefill_group)
+                out["decode_group"] = group(c.decode_group or self.decode_group)
+            return out
 
         return {
             "budget": self.budget,
@@ -185,19 +201,66 @@ def placed_power_w(spec: ExperimentSpec) -> float:
     return sum(get_gpu(topo.gpu_type(i)).tdp_w for p in _place(spec) for i in p.gpus)
 
 
-def _role_tdp(spec: ExperimentSpec, group: InstanceGroup) -> float:
-    """TDP (W) of one GPU of the type ``group``'s instances are placed on: its
-    template's GPU, else that of the node the spec places its first instance on."""
+def _role_gpu(spec: ExperimentSpec, group: InstanceGroup) -> GPUSpec:
+    """The GPU ``group``'s instances are placed on: its template's GPU, else
+    that of the node the spec places its first instance on."""
     topo = spec.topology
     if topo is None:
-        return spec.gpu.tdp_w
+        return spec.gpu
     if group.template is not None:
         node = next(k for k in range(topo.num_nodes) if topo.template_of(k) == group.template)
-        return get_gpu(topo.gpu_type(topo.gpus_of_node(node)[0])).tdp_w
+        return get_gpu(topo.gpu_type(topo.gpus_of_node(node)[0]))
     places = _place(spec)
     roles = _instances(spec)[0]
     first = next(p for p, r in zip(places, roles, strict=True) if r == group.role)
-    return get_gpu(topo.gpu_type(first.gpus[0])).tdp_w
+    return get_gpu(topo.gpu_type(first.gpus[0]))
+
+
+def _role_tdp(spec: ExperimentSpec, group: InstanceGroup) -> float:
+    """TDP (W) of one GPU of the type ``group``'s instances are placed on."""
+    return _role_gpu(spec, group).tdp_w
+
+
+def _holds_weights(spec: ExperimentSpec, gpu: GPUSpec, g: InstanceGroup) -> bool:
+    """Whether ``g``'s layout leaves room for KV on ``gpu`` after its weights
+    (as the run sizes an expert-parallel instance's KV)."""
+    model = spec.model
+    try:
+        kv_capacity_blocks(
+            gpu_memory_bytes=gpu.memory_bytes,
+            memory_utilization=spec.memory_utilization,
+            weight_bytes=model.weight_bytes_per_gpu(g.tp, g.pp, g.ep) * g.tp * g.pp,
+            activation_reserve_bytes=spec.activation_reserve_bytes,
+            kv_bytes_per_token=model.kv_bytes_per_token_tp(g.tp),
+            tp=g.tp,
+            pp=g.pp,
+            block_size=spec.engine.block_size,
+        )
+    except CapacityError:
+        return False
+    return True
+
+
+def layouts(spec: ExperimentSpec, group: InstanceGroup, most_gpus: int) -> list[InstanceGroup]:
+    """The layouts a role is searched in, in order of ``ep``: the spec's own,
+    and for a mixture-of-experts model on the Roofline every expert-parallel
+    layout valid for the role: ``ep`` dividing the routed experts, ``ep =
+    dp x tp`` over ``dp >= 2`` data-parallel attention ranks of the group's
+    ``tp`` (its ``pp`` kept), at most ``most_gpus`` GPUs an instance, and
+    the weights leaving room for KV on the role's GPU. A dense model: the
+    spec's layout only."""
+    model = spec.model
+    if not model.is_moe or (spec.perf is not None and spec.perf.get("kind") != "roofline"):
+        return [group]
+    gpu = _role_gpu(spec, group)
+    found = {(group.ep, group.dp): group}
+    for ep in range(group.tp * 2, model.experts + 1, group.tp):
+        g = dataclasses.replace(group, ep=ep, dp=ep // group.tp)
+        if model.experts % ep or g.gpus > most_gpus or (ep, g.dp) in found:
+            continue
+        if _holds_weights(spec, gpu, g):
+            found[(ep, g.dp)] = g
+    return sorted(found.values(), key=lambda g: (g.ep, g.dp))
 
 
 def sample_requests(spec: ExperimentSpec, sample: int) -> list[Request]:
@@ -310,43 +373,51 @@ def provision(
     pg, dg = _groups(base)
     if power_w is not None and gpus is not None:
         raise SpecError("give a power budget or a GPU budget, not both")
-    gp, gd = pg.gpus, dg.gpus
-    wp, wd = gp * _role_tdp(base, pg), gd * _role_tdp(base, dg)
+    tdp_p, tdp_d = _role_tdp(base, pg), _role_tdp(base, dg)
     if power_w is not None:
         if not power_w > 0:
             raise SpecError(f"power budget {power_w!r} W must be > 0")
-        cost_p, cost_d, budget, label = wp, wd, float(power_w), f"{power_w:,.0f} W"
+        tdp_p, tdp_d, budget, label = tdp_p, tdp_d, float(power_w), f"{power_w:,.0f} W"
     else:
         if gpus is None:
-            gpus = pg.count * gp + dg.count * gd
+            gpus = pg.count * pg.gpus + dg.count * dg.gpus
         if gpus <= 0:
             raise SpecError(f"GPU budget {gpus!r} must be > 0")
-        cost_p, cost_d, budget, label = gp, gd, float(gpus), f"{gpus} GPUs"
+        tdp_p, tdp_d, budget, label = 1.0, 1.0, float(gpus), f"{gpus} GPUs"
     if sample < 2:
         raise SpecError(f"sample {sample!r} must be at least 2 requests")
     if replicates < 1:
         raise SpecError(f"replicates {replicates!r} must be at least 1")
+    # Each pair of layouts (one for a dense model) with every split that fills the budget.
+    most = int(budget // min(tdp_p, tdp_d))
+    pairs = [(lp, ld) for lp in layouts(base, pg, most) for ld in layouts(base, dg, most)]
+    searched = len(pairs) > 1
     splits = []
-    n_p = 1
-    while n_p * cost_p + cost_d <= budget + 1e-9:
-        n_d = int((budget - n_p * cost_p) // cost_d + 1e-9)
-        splits.append((n_p, n_d))
-        n_p += 1
+    for lp, ld in pairs:
+        cost_p, cost_d = lp.gpus * tdp_p, ld.gpus * tdp_d
+        n_p = 1
+        while n_p * cost_p + cost_d <= budget + 1e-9:
+            n_d = int((budget - n_p * cost_p) // cost_d + 1e-9)
+            splits.append((lp, ld, n_p, n_d))
+            n_p += 1
     if not splits:
         raise SpecError(
             f"a budget of {label} holds no prefill + decode pair "
-            f"({cost_p + cost_d:g} {'W' if power_w is not None else 'GPUs'} for the smallest)"
+            f"({pg.gpus * tdp_p + dg.gpus * tdp_d:g} "
+            f"{'W' if power_w is not None else 'GPUs'} for the smallest)"
         )
     samples = [unit_rate(base, r) for r in replicate_samples(base, sample, replicates)]
     out = []
     left_out: list[tuple[int, int, str]] = []
-    held: list[tuple[int, int, ExperimentSpec]] = []
-    for n_p, n_d in splits:
+    held: list[tuple[InstanceGroup, InstanceGroup, int, int, ExperimentSpec]] = []
+    for lp, ld, n_p, n_d in splits:
         try:
-            held.append((n_p, n_d, _candidate_spec(data, where, base_dir, pg, dg, n_p, n_d)))
+            spec = _candidate_spec(data, where, base_dir, lp, ld, n_p, n_d)
+            held.append((lp, ld, n_p, n_d, spec))
         except SpecError as e:
-            left_out.append((n_p, n_d, str(e)))
-    jobs: list[Job] = [(_goodput_job, (spec, reqs, tol)) for _, _, spec in held for reqs in samples]
+            why = f"{_layout(lp)} + {_layout(ld)}: {e}" if searched else str(e)
+            left_out.append((n_p, n_d, why))
+    jobs: list[Job] = [(_goodput_job, (spec, reqs, tol)) for *_, spec in held for reqs in samples]
     with (
         executor if executor is not None else Executor(jobs=1) as ex,
         Progress(len(jobs), "searches", desc="provision") as bar,  # a split on a sample each
@@ -356,17 +427,19 @@ def provision(
             found[i] = value
             bar.update()
     k = len(samples)
-    for i, (n_p, n_d, spec) in enumerate(held):
+    for i, (lp, ld, n_p, n_d, spec) in enumerate(held):
         rates = tuple(found[i * k + j] for j in range(k))
         out.append(
             Candidate(
                 prefill=n_p,
                 decode=n_d,
-                gpus=n_p * gp + n_d * gd,
+                gpus=n_p * lp.gpus + n_d * ld.gpus,
                 power_w=placed_power_w(spec),
                 goodput_rps=float(np.mean(rates)),
                 goodput_ci95=ci95(rates),
                 goodputs_rps=rates,
+                prefill_group=lp,
+                decode_group=ld,
             )
         )
     if not out:
@@ -381,10 +454,10 @@ def provision(
         if c is not best and _overlap(best, c):
             warnings.append(
                 f"the best split's interval ({best.goodput_rps:.3f} +- {best.goodput_ci95:.3f}) "
-                f"overlaps {c.prefill}:{c.decode}'s ({c.goodput_rps:.3f} +- "
+                f"overlaps {_split(c, searched)}'s ({c.goodput_rps:.3f} +- "
                 f"{c.goodput_ci95:.3f} req/s): the sample does not tell them apart"
             )
-    return Provision(out, best, label, pg, dg, left_out, len(samples[0]), warnings)
+    return Provision(out, best, label, pg, dg, left_out, len(samples[0]), warnings, searched)
 
 
 def _overlap(a: Candidate, b: Candidate) -> bool:
@@ -398,27 +471,64 @@ def _on(g: InstanceGroup) -> str:
     return ep + ("" if g.template is None else f" on {g.template}")
 
 
+def _layout(g: InstanceGroup) -> str:
+    """A role's layout as the EP search reports it: ``TP8``, ``TP1 DP16 EP16``."""
+    if g.ep > 1:
+        return f"TP{g.tp} DP{g.dp} EP{g.ep}"
+    return f"TP{g.tp}" + (f" PP{g.pp}" if g.pp > 1 else "")
+
+
+def _split(c: Candidate, layouts: bool) -> str:
+    """``2:1``, and with an EP search each role's layout: ``2:1 (EP16/EP32)``."""
+    if not layouts or c.prefill_group is None or c.decode_group is None:
+        return f"{c.prefill}:{c.decode}"
+    return f"{c.prefill}:{c.decode} ({_layout(c.prefill_group)} / {_layout(c.decode_group)})"
+
+
 def format_provision(p: Provision) -> str:
-    """The table ``twin provision`` prints."""
-    lines = [
-        f"budget {p.budget}: prefill TP{p.prefill_group.tp}{_on(p.prefill_group)} x N, "
-        f"decode TP{p.decode_group.tp}{_on(p.decode_group)} x M",
-        f"{'prefill':>8}{'decode':>8}{'gpus':>6}{'power W':>10}{'goodput rps':>13}"
-        f"{'+- 95% CI':>11}{'per GPU':>10}",
-    ]
+    """The table ``twin provision`` prints; with an EP search (a MoE model)
+    each split's row names the layouts of its prefill and decode instances."""
+    if p.layouts:
+        head = [
+            f"budget {p.budget}: prefill x N, decode x M, each role in every EP layout valid "
+            f"for it (the spec's: prefill {_layout(p.prefill_group)}, decode "
+            f"{_layout(p.decode_group)})",
+            f"{'prefill':>8}{'as':>15}{'decode':>8}{'as':>15}{'gpus':>6}{'power W':>10}"
+            f"{'goodput rps':>13}{'+- 95% CI':>11}{'per GPU':>10}",
+        ]
+    else:
+        head = [
+            f"budget {p.budget}: prefill TP{p.prefill_group.tp}{_on(p.prefill_group)} x N, "
+            f"decode TP{p.decode_group.tp}{_on(p.decode_group)} x M",
+            f"{'prefill':>8}{'decode':>8}{'gpus':>6}{'power W':>10}{'goodput rps':>13}"
+            f"{'+- 95% CI':>11}{'per GPU':>10}",
+        ]
+    lines = head
     for c in p.candidates:
         mark = "  <- best" if c == p.best else ""
         ci = "-" if math.isnan(c.goodput_ci95) else f"{c.goodput_ci95:.3f}"
+        if p.layouts:
+            lp = _layout(c.prefill_group or p.prefill_group)
+            ld = _layout(c.decode_group or p.decode_group)
+            split = f"{c.prefill:>8}{lp:>15}{c.decode:>8}{ld:>15}"
+        else:
+            split = f"{c.prefill:>8}{c.decode:>8}"
         lines.append(
-            f"{c.prefill:>8}{c.decode:>8}{c.gpus:>6}{c.power_w:>10,.0f}"
+            f"{split}{c.gpus:>6}{c.power_w:>10,.0f}"
             f"{c.goodput_rps:>13.3f}{ci:>11}{c.goodput_per_gpu:>10.3f}{mark}"
         )
     for n_p, n_d, why in p.left_out:
         lines.append(f"{n_p:>8}{n_d:>8}  left out: {why}")
     b = p.best
     k = len(b.goodputs_rps)
+    if p.layouts:
+        lp = _layout(b.prefill_group or p.prefill_group)
+        ld = _layout(b.decode_group or p.decode_group)
+        what = f"{b.prefill} prefill ({lp}) + {b.decode} decode ({ld}) instances"
+    else:
+        what = f"{b.prefill} prefill + {b.decode} decode instances"
     lines.append(
-        f"best: {b.prefill} prefill + {b.decode} decode instances, {b.goodput_rps:.3f} req/s "
+        f"best: {what}, {b.goodput_rps:.3f} req/s "
         f"at SLO attainment >= target (mean of {k} sample{'s' if k != 1 else ''} of "
         f"{p.sample} requests)"
     )
