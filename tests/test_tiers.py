@@ -284,3 +284,58 @@ def test_kv_tiers_need_the_prefix_cache():
     data["kv_tiers"] = {"dram": "1 GB", "ssd_read_bandwidth": "fast"}
     with pytest.raises(SpecError, match="kv_tiers.ssd_read_bandwidth"):
         resolve_spec(data, "t.yaml", Path.cwd())
+
+
+def test_occupancy_over_time_per_tier_by_window():
+    # the first test's run: A (4 blocks) is written to DRAM at 0.100, leaves it
+    # when r2 loads it at 0.200, and r2's admission at 0.204 writes B (4 blocks)
+    reqs = [Request(0, 0.0, 64, 1, A, 16), Request(1, 0.1, 64, 1, B, 16),
+            Request(2, 0.2, 64, 1, A, 16)]  # fmt: skip
+    eng, chain, done = run(reqs, hbm_blocks=4, tiers=[("dram", 8, 1e9, 1e9, 0.0)])
+    kvt = KVTiers(chain.env)
+    kvt.add(0, chain)
+    end = done[2].t_finish
+    occ = kvt.occupancy(0.05, end)["dram"]
+    # windows [0, .05) [.05, .1) [.1, .15) [.15, .2) [.2, end]
+    assert len(occ["mean_bytes"]) == 5 and end > 0.204
+    assert occ["mean_bytes"][:4] == pytest.approx([0.0, 0.0, 4 * MB, 4 * MB])
+    assert occ["peak_bytes"] == pytest.approx([0.0, 0.0, 4 * MB, 4 * MB, 4 * MB])
+    # the last: 0 from 0.200 to 0.204, then 4 blocks to the end
+    last = 4 * MB * (end - 0.204) / (end - 0.2)
+    assert occ["mean_bytes"][4] == pytest.approx(last)
+    # two instances add up; a change at a window's edge counts in the next one
+    env = simpy.Environment()
+    chains = [TierChain(env, [Tier("dram", 8, 1e9, 1e9, 0.0)], MB) for _ in range(2)]
+    kvt = KVTiers(env)
+    for i, c in enumerate(chains):
+        kvt.add(i, c)
+    chains[0].write_down([(1, 2)])  # at 0: 2 blocks on instance 0
+    env.run(until=1.0)
+    chains[1].write_down([(2, 3)])  # at 1: 3 more on instance 1
+    env.run(until=1.5)
+    chains[0].discard(1)  # at 1.5: instance 0's leave
+    occ = kvt.occupancy(1.0, 2.0)["dram"]
+    assert occ["mean_bytes"] == pytest.approx([2 * MB, (5 * 0.5 + 3 * 0.5) * MB])
+    assert occ["peak_bytes"] == pytest.approx([2 * MB, 5 * MB])
+    assert kvt.occupancy(1.0, 2.0).keys() == {"dram"}
+
+
+def test_a_run_with_tiers_reports_occupancy_in_its_summary_and_timeline(tmp_path):
+    from twin.sim.simulation import Simulation
+    from twin.sim.timeline import write_timeline_csv
+
+    prompts = [tuple(100 * c + k for k in range(8)) for c in range(5)]
+    reqs = [Request(i, float(i), 4096, 2, prompts[i % 5], 512) for i in range(6)]
+    res = Simulation(_tier_spec(dram="64 GB"), requests=reqs).run()
+    occ = res.summary["kv_tiers"]["dram"]["occupancy"]
+    assert occ["window_s"] == 10.0  # the timeline's default window
+    # one window (the run ends near 5 s); its peak is the tier's peak
+    assert len(occ["mean_bytes"]) == len(res.timeline_rows) == 1
+    assert occ["peak_bytes"][0] == res.summary["kv_tiers"]["dram"]["peak_instance_bytes"] > 0
+    assert res.timeline_rows[0]["dram_bytes"] == occ["mean_bytes"][0]
+    path = write_timeline_csv(res.timeline_rows, tmp_path / "t.csv")
+    header = path.read_text().splitlines()[0].split(",")
+    assert header[-1] == "dram_bytes" and "ssd_bytes" not in header
+    # HBM only: the timeline keeps its columns
+    res = Simulation(_tier_spec(), requests=reqs).run()
+    assert "dram_bytes" not in res.timeline_rows[0]

@@ -34,6 +34,7 @@ each request's reload is one timeout.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -306,6 +307,50 @@ class KVTiers:
             engine.submit(seq)
 
         self.env.timeout(done - now).callbacks.append(landed)
+
+    def occupancy(self, window_s: float, end_s: float) -> dict[str, dict[str, list[float]]]:
+        """Per tier (DRAM, SSD), the bytes it holds summed over instances, per
+        window ``[k window_s, (k+1) window_s)`` up to ``end_s`` (the last one
+        ends there, as the timeline's): ``mean_bytes`` (averaged over the
+        window's time) and ``peak_bytes`` (the most held at any instant of it)."""
+        n = max(1, math.ceil(end_s / window_s))
+        out: dict[str, dict[str, list[float]]] = {}
+        for name in TIER_NAMES[1:]:
+            tiers = [t for c in self.chains.values() for t in c.tiers if t.name == name]
+            if not tiers:
+                continue
+            block_bytes = next(iter(self.chains.values())).block_bytes
+            steps: list[tuple[float, int]] = []  # (time, change in blocks)
+            for t in tiers:
+                held = 0
+                for at, used in t.samples:
+                    steps.append((at, used - held))
+                    held = used
+            steps.sort(key=lambda s: s[0])  # stable: instances in order at one time
+            area = [0.0] * n
+            peak = [0] * n
+            level, since, i = 0, 0.0, 0
+            for k in range(n):
+                start = k * window_s
+                end = end_s if k == n - 1 else (k + 1) * window_s
+                peak[k] = level
+                while i < len(steps) and (steps[i][0] < end or (k == n - 1 and steps[i][0] <= end)):
+                    at = steps[i][0]
+                    area[k] += level * (at - since)
+                    while i < len(steps) and steps[i][0] == at:  # one instant: all at once
+                        level += steps[i][1]
+                        i += 1
+                    since = at
+                    peak[k] = max(peak[k], level)
+                area[k] += level * (end - since)
+                since = end
+                dur = end - start
+                area[k] = area[k] / dur if dur > 0 else float(level)
+            out[name] = {
+                "mean_bytes": [a * block_bytes for a in area],
+                "peak_bytes": [p * block_bytes for p in peak],
+            }
+        return out
 
     def summary(self, prompt_tokens: int) -> dict[str, Any]:
         """Per tier (DRAM, SSD): tokens served from it, their share of

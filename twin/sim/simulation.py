@@ -814,12 +814,20 @@ class Simulation:
             self.pools is not None
         ):  # GPU -> pool copies (only with a pool: runs without read as before)
             summary["kv_bytes_copied"] = self.pools.bytes_copied
+        occupancy = None
         if self.tiers is not None:
             summary["kv_tiers"] = self.tiers.summary(self.metrics.prompt_tokens)
+            occupancy = self.tiers.occupancy(self.spec.window_s, self.metrics.last_end_s)
+            for name, series in occupancy.items():  # per timeline window
+                summary["kv_tiers"][name]["occupancy"] = {"window_s": self.spec.window_s, **series}
         if self.scaler.scaled or spec_scales(self.spec):
             summary["gpu_seconds"] = self.scaler.gpu_seconds(self.metrics.last_end_s)
         links = self.network.link_stats() if self.network is not None else []
         timeline = self.metrics.timeline_rows()
+        if occupancy is not None and timeline:  # the same windows: up to the last end
+            for name, series in occupancy.items():
+                for row, mean in zip(timeline, series["mean_bytes"], strict=True):
+                    row[f"{name}_bytes"] = mean
         fault_log = self.faults.log() if self.spec.events or self.spec.failures else None
         return Result(
             self._header(), summary, self._instance_stats(), links, timeline, fault_log,
