@@ -50,7 +50,7 @@ from twin.serving.kvcache import BlockManager, blocks_for, kv_capacity_blocks
 from twin.serving.kvpool import KVPools
 from twin.serving.observer import InstanceInfo, Observer, broadcast
 from twin.serving.sequence import DECODE, HANDOFF, INCOMING, LOST, PREFILL, Sequence
-from twin.serving.tiers import KVTiers, build_chain
+from twin.serving.tiers import KVTiers, Tier, build_chain, build_remote
 from twin.sim.control import ControlLoop, apply_plan
 from twin.sim.faults import Faults
 from twin.sim.frames import flatten
@@ -338,6 +338,19 @@ class Simulation:
                 spec.engine.block_size,
             )  # fmt: skip
         self.tiers: KVTiers | None = KVTiers(self.env) if spec.kv_tiers is not None else None
+        self._remote: Tier | None = None  # the KV tiers' remote store, made with the first engine
+        if spec.kv_tiers is not None and spec.kv_tiers.remote is not None:
+            at = f"{spec.source}: kv_tiers.remote"
+            if topo is None or self.network is None:
+                raise SpecError(
+                    f"{at}: the store is reached over the network; give a cluster.topology"
+                )
+            node = spec.kv_tiers.remote.node
+            if any(topo.node_of(g) == node for p in placements for g in p.gpus):
+                raise SpecError(
+                    f"{at}: node {node} holds an instance; the store needs a node of its own "
+                    "(add one: cluster.nodes)"
+                )
         self.engines: list[Engine] = []  # by id; complete before the run starts
         views: list[EngineView] = []
         self.handoff: KVHandoff | None = None
@@ -416,10 +429,19 @@ class Simulation:
         self.engines.append(eng)
         self.capacity.append(blocks - watermark)
         if self.tiers is not None and eng.cache is not None and spec.kv_tiers is not None:
+            block_bytes = spec.model.kv_bytes_per_token_tp(tp) * spec.engine.block_size
+            remote = spec.kv_tiers.remote
+            if remote is not None and self._remote is None:
+                assert spec.topology is not None and self.network is not None
+                self._remote = build_remote(
+                    remote, block_bytes=block_bytes, network=self.network,
+                    topology=spec.topology, where=f"{spec.source}: kv_tiers.remote",
+                )  # fmt: skip
             eng.cache.tiers = build_chain(
                 self.env, spec.kv_tiers,
-                block_bytes=spec.model.kv_bytes_per_token_tp(tp) * spec.engine.block_size,
+                block_bytes=block_bytes,
                 pcie_bytes_s=gpu.pcie_bytes_s * tp * pp,
+                gpus=p.gpus, remote=self._remote,
             )  # fmt: skip
             self.tiers.add(eng.id, eng.cache.tiers)
         fetch_s = self.pools.estimate_s if self.pools else None
@@ -734,6 +756,8 @@ class Simulation:
         stuck = {t.id for t in self.network.stuck}
         if self.pools is not None:
             self.pools.give_up(stuck)
+        if self.tiers is not None:
+            self.tiers.give_up(stuck)
         for e in self.engines:
             for s in e.held():
                 t = s.transfer
