@@ -473,3 +473,21 @@ def test_a_remote_read_stuck_on_a_failed_link_is_given_up_and_the_prompt_compute
     env.run()
     (seq,) = obs.done
     assert seq.cached_tokens == 0 and seq.tier_tokens == (0, 0, 0)
+
+
+def test_the_compare_table_shows_the_remote_stores_share_when_a_run_has_one():
+    from twin.sim.simulation import Simulation
+    from twin.studies.compare import CompareResult
+
+    prompts = [tuple(100 * c + k for k in range(8)) for c in range(5)]
+    reqs = [Request(i, float(i), 4096, 2, prompts[i % 5], 512) for i in range(6)]
+    store = Simulation(_remote_spec({"capacity": "1 TB", "node": 1}), requests=reqs).run()
+    dram = Simulation(_tier_spec(dram="64 GB"), requests=reqs).run()
+    header = {"version": "x", "name": "t", "model": "m", "seed": 0,
+              "slo": {"ttft": None, "tpot": None}}  # fmt: skip
+    table = CompareResult(header, {"store": store, "dram": dram}).format_table().splitlines()
+    assert table[2].split()[-1] == "%" and "store %" in table[2]
+    # 4,095 of the 6 x 4,096 prompt tokens came from the store
+    assert table[4].split()[-1] == f"{100 * 4095 / (6 * 4096):.1f}"
+    assert table[5].split()[-1] == "-"
+    assert "store %" not in CompareResult(header, {"dram": dram}).format_table()
