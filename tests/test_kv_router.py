@@ -117,3 +117,20 @@ def test_the_tier_plot_of_a_compare_file(tmp_path):
     path.write_text(json.dumps({"summary": {}}))
     with pytest.raises(TwinError, match="not the --json file of a compare spec"):
         plot_kv_tiers(path, tmp_path / "out")
+
+
+def test_the_occupancy_plot_of_a_compare_file(tmp_path):
+    import json
+
+    pytest.importorskip("matplotlib")
+    from twin.viz.plots import plot_kv_tier_occupancy
+
+    occ = {"window_s": 10.0, "mean_bytes": [0.0, 2e9], "peak_bytes": [1e9, 3e9]}
+    tiers = {"dram": {"hit_rate": 0.1, "occupancy": occ}, "ssd": {"occupancy": occ}}
+    doc = {"runs": {"a": {"summary": {}}, "a+tiers": {"summary": {"kv_tiers": tiers}}}}
+    path = tmp_path / "cmp.json"
+    path.write_text(json.dumps(doc))
+    written = plot_kv_tier_occupancy(path, tmp_path / "occ")
+    assert [p.name for p in written] == ["occ.png", "occ.svg", "occ.pdf"]
+    path.write_text(json.dumps({"runs": {"a": {"summary": {}}}}))
+    assert plot_kv_tier_occupancy(path, tmp_path / "none") == []  # no tiers: no figure

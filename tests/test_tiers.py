@@ -87,7 +87,7 @@ def test_an_evicted_prefix_goes_to_dram_and_comes_back_on_the_next_request():
     # r2 at 0.2: A is in DRAM (written by 0.104); 63 tokens (the last is computed)
     # of 4 blocks come back in one read of 4 MB at 1 GB/s: 0.200 -> 0.204 s
     assert r2.kv_load_s == pytest.approx(0.004)
-    assert r2.tier_tokens == (63, 0)
+    assert r2.tier_tokens == (63, 0, 0)
     assert r2.t_scheduled == pytest.approx(0.204)
     assert r2.cached_tokens == 63
     # its prefill computes one token: 10 ms + 0.1 ms
@@ -112,8 +112,9 @@ def test_a_prefix_still_being_written_is_not_read_and_a_busy_writer_delays_it():
     env.run(until=0.0045)
     assert chain.run([1, 2, 3]) == [0, 0]
     # two loads at once compete for the tier's reads: 2 MB at 2 GB/s each, in turn
-    first = chain.load([1], [0], [16])
-    second = chain.load([2], [0], [16])
+    first, none = chain.load([1], [0], [16])
+    second, _ = chain.load([2], [0], [16])
+    assert none is None  # no remote read
     assert first == pytest.approx(0.0045 + 0.001) and second == pytest.approx(0.0045 + 0.002)
 
 
@@ -284,3 +285,209 @@ def test_kv_tiers_need_the_prefix_cache():
     data["kv_tiers"] = {"dram": "1 GB", "ssd_read_bandwidth": "fast"}
     with pytest.raises(SpecError, match="kv_tiers.ssd_read_bandwidth"):
         resolve_spec(data, "t.yaml", Path.cwd())
+
+
+def test_occupancy_over_time_per_tier_by_window():
+    # the first test's run: A (4 blocks) is written to DRAM at 0.100, leaves it
+    # when r2 loads it at 0.200, and r2's admission at 0.204 writes B (4 blocks)
+    reqs = [Request(0, 0.0, 64, 1, A, 16), Request(1, 0.1, 64, 1, B, 16),
+            Request(2, 0.2, 64, 1, A, 16)]  # fmt: skip
+    eng, chain, done = run(reqs, hbm_blocks=4, tiers=[("dram", 8, 1e9, 1e9, 0.0)])
+    kvt = KVTiers(chain.env)
+    kvt.add(0, chain)
+    end = done[2].t_finish
+    occ = kvt.occupancy(0.05, end)["dram"]
+    # windows [0, .05) [.05, .1) [.1, .15) [.15, .2) [.2, end]
+    assert len(occ["mean_bytes"]) == 5 and end > 0.204
+    assert occ["mean_bytes"][:4] == pytest.approx([0.0, 0.0, 4 * MB, 4 * MB])
+    assert occ["peak_bytes"] == pytest.approx([0.0, 0.0, 4 * MB, 4 * MB, 4 * MB])
+    # the last: 0 from 0.200 to 0.204, then 4 blocks to the end
+    last = 4 * MB * (end - 0.204) / (end - 0.2)
+    assert occ["mean_bytes"][4] == pytest.approx(last)
+    # two instances add up; a change at a window's edge counts in the next one
+    env = simpy.Environment()
+    chains = [TierChain(env, [Tier("dram", 8, 1e9, 1e9, 0.0)], MB) for _ in range(2)]
+    kvt = KVTiers(env)
+    for i, c in enumerate(chains):
+        kvt.add(i, c)
+    chains[0].write_down([(1, 2)])  # at 0: 2 blocks on instance 0
+    env.run(until=1.0)
+    chains[1].write_down([(2, 3)])  # at 1: 3 more on instance 1
+    env.run(until=1.5)
+    chains[0].discard(1)  # at 1.5: instance 0's leave
+    occ = kvt.occupancy(1.0, 2.0)["dram"]
+    assert occ["mean_bytes"] == pytest.approx([2 * MB, (5 * 0.5 + 3 * 0.5) * MB])
+    assert occ["peak_bytes"] == pytest.approx([2 * MB, 5 * MB])
+    assert kvt.occupancy(1.0, 2.0).keys() == {"dram"}
+
+
+def test_a_run_with_tiers_reports_occupancy_in_its_summary_and_timeline(tmp_path):
+    from twin.sim.simulation import Simulation
+    from twin.sim.timeline import write_timeline_csv
+
+    prompts = [tuple(100 * c + k for k in range(8)) for c in range(5)]
+    reqs = [Request(i, float(i), 4096, 2, prompts[i % 5], 512) for i in range(6)]
+    res = Simulation(_tier_spec(dram="64 GB"), requests=reqs).run()
+    occ = res.summary["kv_tiers"]["dram"]["occupancy"]
+    assert occ["window_s"] == 10.0  # the timeline's default window
+    # one window (the run ends near 5 s); its peak is the tier's peak
+    assert len(occ["mean_bytes"]) == len(res.timeline_rows) == 1
+    assert occ["peak_bytes"][0] == res.summary["kv_tiers"]["dram"]["peak_instance_bytes"] > 0
+    assert res.timeline_rows[0]["dram_bytes"] == occ["mean_bytes"][0]
+    path = write_timeline_csv(res.timeline_rows, tmp_path / "t.csv")
+    header = path.read_text().splitlines()[0].split(",")
+    assert header[-1] == "dram_bytes" and "ssd_bytes" not in header
+    # HBM only: the timeline keeps its columns
+    res = Simulation(_tier_spec(), requests=reqs).run()
+    assert "dram_bytes" not in res.timeline_rows[0]
+
+
+def _remote_chain(capacity_blocks=16):
+    """Instance 0 on GPU 0 of a 2-node DGX H100 topology; the store on node 1."""
+    from twin.net.flows import Network
+    from twin.net.topology import load_topology
+    from twin.serving.tiers import RemoteStore
+
+    env = simpy.Environment()
+    topo = load_topology("dgx-h100-ib400", nodes=2)
+    net = Network(env)
+    remote = Tier("remote", capacity_blocks, 0.0, 0.0, 0.0)
+    remote.store = RemoteStore(net, topo, 1)
+    return env, topo, net, TierChain(env, [remote], MB, gpus=(0,)), remote
+
+
+def test_a_remote_store_read_takes_its_bytes_over_the_bottleneck_and_shares_links():
+    from twin.serving.handoff import shard_flows
+
+    env, topo, net, chain, remote = _remote_chain()
+    path = topo.path(8, 0)  # the store's node 1 (GPU 8) to GPU 0
+    # by hand: one ConnectX-7 port, 400 Gb/s at RDMA efficiency 0.982, is the bottleneck
+    bw = 400e9 / 8 * 0.982
+    assert topo.bottleneck_bytes_s(path) == pytest.approx(bw)
+    lat = topo.latency_s(path)
+    chain.write_down([(1, 4), (2, 4)])  # one 8 MB write over the network
+    assert remote.units[1][1] == float("inf")  # not readable while it travels
+    env.run()
+    written = env.now
+    assert written == pytest.approx(topo.latency_s(topo.path(0, 8)) + 8 * MB / bw)
+    assert chain.run([1, 2]) == [0, 0] and remote.bytes_written == 8 * MB
+    # an idle path: 4 MB in latency + bytes / bottleneck
+    done, t = chain.load([1], [0], [16])
+    assert done == env.now and t is not None
+    env.run()
+    assert env.now - written == pytest.approx(lat + 4 * MB / bw)
+    assert remote.bytes_read == 4 * MB and 1 in remote.units  # the store keeps it
+    # the same read while a 4 MB hand-off from node 1 to GPU 0 crosses the same
+    # links: they share the port half and half, and both end at 2 x 4 MB / bw
+    start = env.now
+    _, t = chain.load([2], [0], [16])
+    handoff = net.start(shard_flows(topo, [8], [0], 4 * MB), "handoff")
+    env.run()
+    assert t.end_s - start == pytest.approx(lat + 8 * MB / bw)
+    assert handoff.end_s == pytest.approx(t.end_s)
+
+
+def test_a_full_remote_store_drops_its_oldest_units_and_a_request_waits_for_its_read():
+    env, topo, net, chain, remote = _remote_chain(capacity_blocks=4)
+    chain.write_down([(1, 2), (2, 2)])
+    chain.write_down([(3, 2)])  # 1 leaves the store: off the last tier it is gone
+    assert list(remote.units) == [2, 3] and remote.used_blocks == 4
+    chain.discard(2)  # an instance computing 2 again leaves it in the shared store
+    assert 2 in remote.units
+    env.run()
+    kvt = KVTiers(env)
+    kvt.add(0, chain)
+    assert kvt.occupancy(1.0, env.now)["remote"]["peak_bytes"] == [4 * MB]
+
+
+def _remote_spec(remote, nodes=2):
+    from pathlib import Path
+
+    from twin.sim.spec import resolve_spec
+
+    data = {
+        "model": "llama-3.1-8b",
+        "cluster": {"topology": "dgx-h100-ib400", "nodes": nodes, "instances": 1},
+        "engine": {"prefix_caching": True, "gpu_memory_utilization": 0.235},
+        "kv_tiers": {"remote": remote},
+        "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 1},
+                     "max_requests": 1},
+    }  # fmt: skip
+    return resolve_spec(data, "remote.yaml", Path.cwd())
+
+
+def test_a_run_reloads_an_evicted_prefix_from_the_remote_store_over_the_network():
+    from twin.sim.simulation import Simulation
+
+    prompts = [tuple(100 * c + k for k in range(8)) for c in range(5)]
+    reqs = [Request(i, float(i), 4096, 2, prompts[i % 5], 512) for i in range(6)]
+    rows: list[dict] = []
+    sim = Simulation(_remote_spec({"capacity": "1 TB", "node": 1}), requests=reqs,
+                     on_row=rows.append)  # fmt: skip
+    s = sim.run().summary
+    last = next(r for r in rows if r["id"] == 5)
+    assert last["pool_hit_tokens"] == 4095 and last["hbm_hit_tokens"] == 0
+    assert last["dram_hit_tokens"] == 0
+    topo = sim.spec.topology
+    path = topo.path(8, 0)
+    units = 8 * 512 * 131072  # whole units move: 8 of 512 tokens of 128 KiB
+    bw = 400e9 / 8 * 0.982  # one ConnectX-7 port, as above
+    assert last["kv_load_s"] == pytest.approx(topo.latency_s(path) + units / bw)
+    remote = s["kv_tiers"]["remote"]
+    assert remote["hit_tokens"] == 4095 and remote["bytes_read"] == units
+    assert s["kv_bytes_transferred"] == 0  # colocated: no hand-off; the network moved the store's
+
+
+def test_a_remote_store_is_checked():
+    from twin.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"kv_tiers.remote.capacity: missing"):
+        _remote_spec({"node": 1})
+    with pytest.raises(SpecError, match=r"kv_tiers.remote: unknown key 'size'"):
+        _remote_spec({"size": "1 TB", "node": 1})
+    from twin.sim.simulation import Simulation
+
+    with pytest.raises(SpecError, match=r"kv_tiers.remote: node 0 holds an instance"):
+        Simulation(_remote_spec({"capacity": "1 TB", "node": 0}), requests=[])
+    with pytest.raises(SpecError, match=r"kv_tiers.remote: node 5: the topology has nodes 0..1"):
+        Simulation(_remote_spec({"capacity": "1 TB", "node": 5}), requests=[])
+
+
+def test_a_remote_read_stuck_on_a_failed_link_is_given_up_and_the_prompt_computed():
+    env, topo, net, chain, remote = _remote_chain()
+    obs = Done()
+    eng = Engine(env, 0, Linear(), BlockManager(4, 16),
+                 EngineConfig(prefix_caching=True, watermark=0.0), obs)  # fmt: skip
+    eng.cache.tiers = chain
+    kvt = KVTiers(env)
+    kvt.add(0, chain)
+    chain.write_down([(h, 1) for h in A])
+    env.run()
+    link = topo.path(8, 0)[-1]
+    net.fail_link(link.src, link.dst)
+    kvt.submit(Sequence(Request(0, env.now, 64, 1, A, 16), env.now), eng)
+    (tid,) = kvt._reads
+    env.run()
+    assert not obs.done  # the read waits on the failed link
+    kvt.give_up({tid})
+    env.run()
+    (seq,) = obs.done
+    assert seq.cached_tokens == 0 and seq.tier_tokens == (0, 0, 0)
+
+
+def test_the_compare_table_shows_the_remote_stores_share_when_a_run_has_one():
+    from twin.sim.simulation import Simulation
+    from twin.studies.compare import CompareResult
+
+    prompts = [tuple(100 * c + k for k in range(8)) for c in range(5)]
+    reqs = [Request(i, float(i), 4096, 2, prompts[i % 5], 512) for i in range(6)]
+    store = Simulation(_remote_spec({"capacity": "1 TB", "node": 1}), requests=reqs).run()
+    dram = Simulation(_tier_spec(dram="64 GB"), requests=reqs).run()
+    header = {"version": "x", "name": "t", "model": "m", "seed": 0,
+              "slo": {"ttft": None, "tpot": None}}  # fmt: skip
+    table = CompareResult(header, {"store": store, "dram": dram}).format_table().splitlines()
+    assert table[2].split()[-1] == "%" and "store %" in table[2]
+    # 4,095 of the 6 x 4,096 prompt tokens came from the store
+    assert table[4].split()[-1] == f"{100 * 4095 / (6 * 4096):.1f}"
+    assert table[5].split()[-1] == "-"
+    assert "store %" not in CompareResult(header, {"dram": dram}).format_table()

@@ -762,6 +762,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
         out = Path(args.out) if args.out else Path(".")
         for path in plot_kv_tiers(args.compare, out / f"{Path(args.compare).stem}-kv-tiers"):
             print(path)
+        from twin.viz.plots import plot_kv_tier_occupancy
+
+        base = out / f"{Path(args.compare).stem}-kv-occupancy"
+        for path in plot_kv_tier_occupancy(args.compare, base):
+            print(path)
         if args.dir is None and not args.requests and not args.trace and not args.timeline:
             return 0
     if args.dir is None and not args.requests and not args.trace and not args.timeline:

@@ -141,7 +141,7 @@ class Sequence:
         self.preloaded_tokens = 0  # prompt tokens whose KV was loaded from a KV pool
         # KV tiers (twin.serving.tiers): prompt tokens loaded back from DRAM and
         # from SSD, and how long the load took (0 when nothing was loaded)
-        self.tier_tokens = (0, 0)
+        self.tier_tokens = (0, 0, 0)  # loaded from DRAM, SSD, the remote store
         self.kv_load_s = 0.0
         # The hand-off's fixed costs (a twin.serving.handoff.HandoffCosts), the
         # KV bytes it moved and those the decode side's prefix cache held.

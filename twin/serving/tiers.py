@@ -11,9 +11,14 @@ computing them again. Here each instance has its own chain of tiers under its
   blocks of the instance's KV; it evicts least recently used first (the only
   policy, ``eviction: lru``), and what it evicts goes one tier down (off the
   last tier it is gone).
+- A remote store (``kv_tiers.remote``) on a node of the topology is the last
+  tier of every instance, one store shared by all: its writes and reads are
+  transfers on the network (:class:`RemoteStore`), sharing links with
+  hand-offs; it keeps what it serves.
 - Tiers are exclusive: a unit is in at most one tier of an instance (HBM, DRAM
-  or SSD). A unit the prefix cache keeps again (computed or reloaded) leaves
-  the lower tiers; a reloaded unit leaves its tier when the load starts.
+  or SSD; the shared remote store aside). A unit the prefix cache keeps again
+  (computed or reloaded) leaves the lower tiers; a reloaded unit leaves its
+  tier when the load starts.
 - A write down is one transfer per batch of units evicted together, at the
   tier's write bandwidth, after the tier's writes before it (one writer per
   tier): a unit can be read from the tier only once its write has ended.
@@ -34,6 +39,7 @@ each request's reload is one timeout.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,7 +47,11 @@ from typing import Any
 
 import simpy
 
-from twin._declare import BANDWIDTH, choice, declared, nbytes, seconds
+from twin._declare import BANDWIDTH, NONNEG_INT, choice, declared, nbytes, seconds, section
+from twin.errors import SpecError
+from twin.net.flows import Network
+from twin.net.topology import Topology
+from twin.serving.handoff import shard_flows
 from twin.serving.kvcache import cacheable
 
 # Share of a PCIe link's rate a bulk copy gets: the catalog gives the raw rate
@@ -52,7 +62,28 @@ from twin.serving.kvcache import cacheable
 # 90%, 57.6 GB/s for Gen5 x16.
 PCIE_PAYLOAD_EFFICIENCY = 128 / 130 * 256 / 280
 EVICTIONS = ("lru",)
-TIER_NAMES = ("hbm", "dram", "ssd")
+TIER_NAMES = ("hbm", "dram", "ssd", "remote")
+
+
+@dataclass(frozen=True)
+class RemoteKeys:
+    """A KV store on one node of the topology (``kv_tiers.remote:``), shared
+    by every instance, below their local tiers; reads and writes are flows
+    on the network."""
+
+    capacity_bytes: float = declared(
+        None, nbytes(positive=True), "KV the store holds in all", key="capacity",
+        required="give the store's size, e.g. capacity: 10 TB",
+    )  # fmt: skip
+    node: int = declared(
+        None, NONNEG_INT, "the topology node that holds the store (no instance on it)",
+        required="give the node of the topology that holds the store, e.g. node: 4",
+    )  # fmt: skip
+    # The flows pay their path's link latencies; the store's own software (its
+    # lookup and the start of the transfer) is not modelled beyond that: 0.
+    latency_s: float = declared(
+        "0 s", seconds(positive=False), "fixed time before each transfer", key="latency"
+    )
 
 
 @dataclass(frozen=True)
@@ -91,6 +122,10 @@ class TierKeys:
     ssd_latency_s: float = declared(
         "100 us", seconds(positive=False), "fixed time of one SSD transfer", key="ssd_latency"
     )
+    remote: Any = declared(
+        None, section(RemoteKeys), "a KV store on a node, over the network (null: none)",
+        nullable=True,
+    )  # fmt: skip
     eviction: str = declared("lru", choice(*EVICTIONS), "which unit a full tier gives up: lru")
 
 
@@ -101,7 +136,7 @@ class Tier:
     __slots__ = (
         "name", "capacity_blocks", "read_bps", "write_bps", "latency_s", "units",
         "used_blocks", "peak_blocks", "write_free_s", "read_free_s",
-        "bytes_read", "bytes_written", "hit_tokens", "samples",
+        "bytes_read", "bytes_written", "hit_tokens", "samples", "store",
     )  # fmt: skip
 
     def __init__(
@@ -121,17 +156,40 @@ class Tier:
         self.bytes_written = 0.0
         self.hit_tokens = 0
         self.samples: list[tuple[float, int]] = []  # (time, used blocks) at each change
+        self.store: RemoteStore | None = None  # the remote tier: its place on the network
+
+
+class RemoteStore:
+    """Where the remote tier sits: ``node``'s GPUs as the far end of its
+    flows on ``network`` (one per shard, as a hand-off's)."""
+
+    __slots__ = ("network", "topology", "node", "gpus")
+
+    def __init__(self, network: Network, topology: Topology, node: int) -> None:
+        self.network = network
+        self.topology = topology
+        self.node = node
+        self.gpus = topology.gpus_of_node(node)
+
+    def flows(self, gpus: Sequence[int], nbytes: float, *, read: bool) -> list[Any]:
+        far = self.gpus[: len(gpus)]
+        src, dst = (far, gpus) if read else (gpus, far)
+        return shard_flows(self.topology, src, dst, nbytes)
 
 
 class TierChain:
     """The tiers below one instance's prefix cache, top first (DRAM, then SSD)."""
 
-    __slots__ = ("env", "tiers", "block_bytes")
+    __slots__ = ("env", "tiers", "block_bytes", "gpus")
 
-    def __init__(self, env: simpy.Environment, tiers: Sequence[Tier], block_bytes: float) -> None:
+    def __init__(
+        self, env: simpy.Environment, tiers: Sequence[Tier], block_bytes: float,
+        gpus: Sequence[int] = (),
+    ) -> None:  # fmt: skip
         self.env = env
         self.tiers = list(tiers)
         self.block_bytes = block_bytes
+        self.gpus = tuple(gpus)  # the instance's GPUs: the near end of a remote tier's flows
 
     def _note(self, tier: Tier) -> None:
         if tier.used_blocks > tier.peak_blocks:
@@ -151,6 +209,9 @@ class TierChain:
             return
         tier = self.tiers[level]
         now = self.env.now
+        if tier.store is not None:
+            self._write_remote(tier, units, now)
+            return
         keep = [(h, b) for h, b in units if b <= tier.capacity_blocks and h not in tier.units]
         if not keep:
             return
@@ -183,13 +244,61 @@ class TierChain:
         if level >= len(self.tiers):
             return
         tier = self.tiers[level]
+        if tier.store is not None:
+            self._write_remote(tier, units, ready)
+            return
         if ready > tier.write_free_s:
             tier.write_free_s = ready
         self.write_down(units, level)
 
+    def _write_remote(self, tier: Tier, units: Sequence[tuple[int, int]], ready: float) -> None:
+        """Units leave this instance for the shared store ``tier``: those it
+        holds already are only touched; the others are one transfer on the
+        network, starting once they are all readable above (``ready``), and
+        readable in the store when it ends. Off the store, units are gone."""
+        assert tier.store is not None
+        now = self.env.now
+        keep = []
+        for h, b in units:
+            if h in tier.units:
+                tier.units.move_to_end(h)
+            elif b <= tier.capacity_blocks:
+                keep.append((h, b))
+        need = sum(b for _, b in keep)
+        while need > tier.capacity_blocks:
+            need -= keep.pop(0)[1]
+        if not keep:
+            return
+        while tier.used_blocks + need > tier.capacity_blocks:
+            _, (held, _ready) = tier.units.popitem(last=False)
+            tier.used_blocks -= int(held)
+        marks = []
+        for h, b in keep:
+            mark = [b, math.inf]  # readable when the write ends
+            tier.units[h] = mark
+            marks.append(mark)
+        tier.used_blocks += need
+        nbytes = need * self.block_bytes
+        tier.bytes_written += nbytes
+        self._note(tier)
+        flows = tier.store.flows(self.gpus, nbytes, read=False)
+        delay = max(0.0, ready - now) + tier.latency_s
+        if not flows:  # no path to cross: readable once ready
+            for mark in marks:
+                mark[1] = now + delay
+            return
+
+        def written(_t: object) -> None:
+            for mark in marks:
+                mark[1] = self.env.now
+
+        tier.store.network.start(flows, "kv write", delay_s=delay).then(written)
+
     def discard(self, h: int) -> None:
         """Unit ``h`` is in the prefix cache again: it leaves the lower tiers."""
         for tier in self.tiers:
+            if tier.store is not None:
+                return  # the shared store keeps it for the other instances
             u = tier.units.pop(h, None)
             if u is not None:
                 tier.used_blocks -= int(u[0])
@@ -211,25 +320,43 @@ class TierChain:
                 break
         return out
 
-    def load(self, hashes: Sequence[int], where: Sequence[int], tokens: Sequence[int]) -> float:
+    def load(
+        self, hashes: Sequence[int], where: Sequence[int], tokens: Sequence[int]
+    ) -> tuple[float, Any]:
         """Take ``hashes`` (found in tiers ``where``, ``tokens`` each) out of
         their tiers and read them back: one read per tier, after that tier's
-        reads before it. Returns when the last read ends."""
+        reads before it; from the remote store (which keeps them) one
+        transfer on the network. Returns when the last local read ends, and
+        the remote read's transfer (None without one)."""
         now = self.env.now
         per = [0] * len(self.tiers)
         per_tokens = [0] * len(self.tiers)
         for h, i, n in zip(hashes, where, tokens, strict=True):
             tier = self.tiers[i]
-            b = int(tier.units.pop(h)[0])
-            tier.used_blocks -= b
+            if tier.store is not None:
+                b = int(tier.units[h][0])
+                tier.units.move_to_end(h)
+            else:
+                b = int(tier.units.pop(h)[0])
+                tier.used_blocks -= b
             per[i] += b
             per_tokens[i] += n
         done = now
+        transfer = None
         for i, blocks in enumerate(per):
             if not blocks:
                 continue
             tier = self.tiers[i]
             nbytes = blocks * self.block_bytes
+            if tier.store is not None:
+                tier.bytes_read += nbytes
+                tier.hit_tokens += per_tokens[i]
+                flows = tier.store.flows(self.gpus, nbytes, read=True)
+                if flows:
+                    transfer = tier.store.network.start(flows, "kv read", delay_s=tier.latency_s)
+                else:
+                    done = max(done, now + tier.latency_s)
+                continue
             start = max(now, tier.read_free_s)
             end = start + tier.latency_s + nbytes / tier.read_bps
             tier.read_free_s = end
@@ -237,7 +364,7 @@ class TierChain:
             tier.hit_tokens += per_tokens[i]
             self._note(tier)
             done = max(done, end)
-        return done
+        return done, transfer
 
 
 class KVTiers:
@@ -246,6 +373,9 @@ class KVTiers:
     def __init__(self, env: simpy.Environment) -> None:
         self.env = env
         self.chains: dict[int, TierChain] = {}
+        self._reads: dict[
+            int, tuple[Any, int, Any, Any]
+        ] = {}  # remote reads under way, by transfer
 
     def add(self, instance: int, chain: TierChain) -> None:
         self.chains[instance] = chain
@@ -265,7 +395,7 @@ class KVTiers:
         chain = self.chains.get(engine.id)
         if chain is not None:
             for i in chain.run(hashes[n:]):
-                out[TIER_NAMES[i + 1]] += unit
+                out[chain.tiers[i].name] += unit
         return out
 
     def submit(self, seq: Any, engine: Any) -> None:
@@ -296,24 +426,99 @@ class KVTiers:
             return
         loaded = hashes[n : n + len(where)]
         now = self.env.now
-        done = chain.load(loaded, where, tokens)
-        dram = sum(t for t, i in zip(tokens, where, strict=True) if i == 0)
-        seq.tier_tokens = (dram, sum(tokens) - dram)
-        seq.kv_load_s = done - now
+        done, transfer = chain.load(loaded, where, tokens)
+        by = dict.fromkeys(TIER_NAMES[1:], 0)
+        for t, i in zip(tokens, where, strict=True):
+            by[chain.tiers[i].name] += t
+        seq.tier_tokens = (by["dram"], by["ssd"], by["remote"])
         seq.preloaded_tokens = n * unit + sum(tokens)
+        seq.kv_load_s = done - now
+        waiting = [2 if transfer is not None else 1]
 
         def landed(_ev: object) -> None:
-            engine.submit(seq)
+            waiting[0] -= 1
+            if waiting[0] == 0:
+                if transfer is not None:
+                    seq.kv_load_s = max(seq.kv_load_s, self.env.now - now)
+                engine.submit(seq)
 
         self.env.timeout(done - now).callbacks.append(landed)
+        if transfer is not None:
+            store = chain.tiers[-1].store
+            assert store is not None  # only the remote tier reads over the network
+            self._reads[transfer.id] = (seq, n * unit, (store.network, transfer), landed)
+            transfer.then(lambda t: landed(self._reads.pop(t.id, None)))
+
+    def give_up(self, transfers: set[int]) -> None:
+        """Give up the remote-store reads moving as ``transfers`` (ids; they
+        wait on failed links): their requests go on with only what HBM holds
+        (what they loaded from the other tiers is computed again)."""
+        for tid in sorted(set(self._reads) & transfers):
+            seq, hbm, (network, transfer), landed = self._reads.pop(tid)
+            network.cancel(transfer)
+            seq.preloaded_tokens = hbm
+            seq.tier_tokens = (0, 0, 0)
+            landed(None)
+
+    def _named(self, name: str) -> list[Tier]:
+        """The tiers called ``name``, each once (the remote store is every chain's)."""
+        out: list[Tier] = []
+        for c in self.chains.values():
+            for t in c.tiers:
+                if t.name == name and not any(t is u for u in out):
+                    out.append(t)
+        return out
+
+    def occupancy(self, window_s: float, end_s: float) -> dict[str, dict[str, list[float]]]:
+        """Per tier (DRAM, SSD), the bytes it holds summed over instances, per
+        window ``[k window_s, (k+1) window_s)`` up to ``end_s`` (the last one
+        ends there, as the timeline's): ``mean_bytes`` (averaged over the
+        window's time) and ``peak_bytes`` (the most held at any instant of it)."""
+        n = max(1, math.ceil(end_s / window_s))
+        out: dict[str, dict[str, list[float]]] = {}
+        for name in TIER_NAMES[1:]:
+            tiers = self._named(name)
+            if not tiers:
+                continue
+            block_bytes = next(iter(self.chains.values())).block_bytes
+            steps: list[tuple[float, int]] = []  # (time, change in blocks)
+            for t in tiers:
+                held = 0
+                for at, used in t.samples:
+                    steps.append((at, used - held))
+                    held = used
+            steps.sort(key=lambda s: s[0])  # stable: instances in order at one time
+            area = [0.0] * n
+            peak = [0] * n
+            level, since, i = 0, 0.0, 0
+            for k in range(n):
+                start = k * window_s
+                end = end_s if k == n - 1 else (k + 1) * window_s
+                peak[k] = level
+                while i < len(steps) and (steps[i][0] < end or (k == n - 1 and steps[i][0] <= end)):
+                    at = steps[i][0]
+                    area[k] += level * (at - since)
+                    while i < len(steps) and steps[i][0] == at:  # one instant: all at once
+                        level += steps[i][1]
+                        i += 1
+                    since = at
+                    peak[k] = max(peak[k], level)
+                area[k] += level * (end - since)
+                since = end
+                dur = end - start
+                area[k] = area[k] / dur if dur > 0 else float(level)
+            out[name] = {
+                "mean_bytes": [a * block_bytes for a in area],
+                "peak_bytes": [p * block_bytes for p in peak],
+            }
+        return out
 
     def summary(self, prompt_tokens: int) -> dict[str, Any]:
         """Per tier (DRAM, SSD): tokens served from it, their share of
         ``prompt_tokens``, bytes read and written, peak and final occupancy."""
         out: dict[str, Any] = {}
         for name in TIER_NAMES[1:]:
-            tiers = [c.tiers[i] for c in self.chains.values() for i in range(len(c.tiers))
-                     if c.tiers[i].name == name]  # fmt: skip
+            tiers = self._named(name)
             if not tiers:
                 continue
             block_bytes = next(iter(self.chains.values())).block_bytes
@@ -336,9 +541,12 @@ def build_chain(
     *,
     block_bytes: float,
     pcie_bytes_s: float,
+    gpus: Sequence[int] = (),
+    remote: Tier | None = None,
 ) -> TierChain:
-    """The tier chain ``keys`` gives one instance whose blocks are
-    ``block_bytes`` each and whose host links carry ``pcie_bytes_s`` in all (raw)."""
+    """The tier chain ``keys`` gives one instance on ``gpus`` whose blocks are
+    ``block_bytes`` each and whose host links carry ``pcie_bytes_s`` in all
+    (raw); ``remote``, the cluster's store tier, goes last."""
     tiers = []
     if keys.dram_bytes is not None:
         bw = keys.dram_bandwidth
@@ -355,4 +563,21 @@ def build_chain(
                 keys.ssd_latency_s,
             )  # fmt: skip
         )
-    return TierChain(env, tiers, block_bytes)
+    if remote is not None:
+        tiers.append(remote)
+    return TierChain(env, tiers, block_bytes, gpus)
+
+
+def build_remote(
+    keys: RemoteKeys, *, block_bytes: float, network: Network, topology: Topology, where: str
+) -> Tier:
+    """The remote store tier of ``keys`` on ``topology``, shared by every
+    instance (blocks of ``block_bytes``); its bandwidths are the network's."""
+    if not 0 <= keys.node < topology.num_nodes:
+        raise SpecError(
+            f"{where}: node {keys.node!r}: the topology has nodes 0..{topology.num_nodes - 1}"
+        )
+    tier = Tier("remote", int(keys.capacity_bytes // block_bytes), math.inf, math.inf,
+                keys.latency_s)  # fmt: skip
+    tier.store = RemoteStore(network, topology, keys.node)
+    return tier

@@ -517,11 +517,13 @@ class Metrics(Observer):
 def _hit_cells(s: Any) -> dict[str, Any]:
     """The requests CSV's hit columns of a completed sequence: its reused
     prompt tokens split by where they came from. Tokens loaded from a KV pool
-    (Mooncake's store) or from the lower KV tiers are counted as such; the rest
+    (Mooncake's store, or the KV tiers' remote store) or from the lower KV
+    tiers are counted as such; the rest
     of the reuse was in the instance's HBM prefix cache."""
-    dram, ssd = s.tier_tokens
+    dram, ssd, remote = s.tier_tokens
     lower = dram + ssd
-    pool = 0 if lower else min(s.preloaded_tokens, s.cached_tokens)
+    # a KV tier's remote store is a pool too
+    pool = remote if lower or remote else min(s.preloaded_tokens, s.cached_tokens)
     return {
         "hbm_hit_tokens": max(0, s.cached_tokens - lower - pool),
         "dram_hit_tokens": dram,

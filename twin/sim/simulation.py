@@ -50,7 +50,7 @@ from twin.serving.kvcache import BlockManager, blocks_for, kv_capacity_blocks
 from twin.serving.kvpool import KVPools
 from twin.serving.observer import InstanceInfo, Observer, broadcast
 from twin.serving.sequence import DECODE, HANDOFF, INCOMING, LOST, PREFILL, Sequence
-from twin.serving.tiers import KVTiers, build_chain
+from twin.serving.tiers import KVTiers, Tier, build_chain, build_remote
 from twin.sim.control import ControlLoop, apply_plan
 from twin.sim.faults import Faults
 from twin.sim.frames import flatten
@@ -338,6 +338,19 @@ class Simulation:
                 spec.engine.block_size,
             )  # fmt: skip
         self.tiers: KVTiers | None = KVTiers(self.env) if spec.kv_tiers is not None else None
+        self._remote: Tier | None = None  # the KV tiers' remote store, made with the first engine
+        if spec.kv_tiers is not None and spec.kv_tiers.remote is not None:
+            at = f"{spec.source}: kv_tiers.remote"
+            if topo is None or self.network is None:
+                raise SpecError(
+                    f"{at}: the store is reached over the network; give a cluster.topology"
+                )
+            node = spec.kv_tiers.remote.node
+            if any(topo.node_of(g) == node for p in placements for g in p.gpus):
+                raise SpecError(
+                    f"{at}: node {node} holds an instance; the store needs a node of its own "
+                    "(add one: cluster.nodes)"
+                )
         self.engines: list[Engine] = []  # by id; complete before the run starts
         views: list[EngineView] = []
         self.handoff: KVHandoff | None = None
@@ -416,10 +429,19 @@ class Simulation:
         self.engines.append(eng)
         self.capacity.append(blocks - watermark)
         if self.tiers is not None and eng.cache is not None and spec.kv_tiers is not None:
+            block_bytes = spec.model.kv_bytes_per_token_tp(tp) * spec.engine.block_size
+            remote = spec.kv_tiers.remote
+            if remote is not None and self._remote is None:
+                assert spec.topology is not None and self.network is not None
+                self._remote = build_remote(
+                    remote, block_bytes=block_bytes, network=self.network,
+                    topology=spec.topology, where=f"{spec.source}: kv_tiers.remote",
+                )  # fmt: skip
             eng.cache.tiers = build_chain(
                 self.env, spec.kv_tiers,
-                block_bytes=spec.model.kv_bytes_per_token_tp(tp) * spec.engine.block_size,
+                block_bytes=block_bytes,
                 pcie_bytes_s=gpu.pcie_bytes_s * tp * pp,
+                gpus=p.gpus, remote=self._remote,
             )  # fmt: skip
             self.tiers.add(eng.id, eng.cache.tiers)
         fetch_s = self.pools.estimate_s if self.pools else None
@@ -734,6 +756,8 @@ class Simulation:
         stuck = {t.id for t in self.network.stuck}
         if self.pools is not None:
             self.pools.give_up(stuck)
+        if self.tiers is not None:
+            self.tiers.give_up(stuck)
         for e in self.engines:
             for s in e.held():
                 t = s.transfer
@@ -814,12 +838,20 @@ class Simulation:
             self.pools is not None
         ):  # GPU -> pool copies (only with a pool: runs without read as before)
             summary["kv_bytes_copied"] = self.pools.bytes_copied
+        occupancy = None
         if self.tiers is not None:
             summary["kv_tiers"] = self.tiers.summary(self.metrics.prompt_tokens)
+            occupancy = self.tiers.occupancy(self.spec.window_s, self.metrics.last_end_s)
+            for name, series in occupancy.items():  # per timeline window
+                summary["kv_tiers"][name]["occupancy"] = {"window_s": self.spec.window_s, **series}
         if self.scaler.scaled or spec_scales(self.spec):
             summary["gpu_seconds"] = self.scaler.gpu_seconds(self.metrics.last_end_s)
         links = self.network.link_stats() if self.network is not None else []
         timeline = self.metrics.timeline_rows()
+        if occupancy is not None and timeline:  # the same windows: up to the last end
+            for name, series in occupancy.items():
+                for row, mean in zip(timeline, series["mean_bytes"], strict=True):
+                    row[f"{name}_bytes"] = mean
         fault_log = self.faults.log() if self.spec.events or self.spec.failures else None
         return Result(
             self._header(), summary, self._instance_stats(), links, timeline, fault_log,

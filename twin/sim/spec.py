@@ -60,7 +60,7 @@ from twin.perf.llm import ModelSpec, get_model
 from twin.scheduler import build_scheduler, scheduler_names
 from twin.serving.engine import EngineConfig
 from twin.serving.handoff import TransferConfig
-from twin.serving.tiers import TierKeys
+from twin.serving.tiers import RemoteKeys, TierKeys
 from twin.sim.faults import (
     Event,
     EventKeys,
@@ -648,6 +648,12 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
                 "set engine.prefix_caching: true"
             )
         out["kv_tiers"] = tiers.written
+        if tiers.value.remote is not None:  # its own section
+            remote = read(RemoteKeys, tiers.value.remote, f"{where}: kv_tiers.remote")
+            tiers = dataclasses.replace(
+                tiers, value=dataclasses.replace(tiers.value, remote=remote.value)
+            )
+            out["kv_tiers"] = {**tiers.written, "remote": remote.written}
     # Only when given, so that specs without it keep their resolved form and sha256.
     output = read(OutputKeys, top.output, f"{where}: output")
     if "output" in top_read.given:

@@ -36,6 +36,9 @@ A row (:data:`TIMELINE_COLUMNS`, in this order in ``--timeline-csv``):
 - ``transfer_p50_s``: the median KV hand-off time (the summary's
   ``transfer_s``: from the prompt's end to the KV's landing) of the completed
   requests that arrived in the window and moved; empty when none did.
+- ``dram_bytes``, ``ssd_bytes`` (only in a run with ``kv_tiers``, after the
+  others): the bytes each KV tier below HBM holds, summed over instances and
+  averaged over the window's time (see ``KVTiers.occupancy``).
 """
 
 from __future__ import annotations
@@ -327,13 +330,19 @@ def _q(d: Distribution, q: float) -> float | None:
 
 def write_timeline_csv(rows: Iterable[Mapping[str, Any]], path: str | Path) -> Path:
     """Write timeline rows as CSV, columns :data:`TIMELINE_COLUMNS` in that
-    order, an empty cell for a value that is not there (no request)."""
+    order, then any others the first row has (a run with KV tiers adds
+    ``dram_bytes``, ``ssd_bytes``: each tier's bytes summed over instances,
+    averaged over the window), an empty cell for a value that is not there."""
+    rows = list(rows)
+    columns = list(TIMELINE_COLUMNS)
+    if rows:
+        columns += [c for c in rows[0] if c not in TIMELINE_COLUMNS]
     try:
         with atomic_write(path) as f:  # no partial CSV under the finished name
             w = csv.writer(f, lineterminator="\n")
-            w.writerow(TIMELINE_COLUMNS)
+            w.writerow(columns)
             for row in rows:
-                w.writerow(["" if row.get(c) is None else row[c] for c in TIMELINE_COLUMNS])
+                w.writerow(["" if row.get(c) is None else row[c] for c in columns])
     except OSError as e:
         raise TwinError(f"{path}: cannot write: {e.strerror}") from None
     return Path(path)

@@ -91,6 +91,11 @@ class CompareResult:
             columns = (*columns, *TIER_COLUMNS)
             for row, r in zip(rows, self.runs.values(), strict=True):
                 row.extend(_tier_cells(r.summary))
+            if any("remote" in r.summary.get("kv_tiers", {}) for r in self.runs.values()):
+                columns = (*columns, ("store %", 7))  # the KV tiers' remote store
+                for row, r in zip(rows, self.runs.values(), strict=True):
+                    remote = r.summary.get("kv_tiers", {}).get("remote")
+                    row.append(_num(remote["hit_rate"], 100.0, 1) if remote else "-")
         widths = [
             max(w, len(title), *(len(row[i]) for row in rows))
             for i, (title, w) in enumerate(columns)

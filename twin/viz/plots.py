@@ -1134,3 +1134,45 @@ def plot_kv_tiers(compare_json: str | Path, out_base: str | Path) -> list[Path]:
     bottom.set_ylabel("SLO attainment (%)")
     bottom.set_xticks(xs, labels, rotation=30, ha="right")
     return save(fig, out_base)
+
+
+def plot_kv_tier_occupancy(compare_json: str | Path, out_base: str | Path) -> list[Path]:
+    """One panel per KV tier below HBM (DRAM, SSD) of a compare run's
+    ``--json`` file: the bytes the tier holds over time, summed over
+    instances, one line per variant that has the tier (the mean over each
+    timeline window, from the summary's ``kv_tiers.<tier>.occupancy``; the
+    window's peak as a thin line of the same color). None without tiers."""
+    runs = _compare_runs(compare_json)
+    panels: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for label, run in runs.items():
+        for name, tier in (run["summary"].get("kv_tiers") or {}).items():
+            if isinstance(tier, dict) and "occupancy" in tier:
+                panels.setdefault(name, []).append((label, tier["occupancy"]))
+    if not panels:
+        return []
+    fig = _figure(8.0, 2.8 * len(panels) + 0.6)
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (name, series) in zip(axes, panels.items(), strict=True):
+        for i, (label, occ) in enumerate(series):
+            color = PALETTE[i % len(PALETTE)]
+            w = occ["window_s"]
+            xs = [(k + 0.5) * w for k in range(len(occ["mean_bytes"]))]
+            ax.plot(xs, [b / 1e9 for b in occ["mean_bytes"]], color=color, label=label)
+            ax.plot(xs, [b / 1e9 for b in occ["peak_bytes"]], color=color, lw=0.6, alpha=0.6)
+        ax.set_ylabel(f"{name.upper()} held (GB)")
+        _legend_outside(ax)
+    axes[-1].set_xlabel("time (s)")
+    return save(fig, out_base)
+
+
+def _compare_runs(compare_json: str | Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(Path(compare_json).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise TwinError(f"{compare_json}: cannot read: {e.strerror}") from None
+    except ValueError as e:
+        raise TwinError(f"{compare_json}: not JSON: {e}") from None
+    runs = doc.get("runs") if isinstance(doc, dict) else None
+    if not isinstance(runs, dict) or not runs:
+        raise TwinError(f"{compare_json}: not the --json file of a compare spec (no runs)")
+    return runs
