@@ -1100,15 +1100,7 @@ def plot_kv_tiers(compare_json: str | Path, out_base: str | Path) -> list[Path]:
     """Two panels of a compare run's ``--json`` file, one bar per variant:
     the share of prompt tokens reused, stacked by where they came from (HBM
     or a KV pool, host DRAM, SSD), and the SLO attainment."""
-    try:
-        doc = json.loads(Path(compare_json).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise TwinError(f"{compare_json}: cannot read: {e.strerror}") from None
-    except ValueError as e:
-        raise TwinError(f"{compare_json}: not JSON: {e}") from None
-    runs = doc.get("runs") if isinstance(doc, dict) else None
-    if not isinstance(runs, dict) or not runs:
-        raise TwinError(f"{compare_json}: not the --json file of a compare spec (no runs)")
+    runs = _compare_runs(compare_json)
     labels = list(runs)
     shares: dict[str, list[float]] = {"HBM or pool": [], "DRAM": [], "SSD": []}
     attainment = []
