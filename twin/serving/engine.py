@@ -379,9 +379,7 @@ class Engine:
             self._drop_blocks(seq)
         else:
             self.waiting.remove(seq)
-            self.waiting_tokens -= seq.prefill_len
-            if self.watch is not None:
-                self.watch.queue(self)
+            self._waiting_moved(-seq.prefill_len)
         self._blocks_freed()
 
     def unreserve(self, seq: Sequence) -> None:
@@ -406,11 +404,15 @@ class Engine:
         seq.t_arrival = self.env.now
         self._interrupt()
         self.waiting.append(seq)
-        self.waiting_tokens += seq.prefill_len
+        self._waiting_moved(seq.prefill_len)
         self.observer.request_queued(self.env.now, self.id, seq.req)
+        self._poke()
+
+    def _waiting_moved(self, tokens: int) -> None:
+        """The queue's prompt tokens moved by ``tokens``; a sleeping tick's watch is told."""
+        self.waiting_tokens += tokens
         if self.watch is not None:
             self.watch.queue(self)
-        self._poke()
 
     def reserve(self, seq: Sequence) -> bool:
         """Decode side: take the blocks ``seq``'s KV will land in, if they are
@@ -705,9 +707,7 @@ class Engine:
                 cache.acquire(hits)
                 cache.evict(need_blocks)
             self.waiting.popleft()
-            self.waiting_tokens -= s.prefill_len
-            if self.watch is not None:
-                self.watch.queue(self)
+            self._waiting_moved(-s.prefill_len)
             kv.allocate(need_blocks)
             s.blocks = need_blocks
             s.units = list(hits)
@@ -811,9 +811,7 @@ class Engine:
         s.prefill_len = s.req.prompt_tokens + s.generated
         s.prefilled = 0
         self.waiting.appendleft(s)
-        self.waiting_tokens += s.prefill_len
-        if self.watch is not None:
-            self.watch.queue(self)
+        self._waiting_moved(s.prefill_len)
         self.observer.preempted(self.env.now, self.id, s.req)
 
     # -- applying an iteration -------------------------------------------------------
