@@ -453,3 +453,47 @@ def test_plan_takes_a_compare_spec_by_its_base(capsys):
         "its base, the spec without it"
     )
     assert len(err) == 2 and "cluster.decode.ep: 24 does not divide" in err[1]
+
+
+def test_a_published_benchmark_runs_through_the_roofline_of_its_setup():
+    """The fidelity study's arithmetic on a small case: Qwen3-30B-A3B on one
+    8-GPU H100 node, EP8: prefill of 1,000-token prompts half cached, and a
+    decode step, each the Roofline of that layout priced by hand here."""
+    from twin.studies.moe_fidelity import H100_NODE, Benchmark, run_benchmark
+
+    topo = load_topology({**H100_NODE, "nodes": 1}, where="test")
+    links = all_to_all_links(topo, range(8))
+    r = Roofline(get_model("qwen3-30b-a3b"), get_gpu("h100-sxm"), 1, ep=8, dp=8, **links)
+    common = {"source": "s", "url": "u", "section": "x", "model": "qwen3-30b-a3b",
+              "node": H100_NODE, "nodes": 1, "ep": 8, "setup": "small"}  # fmt: skip
+    pre = Benchmark("p", phase="prefill", published=1.0, per="node", prompt=1000,
+                    cached=0.5, tokens_per_rank=1000, **common)  # fmt: skip
+    # 500 new tokens a prompt: 2 prompts a rank, 16 in all
+    t = r.iteration_time(Batch(((500, 500),) * 16))
+    res = run_benchmark(pre)
+    assert res["iteration_s"] == t and res["twin"] == 16 * 1000 / t
+    assert res["a2a_s"] == 2 * 48 * r.all_to_all_time(16 * 500) > 0
+    dec = Benchmark("d", phase="decode", published=1.0, per="gpu", batch_per_rank=4,
+                    kv_len=300, **common)  # fmt: skip
+    t = r.iteration_time(Batch((), 32, 32 * 300))
+    assert run_benchmark(dec)["twin"] == 32 / t / 8  # per GPU
+    # with a TPOT bound: the largest batch per rank whose step fits
+    bound = r.iteration_time(Batch((), 8 * 20, 8 * 20 * 300))
+    tpot = Benchmark("t", phase="decode", published=1.0, per="node", kv_len=300,
+                     tpot_s=bound, **common)  # fmt: skip
+    res = run_benchmark(tpot)
+    assert res["batch_per_rank"] == 20 and res["iteration_s"] == bound
+
+
+def test_every_published_wide_ep_benchmark_is_reported_with_its_source():
+    from twin.studies.moe_fidelity import BENCHMARKS, report, rows
+
+    keys = {b.key for b in BENCHMARKS}
+    assert {"sglang-prefill-4k", "sglang-decode", "llm-d-decode"} <= keys
+    table = rows()
+    assert [r["key"] for r in table] == [b.key for b in BENCHMARKS]
+    for row, b in zip(table, BENCHMARKS, strict=True):
+        assert row["url"].startswith("https://") and row["twin"] > 0
+        assert row["gap"] == row["twin"] / b.published - 1
+    text = report()
+    assert all(b.url in text for b in BENCHMARKS)
