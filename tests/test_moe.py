@@ -497,3 +497,31 @@ def test_every_published_wide_ep_benchmark_is_reported_with_its_source():
         assert row["gap"] == row["twin"] / b.published - 1
     text = report()
     assert all(b.url in text for b in BENCHMARKS)
+
+
+@pytest.mark.parametrize("tp", [1, 32])  # the pool's tp, or its GPUs in all
+def test_an_instance_a_policy_adds_keeps_the_pools_wide_ep_layout(tp):
+    from twin.scheduler import AddInstance
+    from twin.sim.simulation import Simulation
+
+    spec = load_spec("disagg", [*WIDE, "cluster.nodes=12"])
+    sim = Simulation(spec)
+    sim.scaler.add(AddInstance("decode", tp=tp))
+    eng, p = sim.engines[-1], sim.placements[-1]
+    assert (eng.role, eng.state) == ("decode", "starting")
+    assert len(p.gpus) == 32 and p.node == 8  # four whole free nodes: 8..11
+    assert {spec.topology.node_of(g) for g in p.gpus} == {8, 9, 10, 11}
+    assert eng.perf.ep == 32 and eng.perf.dp == 32 and eng.perf.tp == 1
+    assert eng.perf is sim.engines[2].perf  # the pool's own model: same layout and links
+    # KV blocks: dp ranks of one GPU each, as the spec's decode instance
+    assert sim.capacity[eng.id] == sim.capacity[2]
+    assert sim.scaler.alloc[eng.id][2] == 32  # its GPU-seconds count 32 GPUs
+
+
+def test_an_added_instance_that_breaks_the_pools_layout_is_an_error():
+    from twin.scheduler import AddInstance
+    from twin.sim.simulation import Simulation
+
+    sim = Simulation(load_spec("disagg", [*WIDE, "cluster.nodes=12"]))
+    with pytest.raises(SpecError, match=r"decode pool's layout EP32 \(DP32 x TP1 x PP1"):
+        sim.scaler.add(AddInstance("decode", tp=4))
