@@ -525,3 +525,106 @@ def test_an_added_instance_that_breaks_the_pools_layout_is_an_error():
     sim = Simulation(load_spec("disagg", [*WIDE, "cluster.nodes=12"]))
     with pytest.raises(SpecError, match=r"decode pool's layout EP32 \(DP32 x TP1 x PP1"):
         sim.scaler.add(AddInstance("decode", tp=4))
+
+
+# compute-bound: memory (1e30 B/s) never binds, so an iteration is its FLOPs at 1e12 FLOP/s
+FLOPS_GPU = GPUSpec("flops-only", 1e12, 1e30, 80 * 2**30, 700.0, 1e10, 1e9)
+# memory-bound: compute (1e30 FLOP/s) never binds, an iteration is its bytes at 1e11 B/s
+BYTES_GPU = GPUSpec("bytes-only", 1e30, 1e11, 80 * 2**30, 700.0, 1e10, 1e9)
+# one MLA layer: 4 heads, latent 16, rope key 4, no-rope query/key 8, value head 8
+TINY_MLA = ModelSpec("tiny-mla", 1, 64, 4, 4, 8, 128, 100, 10**6, 2, "gated", None,
+                     kv_lora_rank=16, qk_rope_dim=4, qk_nope_dim=8)  # fmt: skip
+
+
+def test_latent_attention_decode_is_priced_absorbed_and_prefill_not():
+    """DeepSeek-V2 (arXiv 2405.04434) 2.1.2-2.1.3: decode with W_UK folded into
+    the query and W_UV into the output attends over the cached latent itself
+    (per head and context token: a dot product of kv_lora_rank + qk_rope,
+    then kv_lora_rank for the value); prefill up-projects K (qk_nope, plus the
+    shared rope key) and V (v_head) per head and attends over those."""
+    r = Roofline(TINY_MLA, FLOPS_GPU, **QUIET)
+    heads, lora, rope, nope, v = 4, 16, 4, 8, 8
+    # decode: 3 sequences; 300 more context tokens cost 2 x heads x (2 lora + rope) each
+    d1, d2 = r.iteration_time(Batch((), 3, 30)), r.iteration_time(Batch((), 3, 330))
+    assert d2 - d1 == pytest.approx(300 * 2 * heads * (lora + rope + lora) / 1e12, rel=1e-9)
+    # prefill of 10 new tokens after 20 cached: 10 x (20 + 11/2) = 255 (query, key) pairs
+    # at 2 x heads x (nope + rope + v), and the 20 cached latents up-projected to K and V
+    # (kv_up: lora x heads x (nope + v) weights, 2 FLOPs each), against the same chunk alone
+    p0, p1 = r.iteration_time(Batch(((10, 0),))), r.iteration_time(Batch(((10, 20),)))
+    pairs = 10 * 20  # the extra pairs the 20 cached tokens add
+    extra = pairs * 2 * heads * (nope + rope + v) + 20 * 2 * lora * heads * (nope + v)
+    assert p1 - p0 == pytest.approx(extra / 1e12, rel=1e-9)
+    # and the whole prefill chunk by hand: linear weights per token, LM head, attention
+    h = 64
+    q = h * heads * (nope + rope)
+    kv_down, kv_up, o = h * (lora + rope), lora * heads * (nope + v), heads * v * h
+    mlp = 3 * h * 128
+    linear = 2 * 10 * (q + kv_down + kv_up + o + mlp) + 2 * h * 100
+    attn = 10 * 5.5 * 2 * heads * (nope + rope + v)
+    assert p0 == pytest.approx((linear + attn) / 1e12, rel=1e-12)
+    # decode_steps agree with iteration_time, step by step
+    assert r.decode_steps(3, 30, 4) == [r.iteration_time(Batch((), 3, 30 + 3 * i))
+                                        for i in range(4)]  # fmt: skip
+
+
+def test_deepseek_decode_attention_is_the_absorbed_count():
+    m = get_model("deepseek-v3")
+    # 128 heads x 2 x (512 + 64 + 512) per context token and layer, absorbed;
+    # 128 x 2 x (128 + 64 + 128) per (query, key) pair without absorption
+    assert m.attn_flops_per_pair(absorbed=True) == 128 * 2 * 1088
+    assert m.attn_flops_per_pair() == 128 * 2 * 320
+    assert m.kv_up_params_per_layer == 512 * 128 * 256
+    dense = get_model("llama-3.1-8b")
+    assert dense.attn_flops_per_pair() == dense.attn_flops_per_pair(True) == 4 * 32 * 128
+
+
+# openai/gpt-oss-20b and -120b config.json: layer_types, sliding_window 128
+GPT_OSS_LAYER_TYPES = {
+    "gpt-oss-20b": ["sliding_attention", "full_attention"] * 12,
+    "gpt-oss-120b": ["sliding_attention", "full_attention"] * 18,
+}
+
+
+@pytest.mark.parametrize("name", sorted(GPT_OSS_LAYER_TYPES))
+def test_gpt_oss_sliding_layers_follow_the_config(name):
+    m = get_model(name)
+    types = GPT_OSS_LAYER_TYPES[name]
+    assert m.layers == len(types)
+    assert m.sliding_layers == types.count("sliding_attention")
+    assert m.sliding_window == 128
+    # the KV held stays the upper bound: every layer's K and V for every token
+    assert m.kv_bytes_per_token() == 2 * len(types) * 8 * 64 * 2
+
+
+def test_sliding_layers_attend_and_read_at_most_the_window():
+    m = get_model("gpt-oss-20b")  # 12 full and 12 sliding layers of 64 heads x 64
+    per_pair = 4 * 64 * 64  # FLOPs per layer and (query, key) pair
+    r = Roofline(m, FLOPS_GPU, **QUIET)
+    # decode, 4 sequences, every context past the window: only full layers grow
+    d1, d2 = r.iteration_time(Batch((), 4, 4 * 500)), r.iteration_time(Batch((), 4, 4 * 1500))
+    assert d2 - d1 == pytest.approx(12 * per_pair * 4 * 1000 / 1e12, rel=1e-9)
+    # a prefill chunk of 300 after 0 or 1,000 cached: full layers add 300 x 1,000 pairs;
+    # a sliding layer's query at position p sees min(p, 128) keys: 128 x 129 / 2 + 172 x 128
+    # pairs from an empty cache, 300 x 128 after 1,000 cached
+    p0, p1 = r.iteration_time(Batch(((300, 0),))), r.iteration_time(Batch(((300, 1000),)))
+    slide0, slide1 = 128 * 129 // 2 + 172 * 128, 300 * 128
+    full = 12 * per_pair * 300 * 1000
+    assert p1 - p0 == pytest.approx((full + 12 * per_pair * (slide1 - slide0)) / 1e12, rel=1e-9)
+    # KV reads: sliding layers read the last 128 tokens of each context
+    rb = Roofline(m, BYTES_GPU, **QUIET)
+    b1, b2 = rb.iteration_time(Batch((), 4, 4 * 500)), rb.iteration_time(Batch((), 4, 4 * 1500))
+    per_layer_token = 2 * 8 * 64 * 2  # K and V, 8 KV heads x 64, 2 bytes
+    assert b2 - b1 == pytest.approx(12 * per_layer_token * 4 * 1000 / 1e11, rel=1e-9)
+    assert rb.decode_steps(4, 2000, 3) == [rb.iteration_time(Batch((), 4, 2000 + 4 * i))
+                                          for i in range(3)]  # fmt: skip
+
+
+def test_a_user_model_gives_sliding_window_and_layers_together():
+    base = {"name": "u", "layers": 4, "hidden": 64, "heads": 4, "kv_heads": 2,
+            "head_dim": 16, "intermediate": 128, "vocab": 100, "params": 10**6}  # fmt: skip
+    m = get_model({**base, "sliding_window": 64, "sliding_layers": 2})
+    assert (m.sliding_window, m.sliding_layers) == (64, 2)
+    with pytest.raises(SpecError, match="sliding_window and sliding_layers go together"):
+        get_model({**base, "sliding_window": 64})
+    with pytest.raises(SpecError, match="sliding_layers=5 exceeds layers=4"):
+        get_model({**base, "sliding_window": 64, "sliding_layers": 5})

@@ -239,6 +239,16 @@ class Roofline:
     experts and, under ``ep`` > 1, its two all-to-alls, priced on the links
     given (``a2a_*``, from :func:`twin.net.topology.all_to_all_links`).
 
+    Multi-head latent attention (``model.kv_lora_rank > 0``, DeepSeek): a
+    decode step runs the absorbed form (the K up-projection folded into the
+    query and the V one into the output, attention over the cached latent:
+    ``2 x heads x (2 kv_lora_rank + qk_rope)`` FLOPs per context token and
+    layer), a prefill chunk the non-absorbed one (``2 x heads x (qk_nope +
+    qk_rope + v_head)`` per (query, key) pair, plus its cached tokens'
+    latents up-projected to K and V); :meth:`ModelSpec.attn_flops_per_pair`.
+    Sliding-window layers (``model.sliding_layers``, GPT-OSS) attend and read
+    the KV of at most ``sliding_window`` tokens; see :meth:`_special_time`.
+
     ``iteration_time`` is a pure function of the batch; everything that does
     not depend on it is precomputed here.
     """
@@ -251,7 +261,8 @@ class Roofline:
         "_inv_compute", "_inv_attn", "_inv_mem", "_fixed", "_seq", "_comm_token", "_comm_fixed",
         "_p2p_token", "_p2p_fixed", "ep", "dp", "expert_skew", "a2a_intra_bytes_s",
         "a2a_inter_bytes_s", "a2a_ranks_per_node", "a2a_latency_s", "_moe", "_e_local",
-        "_e_flop", "_e_bytes", "_a2a_token", "_a2a_fixed",
+        "_e_flop", "_e_bytes", "_a2a_token", "_a2a_fixed", "_special", "_fa_pre", "_fa_dec",
+        "_flop_ctx", "_kv_layer", "_full_layers", "_slide_layers", "_window",
     )  # fmt: skip
 
     def __init__(
@@ -374,6 +385,16 @@ class Roofline:
             self.name += f"ep{ep}"
         if dp > 1:
             self.name += f"dp{dp}"
+        # latent attention and sliding windows: iteration_time's second path (_special_time)
+        ranks = tp * dp
+        self._special = m.is_mla or m.sliding_layers > 0
+        self._fa_pre = m.attn_flops_per_pair() / ranks  # per layer and (query, key) pair
+        self._fa_dec = m.attn_flops_per_pair(absorbed=True) / ranks
+        self._flop_ctx = 2.0 * m.layers * m.kv_up_params_per_layer / ranks  # per cached token
+        self._kv_layer = self._kv_b / m.layers
+        self._full_layers = m.layers - m.sliding_layers
+        self._slide_layers = m.sliding_layers
+        self._window = m.sliding_window
 
     def _init_moe(
         self,
@@ -496,6 +517,8 @@ class Roofline:
 
     def iteration_time(self, batch: Batch) -> float:
         """Seconds for one forward pass of ``batch``; 0.0 for an empty batch."""
+        if self._special:
+            return self._special_time(batch)
         n_dec = batch.decode_count
         tokens = n_dec
         attn = float(batch.decode_context_sum)
@@ -522,12 +545,67 @@ class Roofline:
             t += self.moe_time(tokens)
         return t
 
+    def _special_time(self, batch: Batch) -> float:
+        """:meth:`iteration_time` of a model with latent attention or sliding
+        windows (the class docstring's terms, attention and KV reads split).
+
+        Latent attention: decode attention at the absorbed form's FLOPs per
+        (query, key) pair, prefill at the non-absorbed form's, and each
+        prefill chunk's cached tokens up-projected from their latents
+        (``2 x kv_up weights`` FLOPs each, at ``mfu``). Sliding layers: a
+        query at position ``p`` attends ``min(p, window)`` keys, a chunk of
+        ``n`` after ``c`` cached reads ``min(c, window)`` of them, and decode
+        sequences ``min(context sum, count x window)`` in all (exact when
+        every context is at least the window, else an upper bound: a batch
+        carries only its contexts' sum)."""
+        n_dec = batch.decode_count
+        dsum = batch.decode_context_sum
+        w = self._window
+        tokens = n_dec
+        pairs = pairs_w = 0.0
+        cached = cached_w = 0
+        for n, c in batch.prefill:
+            tokens += n
+            pairs += n * (c + (n + 1) * 0.5)
+            cached += c
+            if w:
+                k = max(0, min(n, w - c))  # queries whose whole past fits the window
+                pairs_w += k * c + k * (k + 1) * 0.5 + (n - k) * w
+                cached_w += min(c, w)
+        if tokens == 0:
+            return 0.0
+        seqs = n_dec + len(batch.prefill)
+        full, slide = self._full_layers, self._slide_layers
+        dec_w = min(dsum, n_dec * w)
+        attn = self._fa_dec * (full * dsum + slide * dec_w) + self._fa_pre * (
+            full * pairs + slide * pairs_w
+        )
+        linear = self._flop_token * tokens + self._flop_seq * seqs + self._flop_ctx * cached
+        compute_s = linear * self._inv_compute + attn * self._inv_attn
+        if compute_s > self.throttle_knee_s:
+            compute_s += self.throttle * (compute_s - self.throttle_knee_s)
+        kv_tokens = full * (dsum + cached + tokens) + slide * (dec_w + cached_w + tokens)
+        mem_s = (self._w_b + self._kv_layer * kv_tokens) * self._inv_mem
+        if compute_s > mem_s:
+            roof = compute_s + self.no_overlap * mem_s
+        else:
+            roof = mem_s + self.no_overlap * compute_s
+        t = roof + self._fixed + self._seq * seqs + self._comm_fixed + self._comm_token * tokens
+        if self._moe:
+            t += self.moe_time(tokens)
+        return t
+
     def decode_steps(self, count: int, context_sum: int, n: int) -> list[float]:
         """Seconds of ``n`` decode-only iterations of ``count`` sequences, their
         contexts summing to ``context_sum`` in the first and ``count`` more in each
         next one: :meth:`iteration_time` of each, the same float operations in the
         same order (so the same bits), without building the batches; one numpy
-        pass over the steps when there are many."""
+        pass over the steps when there are many. A model with latent attention
+        or sliding windows prices each step with :meth:`iteration_time`."""
+        if self._special:
+            stop = context_sum + n * count
+            steps = range(context_sum, stop, count)
+            return [self.iteration_time(Batch((), count, c)) for c in steps]
         tokens = seqs = count
         c0 = (self._flop_token * tokens + self._flop_seq * seqs) * self._inv_compute
         fa, ia = self._flop_attn, self._inv_attn
