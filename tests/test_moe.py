@@ -495,6 +495,8 @@ def test_every_published_wide_ep_benchmark_is_reported_with_its_source():
     for row, b in zip(table, BENCHMARKS, strict=True):
         assert row["url"].startswith("https://") and row["twin"] > 0
         assert row["gap"] == row["twin"] / b.published - 1
+        t = row["iteration_s"]
+        assert row["twin_hidden_a2a"] == row["twin"] * t / (t - row["a2a_s"]) > row["twin"]
     text = report()
     assert all(b.url in text for b in BENCHMARKS)
 
