@@ -595,6 +595,36 @@ class Roofline:
             t += self.moe_time(tokens)
         return t
 
+    def _special_decode_steps(self, count: int, context_sum: int, n: int) -> list[float]:
+        """:meth:`decode_steps` of a model with latent attention or sliding
+        windows: :meth:`_special_time` of each decode-only step, its float
+        operations in the same order (the prefill terms, zero, left out: adding
+        0.0 changes no bits), the step-invariant parts computed once."""
+        if count == 0:
+            return [0.0] * n
+        tokens = seqs = count
+        w, full, slide = self._window, self._full_layers, self._slide_layers
+        fa, ia, knee, throttle = self._fa_dec, self._inv_attn, self.throttle_knee_s, self.throttle
+        c0 = (self._flop_token * tokens + self._flop_seq * seqs) * self._inv_compute
+        w_b, kv_layer, inv_mem, no = self._w_b, self._kv_layer, self._inv_mem, self.no_overlap
+        fixed, per_seq = self._fixed, self._seq * seqs
+        comm_fixed, comm = self._comm_fixed, self._comm_token * tokens
+        moe = self.moe_time(tokens) if self._moe else 0.0
+        cap = count * w
+        out = []
+        for ctx in range(context_sum, context_sum + n * count, count):
+            dec_w = min(ctx, cap)
+            compute_s = c0 + fa * (full * ctx + slide * dec_w) * ia
+            if compute_s > knee:
+                compute_s += throttle * (compute_s - knee)
+            mem_s = (w_b + kv_layer * (full * (ctx + tokens) + slide * (dec_w + tokens))) * inv_mem
+            roof = compute_s + no * mem_s if compute_s > mem_s else mem_s + no * compute_s
+            t = roof + fixed + per_seq + comm_fixed + comm
+            if self._moe:
+                t += moe
+            out.append(t)
+        return out
+
     def decode_steps(self, count: int, context_sum: int, n: int) -> list[float]:
         """Seconds of ``n`` decode-only iterations of ``count`` sequences, their
         contexts summing to ``context_sum`` in the first and ``count`` more in each
@@ -603,9 +633,7 @@ class Roofline:
         pass over the steps when there are many. A model with latent attention
         or sliding windows prices each step with :meth:`iteration_time`."""
         if self._special:
-            stop = context_sum + n * count
-            steps = range(context_sum, stop, count)
-            return [self.iteration_time(Batch((), count, c)) for c in steps]
+            return self._special_decode_steps(count, context_sum, n)
         tokens = seqs = count
         c0 = (self._flop_token * tokens + self._flop_seq * seqs) * self._inv_compute
         fa, ia = self._flop_attn, self._inv_attn
