@@ -120,7 +120,10 @@ class Benchmark:
     ``cached`` (share of each prompt already in the KV cache) and
     ``tokens_per_rank`` (new tokens per rank per iteration). Decode:
     ``kv_len`` and either ``batch_per_rank`` or ``tpot_s`` (then the
-    largest batch per rank whose step stays within it)."""
+    largest batch per rank whose step stays within it). ``perf`` holds the
+    Roofline's all-to-all settings the source reports (``moe_dispatch_dtype``,
+    ``moe_overlap``, ``moe_dispatch_nodes``), ``perf_source`` where each is
+    stated."""
 
     key: str
     source: str
@@ -142,6 +145,8 @@ class Benchmark:
     kv_len: int = 0
     tpot_s: float = 0.0
     unit: str = field(default="")
+    perf: Mapping[str, Any] = field(default_factory=dict)
+    perf_source: str = ""
 
     def __post_init__(self) -> None:
         if self.phase not in ("prefill", "decode"):
@@ -149,6 +154,34 @@ class Benchmark:
         if self.per not in ("node", "gpu"):
             raise ValueError(f"benchmark {self.key}: per {self.per!r}")
 
+
+# The all-to-all settings each source runs (Benchmark.perf; README, Fidelity):
+# DeepSeek's day-6 overview: "dispatch transmissions adopt the FP8 format ... combine
+# transmissions use the BF16 format", a dual-batch overlap in prefill and decode (decode's
+# five-stage pipeline still alternates two micro-batches); prefill on DeepEP's normal kernels,
+# which cross the NICs once per destination node and forward over NVLink (deepseek-ai/DeepEP,
+# docs/legacy.md: "asymmetric-domain bandwidth forwarding, such as forwarding data from NVLink
+# domain to RDMA domain"), each token on at most 4 nodes (DeepSeek-V3 report, arXiv
+# 2412.19437, 2.1.2); decode on the low-latency kernels, each copy straight to its GPU over
+# RDMA (the same README: "low-latency kernels with pure RDMA").
+_DS_PREFILL = {"moe_dispatch_dtype": "fp8", "moe_overlap": "two-batch", "moe_dispatch_nodes": 4}
+_DS_DECODE = {"moe_dispatch_dtype": "fp8", "moe_overlap": "two-batch"}
+_DS_PERF = "FP8 dispatch, BF16 combine, dual-batch overlap (overview)"
+_DS_PERF_PREFILL = _DS_PERF + "; once per node, at most 4 (DeepEP normal kernels, V3 2.1.2)"
+# SGLang's blog: DeepEP normal kernels in prefill and low-latency ones in decode, with its
+# two-batch overlap (section "Two-batch Overlap"); its DeepEP dispatcher quantizes to FP8
+# before the dispatch when DeepGEMM runs the experts (sgl-project/sglang,
+# python/sglang/srt/layers/moe/ep_moe/token_dispatcher.py, dispatch_a), and the low-latency
+# dispatch runs with use_fp8.
+_SGL_PREFILL = _DS_PREFILL
+_SGL_DECODE = _DS_DECODE
+_SGL_PERF = "FP8 dispatch (its DeepEP dispatcher), two-batch overlap (blog, Two-batch Overlap)"
+_SGL_PERF_PREFILL = _SGL_PERF + "; once per node (DeepEP normal kernels)"
+# llm-d's wide-EP guide: VLLM_ALL2ALL_BACKEND=deepep_low_latency, FP8 dispatch for a
+# 128-block FP8 model (vLLM's DeepEP low-latency prepare/finalize, use_fp8_dispatch); its
+# decode command passes no --enable-dbo, so no overlap (guides/wide-ep-lws, decode.yaml).
+_LLMD_DECODE = {"moe_dispatch_dtype": "fp8"}
+_LLMD_PERF = "FP8 dispatch (deepep_low_latency); no --enable-dbo in the guide: no overlap"
 
 _DS_URL = (
     "https://github.com/deepseek-ai/open-infra-index/blob/main/202502OpenSourceWeek/"
@@ -165,7 +198,8 @@ def _sglang_prefill(prompt: int, figure: float) -> Benchmark:
         "deepseek-v3", H100_NODE, 4, 32, figure, "node",
         f"DeepSeek-V3 prefill, EP32 with DP attention on 4 H100 nodes (InfiniBand),"
         f" {prompt // 1024}K prompts, 16,384 tokens per device",
-        prompt=prompt, tokens_per_rank=16384,
+        prompt=prompt, tokens_per_rank=16384, perf=_SGL_PREFILL,
+        perf_source=_SGL_PERF_PREFILL,
     )  # fmt: skip
 
 
@@ -177,7 +211,8 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "DeepSeek-V3 prefill, EP32 with DP attention on 4 H800 nodes (8 x 400 Gb/s IB"
         " each), 56.3% of input tokens cached, production traffic",
         "4,096-token prompts, 16k new tokens per rank",
-        prompt=4096, cached=DS_CACHE_HIT, tokens_per_rank=16384,
+        prompt=4096, cached=DS_CACHE_HIT, tokens_per_rank=16384, perf=_DS_PREFILL,
+        perf_source=_DS_PERF_PREFILL,
     ),
     Benchmark(
         "deepseek-decode", "DeepSeek inference system overview", _DS_URL,
@@ -187,7 +222,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         " 4,989 tokens",
         "EP128 on 16 nodes (144 needs 32 redundant experts), the largest batch with"
         " TPOT <= 50 ms",
-        kv_len=DS_KV_LEN, tpot_s=1.0 / DS_USER_TOKENS_S,
+        kv_len=DS_KV_LEN, tpot_s=1.0 / DS_USER_TOKENS_S, perf=_DS_DECODE, perf_source=_DS_PERF,
     ),
     _sglang_prefill(1024, 57674.0),
     _sglang_prefill(2048, 54543.0),
@@ -198,7 +233,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "DeepSeek-V3 decode, EP72 on 9 H100 nodes (288 experts with EPLB), 256"
         " sequences per device, KV 2,000 tokens",
         "EP64 on 8 nodes (72 does not divide 256 experts)",
-        batch_per_rank=256, kv_len=2000,
+        batch_per_rank=256, kv_len=2000, perf=_SGL_DECODE, perf_source=_SGL_PERF,
     ),
     Benchmark(
         "llm-d-decode", "llm-d 0.3 / vLLM wide-EP", _LLMD_URL, "Wide-EP Performance",
@@ -206,26 +241,30 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         "DeepSeek-R1 decode, one DP16/EP16 worker over 2 H200 nodes (CoreWeave, IB"
         " ConnectX-7), batch and lengths not given in the text",
         "assumed: 256 sequences per GPU, KV 2,000 tokens",
-        batch_per_rank=256, kv_len=2000,
+        batch_per_rank=256, kv_len=2000, perf=_LLMD_DECODE, perf_source=_LLMD_PERF,
     ),
 )  # fmt: skip
 
 
-def benchmark_roofline(b: Benchmark) -> Roofline:
+def benchmark_roofline(b: Benchmark, plain: bool = False) -> Roofline:
     """The Roofline of ``b``'s instance: ``b.ep`` data-parallel attention
     ranks of one GPU each on ``b.nodes`` nodes of ``b.node``, the all-to-alls
-    on that topology's links."""
+    on that topology's links with ``b.perf``'s settings (``plain``: without
+    them, the all-to-alls in BF16, each copy on its own, added to compute)."""
     topo = load_topology({**b.node, "nodes": b.nodes}, where=f"moe_fidelity: {b.key}")
     links = all_to_all_links(topo, range(b.ep))
     gpu = get_gpu(topo.gpu_type(0))
-    return Roofline(get_model(b.model), gpu, 1, ep=b.ep, dp=b.ep, **links)  # type: ignore[arg-type]
+    settings = {} if plain else dict(b.perf)
+    return Roofline(get_model(b.model), gpu, 1, ep=b.ep, dp=b.ep, **links, **settings)  # type: ignore[arg-type]
 
 
-def run_benchmark(b: Benchmark) -> dict[str, float]:
-    """What the twin gives for ``b``: ``twin`` (in ``b``'s unit: tokens/s per
-    node or per GPU), ``iteration_s`` (the priced iteration), ``a2a_s`` (its
-    all-to-alls) and, for decode, ``batch_per_rank``."""
-    r = benchmark_roofline(b)
+def run_benchmark(b: Benchmark, plain: bool = False) -> dict[str, float]:
+    """What the twin gives for ``b`` (``plain``: without ``b.perf``'s
+    settings): ``twin`` (in ``b``'s unit: tokens/s per node or per GPU),
+    ``iteration_s`` (the priced iteration), ``a2a_s`` (its all-to-alls, both
+    micro-batches' under overlap, hidden or not) and, for decode,
+    ``batch_per_rank``."""
+    r = benchmark_roofline(b, plain)
     scale = b.nodes if b.per == "node" else b.ep
     if b.phase == "prefill":
         cached = round(b.prompt * b.cached)
@@ -233,7 +272,7 @@ def run_benchmark(b: Benchmark) -> dict[str, float]:
         per_rank = max(1, b.tokens_per_rank // new)
         chunks = ((new, cached),) * (per_rank * b.ep)
         t = r.iteration_time(Batch(chunks))
-        a2a = _a2a_s(r, len(chunks) * new)
+        a2a = r.a2a_time(len(chunks) * new)
         return {"twin": len(chunks) * b.prompt / t / scale, "iteration_s": t, "a2a_s": a2a}
     if b.batch_per_rank:
         per_rank = b.batch_per_rank
@@ -248,25 +287,20 @@ def run_benchmark(b: Benchmark) -> dict[str, float]:
                 break
             per_rank, t = k, step
     out = per_rank * b.ep / t / scale if t else 0.0
-    a2a = _a2a_s(r, per_rank * b.ep)
+    a2a = r.a2a_time(per_rank * b.ep)
     return {"twin": out, "iteration_s": t, "a2a_s": a2a, "batch_per_rank": float(per_rank)}
 
 
-def _a2a_s(r: Roofline, tokens: int) -> float:
-    """Seconds of an iteration's all-to-alls (two per MoE layer) for ``tokens`` new tokens."""
-    return 2 * r.model.moe_layers * r.all_to_all_time(tokens)
-
-
-def deepseek_prefill() -> dict[str, float]:
+def deepseek_prefill(plain: bool = False) -> dict[str, float]:
     """DeepSeek's prefill figure through the twin (``input_tokens_s_node``)."""
-    res = run_benchmark(BENCHMARKS[0])
+    res = run_benchmark(BENCHMARKS[0], plain)
     return {"iteration_s": res["iteration_s"], "input_tokens_s_node": res["twin"]}
 
 
-def deepseek_decode() -> dict[str, float]:
+def deepseek_decode(plain: bool = False) -> dict[str, float]:
     """DeepSeek's decode figure through the twin: the largest batch per rank
     within 50 ms a step and its output per node."""
-    res = run_benchmark(BENCHMARKS[1])
+    res = run_benchmark(BENCHMARKS[1], plain)
     return {
         "batch_per_rank": res["batch_per_rank"],
         "step_s": res["iteration_s"],
@@ -275,24 +309,31 @@ def deepseek_decode() -> dict[str, float]:
 
 
 def rows(benchmarks: tuple[Benchmark, ...] = BENCHMARKS) -> list[dict[str, Any]]:
-    """One row per benchmark: its key, source, setups, published and twin
-    figures, gap; ``twin_hidden_a2a`` is the twin's figure were the
-    all-to-alls hidden entirely under compute (what two-batch overlap aims
-    at), at the same batch."""
+    """One row per benchmark: its key, source, setups, the all-to-all
+    settings it runs (``perf``, ``perf_source``), published and twin figures
+    with those settings (``twin``, ``gap``) and without (``plain``,
+    ``plain_gap``: BF16 dispatch, each copy on its own, no overlap)."""
     out = []
     for b in benchmarks:
         res = run_benchmark(b)
-        t = res["iteration_s"]
+        base = run_benchmark(b, plain=True)
         out.append({
             "key": b.key, "source": b.source, "url": b.url, "section": b.section,
             "setup": b.setup, "twin_setup": b.twin_setup, "per": b.per,
             "phase": b.phase, "published": b.published, "twin": res["twin"],
             "gap": res["twin"] / b.published - 1.0, "iteration_s": res["iteration_s"],
-            "a2a_s": res["a2a_s"],
-            "twin_hidden_a2a": res["twin"] * t / (t - res["a2a_s"]),
+            "a2a_s": res["a2a_s"], "perf": dict(b.perf), "perf_source": b.perf_source,
+            "plain": base["twin"], "plain_gap": base["twin"] / b.published - 1.0,
+            "plain_iteration_s": base["iteration_s"], "plain_a2a_s": base["a2a_s"],
             "batch_per_rank": res.get("batch_per_rank"),
+            "plain_batch_per_rank": base.get("batch_per_rank"),
         })  # fmt: skip
     return out
+
+
+def _settings(perf: Mapping[str, Any]) -> str:
+    parts = [f"{k}: {v}" for k, v in sorted(perf.items())]
+    return ", ".join(parts) if parts else "none"
 
 
 def report(benchmarks: tuple[Benchmark, ...] = BENCHMARKS) -> str:
@@ -301,17 +342,21 @@ def report(benchmarks: tuple[Benchmark, ...] = BENCHMARKS) -> str:
     for row in rows(benchmarks):
         kind = "input" if row["phase"] == "prefill" else "output"
         unit = f"{kind} tok/s/{row['per']}"
-        step = f"iteration {row['iteration_s'] * 1e3:.1f} ms"
-        step += f", all-to-alls {row['a2a_s'] / row['iteration_s']:.0%} of it"
-        if row["batch_per_rank"] is not None:
-            step += f", {row['batch_per_rank']:.0f} seqs/GPU"
+
+        def step(t: float, a2a: float, batch: float | None) -> str:
+            text = f"iteration {t * 1e3:.1f} ms, all-to-alls {a2a * 1e3:.1f} ms"
+            return text + (f", {batch:.0f} seqs/GPU" if batch is not None else "")
+
         out.append(
             f"{row['key']}: {row['source']}, {row['url']} ({row['section']})\n"
             f"  setup: {row['setup']}\n"
             + (f"  twin runs: {row['twin_setup']}\n" if row["twin_setup"] else "")
-            + f"  published {row['published']:,.0f}  twin {row['twin']:,.0f} {unit}"
-            f"  ({row['gap']:+.0%}; {step}; all-to-alls hidden:"
-            f" {row['twin_hidden_a2a'] / row['published'] - 1:+.0%})"
+            + f"  settings: {_settings(row['perf'])} ({row['perf_source']})\n"
+            f"  published {row['published']:,.0f} {unit}\n"
+            f"  twin      {row['twin']:,.0f} ({row['gap']:+.0%};"
+            f" {step(row['iteration_s'], row['a2a_s'], row['batch_per_rank'])})\n"
+            f"  plain     {row['plain']:,.0f} ({row['plain_gap']:+.0%};"
+            f" {step(row['plain_iteration_s'], row['plain_a2a_s'], row['plain_batch_per_rank'])})"
         )
     return "\n".join(out)
 
