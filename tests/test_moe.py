@@ -735,6 +735,11 @@ def test_two_batch_splits_and_prices_consistently():
     assert r.decode_steps(4, 40, 3) == [r.iteration_time(Batch((), 4, 40 + 4 * i))
                                         for i in range(3)]  # fmt: skip
     assert r.decode_steps(0, 0, 2) == [0.0, 0.0]
+    # under the threshold (tokens per attention rank; 2 ranks here) the batch runs unsplit
+    gated = _ep2(moe_overlap="two-batch", moe_overlap_min_tokens=3)
+    assert gated.iteration_time(Batch((), 5, 50)) == _ep2().iteration_time(Batch((), 5, 50))
+    assert gated.iteration_time(Batch((), 6, 60)) == r.iteration_time(Batch((), 6, 60))
+    assert r.iteration_time(Batch((), 6, 60)) != _ep2().iteration_time(Batch((), 6, 60))
     # no EP, or a dense model: nothing to hide, the keys change nothing
     for model in (TINY, get_model("llama-3-8b")):
         a = Roofline(model, UNIT_GPU, moe_overlap="two-batch", moe_dispatch_dtype="fp8")
@@ -787,6 +792,7 @@ def test_all_to_all_settings_in_a_spec_and_their_errors(capsys):
         ("moe_overlap: three", "perf.moe_overlap: 'three'; expected one of none, two-batch"),
         ("moe_dispatch_dtype: fp4", "perf.moe_dispatch_dtype: 'fp4'; expected one of bf16, fp8"),
         ("moe_dispatch_nodes: 0", "perf.moe_dispatch_nodes: 0"),
+        ("moe_overlap_min_tokens: -1", "perf.moe_overlap_min_tokens: -1"),
     ):
         bad = "{kind: roofline, " + bad + "}"
         assert main(["run", "quickstart", "-q", "--set", f"perf={bad}"]) == 2

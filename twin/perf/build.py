@@ -17,6 +17,7 @@ from typing import Any
 
 from twin._declare import (
     FRACTION,
+    NONNEG_INT,
     POSITIVE_INT,
     TEXT,
     anything,
@@ -122,6 +123,11 @@ class RooflineKeys:
         None, choice(*MOE_OVERLAPS),
         "MoE under EP: two-batch hides the all-to-alls under compute with two micro-batches"
         " (default none)",
+    )  # fmt: skip
+    moe_overlap_min_tokens: int | None = declared(
+        None, NONNEG_INT,
+        "MoE two-batch overlap: a batch of fewer new tokens per attention rank runs unsplit"
+        " (default 0)",
     )  # fmt: skip
     moe_dispatch_nodes: int | None = declared(
         None, POSITIVE_INT,

@@ -342,7 +342,8 @@ class Roofline:
         "a2a_inter_bytes_s", "a2a_ranks_per_node", "a2a_latency_s", "_moe", "_e_local",
         "_e_flop", "_e_bytes", "_a2a_token", "_a2a_fixed", "_special", "_fa_pre", "_fa_dec",
         "_flop_ctx", "_kv_layer", "_full_layers", "_slide_layers", "_window",
-        "moe_dispatch_dtype", "moe_overlap", "moe_dispatch_nodes", "_a2a_dispatch",
+        "moe_dispatch_dtype", "moe_overlap", "moe_dispatch_nodes", "moe_overlap_min_tokens",
+        "_a2a_dispatch",
         "_a2a_combine", "_plain",
     )  # fmt: skip
 
@@ -377,6 +378,7 @@ class Roofline:
         moe_dispatch_dtype: str | None = None,
         moe_overlap: str = "none",
         moe_dispatch_nodes: int | None = None,
+        moe_overlap_min_tokens: int = 0,
     ) -> None:
         for label, v in (("tp", tp), ("pp", pp), ("ep", ep), ("dp", dp)):
             if not is_int(v) or v < 1:
@@ -471,6 +473,12 @@ class Roofline:
             raise SpecError(
                 f"roofline: moe_dispatch_nodes={moe_dispatch_nodes!r} must be a positive integer"
             )
+        if not is_int(moe_overlap_min_tokens) or moe_overlap_min_tokens < 0:
+            raise SpecError(
+                f"roofline: moe_overlap_min_tokens={moe_overlap_min_tokens!r} must be an"
+                " integer >= 0"
+            )
+        self.moe_overlap_min_tokens = moe_overlap_min_tokens
         self.moe_dispatch_dtype = moe_dispatch_dtype
         self.moe_overlap = moe_overlap
         self.moe_dispatch_nodes = moe_dispatch_nodes
@@ -715,11 +723,14 @@ class Roofline:
         dispatch, or the last combine after the compute ends). The dense
         layers' share of the dense part adds; the software overheads
         (per iteration, layer and sequence) count once, as without overlap.
-        A batch of one token runs unsplit."""
+        A batch of one token runs unsplit, as does one of fewer new tokens per
+        attention rank than ``moe_overlap_min_tokens`` (vLLM's
+        ``--dbo-decode-token-threshold``)."""
         p = self._plain
         assert p is not None
         split = halves(batch)
-        if split is None:
+        tokens = batch.decode_count + batch.prefill_tokens
+        if split is None or tokens < self.moe_overlap_min_tokens * self.dp:
             return p.iteration_time(batch)
         m = self.model
         share = m.moe_layers / m.layers
