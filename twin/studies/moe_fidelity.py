@@ -6,7 +6,10 @@ cannot be expressed exactly, the closest layout the twin takes), the figure,
 what the calibrated Roofline (:class:`~twin.perf.roofline.Roofline`, its MoE
 part and all-to-alls priced on the named topology) gives for that setup, and
 the gap. The Roofline's efficiencies were fitted on dense models (see
-README, Fidelity); nothing here is fitted to these figures.
+README, Fidelity); nothing here is fitted to these figures. Each figure is
+priced twice: with the all-to-all settings its source reports
+(``Benchmark.perf``: FP8 dispatch, per-node dispatch, two-batch overlap;
+the Roofline's ``moe_*`` keys) and plain, without them.
 
 Each :class:`Benchmark` is one published figure: a prefill or a decode
 phase measured alone (the other phase given unlimited resources, as every
