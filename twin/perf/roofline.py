@@ -133,7 +133,7 @@ ENGINE_OVERHEADS: Mapping[str, Mapping[str, float]] = MappingProxyType(
 # dtype, the model's ``dtype_bytes``). FP8: one byte per element plus one float32 scale per 128
 # elements of a token, the fine-grained (1 x 128 tile) activation quantization of DeepSeek-V3
 # (arXiv 2412.19437, 3.3.2) that DeepEP carries as data plus scale factors; DeepSeek-V3 quantizes
-# the activations to FP8 before dispatch and keeps the combine in BF16 (3.3.1), as DeepEP's
+# the activations to FP8 before dispatch and keeps the combine in BF16 (3.3), as DeepEP's
 # benchmarks do ("FP8 dispatching, and BF16 combining", deepseek-ai/DeepEP README, Performance).
 DISPATCH_DTYPES = ("bf16", "fp8")
 FP8_SCALE_GROUP = 128  # elements per float32 scale (DeepSeek-V3 report, 3.3.2)
