@@ -197,3 +197,78 @@ def test_bad_exports_fail_before_the_search(capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
+
+
+def _wide_ep(**kw):
+    """A DeepSeek-V3 deployment of 2 prefill instances of EP16 (two 8-GPU nodes
+    each) and a single-node EP8 decode instance, as a plan of it would give."""
+    from twin.studies.export import Deployment, Role
+
+    base = dict(
+        name="wide-ep", model="deepseek-v3", hf_model="deepseek-ai/DeepSeek-V3", gpu="h100-sxm",
+        prefill=Role(2, 1, 1, ep=16, dp=16), decode=Role(1, 2, 1, ep=8, dp=4),
+        source="twin plan", spec_sha256="0" * 64, slo={"ttft_s": 1.0, "tpot_s": 0.05,
+        "target": 0.9}, goodput_rps=1.0, goodput_ci95=float("nan"), rate_rps=1.0,
+        requests=10, predicted={"ttft_p90_s": 0.5, "ttft_p99_s": 0.6, "tpot_p90_s": 0.02,
+        "tpot_p99_s": 0.03, "slo_attainment": 1.0}, gpus_per_node=8,
+    )  # fmt: skip
+    return Deployment(**{**base, **kw})
+
+
+def test_a_wide_ep_layout_exports_its_expert_and_data_parallelism():
+    dep = _wide_ep()
+    doc = yaml.safe_load(dynamo_yaml(dep))
+    pre, dec = _worker(doc, "prefill"), _worker(doc, "decode")
+    # prefill: 16 GPUs, 2 nodes of 8, DP16 (8 ranks a node), TP1
+    assert pre["multinode"] == {"nodeCount": 2} and pre["replicas"] == 2
+    (ctr,) = pre["podTemplate"]["spec"]["containers"]
+    args = ctr["args"]
+    assert "--enable-expert-parallel" in args
+    assert _flag(args, "--data-parallel-size") == "16"
+    assert _flag(args, "--data-parallel-size-local") == "8"
+    assert _flag(args, "--tensor-parallel-size") == "1"
+    assert ctr["resources"]["limits"]["nvidia.com/gpu"] == "8"  # per node
+    # decode: 8 GPUs on one node, DP4 x TP2
+    assert "multinode" not in dec
+    (ctr,) = dec["podTemplate"]["spec"]["containers"]
+    assert _flag(ctr["args"], "--data-parallel-size") == "4"
+    assert "--data-parallel-size-local" not in ctr["args"]
+    assert ctr["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    values = yaml.safe_load(llm_d_yaml(dep))
+    assert values["multinode"] is True
+    assert values["prefill"]["parallelism"] == {"tensor": 1, "data": 16, "dataLocal": 8,
+                                                "workers": 2}  # fmt: skip
+    assert values["decode"]["parallelism"] == {"tensor": 2, "data": 4, "dataLocal": 4,
+                                               "workers": 1}  # fmt: skip
+    (ctr,) = values["prefill"]["containers"]
+    assert "--enable-expert-parallel" in ctr["args"]
+    assert ctr["resources"]["limits"]["nvidia.com/gpu"] == "8"  # tensor x dataLocal
+    h = _header(llm_d_yaml(dep))
+    assert h["prefill"] == {"replicas": 2, "tp": 1, "pp": 1, "ep": 16, "dp": 16}
+    assert "2 prefill x EP16 (DP16 x TP1 PP1)" in llm_d_yaml(dep)
+
+
+def test_a_dense_layout_exports_no_expert_parallel_keys(planned):
+    _, _, dep = planned
+    text = dynamo_yaml(dep) + llm_d_yaml(dep)
+    assert "expert-parallel" not in text and "data-parallel" not in text
+    assert "multinode: false" in llm_d_yaml(dep) and "nodeCount" not in text
+
+
+def test_the_export_takes_ep_and_dp_from_the_planned_layout():
+    from twin.sim.spec import InstanceGroup
+    from twin.studies.export import Role, _role
+    from twin.studies.planner import Candidate
+
+    assert _role(3, Candidate("decode", 2, 1, 1.0, ep=16)) == Role(3, 2, 1, ep=16, dp=8)
+    assert _role(1, InstanceGroup("prefill", 1, 1, 1, None, 32, 32)) == Role(1, 1, 1, 32, 32)
+    assert _role(2, Candidate("decode", 4, 1, 1.0)) == Role(2, 4, 1)
+
+
+def test_an_instance_that_splits_unevenly_over_nodes_is_refused():
+    from twin.errors import TwinError
+    from twin.studies.export import Role
+
+    dep = _wide_ep(decode=Role(1, 1, 1, ep=12, dp=12))
+    with pytest.raises(TwinError, match="12 GPUs .* nodes of 8"):
+        dynamo_yaml(dep)

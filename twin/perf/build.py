@@ -17,6 +17,7 @@ from typing import Any
 
 from twin._declare import (
     FRACTION,
+    NONNEG_INT,
     POSITIVE_INT,
     TEXT,
     anything,
@@ -33,7 +34,13 @@ from twin.errors import SpecError, UnknownNameError
 from twin.perf.gpus import GPUSpec
 from twin.perf.iteration import PerfModel
 from twin.perf.llm import ModelSpec
-from twin.perf.roofline import DEFAULT_ENGINE, ENGINE_OVERHEADS, Roofline
+from twin.perf.roofline import (
+    DEFAULT_ENGINE,
+    DISPATCH_DTYPES,
+    ENGINE_OVERHEADS,
+    MOE_OVERLAPS,
+    Roofline,
+)
 from twin.perf.tables import (
     DISTSERVE_OVERHEAD_S,
     DISTSERVE_PREFILL_OVERHEAD_S,
@@ -106,6 +113,26 @@ class RooflineKeys:
     expert_skew: float | None = declared(
         None, interval(0, 100),
         "MoE: the busiest GPU's routed tokens over the mean, minus 1 (default 0: uniform)",
+    )  # fmt: skip
+    moe_dispatch_dtype: str | None = declared(
+        None, choice(*DISPATCH_DTYPES),
+        "MoE under EP: the dispatch all-to-all's precision, the combine kept at the"
+        " activations' (default: the activations' dtype)",
+    )  # fmt: skip
+    moe_overlap: str | None = declared(
+        None, choice(*MOE_OVERLAPS),
+        "MoE under EP: two-batch hides the all-to-alls under compute with two micro-batches"
+        " (default none)",
+    )  # fmt: skip
+    moe_overlap_min_tokens: int | None = declared(
+        None, NONNEG_INT,
+        "MoE two-batch overlap: a batch of fewer new tokens per attention rank runs unsplit"
+        " (default 0)",
+    )  # fmt: skip
+    moe_dispatch_nodes: int | None = declared(
+        None, POSITIVE_INT,
+        "MoE under EP across nodes: a token crosses the NICs once per node it reaches, at"
+        " most this many nodes (default: each expert's copy sent on its own)",
     )  # fmt: skip
     engine: str = declared(
         DEFAULT_ENGINE,

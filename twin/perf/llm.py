@@ -18,6 +18,15 @@ attention (``kv_lora_rank > 0``) caches, per layer and token, one compressed
 latent of ``kv_lora_rank`` elements and the rope key of ``qk_rope_dim``: KV
 bytes per token = layers x (kv_lora_rank + qk_rope_dim) x bytes per element,
 the same on every TP rank (the latent is not split over heads).
+
+Sliding-window attention (GPT-OSS: config.json's ``sliding_window`` and
+``layer_types``): ``sliding_layers`` of the layers attend to the last
+``sliding_window`` tokens only, which bounds their attention work
+(:class:`~twin.perf.roofline.Roofline`). NOTE: the KV cache still holds the
+whole context for every layer (the figures above, an upper bound): the
+block accounting sizes one block for all layers of a token, and bounding the
+sliding layers' share at the window would need a pool of its own for them
+(as vLLM's hybrid KV-cache manager keeps), which the twin does not model.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ _MLP_KINDS = ("gated", "plain")
 _MOE_FIELDS = ("experts", "experts_per_token", "shared_experts", "expert_intermediate",
                "dense_layers")  # fmt: skip
 _MLA_FIELDS = ("kv_lora_rank", "qk_rope_dim", "qk_nope_dim", "q_lora_rank")
+_SLIDING_FIELDS = ("sliding_window", "sliding_layers")
 
 
 def dtype_bytes(name: str | int) -> int:
@@ -78,7 +88,8 @@ class ModelSpec:
     (0: a full query projection); ``head_dim`` is then the value head size.
     ``weight_dtype_bytes`` is the bytes per weight when the checkpoint's
     weights are stored narrower than the activations and KV (DeepSeek-V3's FP8
-    weights); 0 means ``dtype_bytes``.
+    weights); 0 means ``dtype_bytes``. ``sliding_layers`` of the layers
+    (0: none) attend to the last ``sliding_window`` tokens only.
     """
 
     name: str
@@ -103,6 +114,8 @@ class ModelSpec:
     qk_nope_dim: int = 0
     q_lora_rank: int = 0
     weight_dtype_bytes: int = 0
+    sliding_window: int = 0
+    sliding_layers: int = 0
 
     def __post_init__(self) -> None:
         where = f"model {self.name!r}"
@@ -119,7 +132,7 @@ class ModelSpec:
             raise SpecError(f"{where}: mlp={self.mlp!r}; expected one of {', '.join(_MLP_KINDS)}")
         if self.max_context is not None:
             positive_int(self.max_context, f"{where}: max_context")
-        for field in _MOE_FIELDS + _MLA_FIELDS + ("weight_dtype_bytes",):
+        for field in _MOE_FIELDS + _MLA_FIELDS + ("weight_dtype_bytes", *_SLIDING_FIELDS):
             v = getattr(self, field)
             if not is_int(v) or v < 0:
                 raise SpecError(f"{where}: {field}={v!r} must be an integer >= 0")
@@ -142,6 +155,12 @@ class ModelSpec:
                 )
         elif any(getattr(self, f) for f in _MOE_FIELDS):
             raise SpecError(f"{where}: {', '.join(_MOE_FIELDS[1:])} need experts >= 1")
+        if bool(self.sliding_window) != bool(self.sliding_layers):
+            raise SpecError(f"{where}: sliding_window and sliding_layers go together")
+        if self.sliding_layers > self.layers:
+            raise SpecError(
+                f"{where}: sliding_layers={self.sliding_layers} exceeds layers={self.layers}"
+            )
         if self.kv_lora_rank and not self.qk_rope_dim:
             raise SpecError(f"{where}: kv_lora_rank needs qk_rope_dim >= 1")
         if not self.kv_lora_rank and any(getattr(self, f) for f in _MLA_FIELDS):
@@ -250,8 +269,33 @@ class ModelSpec:
         qk = self.heads * (self.qk_nope_dim + self.qk_rope_dim)
         q = h * self.q_lora_rank + self.q_lora_rank * qk if self.q_lora_rank else h * qk
         kv_down = h * (self.kv_lora_rank + self.qk_rope_dim)
-        kv_up = self.kv_lora_rank * self.heads * (self.qk_nope_dim + self.head_dim)
+        kv_up = self.kv_up_params_per_layer
         return q + kv_down + kv_up + self.heads * self.head_dim * h
+
+    def attn_flops_per_pair(self, absorbed: bool = False) -> int:
+        """FLOPs of one layer's attention for one query token against one
+        cached or new key token, all heads (a multiply-add is 2): 2 x heads x
+        (the score's dot-product length + the value's). GQA: head_dim each.
+        Latent attention without absorption (prefill: K and V up-projected
+        from the latent per head, DeepSeek-V2, arXiv 2405.04434, 2.1.2-2.1.3):
+        qk_nope + qk_rope, and the value head. With the up-projections
+        absorbed into the query and the output (decode, as FlashMLA runs it:
+        the query moved into the latent space, the attention read straight off
+        the cached latent): kv_lora_rank + qk_rope for the score, kv_lora_rank
+        for the value."""
+        if not self.is_mla:
+            return 4 * self.heads * self.head_dim
+        if absorbed:
+            return 2 * self.heads * (2 * self.kv_lora_rank + self.qk_rope_dim)
+        return 2 * self.heads * (self.qk_nope_dim + self.qk_rope_dim + self.head_dim)
+
+    @property
+    def kv_up_params_per_layer(self) -> int:
+        """Latent attention: weights of one layer's K/V up-projection from the
+        latent (kv_lora_rank x heads x (qk_nope + value head)); 0 for GQA."""
+        if not self.is_mla:
+            return 0
+        return self.kv_lora_rank * self.heads * (self.qk_nope_dim + self.head_dim)
 
     def mlp_params(self, width: int) -> int:
         """Weights of one MLP (or expert) ``width`` wide: 3 or 2 matrices."""
@@ -270,12 +314,14 @@ class ModelSpec:
     @property
     def dense_token_params(self) -> int:
         """Weights every token multiplies, all layers together, apart from the
-        routed experts: attention, the dense layers' MLPs and, per MoE layer,
-        the shared experts and the router (hidden x experts)."""
+        routed experts: attention, the dense layers' MLPs (every layer's for a
+        model without experts) and, per MoE layer, the shared experts and the
+        router (hidden x experts)."""
         moe = self.shared_experts * self.expert_params + self.hidden * self.experts
+        dense = self.dense_layers if self.experts else self.layers  # every layer without experts
         return (
             self.layers * self.attn_params_per_layer
-            + self.dense_layers * self.mlp_params(self.intermediate)
+            + dense * self.mlp_params(self.intermediate)
             + self.moe_layers * moe
         )
 
@@ -505,10 +551,11 @@ MODELS: Mapping[str, ModelSpec] = MappingProxyType(
         # openai/gpt-oss-20b config.json: num_hidden_layers 24, hidden_size 2880,
         # num_attention_heads 64, num_key_value_heads 8, head_dim 64, intermediate_size
         # 2880 (each expert's width), num_local_experts 32, num_experts_per_tok 4,
-        # vocab_size 201088, max_position_embeddings 131072. NOTE: every other layer is
-        # sliding_attention with sliding_window 128, which a paged engine can cap at 128
-        # tokens; here every layer keeps the full context (an upper bound on the KV), and
-        # the MXFP4 experts are priced at BF16 (2 B per weight, about 3.8x their bytes).
+        # vocab_size 201088, max_position_embeddings 131072, sliding_window 128 with
+        # layer_types alternating sliding_attention and full_attention from layer 0 (12 of
+        # the 24 sliding). NOTE: the KV cache keeps the full context on every layer (an
+        # upper bound, module docstring); the MXFP4 experts are priced at BF16 (2 B per
+        # weight, about 3.8x their bytes).
         "gpt-oss-20b": ModelSpec(
             "gpt-oss-20b",
             24,
@@ -525,9 +572,12 @@ MODELS: Mapping[str, ModelSpec] = MappingProxyType(
             experts=32,
             experts_per_token=4,
             expert_intermediate=2880,
+            sliding_window=128,
+            sliding_layers=12,
         ),  # fmt: skip
-        # openai/gpt-oss-120b config.json: as gpt-oss-20b with num_hidden_layers 36 and
-        # num_local_experts 128 (the same NOTE on sliding windows and MXFP4)
+        # openai/gpt-oss-120b config.json: as gpt-oss-20b with num_hidden_layers 36 (18 of
+        # them sliding_attention) and num_local_experts 128 (the same NOTE on the KV and
+        # MXFP4)
         "gpt-oss-120b": ModelSpec(
             "gpt-oss-120b",
             36,
@@ -544,6 +594,8 @@ MODELS: Mapping[str, ModelSpec] = MappingProxyType(
             experts=128,
             experts_per_token=4,
             expert_intermediate=2880,
+            sliding_window=128,
+            sliding_layers=18,
         ),  # fmt: skip
         # mistralai/Mixtral-8x7B-v0.1 config.json: num_hidden_layers 32, hidden_size 4096,
         # num_attention_heads 32, num_key_value_heads 8 (head_dim 4096 / 32 = 128),
@@ -614,7 +666,7 @@ _VARIANT_SUFFIXES = ("-instruct", "-chat", "-base", "-hf")
 _REQUIRED = ("name", "layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate",
              "vocab", "params")  # fmt: skip
 _OPTIONAL = ("dtype_bytes", "dtype", "mlp", "max_context", *_MOE_FIELDS, *_MLA_FIELDS,
-             "weight_dtype_bytes")  # fmt: skip
+             "weight_dtype_bytes", *_SLIDING_FIELDS)  # fmt: skip
 
 
 def normal_model_name(name: str) -> str:

@@ -4,6 +4,7 @@ at efficiencies calibrated against measured profiles (``python -m twin.perf.cali
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -128,6 +129,77 @@ ENGINE_OVERHEADS: Mapping[str, Mapping[str, float]] = MappingProxyType(
 )
 
 
+# Precisions of the MoE dispatch all-to-all (``moe_dispatch_dtype``; unset: the activations'
+# dtype, the model's ``dtype_bytes``). FP8: one byte per element plus one float32 scale per 128
+# elements of a token, the fine-grained (1 x 128 tile) activation quantization of DeepSeek-V3
+# (arXiv 2412.19437, 3.3.2) that DeepEP carries as data plus scale factors; DeepSeek-V3 quantizes
+# the activations to FP8 before dispatch and keeps the combine in BF16 (3.3), as DeepEP's
+# benchmarks do ("FP8 dispatching, and BF16 combining", deepseek-ai/DeepEP README, Performance).
+DISPATCH_DTYPES = ("bf16", "fp8")
+FP8_SCALE_GROUP = 128  # elements per float32 scale (DeepSeek-V3 report, 3.3.2)
+FP8_SCALE_BYTES = 4
+# Overlap of the all-to-alls with compute (``moe_overlap``): "two-batch" splits an iteration
+# into two micro-batches so that one's dispatch and combine run while the other computes
+# (DeepSeek's dual-batch overlap, open-infra-index day-6 overview; SGLang's two-batch
+# overlap, LMSYS blog 2025-05-05; vLLM's --enable-dbo). See Roofline.iteration_time.
+MOE_OVERLAPS = ("none", "two-batch")
+
+
+def dispatch_bytes(hidden: int, dtype: str) -> float:
+    """Bytes of one token's activations in the dispatch all-to-all at ``dtype``
+    (:data:`DISPATCH_DTYPES`): 2 per element in BF16; in FP8 one per element
+    plus a float32 scale per :data:`FP8_SCALE_GROUP` elements."""
+    if dtype == "fp8":
+        return hidden + -(-hidden // FP8_SCALE_GROUP) * FP8_SCALE_BYTES
+    return 2.0 * hidden
+
+
+def remote_nodes(experts: int, k: int, nodes: float, limit: int) -> float:
+    """Expected nodes other than its own that a token's ``k`` experts lie on,
+    the experts spread evenly over ``nodes`` nodes and routed uniformly (a
+    node holds none of them with probability ``C(E - E/N, k) / C(E, k)``),
+    scaled down when the nodes reached exceed ``limit`` (node-limited
+    routing: DeepSeek-V3 sends a token to at most 4 nodes, arXiv 2412.19437,
+    2.1.2). NOTE: the cap is applied to the mean number of nodes reached, not
+    to each token's."""
+    per_node = experts / nodes
+    p_none = 1.0
+    for i in range(k):
+        p_none *= max(0.0, (experts - per_node - i) / (experts - i))
+    reached = nodes * (1.0 - p_none)
+    remote = (nodes - 1.0) * (1.0 - p_none)
+    return remote * limit / reached if reached > limit else remote
+
+
+def halves(batch: Batch) -> tuple[Batch, Batch] | None:
+    """``batch`` split into two micro-batches of (near) equal new tokens, or
+    ``None`` when it has a single token. Decode sequences split by count (the
+    first half ``n // 2`` of them, contexts pro rata, floored); the prefill
+    tokens fill the first half up to the midpoint, the chunk it falls in cut in
+    two (the second piece after the first in the KV cache), as SGLang's
+    two-chunk split does."""
+    n = batch.decode_count
+    d1 = n // 2
+    c1 = batch.decode_context_sum * d1 // n if n else 0
+    half = (batch.prefill_tokens + n) // 2 - d1  # the first half's prefill tokens
+    first: list[tuple[int, int]] = []
+    second: list[tuple[int, int]] = []
+    seen = 0
+    for new, cached in batch.prefill:
+        if seen >= half:
+            second.append((new, cached))
+        elif seen + new <= half:
+            first.append((new, cached))
+        else:
+            k = half - seen
+            first.append((k, cached))
+            second.append((new - k, cached + k))
+        seen += new
+    a = Batch(tuple(first), d1, c1)
+    b = Batch(tuple(second), n - d1, batch.decode_context_sum - c1)
+    return None if a.is_empty or b.is_empty else (a, b)
+
+
 def engine_overheads(engine: str) -> Mapping[str, float]:
     """The software terms of serving engine ``engine`` (a key of :data:`ENGINE_OVERHEADS`)."""
     try:
@@ -238,6 +310,23 @@ class Roofline:
     weights read by every rank); :meth:`moe_time` adds each MoE layer's routed
     experts and, under ``ep`` > 1, its two all-to-alls, priced on the links
     given (``a2a_*``, from :func:`twin.net.topology.all_to_all_links`).
+    Three options of the all-to-alls, each off by default: ``moe_dispatch_dtype``
+    (``"fp8"``: the dispatch at :func:`dispatch_bytes`, the combine at the
+    activations' dtype, as DeepEP runs them); ``moe_dispatch_nodes`` (a
+    token crosses the NICs once per node it reaches, at most that many, and
+    is forwarded over NVLink there: :func:`remote_nodes`); ``moe_overlap``
+    (``"two-batch"``: :meth:`overlapped_time`). They change nothing without
+    EP or for a dense model.
+
+    Multi-head latent attention (``model.kv_lora_rank > 0``, DeepSeek): a
+    decode step runs the absorbed form (the K up-projection folded into the
+    query and the V one into the output, attention over the cached latent:
+    ``2 x heads x (2 kv_lora_rank + qk_rope)`` FLOPs per context token and
+    layer), a prefill chunk the non-absorbed one (``2 x heads x (qk_nope +
+    qk_rope + v_head)`` per (query, key) pair, plus its cached tokens'
+    latents up-projected to K and V); :meth:`ModelSpec.attn_flops_per_pair`.
+    Sliding-window layers (``model.sliding_layers``, GPT-OSS) attend and read
+    the KV of at most ``sliding_window`` tokens; see :meth:`_special_time`.
 
     ``iteration_time`` is a pure function of the batch; everything that does
     not depend on it is precomputed here.
@@ -251,7 +340,11 @@ class Roofline:
         "_inv_compute", "_inv_attn", "_inv_mem", "_fixed", "_seq", "_comm_token", "_comm_fixed",
         "_p2p_token", "_p2p_fixed", "ep", "dp", "expert_skew", "a2a_intra_bytes_s",
         "a2a_inter_bytes_s", "a2a_ranks_per_node", "a2a_latency_s", "_moe", "_e_local",
-        "_e_flop", "_e_bytes", "_a2a_token", "_a2a_fixed",
+        "_e_flop", "_e_bytes", "_a2a_token", "_a2a_fixed", "_special", "_fa_pre", "_fa_dec",
+        "_flop_ctx", "_kv_layer", "_full_layers", "_slide_layers", "_window",
+        "moe_dispatch_dtype", "moe_overlap", "moe_dispatch_nodes", "moe_overlap_min_tokens",
+        "_a2a_dispatch",
+        "_a2a_combine", "_plain",
     )  # fmt: skip
 
     def __init__(
@@ -282,6 +375,10 @@ class Roofline:
         a2a_inter_bytes_s: float | None = None,
         a2a_ranks_per_node: int | None = None,
         a2a_latency_s: float | None = None,
+        moe_dispatch_dtype: str | None = None,
+        moe_overlap: str = "none",
+        moe_dispatch_nodes: int | None = None,
+        moe_overlap_min_tokens: int = 0,
     ) -> None:
         for label, v in (("tp", tp), ("pp", pp), ("ep", ep), ("dp", dp)):
             if not is_int(v) or v < 1:
@@ -361,6 +458,32 @@ class Roofline:
         self.a2a_inter_bytes_s: float | None = None
         self.a2a_latency_s: float | None = None
         self.a2a_ranks_per_node: int | None = None
+        if moe_dispatch_dtype is not None and moe_dispatch_dtype not in DISPATCH_DTYPES:
+            raise SpecError(
+                f"roofline: moe_dispatch_dtype={moe_dispatch_dtype!r}; expected one of"
+                f" {', '.join(DISPATCH_DTYPES)}"
+            )
+        if moe_overlap not in MOE_OVERLAPS:
+            raise SpecError(
+                f"roofline: moe_overlap={moe_overlap!r}; expected one of {', '.join(MOE_OVERLAPS)}"
+            )
+        if moe_dispatch_nodes is not None and (
+            not is_int(moe_dispatch_nodes) or moe_dispatch_nodes < 1
+        ):
+            raise SpecError(
+                f"roofline: moe_dispatch_nodes={moe_dispatch_nodes!r} must be a positive integer"
+            )
+        if not is_int(moe_overlap_min_tokens) or moe_overlap_min_tokens < 0:
+            raise SpecError(
+                f"roofline: moe_overlap_min_tokens={moe_overlap_min_tokens!r} must be an"
+                " integer >= 0"
+            )
+        self.moe_overlap_min_tokens = moe_overlap_min_tokens
+        self.moe_dispatch_dtype = moe_dispatch_dtype
+        self.moe_overlap = moe_overlap
+        self.moe_dispatch_nodes = moe_dispatch_nodes
+        self._a2a_dispatch = self._a2a_combine = 0.0  # their shares of _a2a_token
+        self._plain: Roofline | None = None  # this model without overlap (two-batch only)
         self._moe = m.experts > 0
         self._e_local = self._e_flop = self._e_bytes = self._a2a_token = self._a2a_fixed = 0.0
         if self._moe:
@@ -374,6 +497,25 @@ class Roofline:
             self.name += f"ep{ep}"
         if dp > 1:
             self.name += f"dp{dp}"
+        if moe_dispatch_dtype is not None and self._moe and ep > 1:
+            self.name += f":dispatch-{moe_dispatch_dtype}"
+        if moe_dispatch_nodes is not None and self._moe and ep > 1:
+            self.name += f":nodes{moe_dispatch_nodes}"
+        # latent attention and sliding windows: iteration_time's second path (_special_time)
+        ranks = tp * dp
+        self._special = m.is_mla or m.sliding_layers > 0
+        self._fa_pre = m.attn_flops_per_pair() / ranks  # per layer and (query, key) pair
+        self._fa_dec = m.attn_flops_per_pair(absorbed=True) / ranks
+        self._flop_ctx = 2.0 * m.layers * m.kv_up_params_per_layer / ranks  # per cached token
+        self._kv_layer = self._kv_b / m.layers
+        self._full_layers = m.layers - m.sliding_layers
+        self._slide_layers = m.sliding_layers
+        self._window = m.sliding_window
+        if moe_overlap == "two-batch" and self._moe and ep > 1:
+            plain = copy.copy(self)  # the same terms, priced without overlap
+            plain.moe_overlap = "none"
+            self._plain = plain
+            self.name += ":two-batch"
 
     def _init_moe(
         self,
@@ -385,7 +527,7 @@ class Roofline:
     ) -> None:
         """The mixture-of-experts terms: the dense part over the ``dp x tp``
         attention ranks, each routed expert's GEMM, the all-to-alls of EP."""
-        m, tp, dp, ep, pp = self.model, self.tp, self.dp, self.ep, self.pp
+        m, tp, dp, ep = self.model, self.tp, self.dp, self.ep
         if m.experts % ep:
             raise SpecError(f"roofline: ep={ep} does not divide {m.name}'s {m.experts} experts")
         if ep > 1 and ep != dp * tp:
@@ -439,18 +581,67 @@ class Roofline:
             inter_bw = positive_float_or(inter, "a2a_inter_bytes_s")
             self.a2a_inter_bytes_s = inter_bw
             t_inter = per_token * (ep - g) / ep / inter_bw
+            if self.moe_dispatch_nodes is not None and g < ep:
+                # once per remote node a token reaches over the NIC, then forwarded over
+                # NVLink to the experts' GPUs there: (g - 1) / g of the copies cross NVLink
+                remote = remote_nodes(m.experts, m.experts_per_token, ep / g,
+                                      self.moe_dispatch_nodes)  # fmt: skip
+                t_inter = act / ep * (1.0 + self.expert_skew) * remote / inter_bw
+                t_intra = per_token * (g - 1) / g / intra_bw
         # two per MoE layer (dispatch and combine)
-        self._a2a_token = 2.0 * m.moe_layers * max(t_intra, t_inter)
+        combine = max(t_intra, t_inter)
         self._a2a_fixed = 2.0 * m.moe_layers * lat
-        del pp
+        self._a2a_dispatch = self._a2a_combine = m.moe_layers * combine
+        if self.moe_dispatch_dtype is None:
+            self._a2a_token = 2.0 * m.moe_layers * combine
+            return
+        # the dispatch at its own precision, the combine at the activations' (DeepEP: FP8
+        # dispatch, BF16 combine); the same links, so its time scales with its bytes
+        ratio = dispatch_bytes(m.hidden, self.moe_dispatch_dtype) / act
+        self._a2a_dispatch = m.moe_layers * combine * ratio
+        self._a2a_token = self._a2a_dispatch + self._a2a_combine
 
     def all_to_all_time(self, tokens: int) -> float:
         """Seconds of one all-to-all of ``tokens`` tokens (the instance's, all
-        ranks together) over the EP ranks; 0.0 without EP."""
+        ranks together) over the EP ranks, the mean of the dispatch and the
+        combine (which differ under ``moe_dispatch_dtype``); 0.0 without EP."""
         if self.ep == 1 or tokens == 0:
             return 0.0
         per_layer = 2.0 * self.model.moe_layers
         return (self._a2a_fixed + self._a2a_token * tokens) / per_layer
+
+    def dispatch_combine_times(self, tokens: int) -> tuple[float, float]:
+        """Seconds of one MoE layer's dispatch and of its combine of ``tokens``
+        tokens over the EP ranks; (0.0, 0.0) without EP."""
+        if self.ep == 1 or tokens == 0:
+            return 0.0, 0.0
+        layers = self.model.moe_layers
+        lat = self._a2a_fixed / (2.0 * layers)
+        return lat + self._a2a_dispatch / layers * tokens, lat + self._a2a_combine / layers * tokens
+
+    def a2a_time(self, tokens: int) -> float:
+        """Seconds of an iteration's all-to-alls (two per MoE layer) for
+        ``tokens`` new tokens; 0.0 without EP."""
+        if self.ep == 1 or tokens == 0 or not self._moe:
+            return 0.0
+        return self._a2a_fixed + self._a2a_token * tokens
+
+    def experts_time(self, tokens: int) -> float:
+        """Seconds of the routed experts' GEMMs of an iteration of ``tokens``
+        new tokens, all MoE layers (:meth:`moe_time` without the all-to-alls)."""
+        if not self._moe or tokens == 0:
+            return 0.0
+        m = self.model
+        k, e = m.experts_per_token, m.experts
+        pairs = tokens * k * (1.0 + self.expert_skew) / self.ep
+        active = self._e_local * (1.0 - (1.0 - k / e) ** tokens)
+        compute = pairs * self._e_flop * self._inv_compute
+        mem = active * self._e_bytes * self._inv_mem
+        if compute > mem:
+            roof = compute + self.no_overlap * mem
+        else:
+            roof = mem + self.no_overlap * compute
+        return m.moe_layers * roof
 
     def moe_time(self, tokens: int) -> float:
         """Seconds of the routed experts and the all-to-alls of an iteration of
@@ -467,17 +658,7 @@ class Roofline:
         """
         if not self._moe or tokens == 0:
             return 0.0
-        m = self.model
-        k, e = m.experts_per_token, m.experts
-        pairs = tokens * k * (1.0 + self.expert_skew) / self.ep
-        active = self._e_local * (1.0 - (1.0 - k / e) ** tokens)
-        compute = pairs * self._e_flop * self._inv_compute
-        mem = active * self._e_bytes * self._inv_mem
-        if compute > mem:
-            roof = compute + self.no_overlap * mem
-        else:
-            roof = mem + self.no_overlap * compute
-        t = m.moe_layers * roof
+        t = self.experts_time(tokens)
         if self.ep > 1:
             t += self._a2a_fixed + self._a2a_token * tokens
         return t
@@ -495,7 +676,12 @@ class Roofline:
         return share, share + send
 
     def iteration_time(self, batch: Batch) -> float:
-        """Seconds for one forward pass of ``batch``; 0.0 for an empty batch."""
+        """Seconds for one forward pass of ``batch``; 0.0 for an empty batch
+        (with ``moe_overlap: two-batch``, :meth:`overlapped_time`)."""
+        if self._plain is not None:
+            return self.overlapped_time(batch)
+        if self._special:
+            return self._special_time(batch)
         n_dec = batch.decode_count
         tokens = n_dec
         attn = float(batch.decode_context_sum)
@@ -522,12 +708,141 @@ class Roofline:
             t += self.moe_time(tokens)
         return t
 
+    def overlapped_time(self, batch: Batch) -> float:
+        """Seconds of ``batch`` run as two micro-batches whose all-to-alls hide
+        under each other's compute (``moe_overlap: two-batch``, under EP).
+
+        The batch is split in two (:func:`halves`); each half is priced on its
+        own (its roofline, with all the weights it reads, and its experts at
+        its own tokens: the cost of halving, which a small decode batch feels
+        most). Per MoE layer the compute stream runs both halves' compute
+        (their dense part over the layers, and their experts) while the
+        communication stream runs both halves' dispatch and combine, so the
+        MoE layers take ``max(compute, comm)``, plus one half-layer's shorter
+        side that cannot hide (the first half's compute before the first
+        dispatch, or the last combine after the compute ends). The dense
+        layers' share of the dense part adds; the software overheads
+        (per iteration, layer and sequence) count once, as without overlap.
+        A batch of one token runs unsplit, as does one of fewer new tokens per
+        attention rank than ``moe_overlap_min_tokens`` (vLLM's
+        ``--dbo-decode-token-threshold``)."""
+        p = self._plain
+        assert p is not None
+        split = halves(batch)
+        tokens = batch.decode_count + batch.prefill_tokens
+        if split is None or tokens < self.moe_overlap_min_tokens * self.dp:
+            return p.iteration_time(batch)
+        m = self.model
+        share = m.moe_layers / m.layers
+        compute = comm = rest = 0.0
+        for h in split:
+            tokens = h.decode_count + h.prefill_tokens
+            seqs = h.decode_count + len(h.prefill)
+            a2a = p.a2a_time(tokens)
+            experts = p.experts_time(tokens)
+            dense = p.iteration_time(h) - a2a - experts - (p._fixed + p._seq * seqs)
+            compute += dense * share + experts
+            rest += dense * (1.0 - share)
+            comm += a2a
+        fill = 0.5 * min(compute, comm) / m.moe_layers
+        seqs = batch.decode_count + len(batch.prefill)
+        return self._fixed + self._seq * seqs + rest + max(compute, comm) + fill
+
+    def _special_time(self, batch: Batch) -> float:
+        """:meth:`iteration_time` of a model with latent attention or sliding
+        windows (the class docstring's terms, attention and KV reads split).
+
+        Latent attention: decode attention at the absorbed form's FLOPs per
+        (query, key) pair, prefill at the non-absorbed form's, and each
+        prefill chunk's cached tokens up-projected from their latents
+        (``2 x kv_up weights`` FLOPs each, at ``mfu``). Sliding layers: a
+        query at position ``p`` attends ``min(p, window)`` keys, a chunk of
+        ``n`` after ``c`` cached reads ``min(c, window)`` of them, and decode
+        sequences ``min(context sum, count x window)`` in all (exact when
+        every context is at least the window, else an upper bound: a batch
+        carries only its contexts' sum)."""
+        n_dec = batch.decode_count
+        dsum = batch.decode_context_sum
+        w = self._window
+        tokens = n_dec
+        pairs = pairs_w = 0.0
+        cached = cached_w = 0
+        for n, c in batch.prefill:
+            tokens += n
+            pairs += n * (c + (n + 1) * 0.5)
+            cached += c
+            if w:
+                k = max(0, min(n, w - c))  # queries whose whole past fits the window
+                pairs_w += k * c + k * (k + 1) * 0.5 + (n - k) * w
+                cached_w += min(c, w)
+        if tokens == 0:
+            return 0.0
+        seqs = n_dec + len(batch.prefill)
+        full, slide = self._full_layers, self._slide_layers
+        dec_w = min(dsum, n_dec * w)
+        attn = self._fa_dec * (full * dsum + slide * dec_w) + self._fa_pre * (
+            full * pairs + slide * pairs_w
+        )
+        linear = self._flop_token * tokens + self._flop_seq * seqs + self._flop_ctx * cached
+        compute_s = linear * self._inv_compute + attn * self._inv_attn
+        if compute_s > self.throttle_knee_s:
+            compute_s += self.throttle * (compute_s - self.throttle_knee_s)
+        kv_tokens = full * (dsum + cached + tokens) + slide * (dec_w + cached_w + tokens)
+        mem_s = (self._w_b + self._kv_layer * kv_tokens) * self._inv_mem
+        if compute_s > mem_s:
+            roof = compute_s + self.no_overlap * mem_s
+        else:
+            roof = mem_s + self.no_overlap * compute_s
+        t = roof + self._fixed + self._seq * seqs + self._comm_fixed + self._comm_token * tokens
+        if self._moe:
+            t += self.moe_time(tokens)
+        return t
+
+    def _special_decode_steps(self, count: int, context_sum: int, n: int) -> list[float]:
+        """:meth:`decode_steps` of a model with latent attention or sliding
+        windows: :meth:`_special_time` of each decode-only step, its float
+        operations in the same order (the prefill terms, zero, left out: adding
+        0.0 changes no bits), the step-invariant parts computed once."""
+        if count == 0:
+            return [0.0] * n
+        tokens = seqs = count
+        w, full, slide = self._window, self._full_layers, self._slide_layers
+        fa, ia, knee, throttle = self._fa_dec, self._inv_attn, self.throttle_knee_s, self.throttle
+        c0 = (self._flop_token * tokens + self._flop_seq * seqs) * self._inv_compute
+        w_b, kv_layer, inv_mem, no = self._w_b, self._kv_layer, self._inv_mem, self.no_overlap
+        fixed, per_seq = self._fixed, self._seq * seqs
+        comm_fixed, comm = self._comm_fixed, self._comm_token * tokens
+        moe = self.moe_time(tokens) if self._moe else 0.0
+        cap = count * w
+        out = []
+        for ctx in range(context_sum, context_sum + n * count, count):
+            dec_w = min(ctx, cap)
+            compute_s = c0 + fa * (full * ctx + slide * dec_w) * ia
+            if compute_s > knee:
+                compute_s += throttle * (compute_s - knee)
+            mem_s = (w_b + kv_layer * (full * (ctx + tokens) + slide * (dec_w + tokens))) * inv_mem
+            roof = compute_s + no * mem_s if compute_s > mem_s else mem_s + no * compute_s
+            t = roof + fixed + per_seq + comm_fixed + comm
+            if self._moe:
+                t += moe
+            out.append(t)
+        return out
+
     def decode_steps(self, count: int, context_sum: int, n: int) -> list[float]:
         """Seconds of ``n`` decode-only iterations of ``count`` sequences, their
         contexts summing to ``context_sum`` in the first and ``count`` more in each
         next one: :meth:`iteration_time` of each, the same float operations in the
         same order (so the same bits), without building the batches; one numpy
-        pass over the steps when there are many."""
+        pass over the steps when there are many. A model with latent attention
+        or sliding windows prices each step with :meth:`iteration_time`, as does
+        ``moe_overlap: two-batch``."""
+        if self._plain is not None:
+            if count == 0:
+                return [0.0] * n
+            ctxs = range(context_sum, context_sum + n * count, count)
+            return [self.iteration_time(Batch((), count, c)) for c in ctxs]
+        if self._special:
+            return self._special_decode_steps(count, context_sum, n)
         tokens = seqs = count
         c0 = (self._flop_token * tokens + self._flop_seq * seqs) * self._inv_compute
         fa, ia = self._flop_attn, self._inv_attn

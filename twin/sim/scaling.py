@@ -6,7 +6,13 @@ GPUs of one node (a topology's nodes, or nodes of ``cluster.gpus_per_node``
 GPUs without one), built as the spec's instances are, and pays a start-up
 cost before it serves: its weights loaded at a modelled bandwidth (from
 storage, or from a serving peer over the topology's path) plus a warm-up.
-A removed instance drains: it takes nothing new, finishes what it holds
+An instance added to a pool whose instances are expert-parallel (its
+``cluster`` group has ``ep`` above 1) keeps the pool's layout: the
+group's ``ep`` and ``dp`` with its ``tp`` and ``pp``, on ``dp x tp x pp``
+GPUs (whole free nodes when that is more than a node holds). The action's
+``tp`` and ``pp`` must then be the group's, or give its GPUs in all
+(``tp x pp = dp x tp x pp``, as a policy that sees an instance's GPUs only
+asks for one like it). A removed instance drains: it takes nothing new, finishes what it holds
 (queued prompts included), then releases its GPUs.
 
 GPU-seconds count every instance's GPUs from its allocation (0, or when it
@@ -98,7 +104,21 @@ class Scaler:
             k: [g for g in range(k * per, (k + 1) * per) if g not in held] for k in range(nodes)
         }
 
-    def _place(self, a: AddInstance, need: int) -> Placement:
+    def _layout(self, a: AddInstance) -> tuple[int, int, int, int]:
+        """``(tp, pp, ep, dp)`` of the instance ``a`` adds: the pool's
+        expert-parallel layout when its group has one, else ``a``'s TP x PP."""
+        group = next((g for g in self.sim.spec.groups if g.role == a.role), None)
+        if group is None or group.ep == 1:
+            return a.tp, a.pp, 1, 1
+        if (a.tp, a.pp) != (group.tp, group.pp) and a.tp * a.pp != group.gpus:
+            raise SpecError(
+                f"scheduler {self.name!r}: {a} does not fit the {a.role} pool's layout EP{group.ep}"
+                f" (DP{group.dp} x TP{group.tp} x PP{group.pp}, {group.gpus} GPUs); give its"
+                f" tp={group.tp}, pp={group.pp} or tp x pp = {group.gpus}"
+            )
+        return group.tp, group.pp, group.ep, group.dp
+
+    def _place(self, a: AddInstance, need: int, span: bool = False) -> Placement:
         sim, name = self.sim, self.name
         free = self._free_gpus()
         topo = sim.spec.topology
@@ -112,6 +132,22 @@ class Scaler:
             if topo is None or a.template not in topo.templates:
                 raise SpecError(f"scheduler {name!r}: {a} names node template {a.template!r}")
             nodes = [k for k in nodes if topo.template_of(k) == a.template]
+        size = {k: len(topo.gpus_of_node(k)) if topo is not None else sim.spec.gpus_per_node
+                for k in nodes}  # fmt: skip
+        if span and need > max(size.values(), default=0):
+            # an expert-parallel instance wider than a node: whole free nodes, in order
+            taken: list[int] = []
+            first = -1
+            for k in nodes:
+                if len(taken) < need and len(free[k]) == size[k]:
+                    first = k if not taken else first
+                    taken += free[k][: need - len(taken)]
+            if len(taken) < need:
+                raise SpecError(
+                    f"scheduler {name!r}: {a} needs {need} GPUs on whole free nodes; too few"
+                    " are free"
+                )
+            return Placement(len(sim.engines), first, tuple(taken))
         node = next((k for k in nodes if len(free[k]) >= need), None)
         if node is None:
             raise SpecError(
@@ -148,9 +184,10 @@ class Scaler:
                 f"scheduler {name!r}: {a}: a {a.role} instance needs a topology for the KV "
                 "cache to travel over (cluster.topology)"
             )
-        placement = self._place(a, a.tp * a.pp)
+        tp, pp, ep, dp = self._layout(a)
+        placement = self._place(a, dp * tp * pp, span=ep > 1)
         now = sim.env.now
-        eng = sim.add_engine(placement, a.role, a.tp, a.pp)
+        eng = sim.add_engine(placement, a.role, tp, pp, ep, dp)
         eng.up = False
         eng.state = "starting"
         self.scaled = True

@@ -448,15 +448,18 @@ class Simulation:
         self._views.append(EngineView(eng, p, fetch_s, self.tiers))
         return eng
 
-    def add_engine(self, p: Placement, role: str, tp: int, pp: int) -> Engine:
-        """A new instance during the run (scaling): engine, view, hand-off queue."""
+    def add_engine(
+        self, p: Placement, role: str, tp: int, pp: int, ep: int = 1, dp: int = 1
+    ) -> Engine:
+        """A new instance during the run (scaling): engine, view, hand-off queue;
+        ``ep`` and ``dp`` its expert-parallel layout (1, 1: dense)."""
         topo = self.spec.topology
         gpu = get_gpu(topo.gpu_type(p.gpus[0])) if topo is not None else self.spec.gpu
         self.placements.append(p)
         if self.handoff is not None:
             self.handoff.gpus.append(p.gpus)
             self.handoff.pending.append(deque())
-        eng = self._make_engine(p, role, gpu, tp, pp)
+        eng = self._make_engine(p, role, gpu, tp, pp, ep, dp)
         eng.on_lost = lambda seq, i=eng.id: self._lose(seq, i)
         self.view._add(self._views[-1])
         return eng

@@ -14,6 +14,20 @@ as the files a person applies to a Kubernetes cluster.
   ``prefill`` and ``decode`` sections with ``replicas``, ``parallelism.tensor``
   and a vLLM container whose ``--kv-transfer-config`` names the NIXL connector.
 
+A mixture-of-experts layout (``ep > 1``: the routed experts over ``ep =
+dp x tp`` GPUs, ``dp`` data-parallel attention ranks of ``tp`` GPUs) adds
+vLLM's ``--enable-expert-parallel`` and ``--data-parallel-size`` (and
+``--data-parallel-size-local``, the ranks on each node, when an instance
+spans nodes) to the worker's arguments (vLLM's expert-parallel deployment
+guide, docs.vllm.ai serving/expert_parallel_deployment). An instance wider
+than a node becomes, in Dynamo, a component with ``multinode: {nodeCount:
+N}`` and the GPUs of one node as its resources (ai-dynamo/dynamo's
+``examples/backends/vllm/deploy/v1beta1/disagg-multinode.yaml``); in llm-d,
+``multinode: true`` (a LeaderWorkerSet) and ``parallelism: {tensor, data,
+dataLocal, workers}``, ``workers`` the pods (nodes) of one replica and each
+pod's GPUs ``tensor x dataLocal`` (llm-d-modelservice's chart values.yaml and
+``examples/values-one-pod-per-dp-rank.yaml``).
+
 Both begin with a comment header saying what the twin predicted for the
 deployment: the goodput it was chosen for, and TTFT and TPOT (p90, p99) and
 SLO attainment of a run of the deployment itself at the chosen rate (the
@@ -76,16 +90,38 @@ NIXL_SIDE_CHANNEL_PORT = 5600
 
 @dataclass(frozen=True)
 class Role:
-    """One phase's instances: how many, and the parallelism of each."""
+    """One phase's instances: how many, and the parallelism of each (``ep``
+    and ``dp`` 1 for a dense layout; else the experts over ``ep = dp x tp``)."""
 
     replicas: int
     tp: int
     pp: int
+    ep: int = 1
+    dp: int = 1
 
     @property
     def gpus(self) -> int:
         """GPUs of one replica."""
-        return self.tp * self.pp
+        return self.dp * self.tp * self.pp
+
+    def nodes(self, gpus_per_node: int) -> int:
+        """Nodes one replica spans: 1, or its GPUs over whole nodes."""
+        if self.gpus <= gpus_per_node:
+            return 1
+        if self.gpus % gpus_per_node or self.dp % (self.gpus // gpus_per_node):
+            raise TwinError(
+                f"an instance of {self.gpus} GPUs (DP{self.dp} x TP{self.tp} x PP{self.pp})"
+                f" does not split evenly over nodes of {gpus_per_node} GPUs; the export"
+                " needs whole nodes with the same data-parallel ranks on each"
+            )
+        return self.gpus // gpus_per_node
+
+    def figures(self) -> dict[str, int]:
+        """What the header says of it: replicas, tp and pp, and ep and dp under EP."""
+        out = {"replicas": self.replicas, "tp": self.tp, "pp": self.pp}
+        if self.ep > 1:
+            out |= {"ep": self.ep, "dp": self.dp}
+        return out
 
 
 @dataclass(frozen=True)
@@ -111,6 +147,7 @@ class Deployment:
     rate_rps: float
     requests: int
     predicted: Mapping[str, float]
+    gpus_per_node: int = 8
 
     def figures(self) -> dict[str, Any]:
         """The header's figures, as the ``# twin:`` line holds them."""
@@ -119,8 +156,8 @@ class Deployment:
             "spec_sha256": self.spec_sha256,
             "model": self.model,
             "gpu": self.gpu,
-            "prefill": dataclasses.asdict(self.prefill),
-            "decode": dataclasses.asdict(self.decode),
+            "prefill": self.prefill.figures(),
+            "decode": self.decode.figures(),
             "slo": dict(self.slo),
             "goodput_rps": _num(self.goodput_rps),
             "goodput_ci95": _num(self.goodput_ci95),
@@ -185,7 +222,18 @@ def _deployment(
         rate_rps=rate,
         requests=len(unit),
         predicted=_predict(run, unit, rate),
+        gpus_per_node=(
+            len(run.topology.gpus_of_node(0)) if run.topology is not None else run.gpus_per_node
+        ),
     )
+
+
+def _role(replicas: int, layout: Any) -> Role:
+    """A :class:`Role` of ``replicas`` instances of ``layout`` (a planner
+    candidate or an instance group: ``tp``, ``pp``, ``ep``, ``dp``)."""
+    ep = int(getattr(layout, "ep", 1) or 1)
+    dp = int(getattr(layout, "dp", 1) or 1) if ep > 1 else 1
+    return Role(replicas, layout.tp, layout.pp, ep, dp)
 
 
 def from_plan(spec: ExperimentSpec, plan: Any) -> Deployment:
@@ -201,8 +249,7 @@ def from_plan(spec: ExperimentSpec, plan: Any) -> Deployment:
     rate = plan.target_rate if plan.target_rate is not None else goodput
     return _deployment(
         spec, run, "twin plan",
-        Role(plan.n_prefill, plan.prefill.tp, plan.prefill.pp),
-        Role(plan.n_decode, plan.decode.tp, plan.decode.pp),
+        _role(plan.n_prefill, plan.prefill), _role(plan.n_decode, plan.decode),
         goodput, plan.capacity_ci95, rate, plan.sample_size,
     )  # fmt: skip
 
@@ -217,7 +264,7 @@ def from_provision(data: Mapping[str, Any], where: str, base_dir: Path, prov: An
     pg, dg = b.prefill_group or prov.prefill_group, b.decode_group or prov.decode_group
     run = _candidate_spec(data, where, base_dir, pg, dg, b.prefill, b.decode)
     return _deployment(
-        spec, run, "twin provision", Role(b.prefill, pg.tp, pg.pp), Role(b.decode, dg.tp, dg.pp),
+        spec, run, "twin provision", _role(b.prefill, pg), _role(b.decode, dg),
         b.goodput_rps, b.goodput_ci95, b.goodput_rps, prov.sample,
     )  # fmt: skip
 
@@ -241,8 +288,8 @@ def header(d: Deployment, what: str) -> str:
         f"{what} for {d.name}, from `{d.source}` (pd-twin {_version.__version__}).",
         f"Spec sha256 {d.spec_sha256}.",
         f"Model {d.model} ({d.hf_model}) on {d.gpu}: {d.prefill.replicas} prefill x "
-        f"TP{d.prefill.tp} PP{d.prefill.pp} + {d.decode.replicas} decode x TP{d.decode.tp} "
-        f"PP{d.decode.pp} = {gpus} GPUs; KV over NIXL.",
+        f"{_layout(d.prefill)} + {d.decode.replicas} decode x {_layout(d.decode)} "
+        f"= {gpus} GPUs; KV over NIXL.",
         "Predicted by the twin:",
         f"  goodput {d.goodput_rps:.3f}{ci} req/s with SLO attainment >= "
         f"{slo['target']:.0%} (TTFT <= {_ms(slo['ttft_s'])}, TPOT <= {_ms(slo['tpot_s'])})",
@@ -260,10 +307,26 @@ def _dump(doc: Mapping[str, Any]) -> str:
     return yaml.safe_dump(dict(doc), sort_keys=False, default_flow_style=False, width=1000)
 
 
+def _layout(r: Role) -> str:
+    text = f"TP{r.tp} PP{r.pp}"
+    return f"EP{r.ep} (DP{r.dp} x {text})" if r.ep > 1 else text
+
+
 def _vllm_args(d: Deployment, role: Role) -> list[str]:
     args = ["--tensor-parallel-size", str(role.tp)]
     if role.pp > 1:
         args += ["--pipeline-parallel-size", str(role.pp)]
+    return args + _ep_args(d, role)
+
+
+def _ep_args(d: Deployment, role: Role) -> list[str]:
+    """vLLM's expert-parallel arguments of ``role``: none for a dense layout."""
+    if role.ep == 1:
+        return []
+    args = ["--enable-expert-parallel", "--data-parallel-size", str(role.dp)]
+    nodes = role.nodes(d.gpus_per_node)
+    if nodes > 1:
+        args += ["--data-parallel-size-local", str(role.dp // nodes)]
     return args
 
 
@@ -272,7 +335,8 @@ def dynamo_yaml(d: Deployment) -> str:
     kv = json.dumps(KV_TRANSFER, separators=(",", ":"))
 
     def worker(name: str, mode: str, role: Role) -> dict[str, Any]:
-        gpus = str(role.gpus)
+        nodes = role.nodes(d.gpus_per_node)
+        gpus = str(role.gpus // nodes)  # per node (per pod) when the instance spans nodes
         container = {
             "name": "main",
             "image": DYNAMO_IMAGE,
@@ -293,12 +357,15 @@ def dynamo_yaml(d: Deployment) -> str:
                 "requests": {"nvidia.com/gpu": gpus},
             },
         }
-        return {
+        out: dict[str, Any] = {
             "name": name,
             "type": mode,
             "replicas": role.replicas,
-            "podTemplate": {"spec": {"containers": [container]}},
         }
+        if nodes > 1:
+            out["multinode"] = {"nodeCount": nodes}
+        out["podTemplate"] = {"spec": {"containers": [container]}}
+        return out
 
     doc = {
         "apiVersion": "nvidia.com/v1beta1",
@@ -327,14 +394,19 @@ def llm_d_yaml(d: Deployment) -> str:
     kv = json.dumps(KV_TRANSFER, separators=(",", ":"))
 
     def role(r: Role, port: int) -> dict[str, Any]:
-        gpus = str(r.gpus)
+        nodes = r.nodes(d.gpus_per_node)
+        gpus = str(r.gpus // nodes)  # per pod: one pod a node
         args = ["--kv-transfer-config", kv]
         if r.pp > 1:
             args += ["--pipeline-parallel-size", str(r.pp)]
+        args += _ep_args(d, r)
+        parallelism: dict[str, int] = {"tensor": r.tp}
+        if r.ep > 1:
+            parallelism |= {"data": r.dp, "dataLocal": r.dp // nodes, "workers": nodes}
         return {
             "create": True,
             "replicas": r.replicas,
-            "parallelism": {"tensor": r.tp},
+            "parallelism": parallelism,
             "containers": [
                 {
                     "name": "vllm",
@@ -364,8 +436,9 @@ def llm_d_yaml(d: Deployment) -> str:
             ],
         }
 
+    multinode = max(d.prefill.nodes(d.gpus_per_node), d.decode.nodes(d.gpus_per_node)) > 1
     doc = {
-        "multinode": False,
+        "multinode": multinode,
         "modelArtifacts": {"name": d.hf_model, "uri": f"hf://{d.hf_model}"},
         "routing": {"servicePort": LLM_D_SERVICE_PORT},
         "decode": role(d.decode, LLM_D_DECODE_PORT),
