@@ -177,8 +177,21 @@ class RemoteStore:
         return shard_flows(self.topology, src, dst, nbytes)
 
 
+class Writer:
+    """A path writes into a tier cross when it is not the tier's own: its rate
+    (bytes/s) and when its writes so far end (a KV pool's copies cross the
+    copying instance's PCIe links, one copy after another per instance)."""
+
+    __slots__ = ("bps", "free_s")
+
+    def __init__(self, bps: float) -> None:
+        self.bps = bps
+        self.free_s = 0.0
+
+
 class TierChain:
-    """The tiers below one instance's prefix cache, top first (DRAM, then SSD)."""
+    """The tiers below one instance's prefix cache, top first (DRAM, then SSD);
+    or, as a node's KV pool (:mod:`twin.serving.kvpool`), its DRAM and SSD."""
 
     __slots__ = ("env", "tiers", "block_bytes", "gpus")
 
@@ -201,10 +214,14 @@ class TierChain:
         else:
             s.append((now, tier.used_blocks))
 
-    def write_down(self, units: Sequence[tuple[int, int]], level: int = 0) -> None:
+    def write_down(
+        self, units: Sequence[tuple[int, int]], level: int = 0, via: Writer | None = None
+    ) -> None:
         """``units`` ((hash, blocks), least recently used first) leave the tier
-        above ``level``: one write of them all into tier ``level``, which gives
-        up its least recently used units (down a tier) to make room."""
+        above ``level``: one write of them all into tier ``level`` (through
+        ``via`` when given, else at the tier's write bandwidth after its
+        writes before), which gives up its least recently used units (down a
+        tier) to make room."""
         if level >= len(self.tiers) or not units:
             return
         tier = self.tiers[level]
@@ -228,9 +245,14 @@ class TierChain:
             down.append((old, int(held)))
             latest = max(latest, ready)
         nbytes = need * self.block_bytes
-        start = max(now, tier.write_free_s)
-        end = start + tier.latency_s + nbytes / tier.write_bps
-        tier.write_free_s = end
+        if via is None:
+            start = max(now, tier.write_free_s)
+            end = start + tier.latency_s + nbytes / tier.write_bps
+            tier.write_free_s = end
+        else:
+            start = max(now, via.free_s)
+            end = start + tier.latency_s + nbytes / via.bps
+            via.free_s = end
         tier.bytes_written += nbytes
         for h, b in keep:
             tier.units[h] = [b, end]
@@ -321,11 +343,17 @@ class TierChain:
         return out
 
     def load(
-        self, hashes: Sequence[int], where: Sequence[int], tokens: Sequence[int]
+        self,
+        hashes: Sequence[int],
+        where: Sequence[int],
+        tokens: Sequence[int],
+        *,
+        keep: bool = False,
     ) -> tuple[float, Any]:
         """Take ``hashes`` (found in tiers ``where``, ``tokens`` each) out of
-        their tiers and read them back: one read per tier, after that tier's
-        reads before it; from the remote store (which keeps them) one
+        their tiers (with ``keep``, as a shared pool does, they stay, as most
+        recently used) and read them back: one read per tier, after that
+        tier's reads before it; from the remote store (which keeps them) one
         transfer on the network. Returns when the last local read ends, and
         the remote read's transfer (None without one)."""
         now = self.env.now
@@ -333,7 +361,7 @@ class TierChain:
         per_tokens = [0] * len(self.tiers)
         for h, i, n in zip(hashes, where, tokens, strict=True):
             tier = self.tiers[i]
-            if tier.store is not None:
+            if keep or tier.store is not None:
                 b = int(tier.units[h][0])
                 tier.units.move_to_end(h)
             else:

@@ -1,0 +1,153 @@
+"""Mooncake's KV pool on the KV tiers' machinery: a node's DRAM pool and the
+SSD below it, exact copy / write-down / fetch traces and conservation."""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from twin.net.flows import Network
+from twin.net.topology import load_topology
+from twin.perf.gpus import get_gpu
+from twin.request import Request
+from twin.serving.cluster import Placement
+from twin.serving.kvpool import KVPools, PoolSSD
+from twin.serving.sequence import Sequence
+
+K = 62_500  # KV bytes per token: a 16-token unit (one block) is 1 MB
+MB = 1e6
+
+
+class Instance:
+    """What a pool sees of an engine: its id, what it caches, what it is given."""
+
+    def __init__(self, env: simpy.Environment, i: int, cached: int = 0) -> None:
+        self.env = env
+        self.id = i
+        self.cached = cached
+        self.submitted: list[tuple[float, int, int]] = []  # (time, request, preloaded)
+
+    def cached_prefix_tokens(self, req: Request) -> int:
+        return self.cached
+
+    def submit(self, seq: Sequence) -> None:
+        self.submitted.append((self.env.now, seq.req.id, seq.preloaded_tokens))
+
+
+TOPO = load_topology("dgx-h100-ib400", nodes=2)
+
+
+def pools(dram_units: int, ssd_units: int | None):
+    env = simpy.Environment()
+    topo = TOPO
+    # instance 0 on node 0's first 4 GPUs, instance 1 on node 1's
+    placements = [Placement(0, 0, (0, 1, 2, 3)), Placement(1, 1, (8, 9, 10, 11))]
+    ssd = None if ssd_units is None else PoolSSD(ssd_units * MB, 13e9, 6.6e9, 1e-4)
+    p = KVPools(env, dram_units * MB, topo, placements, Network(env), K, 16, ssd)
+    return env, topo, p, [Instance(env, 0), Instance(env, 1)]
+
+
+def prompt(i: int, hashes: tuple[int, ...], at: float = 0.0) -> Sequence:
+    return Sequence(Request(i, at, 16 * len(hashes), 1, hashes, 16), at)
+
+
+def test_a_unit_goes_from_hbm_to_the_dram_pool_to_its_ssd_and_is_fetched_back():
+    env, topo, p, (e0, e1) = pools(dram_units=2, ssd_units=10)
+    dram, ssd = p.chains[0].tiers
+    pcie = get_gpu("h100-sxm").pcie_bytes_s * 4  # instance 0's 4 GPUs, each its shard
+    # at 0: A's 2 units (2 MB) are copied over instance 0's PCIe links
+    p.keep_prompt(e0, prompt(0, (1, 2)))
+    a_in = 2 * MB / pcie
+    assert [dram.units[h][1] for h in (1, 2)] == pytest.approx([a_in] * 2)
+    # B's copy goes after it; to make room A leaves DRAM for the SSD, written once
+    # it is in DRAM: 100 us + 2 MB at 6.6 GB/s
+    p.keep_prompt(e0, prompt(1, (3, 4)))
+    assert [dram.units[h][1] for h in (3, 4)] == pytest.approx([2 * a_in] * 2)
+    a_ssd = a_in + 1e-4 + 2 * MB / 6.6e9
+    assert list(dram.units) == [3, 4] and list(ssd.units) == [1, 2]
+    assert [ssd.units[h][1] for h in (1, 2)] == pytest.approx([a_ssd] * 2)
+    assert p.bytes_copied == 4 * MB and ssd.bytes_written == 2 * MB
+    # a router sees A once it is on the SSD, B once copied
+    req_a = prompt(2, (1, 2)).req
+    env.run(until=a_in)
+    assert p.prefix(req_a) == {}
+    env.run(until=a_ssd + 1e-9)
+    assert p.prefix(req_a) == {0: 32}
+    # at 1 s instance 1 (node 1) fetches A: the SSD reads its 2 units (100 us +
+    # 2 MB at 13 GB/s) into node 0's host memory, then 31 tokens (the last is
+    # computed) cross the network, a shard per GPU over its 400 Gb/s NIC
+    env.run(until=1.0)
+    p.fetch_then_submit(prompt(2, (1, 2), 1.0), e1, 0, "mooncake")
+    staged = 1.0 + 1e-4 + 2 * MB / 13e9
+    nbytes = 31 * K
+    path = topo.path(0, 8)
+    rate = min(link.capacity_bytes_s * link.efficiency for link in path)
+    wire = topo.latency_s(path) + nbytes / 4 / rate
+    env.run()
+    assert e1.submitted == [(pytest.approx(staged + wire, rel=1e-9), 2, 31)]
+    assert ssd.hit_tokens == 31 and ssd.bytes_read == 2 * MB and p.bytes_fetched == nbytes
+    # the pool keeps what it serves, as the most recently used
+    assert list(ssd.units) == [1, 2]
+    # instance 0 (node 0) fetches B from DRAM: only its PCIe time
+    t = env.now
+    p.fetch_then_submit(prompt(3, (3, 4), t), e0, 0, "mooncake")
+    env.run()
+    assert e0.submitted == [(pytest.approx(t + 31 * K / pcie), 3, 31)]
+    s = p.summary(100)
+    assert s["dram"]["hit_tokens"] == 31 and s["ssd"]["hit_rate"] == 0.31
+    assert s["ssd"]["final_bytes"] == 2 * MB and s["dram"]["bytes_written"] == 4 * MB
+
+
+def test_a_prompt_the_pool_holds_already_is_not_copied_again():
+    env, _, p, (e0, _) = pools(dram_units=2, ssd_units=10)
+    p.keep_prompt(e0, prompt(0, (1, 2)))
+    p.keep_prompt(e0, prompt(1, (3, 4)))  # A to the SSD
+    p.keep_prompt(e0, prompt(2, (1, 2)))  # on the SSD: touched, not copied
+    assert p.bytes_copied == 4 * MB
+    assert list(p.chains[0].tiers[1].units) == [1, 2]
+
+
+def test_a_failed_node_loses_its_dram_and_ssd_pool():
+    env, _, p, (e0, _) = pools(dram_units=2, ssd_units=10)
+    p.keep_prompt(e0, prompt(0, (1, 2)))
+    p.keep_prompt(e0, prompt(1, (3, 4)))
+    assert p.used_bytes(0) == 4 * MB
+    p.fail_node(0)
+    assert p.used_bytes(0) == 0 and all(not t.units for t in p.chains[0].tiers)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["keep", "fetch"]), st.integers(0, 1), st.integers(0, 7),
+            st.integers(1, 4), st.floats(1e-6, 0.001),
+        ),
+        min_size=1, max_size=30,
+    ),
+    st.integers(1, 4), st.one_of(st.none(), st.integers(1, 6)),
+)  # fmt: skip
+def test_pool_blocks_are_conserved_across_its_tiers(ops, dram_units, ssd_units):
+    env, _, p, engines = pools(dram_units, ssd_units)
+    fetches = 0
+    for i, (op, inst, first, n, gap) in enumerate(ops):
+        env.run(until=env.now + gap)
+        seq = prompt(i, tuple(range(first, first + n)), env.now)
+        if op == "keep":
+            p.keep_prompt(engines[inst], seq)
+        elif p.prefix(seq.req):
+            p.fetch_then_submit(seq, engines[inst], 0, "mooncake")
+            fetches += 1
+        for chain in p.chains:
+            held = [set(t.units) for t in chain.tiers]
+            assert not (len(held) == 2 and held[0] & held[1]), "a unit in DRAM and on SSD"
+            for t in chain.tiers:
+                assert t.used_blocks == sum(int(u[0]) for u in t.units.values())
+                assert 0 <= t.used_blocks <= t.capacity_blocks
+    env.run()
+    # every fetch ends in its request's submission, with what it loaded
+    done = sorted(s for e in engines for s in e.submitted)
+    assert len(done) == fetches and all(pre % 16 in (0, 15) for _, _, pre in done)
+    assert not any(p._loading.values())
