@@ -42,7 +42,7 @@ class Done(Observer):
         self.done.append(seq)
 
 
-def run(reqs, *, hbm_blocks, tiers, check=None):
+def run(reqs, *, hbm_blocks, tiers, check=None, setup=None):
     """One instance (16-token blocks, one block per prefix unit) whose prefix
     cache has ``tiers`` ((name, blocks, read B/s, write B/s, latency s)) below,
     1 MB per block; requests are submitted through the tiers."""
@@ -57,6 +57,8 @@ def run(reqs, *, hbm_blocks, tiers, check=None):
     kvt.add(0, chain)
     if check is not None:
         perf.check = lambda: check(eng, chain)
+    if setup is not None:
+        setup(chain)
 
     def arrive():
         for r in reqs:
@@ -82,23 +84,51 @@ def test_an_evicted_prefix_goes_to_dram_and_comes_back_on_the_next_request():
     dram = chain.tiers[0]
     r0, r1, r2 = done[0], done[1], done[2]
     assert r0.t_prefill_done == pytest.approx(0.01 + 64e-4)  # 16.4 ms, nothing cached
-    assert r1.t_scheduled == pytest.approx(0.1) and r1.cached_tokens == 0
-    # r1's admission evicted A (4 blocks): one write, 0.100 -> 0.104 s
+    # r1's admission evicted A (4 blocks): one write, 0.100 -> 0.104 s; A's HBM
+    # blocks are held until it ends, so r1 waits for them
+    assert r1.t_scheduled == pytest.approx(0.104) and r1.cached_tokens == 0
     # r2 at 0.2: A is in DRAM (written by 0.104); 63 tokens (the last is computed)
     # of 4 blocks come back in one read of 4 MB at 1 GB/s: 0.200 -> 0.204 s
     assert r2.kv_load_s == pytest.approx(0.004)
     assert r2.tier_tokens == (63, 0, 0)
-    assert r2.t_scheduled == pytest.approx(0.204)
     assert r2.cached_tokens == 63
+    # r2's admission evicted B to DRAM: the write starts at 0.204 (the writer is
+    # free) and r2 is admitted when it ends, at 0.208
+    assert r2.t_scheduled == pytest.approx(0.208)
     # its prefill computes one token: 10 ms + 0.1 ms
-    assert r2.t_prefill_done == pytest.approx(0.204 + 0.0101)
-    # r2's admission evicted B to DRAM: the write starts at 0.204 (the writer is free)
+    assert r2.t_prefill_done == pytest.approx(0.208 + 0.0101)
     assert list(dram.units) == list(B)
     assert dram.units[5][1] == pytest.approx(0.208)
     assert dram.bytes_written == 8 * MB and dram.bytes_read == 4 * MB
     assert dram.hit_tokens == 63
     # A is back in HBM only: the tiers are exclusive
     assert set(eng.cache.units) == set(A) and not set(A) & set(dram.units)
+
+
+def test_an_admission_that_needs_evicted_blocks_waits_for_a_busy_writer():
+    # DRAM's writer is busy until 20 ms with an earlier 20 MB write. r1 at 17 ms
+    # needs A's 4 HBM blocks: they are written after it, 20 -> 24 ms, and held
+    # until then, so r1 is admitted at 24 ms (21 ms with an idle writer)
+    reqs = [Request(0, 0.0, 64, 1, A, 16), Request(1, 0.017, 64, 1, B, 16)]
+    seen = []
+
+    def busy(chain):
+        chain.write_down([(99, 20)])
+
+    def held(eng, chain):  # before every iteration
+        seen.append((chain.env.now, eng.kv.free, eng.cache.writing_blocks))
+
+    eng, chain, done = run(reqs, hbm_blocks=4, tiers=[("dram", 30, 1e9, 1e9, 0.0)],
+                           setup=busy, check=held)  # fmt: skip
+    r0, r1 = done[0], done[1]
+    assert r0.t_prefill_done == pytest.approx(0.0164)
+    assert chain.tiers[0].units[1][1] == pytest.approx(0.024)
+    assert r1.t_scheduled == pytest.approx(0.024)
+    assert r1.t_prefill_done == pytest.approx(0.024 + 0.0164)
+    # two iterations, r0's and r1's: nothing polls while the blocks are held
+    assert [t for t, _, _ in seen] == pytest.approx([0.0, 0.024])
+    assert seen[1][1:] == (0, 0)  # r1's 4 blocks taken, none held any more
+    assert eng.kv.free + eng.cache.cached_blocks == 4 and eng.cache.writing_blocks == 0
 
 
 def test_a_prefix_still_being_written_is_not_read_and_a_busy_writer_delays_it():
@@ -142,9 +172,10 @@ def _conserved(eng, chain):
         assert t.used_blocks == sum(int(u[0]) for u in t.units.values())
         assert 0 <= t.used_blocks <= t.capacity_blocks
     assert (
-        eng.kv.free + eng.cache.cached_blocks + sum(s.blocks for s in eng.running.values())
+        eng.kv.free + eng.cache.cached_blocks + eng.cache.writing_blocks
+        + sum(s.blocks for s in eng.running.values())
         == eng.kv.total
-    )
+    )  # fmt: skip
 
 
 @settings(max_examples=40, deadline=None)

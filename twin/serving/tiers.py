@@ -27,9 +27,13 @@ computing them again. Here each instance has its own chain of tiers under its
   The request is submitted to its instance when its loads have ended, with
   the loaded tokens counted as cached (``Sequence.preloaded_tokens``).
 
-NOTE: the HBM blocks of an evicted unit are free at once: the copy is taken to
-read them into a host staging buffer faster than they are reused, so a busy
-writer delays when the unit is readable below, not the eviction itself.
+The HBM blocks of an evicted unit stay held until the write that takes it
+into the first tier below has ended (:class:`~twin.serving.kvcache.PrefixCache`,
+``writing_blocks``): a busy writer delays the eviction, and an admission that
+needs those blocks waits for the write (one event at its end). NOTE: two
+exceptions free them at once: a decode step's next block (the step cannot
+wait), and a write straight to the remote store (without local tiers; the
+NIC reads the unit from a host staging copy).
 An SSD read lands in host memory before it crosses PCIe; the SSD's read
 bandwidth (13 GB/s) is below the host link's, so it alone is charged.
 
@@ -216,29 +220,34 @@ class TierChain:
 
     def write_down(
         self, units: Sequence[tuple[int, int]], level: int = 0, via: Writer | None = None
-    ) -> None:
+    ) -> float:
         """``units`` ((hash, blocks), least recently used first) leave the tier
         above ``level``: one write of them all into tier ``level`` (through
         ``via`` when given, else at the tier's write bandwidth after its
         writes before), which gives up its least recently used units (down a
-        tier) to make room."""
-        if level >= len(self.tiers) or not units:
-            return
-        tier = self.tiers[level]
+        tier) to make room. Returns when the write has taken them all (now
+        when none is written: off the last tier, too large for the tier,
+        held already, or sent to the remote store, which copies them from
+        host memory)."""
         now = self.env.now
+        if level >= len(self.tiers) or not units:
+            return now
+        tier = self.tiers[level]
         if tier.store is not None:
             self._write_remote(tier, units, now)
-            return
+            return now
         keep = [(h, b) for h, b in units if b <= tier.capacity_blocks and h not in tier.units]
         if not keep:
-            return
+            return now
         need = sum(b for _, b in keep)
         down: list[tuple[int, int]] = []
         latest = 0.0  # the latest write still under way among those going down
+        passed = False  # some of ``units`` pass by, down with the tier's own
         while need > tier.capacity_blocks:  # more than the tier holds: the oldest pass by
             h, b = keep.pop(0)
             need -= b
             down.append((h, b))
+            passed = True
         while tier.used_blocks + need > tier.capacity_blocks:
             old, (held, ready) = tier.units.popitem(last=False)
             tier.used_blocks -= int(held)
@@ -259,19 +268,22 @@ class TierChain:
         tier.used_blocks += need
         self._note(tier)
         if down:
-            self._write_below(down, level + 1, latest)
+            below = self._write_below(down, level + 1, latest)
+            if passed:
+                end = max(end, below)
+        return end
 
-    def _write_below(self, units: list[tuple[int, int]], level: int, ready: float) -> None:
+    def _write_below(self, units: list[tuple[int, int]], level: int, ready: float) -> float:
         """As :meth:`write_down`, for units that can leave only once written (``ready``)."""
         if level >= len(self.tiers):
-            return
+            return self.env.now
         tier = self.tiers[level]
         if tier.store is not None:
             self._write_remote(tier, units, ready)
-            return
+            return self.env.now
         if ready > tier.write_free_s:
             tier.write_free_s = ready
-        self.write_down(units, level)
+        return self.write_down(units, level)
 
     def _write_remote(self, tier: Tier, units: Sequence[tuple[int, int]], ready: float) -> None:
         """Units leave this instance for the shared store ``tier``: those it
