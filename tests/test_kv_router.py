@@ -83,17 +83,20 @@ def test_the_bundled_tier_comparison_resolves_every_variant():
     text, where, _ = read_spec_text("compare-kv-tiers")
     data = parse_yaml(text, where)
     entries = compare_entries(data, where)
-    policies = ["round-robin", "least-loaded", "kv-router", "mooncake"]
-    assert list(entries) == [p + t for p in policies for t in ("", "+tiers")]
+    policies = ["round-robin", "least-loaded", "kv-router", "llm-d", "mooncake"]
+    assert list(entries) == [p + t for p in policies for t in ("", "+tiers")] + ["mooncake+pool"]
     synthetic = (
         "workload={lengths: azure-conv, max_requests: 5, arrival: {process: poisson, rate: 1}}"
     )
     _, specs = compare_specs(data, where, root, [synthetic])
     for label, spec in specs.items():
         assert (spec.kv_tiers is not None) == label.endswith("+tiers")
+        assert (spec.kv_pool_bytes is not None) == (label == "mooncake+pool")
         assert sum(g.count * g.tp * g.pp for g in spec.groups) == 32
         assert spec.engine.prefix_caching
     assert specs["kv-router+tiers"].kv_tiers.dram_bytes == 1e12
+    assert specs["llm-d"].scheduler_params == {"mode": "llm-d"}
+    assert specs["mooncake+pool"].kv_pool_ssd.capacity_bytes == 4e12
 
 
 def test_the_tier_plot_of_a_compare_file(tmp_path):

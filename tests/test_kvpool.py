@@ -151,3 +151,37 @@ def test_pool_blocks_are_conserved_across_its_tiers(ops, dram_units, ssd_units):
     done = sorted(s for e in engines for s in e.submitted)
     assert len(done) == fetches and all(pre % 16 in (0, 15) for _, _, pre in done)
     assert not any(p._loading.values())
+
+
+def test_mooncake_fetches_from_the_pools_ssd_end_to_end_and_the_table_shows_it():
+    from test_mooncake import spec as mooncake_spec
+
+    from twin.sim.simulation import Simulation
+    from twin.studies.compare import CompareResult
+
+    cluster = {
+        "topology": "dgx-h100-ib400", "nodes": 2, "kv_pool": "1 GiB", "kv_pool_ssd": "64 GiB",
+        "prefill": {"instances": 2, "tp": 1}, "decode": {"instances": 2, "tp": 1},
+    }  # fmt: skip
+    # 16 units of Llama-3.1-8B's KV (64 MiB a 512-token unit) fit a node's DRAM
+    # pool: twenty 8-unit prompts overflow it to the SSD, and each comes back
+    # one unit longer
+    reqs = []
+    for turn in range(2):
+        for chat in range(20):
+            units = 8 + turn
+            hashes = tuple(chat * 1000 + k for k in range(units))
+            reqs.append(Request(len(reqs), 0.5 * len(reqs), units * 512, 4, hashes, 512))
+    engine = {"prefix_caching": True, "gpu_memory_utilization": 0.3}
+    s = mooncake_spec(cluster=cluster, engine=engine, slo={"ttft": "30 s", "tpot": "1 s"})
+    result = Simulation(s, requests=reqs).run()
+    pool = result.summary["kv_pool"]
+    assert pool["dram"]["capacity_bytes"] == 2 * 2**30  # two nodes
+    assert pool["ssd"]["bytes_written"] > 0 and pool["ssd"]["hit_tokens"] > 0
+    assert pool["dram"]["bytes_written"] == result.summary["kv_bytes_copied"]
+    header = {"version": "x", "name": "t", "model": "m", "seed": 0,
+              "slo": {"ttft": None, "tpot": None}}  # fmt: skip
+    table = CompareResult(header, {"pool": result}).format_table().splitlines()
+    assert table[2].split()[-3:] == ["pool", "SSD", "%"]
+    both = pool["dram"]["hit_rate"] + pool["ssd"]["hit_rate"]
+    assert table[4].split()[-2:] == [f"{100 * both:.1f}", f"{100 * pool['ssd']['hit_rate']:.1f}"]
