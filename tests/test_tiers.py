@@ -521,3 +521,40 @@ def test_the_compare_table_shows_the_remote_stores_share_when_a_run_has_one():
     assert table[4].split()[-1] == f"{100 * 4095 / (6 * 4096):.1f}"
     assert table[5].split()[-1] == "-"
     assert "store %" not in CompareResult(header, {"dram": dram}).format_table()
+
+
+def test_a_decode_reservation_waits_for_blocks_being_written_down(monkeypatch):
+    from pathlib import Path
+
+    import twin.serving.engine as engine_mod
+    from twin.sim.simulation import Simulation
+    from twin.sim.spec import resolve_spec
+
+    waited = []
+    reserve = engine_mod.Engine.reserve
+
+    def watched(self, seq):
+        ok = reserve(self, seq)
+        if not ok and self.cache is not None and self.cache.writing_blocks:
+            waited.append(self.env.now)
+        return ok
+
+    monkeypatch.setattr(engine_mod.Engine, "reserve", watched)
+    data = {
+        "model": "llama-3.1-8b",
+        "cluster": {"topology": "dgx-h100-ib400", "nodes": 1,
+                    "prefill": {"instances": 1, "tp": 1}, "decode": {"instances": 1, "tp": 1}},
+        "engine": {"prefix_caching": True, "gpu_memory_utilization": 0.235},
+        # a slow writer: 1 GB/s, 64 ms a 512-token unit
+        "kv_tiers": {"dram": "64 GB", "dram_bandwidth": "1 GB/s"},
+        "scheduler": "disagg",
+        "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 1},
+                     "max_requests": 1},
+    }  # fmt: skip
+    spec = resolve_spec(data, "split.yaml", Path.cwd())
+    prompts = [tuple(100 * c + k for k in range(8)) for c in range(5)]
+    reqs = [Request(i, 0.3 * i, 4096, 2, prompts[i % 5], 512) for i in range(12)]
+    s = Simulation(spec, requests=reqs).run().summary  # its conservation check included
+    assert s["completed"] == 12
+    assert waited  # the decode side's KV waited for evicted blocks to be written
+    assert s["kv_tiers"]["dram"]["bytes_written"] > 0
