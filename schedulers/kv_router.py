@@ -92,8 +92,10 @@ def _by_tier(inst: InstanceView, req: Request) -> dict[str, int]:
 @register("kv-router")
 @dataclass
 class KVRouter(Scheduler, PicksDecode):
-    """Dynamo-style KV router: prefill blocks x overlap weight + active blocks, lowest
-    wins; ``mode: llm-d``: llm-d's weighted prefix, queue and KV scorers, highest wins."""
+    """KV-aware router: Dynamo's block cost, or llm-d's weighted scorers (mode: llm-d).
+
+    Dynamo: prefill blocks x overlap weight + active blocks, the lowest wins;
+    llm-d: its prefix, queue and KV-utilization scorers, the highest wins."""
 
     overlap_score_weight: float = 1.0
     dram_weight: float = 0.1
