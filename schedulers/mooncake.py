@@ -8,7 +8,8 @@ the arXiv version):
   instance, estimate the request's TTFT as the instance's queue time, plus
   the prefill of the tokens it cannot reuse, plus, when a node's DRAM KV pool
   holds a longer prefix than the instance's own cache, the time to load that
-  prefix over the network; take the minimum. The queue time is the
+  prefix (the part on the pool's SSD read first, at the SSD's latency and read
+  bandwidth; then over PCIe or the network); take the minimum. The queue time is the
   instance's ``estimate_queue_s()``: its waiting prompts priced as the
   iterations its engine batches them into (a prefill's cost grows faster than
   its length, so pricing the whole queue as one prefill would overstate a
@@ -109,7 +110,7 @@ class Mooncake(Scheduler, PicksDecode):
             own = min(p.cached_prefix_tokens(req), req.prompt_tokens - 1)
             reuse, fetch_s, fetch = own, 0.0, None
             if node is not None and pooled >= own + self.min_fetch_tokens:
-                reuse, fetch, fetch_s = pooled, node, p.estimate_fetch_s(node, pooled)
+                reuse, fetch, fetch_s = pooled, node, p.estimate_fetch_s(node, pooled, req)
             queue_s = p.estimate_queue_s()
             ttft = fetch_s + queue_s + p.estimate_prefill_s(req.prompt_tokens - reuse, reuse)
             if best is None or (ttft, p.id) < (best[0], best[1]):

@@ -56,7 +56,10 @@ def prompt(i: int, hashes: tuple[int, ...], at: float = 0.0) -> Sequence:
 def test_a_unit_goes_from_hbm_to_the_dram_pool_to_its_ssd_and_is_fetched_back():
     env, topo, p, (e0, e1) = pools(dram_units=2, ssd_units=10)
     dram, ssd = p.chains[0].tiers
-    pcie = get_gpu("h100-sxm").pcie_bytes_s * 4  # instance 0's 4 GPUs, each its shard
+    # instance 0's 4 GPUs, each its shard, at the H100's 64 GB/s PCIe less
+    # 128b/130b encoding and 24 bytes a 256-byte packet: 230.46 GB/s
+    assert get_gpu("h100-sxm").pcie_bytes_s == 64e9
+    pcie = 4 * 64e9 * 128 / 130 * 256 / 280
     # at 0: A's 2 units (2 MB) are copied over instance 0's PCIe links
     p.keep_prompt(e0, prompt(0, (1, 2)))
     a_in = 2 * MB / pcie
@@ -185,3 +188,88 @@ def test_mooncake_fetches_from_the_pools_ssd_end_to_end_and_the_table_shows_it()
     assert table[2].split()[-3:] == ["pool", "SSD", "%"]
     both = pool["dram"]["hit_rate"] + pool["ssd"]["hit_rate"]
     assert table[4].split()[-2:] == [f"{100 * both:.1f}", f"{100 * pool['ssd']['hit_rate']:.1f}"]
+
+
+def hold(p: KVPools, node: int, dram: tuple[int, ...] = (), ssd: tuple[int, ...] = ()) -> None:
+    """Put one-block units into ``node``'s DRAM and SSD pool, readable from 0 s."""
+    for tier, hashes in zip(p.chains[node].tiers, (dram, ssd), strict=False):
+        for h in hashes:
+            tier.units[h] = [1, 0.0]
+            tier.used_blocks += 1
+
+
+def wire_s(topo, inst: int, tokens: int) -> float:
+    """The prefix's way to instance ``inst`` from node 0's host memory, by hand."""
+    if inst == 0:  # inside node 0: its 4 GPUs' PCIe links at the payload share
+        return tokens * K / (4 * 64e9 * 128 / 130 * 256 / 280)
+    path = topo.path(0, 8)  # a shard per GPU, each over its own NIC
+    rate = min(link.capacity_bytes_s * link.efficiency for link in path)
+    return topo.latency_s(path) + tokens * K / 4 / rate
+
+
+@pytest.mark.parametrize(
+    "dram, ssd", [((1, 2, 3, 4), ()), ((), (1, 2, 3, 4)), ((1, 3), (2, 4))],
+    ids=["dram", "ssd", "mixed"],
+)  # fmt: skip
+@pytest.mark.parametrize("inst", [0, 1], ids=["same-node", "other-node"])
+def test_the_fetch_estimate_is_the_fetch_time(dram, ssd, inst):
+    env, topo, p, engines = pools(dram_units=10, ssd_units=10)
+    hold(p, 0, dram, ssd)
+    seq = prompt(0, (1, 2, 3, 4))
+    req = seq.req
+    tokens = min(p.prefix(req)[0], req.prompt_tokens - 1)  # 63: the last is computed
+    estimate = p.estimate_s(inst, 0, tokens, req)
+    # the SSD reads its units whole (1 MB each) after its 100 us, then 63 tokens travel
+    ssd_s = 1e-4 + len(ssd) * MB / 13e9 if ssd else 0.0
+    assert estimate == pytest.approx(ssd_s + wire_s(topo, inst, tokens), rel=1e-12)
+    # priced as if all were in DRAM, without the request
+    assert p.estimate_s(inst, 0, tokens) == pytest.approx(wire_s(topo, inst, tokens), rel=1e-12)
+    p.fetch_then_submit(seq, engines[inst], 0, "mooncake")
+    env.run()
+    [(at, _, loaded)] = engines[inst].submitted
+    assert loaded == tokens
+    if inst == 0:
+        assert at == estimate  # the same sums: exact
+    else:
+        assert at == pytest.approx(estimate, rel=1e-12)  # the network's flows, to rounding
+
+
+def test_mooncake_computes_locally_instead_of_fetching_a_prefix_from_the_ssd():
+    import schedulers.mooncake  # noqa: F401 - registers the policy when not installed
+    from twin.scheduler import ClusterView, InstanceSnapshot, Objectives, Route, build_scheduler
+
+    class Priced:
+        """A hand-built prefill view whose fetch estimate is the pool's."""
+
+        def __init__(self, snap: InstanceSnapshot, pools: KVPools) -> None:
+            self._snap, self._pools = snap, pools
+
+        def __getattr__(self, name: str):
+            return getattr(self._snap, name)
+
+        def estimate_fetch_s(self, node: int, tokens: int, req: Request | None = None) -> float:
+            return self._pools.estimate_s(self._snap.id, node, tokens, req)
+
+    # 9 units asked for; node 0's pool holds the first 8 (128 tokens), instance
+    # 0 (on node 0) the first 7 in HBM behind a 0.4 ms queue, instance 1 (node 1)
+    # none: it would fetch the 8 units over the network (about 45 us from DRAM,
+    # 0.7 ms more from the SSD: 100 us + 8 MB at 13 GB/s); 1 us a computed token
+    req = Request(0, 0.0, 9 * 16, 4, tuple(range(1, 10)), 16)
+    policy = build_scheduler("mooncake", {"min_fetch_tokens": 32})
+    chosen = {}
+    for where in ("dram", "ssd"):
+        env, topo, p, _ = pools(dram_units=10, ssd_units=10)
+        hold(p, 0, **{where: tuple(range(1, 9))})
+        cheap = {"prefill_s_per_token": 1e-6}
+        views = [
+            Priced(InstanceSnapshot(0, role="prefill", node=0, queue_s=4e-4,
+                                    cached_hashes=frozenset(range(1, 8)), **cheap), p),
+            Priced(InstanceSnapshot(1, role="prefill", node=1, **cheap), p),
+            InstanceSnapshot(2, role="decode"),
+        ]  # fmt: skip
+        view = ClusterView(views, 0.0, Objectives(10.0, 1.0), p.prefix)
+        ttft, _, _ = policy.prefill_choice(req, view)
+        fetch = wire_s(topo, 1, 128) + (1e-4 + 8 * MB / 13e9 if where == "ssd" else 0.0)
+        assert ttft == pytest.approx(min(4e-4 + 32e-6, fetch + 16e-6), rel=1e-9)
+        chosen[where] = policy.route(req, view)
+    assert chosen == {"dram": Route(1, 2, fetch_from=0), "ssd": Route(0, 2)}

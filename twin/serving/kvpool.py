@@ -16,8 +16,10 @@ there once written), and what the SSD evicts is gone. The two are exclusive:
 a unit is in one of them.
 
 - Copying a prompt's KV from the GPU into its node's DRAM pool crosses the
-  instance's PCIe links (every GPU its shard, at the catalog's
-  ``pcie_bytes_s``), one copy after another per instance; a unit can be
+  instance's PCIe links (every GPU its shard, at the effective host-copy
+  rate of :func:`~twin.serving.tiers.host_copy_bytes_s`: the catalog's
+  ``pcie_bytes_s`` less encoding and packet overhead, as the KV tiers' DRAM
+  tier), one copy after another per instance; a unit can be
   loaded from the pool only once its copy has ended. The copy overlaps with
   serving (it does not hold the engine). Units the pool holds already (in
   DRAM or SSD) are not copied again; they become the most recently used.
@@ -27,6 +29,10 @@ a unit is in one of them.
   instance's PCIe links inside the node, else as flows on the network from
   the pool node's GPUs (one per shard), sharing links with hand-offs. The
   pool keeps what it serves.
+- The router's estimate of a fetch (:meth:`KVPools.estimate_s`) prices it
+  the same way on an idle SSD and network: the SSD's units (whole units, as
+  read) at the SSD's latency and read bandwidth, then the prefix over PCIe or
+  the network.
 
 NOTE: a loaded prefix lands in a staging buffer before the prefill allocates
 its blocks, so the load does not hold KV blocks while it travels.
@@ -51,7 +57,7 @@ from twin.serving.engine import Engine
 from twin.serving.handoff import shard_flows
 from twin.serving.kvcache import cacheable
 from twin.serving.sequence import Sequence as Seq
-from twin.serving.tiers import Tier, TierChain, Writer
+from twin.serving.tiers import Tier, TierChain, Writer, host_copy_bytes_s
 
 
 @dataclass(frozen=True)
@@ -192,7 +198,7 @@ class KVPools:
             gpus = self.placements[instance].gpus
             if node == self.placements[instance].node:
                 pcie = get_gpu(topo.gpu_type(gpus[0])).pcie_bytes_s
-                self._rates[key] = (0.0, pcie * len(gpus))
+                self._rates[key] = (0.0, host_copy_bytes_s(pcie, len(gpus)))
             else:
                 src = topo.gpus_of_node(node)[: len(gpus)]
                 probe = 1e9
@@ -204,11 +210,38 @@ class KVPools:
                 self._rates[key] = (lat, probe / max(t.end_s - lat, 1e-12))
         return self._rates[key]
 
-    def estimate_s(self, instance: int, node: int, tokens: int) -> float:
-        """Time to load ``tokens`` tokens' KV from ``node``'s pool to ``instance``,
-        on an idle network (as if all were in its DRAM)."""
+    def estimate_s(
+        self, instance: int, node: int, tokens: int, req: Request | None = None
+    ) -> float:
+        """Time to load the first ``tokens`` prompt tokens' KV from ``node``'s
+        pool to ``instance`` on an idle network and SSD, as
+        :meth:`fetch_then_submit` takes it: with ``req``, the units of its
+        prompt that the pool holds on its SSD are read first (the SSD's
+        latency, then their blocks at its read bandwidth), then the
+        ``tokens`` cross PCIe or the network; without ``req``, as if all were
+        in DRAM."""
         lat, rate = self._rate(instance, node)
-        return lat + tokens * self.kv_bytes_per_token / rate
+        staged = 0.0
+        if req is not None and tokens > 0:
+            staged = self._ssd_read_s(req, node, tokens)
+        return staged + lat + tokens * self.kv_bytes_per_token / rate
+
+    def _ssd_read_s(self, req: Request, node: int, tokens: int) -> float:
+        """An idle SSD's read of the units holding ``req``'s first ``tokens``
+        prompt tokens that ``node``'s pool keeps there (0 with none)."""
+        chain = self.chains[node]
+        if len(chain.tiers) < 2:
+            return 0.0
+        hashes = cacheable(req, self.block_size)
+        units = -(-tokens // req.prefix_block_tokens)  # the units the tokens reach into
+        ssd = chain.tiers[1]
+        blocks = 0
+        for h, i in zip(hashes, chain.run(hashes)[:units], strict=False):
+            if i == 1:
+                blocks += int(ssd.units[h][0])
+        if not blocks:
+            return 0.0
+        return ssd.latency_s + blocks * self.block_bytes / ssd.read_bps
 
     def fetch_then_submit(self, seq: Seq, engine: Engine, node: int, policy: str) -> None:
         """Load the prefix of ``seq`` that ``node``'s pool holds to ``engine``, then

@@ -65,6 +65,17 @@ from twin.serving.kvcache import cacheable
 # framing (PCI Express Base Specification 5.0), 256/280 of the rest: about
 # 90%, 57.6 GB/s for Gen5 x16.
 PCIE_PAYLOAD_EFFICIENCY = 128 / 130 * 256 / 280
+
+
+def host_copy_bytes_s(pcie_bytes_s: float, gpus: int = 1) -> float:
+    """Bytes/s a bulk copy between HBM and host memory moves over ``gpus``
+    GPUs' host links together, each GPU copying its shard: the GPU catalog's
+    raw rate per direction and GPU (``pcie_bytes_s``) at the payload share
+    of a PCIe link (``PCIE_PAYLOAD_EFFICIENCY``). The one host-copy rate of
+    the KV tiers' DRAM tier and of a KV pool's copies and loads inside a node."""
+    return pcie_bytes_s * gpus * PCIE_PAYLOAD_EFFICIENCY
+
+
 EVICTIONS = ("lru",)
 TIER_NAMES = ("hbm", "dram", "ssd", "remote")
 
@@ -591,7 +602,7 @@ def build_chain(
     if keys.dram_bytes is not None:
         bw = keys.dram_bandwidth
         if bw is None:
-            bw = pcie_bytes_s * PCIE_PAYLOAD_EFFICIENCY
+            bw = host_copy_bytes_s(pcie_bytes_s)
         tiers.append(Tier("dram", int(keys.dram_bytes // block_bytes), bw, bw, keys.dram_latency_s))
     if keys.ssd_bytes is not None:
         tiers.append(
