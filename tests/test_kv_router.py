@@ -122,6 +122,42 @@ def test_the_tier_plot_of_a_compare_file(tmp_path):
         plot_kv_tiers(path, tmp_path / "out")
 
 
+def test_the_reuse_plot_splits_a_pools_ssd_hits_from_its_dram_and_hbm_hits():
+    pytest.importorskip("matplotlib")
+    from twin.viz.plots import kv_reuse_shares, kv_tiers_figure
+
+    def pool(dram, ssd):
+        return {"dram": {"hit_rate": dram}, "ssd": {"hit_rate": ssd}}
+
+    runs = {
+        "mooncake": {"summary": {"prefix_hit_rate": 0.25, "slo_attainment": 0.5}},
+        "mooncake+tiers": {"summary": {"prefix_hit_rate": 0.5, "slo_attainment": 0.75,
+                                       "kv_tiers": {"dram": {"hit_rate": 0.125},
+                                                    "ssd": {"hit_rate": 0.0625}}}},
+        "mooncake+pool": {"summary": {"prefix_hit_rate": 0.625, "slo_attainment": 1.0,
+                                      "kv_pool": pool(0.25, 0.125)}},
+    }  # fmt: skip
+    shares = kv_reuse_shares(runs)
+    # the pool's 25% and 12.5% are its own bars; HBM is the rest of the reuse
+    assert shares == {
+        "HBM": [25.0, 31.25, 25.0],
+        "DRAM": [0.0, 12.5, 0.0],
+        "SSD": [0.0, 6.25, 0.0],
+        "pool DRAM": [0.0, 0.0, 25.0],
+        "pool SSD": [0.0, 0.0, 12.5],
+    }
+    # the figure stacks those bars, in that order, under each run's reuse
+    top, bottom = kv_tiers_figure(runs).axes[:2]
+    drawn = {c.get_label(): [bar.get_height() for bar in c] for c in top.containers}
+    assert drawn == shares
+    columns = zip(*top.containers, strict=True)
+    tops = [max(bar.get_y() + bar.get_height() for bar in col) for col in columns]
+    assert tops == [25.0, 50.0, 62.5]
+    assert [bar.get_height() for bar in bottom.containers[0]] == [50.0, 75.0, 100.0]
+    # without any pool, no pool bars (and the remote store's only with one)
+    assert list(kv_reuse_shares({"a": runs["mooncake+tiers"]})) == ["HBM", "DRAM", "SSD"]
+
+
 def test_the_occupancy_plot_of_a_compare_file(tmp_path):
     import json
 
