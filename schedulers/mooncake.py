@@ -1,7 +1,11 @@
 """Mooncake's conductor: KV-cache-centric routing with early rejection.
 
-Follows Mooncake (Qin et al., FAST 2025; arXiv 2407.00079; section numbers of
-the arXiv version):
+Follows Mooncake (Qin et al., "Mooncake: A KVCache-centric Disaggregated
+Architecture for LLM Serving", arXiv 2407.00079v3, whose section numbers are
+given here; the FAST 2025 paper, "Mooncake: Trading More Storage for Less
+Computation", has the scheduling as its section 4 (4.1 prefill global
+scheduling, 4.2 cache load balancing) and early rejection only in its
+section 2.1 and Algorithm 1, with no overload section):
 
 - Section 6, KVCache-centric scheduling (6.1, prefill global scheduling, the
   conductor's Algorithm 1; 6.2, cache load balancing): for every prefill
@@ -41,7 +45,10 @@ Parameters, with their defaults:
   request will hold; a real conductor does not know a request's output
   length, so this one never reads ``req.output_tokens``.
 - ``min_fetch_tokens: 512``, the longest-prefix gain that makes fetching from
-  a pool worth it (6.2): one 512-token block of the paper's KV cache.
+  a pool worth it. The paper's rule (6.2, Algorithm 1) compares the ratio of
+  the best remote prefix to the local one with a threshold it tunes by hand
+  and does not give; this one asks for an absolute gain of one 512-token
+  block, the block of the trace's ``hash_ids`` (section 4).
 
 The cluster needs prefill and decode instances; the KV pool is
 ``cluster.kv_pool`` (without it, only each instance's own prefix cache,

@@ -1,10 +1,11 @@
 """A node's KV pool: prompt prefixes kept in host memory, and on SSD, for any instance.
 
 Mooncake keeps the KV cache of past prompts in the CPU memory of every node,
-and on the nodes' SSDs below it (its "Mooncake Store"; Qin et al., FAST 2025,
-arXiv 2407.00079: the store pools the GPU cluster's DRAM and SSD, abstract
-and the architecture overview, section 3), so that an instance anywhere can
-load a reusable prefix over the network instead of computing it again.
+and on the nodes' SSDs below it (its "Mooncake Store": the store pools the
+GPU cluster's DRAM and SSD; Qin et al., arXiv 2407.00079v3, the abstract and
+section 3, the architecture overview; FAST 2025, sections 3.1 and 3.2), so
+that an instance anywhere can load a reusable prefix over the network
+instead of computing it again.
 
 Each node's pool is a chain of KV tiers (:class:`~twin.serving.tiers.TierChain`,
 the machinery of ``kv_tiers``): a DRAM tier (``cluster.kv_pool``) and, with

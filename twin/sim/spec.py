@@ -150,8 +150,9 @@ class ClusterKeys:
         "host-memory KV pool per node (Mooncake's store); needs a topology", key="kv_pool",
     )  # fmt: skip
     # Mooncake's store pools the DRAM and the SSDs of the GPU nodes (Qin et al.,
-    # FAST 2025, arXiv 2407.00079: abstract and the architecture overview,
-    # section 3): what a node's DRAM pool evicts goes to its SSD.
+    # arXiv 2407.00079v3: abstract and section 3, the architecture overview;
+    # FAST 2025: sections 3.1 and 3.2, Mooncake Store): here what a node's
+    # DRAM pool evicts goes to its SSD.
     kv_pool_ssd_bytes: float | None = declared(
         None, nbytes(positive=True),
         "NVMe KV pool per node below its DRAM pool (null: none); needs kv_pool",
