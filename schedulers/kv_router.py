@@ -25,6 +25,28 @@ one at the PM1743 SSD's 13 GB/s 10 us (0.4).
 Parameters, with their defaults: ``overlap_score_weight: 1.0`` (Dynamo's),
 ``dram_weight: 0.1``, ``ssd_weight: 0.4``.
 
+``mode: llm-d`` scores instead as llm-d's inference scheduler (the Gateway
+API Inference Extension's endpoint picker, ``kubernetes-sigs/
+gateway-api-inference-extension``, pkg/epp/scheduling/framework/plugins)
+does with its default profile, each scorer's score in [0, 1], the weighted
+sum highest wins (``max-score-picker``):
+
+- ``prefix-cache-scorer``: the share of the prompt's blocks the instance
+  holds as its leading run (here from any tier, as KV events report them;
+  the scorer weighs no load time);
+- ``queue-scorer``: ``(max - q) / (max - min)`` of the waiting requests ``q``
+  over the candidates, 1 for all when they are equal;
+- ``kv-cache-utilization-scorer``: 1 - the share of KV blocks in use.
+
+The weights are ``prefix_weight: 3``, ``queue_weight: 2`` and
+``kv_utilization_weight: 2``, those of the default-plugins.yaml of the
+extension's InferencePool Helm chart, which llm-d's inference-scheduling
+guide deploys (guides/inference-scheduling; the same 3 and 2 in Red Hat
+OpenShift AI 3.4, "Configuring scheduler settings"). The picker breaks ties
+at random; here they go to the lowest id. On a split cluster the prefill
+instance is chosen by the three, the decode instance by the queue and KV
+utilization scorers alone.
+
 Colocated clusters: the candidates are the mixed instances. Split clusters:
 the prefill instance is chosen by this cost, the decode instance (``pick_decode``,
 once the prefill is done) by potential active blocks alone, ties to the
@@ -54,6 +76,10 @@ from twin.scheduler import (
     register,
 )
 
+MODES = ("dynamo", "llm-d")
+WEIGHTS = ("overlap_score_weight", "dram_weight", "ssd_weight", "prefix_weight", "queue_weight",
+           "kv_utilization_weight")  # fmt: skip
+
 
 def _by_tier(inst: InstanceView, req: Request) -> dict[str, int]:
     """Prompt tokens of ``req`` ``inst`` would reuse from each tier."""
@@ -66,14 +92,23 @@ def _by_tier(inst: InstanceView, req: Request) -> dict[str, int]:
 @register("kv-router")
 @dataclass
 class KVRouter(Scheduler, PicksDecode):
-    """Dynamo-style KV router: prefill blocks x overlap weight + active blocks, lowest wins."""
+    """KV-aware router: Dynamo's block cost, or llm-d's weighted scorers (mode: llm-d).
+
+    Dynamo: prefill blocks x overlap weight + active blocks, the lowest wins;
+    llm-d: its prefix, queue and KV-utilization scorers, the highest wins."""
 
     overlap_score_weight: float = 1.0
     dram_weight: float = 0.1
     ssd_weight: float = 0.4
+    mode: str = "dynamo"
+    prefix_weight: float = 3.0
+    queue_weight: float = 2.0
+    kv_utilization_weight: float = 2.0
 
     def __post_init__(self) -> None:
-        for name in ("overlap_score_weight", "dram_weight", "ssd_weight"):
+        if self.mode not in MODES:
+            raise ValueError(f"mode: {self.mode!r}; expected one of {', '.join(MODES)}")
+        for name in WEIGHTS:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
                 raise ValueError(f"{name}: {v!r} must be a number >= 0")
@@ -117,12 +152,59 @@ class KVRouter(Scheduler, PicksDecode):
             inst, req
         )
 
+    # -- llm-d's scorers ---------------------------------------------------------------
+    @staticmethod
+    def prefix_score(inst: InstanceView, req: Request) -> float:
+        """llm-d's prefix-cache scorer: the share of ``req``'s prompt ``inst`` holds."""
+        if req.prompt_tokens <= 0:
+            return 0.0
+        held = sum(_by_tier(inst, req).values())
+        return min(held, req.prompt_tokens) / req.prompt_tokens
+
+    @staticmethod
+    def queue_scores(candidates: list[InstanceView]) -> dict[int, float]:
+        """llm-d's queue scorer: waiting requests min-max normalised over
+        ``candidates``, the shortest queue 1; all 1 when the queues are equal."""
+        queues = [i.queue_requests for i in candidates]
+        lo, hi = min(queues), max(queues)
+        if hi == lo:
+            return {i.id: 1.0 for i in candidates}
+        return {i.id: (hi - i.queue_requests) / (hi - lo) for i in candidates}
+
+    @staticmethod
+    def kv_score(inst: InstanceView) -> float:
+        """llm-d's KV-cache utilization scorer: 1 - the share of blocks in use."""
+        return inst.free_blocks / inst.total_blocks if inst.total_blocks else 0.0
+
+    def scores(
+        self, candidates: list[InstanceView], req: Request, *, prefix: bool = True
+    ) -> dict[int, float]:
+        """Instance id -> llm-d's weighted score of each of ``candidates``."""
+        queue = self.queue_scores(candidates)
+        out = {}
+        for i in candidates:
+            score = self.queue_weight * queue[i.id] + self.kv_utilization_weight * self.kv_score(i)
+            if prefix:
+                score += self.prefix_weight * self.prefix_score(i, req)
+            out[i.id] = score
+        return out
+
+    @staticmethod
+    def _best(scores: dict[int, float]) -> int:
+        return min(scores, key=lambda i: (-scores[i], i))
+
+    # -- the hooks -------------------------------------------------------------------
     def route(self, req: Request, view: ClusterView) -> Route | Reject:
         split = bool(view.of_role("prefill"))
         candidates = view.of_role("prefill") if split else view.of_role("mixed")
-        best = min(candidates, key=lambda i: (self.cost(i, req), i.id))
-        return Route(best.id) if split else Route(best.id, best.id)
+        if self.mode == "llm-d":
+            pick = self._best(self.scores(list(candidates), req))
+        else:
+            pick = min(candidates, key=lambda i: (self.cost(i, req), i.id)).id
+        return Route(pick) if split else Route(pick, pick)
 
     def pick_decode(self, req: Request, view: ClusterView) -> int:
         decodes = view.of_role("decode")
+        if self.mode == "llm-d":
+            return self._best(self.scores(list(decodes), req, prefix=False))
         return min(decodes, key=lambda i: (self.active_blocks(i, req), i.id)).id

@@ -1,14 +1,19 @@
 """Mooncake's conductor: KV-cache-centric routing with early rejection.
 
-Follows Mooncake (Qin et al., FAST 2025; arXiv 2407.00079; section numbers of
-the arXiv version):
+Follows Mooncake (Qin et al., "Mooncake: A KVCache-centric Disaggregated
+Architecture for LLM Serving", arXiv 2407.00079v3, whose section numbers are
+given here; the FAST 2025 paper, "Mooncake: Trading More Storage for Less
+Computation", has the scheduling as its section 4 (4.1 prefill global
+scheduling, 4.2 cache load balancing) and early rejection only in its
+section 2.1 and Algorithm 1, with no overload section):
 
 - Section 6, KVCache-centric scheduling (6.1, prefill global scheduling, the
   conductor's Algorithm 1; 6.2, cache load balancing): for every prefill
   instance, estimate the request's TTFT as the instance's queue time, plus
   the prefill of the tokens it cannot reuse, plus, when a node's DRAM KV pool
   holds a longer prefix than the instance's own cache, the time to load that
-  prefix over the network; take the minimum. The queue time is the
+  prefix (the part on the pool's SSD read first, at the SSD's latency and read
+  bandwidth; then over PCIe or the network); take the minimum. The queue time is the
   instance's ``estimate_queue_s()``: its waiting prompts priced as the
   iterations its engine batches them into (a prefill's cost grows faster than
   its length, so pricing the whole queue as one prefill would overstate a
@@ -40,7 +45,10 @@ Parameters, with their defaults:
   request will hold; a real conductor does not know a request's output
   length, so this one never reads ``req.output_tokens``.
 - ``min_fetch_tokens: 512``, the longest-prefix gain that makes fetching from
-  a pool worth it (6.2): one 512-token block of the paper's KV cache.
+  a pool worth it. The paper's rule (6.2, Algorithm 1) compares the ratio of
+  the best remote prefix to the local one with a threshold it tunes by hand
+  and does not give; this one asks for an absolute gain of one 512-token
+  block, the block of the trace's ``hash_ids`` (section 4).
 
 The cluster needs prefill and decode instances; the KV pool is
 ``cluster.kv_pool`` (without it, only each instance's own prefix cache,
@@ -109,7 +117,7 @@ class Mooncake(Scheduler, PicksDecode):
             own = min(p.cached_prefix_tokens(req), req.prompt_tokens - 1)
             reuse, fetch_s, fetch = own, 0.0, None
             if node is not None and pooled >= own + self.min_fetch_tokens:
-                reuse, fetch, fetch_s = pooled, node, p.estimate_fetch_s(node, pooled)
+                reuse, fetch, fetch_s = pooled, node, p.estimate_fetch_s(node, pooled, req)
             queue_s = p.estimate_queue_s()
             ttft = fetch_s + queue_s + p.estimate_prefill_s(req.prompt_tokens - reuse, reuse)
             if best is None or (ttft, p.id) < (best[0], best[1]):

@@ -357,9 +357,9 @@ def test_a_failed_nodes_kv_pool_is_gone():
     orig = pools.fail_node
 
     def fail_node(node):
-        before = pools.pools[node].used_bytes
+        before = pools.used_bytes(node)
         orig(node)
-        seen.append((node, before > 0, pools.pools[node].used_bytes, node in pools._loading))
+        seen.append((node, before > 0, pools.used_bytes(node), node in pools._loading))
 
     pools.fail_node = fail_node
     s = sim.run().summary

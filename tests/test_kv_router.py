@@ -83,17 +83,20 @@ def test_the_bundled_tier_comparison_resolves_every_variant():
     text, where, _ = read_spec_text("compare-kv-tiers")
     data = parse_yaml(text, where)
     entries = compare_entries(data, where)
-    policies = ["round-robin", "least-loaded", "kv-router", "mooncake"]
-    assert list(entries) == [p + t for p in policies for t in ("", "+tiers")]
+    policies = ["round-robin", "least-loaded", "kv-router", "llm-d", "mooncake"]
+    assert list(entries) == [p + t for p in policies for t in ("", "+tiers")] + ["mooncake+pool"]
     synthetic = (
         "workload={lengths: azure-conv, max_requests: 5, arrival: {process: poisson, rate: 1}}"
     )
     _, specs = compare_specs(data, where, root, [synthetic])
     for label, spec in specs.items():
         assert (spec.kv_tiers is not None) == label.endswith("+tiers")
+        assert (spec.kv_pool_bytes is not None) == (label == "mooncake+pool")
         assert sum(g.count * g.tp * g.pp for g in spec.groups) == 32
         assert spec.engine.prefix_caching
     assert specs["kv-router+tiers"].kv_tiers.dram_bytes == 1e12
+    assert specs["llm-d"].scheduler_params == {"mode": "llm-d"}
+    assert specs["mooncake+pool"].kv_pool_ssd.capacity_bytes == 4e12
 
 
 def test_the_tier_plot_of_a_compare_file(tmp_path):
@@ -119,6 +122,42 @@ def test_the_tier_plot_of_a_compare_file(tmp_path):
         plot_kv_tiers(path, tmp_path / "out")
 
 
+def test_the_reuse_plot_splits_a_pools_ssd_hits_from_its_dram_and_hbm_hits():
+    pytest.importorskip("matplotlib")
+    from twin.viz.plots import kv_reuse_shares, kv_tiers_figure
+
+    def pool(dram, ssd):
+        return {"dram": {"hit_rate": dram}, "ssd": {"hit_rate": ssd}}
+
+    runs = {
+        "mooncake": {"summary": {"prefix_hit_rate": 0.25, "slo_attainment": 0.5}},
+        "mooncake+tiers": {"summary": {"prefix_hit_rate": 0.5, "slo_attainment": 0.75,
+                                       "kv_tiers": {"dram": {"hit_rate": 0.125},
+                                                    "ssd": {"hit_rate": 0.0625}}}},
+        "mooncake+pool": {"summary": {"prefix_hit_rate": 0.625, "slo_attainment": 1.0,
+                                      "kv_pool": pool(0.25, 0.125)}},
+    }  # fmt: skip
+    shares = kv_reuse_shares(runs)
+    # the pool's 25% and 12.5% are its own bars; HBM is the rest of the reuse
+    assert shares == {
+        "HBM": [25.0, 31.25, 25.0],
+        "DRAM": [0.0, 12.5, 0.0],
+        "SSD": [0.0, 6.25, 0.0],
+        "pool DRAM": [0.0, 0.0, 25.0],
+        "pool SSD": [0.0, 0.0, 12.5],
+    }
+    # the figure stacks those bars, in that order, under each run's reuse
+    top, bottom = kv_tiers_figure(runs).axes[:2]
+    drawn = {c.get_label(): [bar.get_height() for bar in c] for c in top.containers}
+    assert drawn == shares
+    columns = zip(*top.containers, strict=True)
+    tops = [max(bar.get_y() + bar.get_height() for bar in col) for col in columns]
+    assert tops == [25.0, 50.0, 62.5]
+    assert [bar.get_height() for bar in bottom.containers[0]] == [50.0, 75.0, 100.0]
+    # without any pool, no pool bars (and the remote store's only with one)
+    assert list(kv_reuse_shares({"a": runs["mooncake+tiers"]})) == ["HBM", "DRAM", "SSD"]
+
+
 def test_the_occupancy_plot_of_a_compare_file(tmp_path):
     import json
 
@@ -134,3 +173,71 @@ def test_the_occupancy_plot_of_a_compare_file(tmp_path):
     assert [p.name for p in written] == ["occ.png", "occ.svg", "occ.pdf"]
     path.write_text(json.dumps({"runs": {"a": {"summary": {}}}}))
     assert plot_kv_tier_occupancy(path, tmp_path / "none") == []  # no tiers: no figure
+
+
+def _llmd_view(q1=2, free1=600):
+    """Three instances: 0 idle-ish with nothing cached, 1 with the whole prefix,
+    2 with its first unit; queues 4, ``q1``, 0 and free blocks 1000, ``free1``, 200."""
+    return make_view(
+        instance(0, queue_requests=4, free_blocks=1000),
+        instance(1, queue_requests=q1, free_blocks=free1, cached_hashes=frozenset({7, 8})),
+        instance(2, queue_requests=0, free_blocks=200, cached_hashes=frozenset({7})),
+    )
+
+
+def test_llm_d_mode_weighs_its_three_scorers_with_their_default_weights():
+    router = KVRouter(mode="llm-d")
+    assert (router.prefix_weight, router.queue_weight, router.kv_utilization_weight) == (3, 2, 2)
+    view = _llmd_view()
+    cand = list(view.of_role("mixed"))
+    # prefix: the share of the prompt held; queue: (max - q) / (max - min) over 4, 2, 0;
+    # KV: 1 - used share
+    assert [router.prefix_score(i, REQ) for i in cand] == [0.0, 1.0, 0.5]
+    assert router.queue_scores(cand) == {0: 0.0, 1: 0.5, 2: 1.0}
+    assert [router.kv_score(i) for i in cand] == [1.0, 0.6, 0.2]
+    # 3 x prefix + 2 x queue + 2 x KV: 2.0, 3 + 1 + 1.2, 1.5 + 2 + 0.4
+    assert router.scores(cand, REQ) == pytest.approx({0: 2.0, 1: 5.2, 2: 3.9})
+    assert router.route(REQ, view).prefill == 1
+    # instance 1's queue grows to 6 (queue score 0) and its KV fills to 70%:
+    # 3 + 0 + 0.6 = 3.6 falls below instance 2's 3.9
+    assert router.scores(list(_llmd_view(6, 300).of_role("mixed")), REQ)[1] == pytest.approx(3.6)
+    assert router.route(REQ, _llmd_view(6, 300)).prefill == 2
+    # the dynamo mode on the same view weighs blocks instead: instance 0 costs
+    # 64 + 64, instance 1 its 700 used blocks + 64
+    assert KVRouter().route(REQ, _llmd_view(6, 300)).prefill == 0
+
+
+def test_llm_d_mode_equal_queues_score_one_and_ties_go_to_the_lowest_id():
+    router = KVRouter(mode="llm-d")
+    view = make_view(instance(0, queue_requests=3), instance(1, queue_requests=3))
+    assert router.queue_scores(list(view.of_role("mixed"))) == {0: 1.0, 1: 1.0}
+    assert router.route(REQ, view).prefill == 0
+    # a prefix in DRAM counts as held
+    dram = instance(1, tier_hashes=(("dram", frozenset({7, 8})),))
+    assert router.route(REQ, make_view(instance(0), dram)).prefill == 1
+
+
+def test_llm_d_mode_on_a_split_cluster_picks_decode_by_queue_and_kv():
+    router = KVRouter(mode="llm-d")
+    view = make_view(
+        instance(0, role="prefill"), instance(1, role="prefill", cached_hashes=frozenset({7, 8})),
+        instance(2, role="decode", queue_requests=0, free_blocks=100),
+        instance(3, role="decode", queue_requests=1, free_blocks=900),
+    )  # fmt: skip
+    router.setup(view)
+    assert router.route(REQ, view).prefill == 1 and router.route(REQ, view).decode is None
+    # decode 2: 2 x 1 + 2 x 0.1 = 2.2; decode 3: 2 x 0 + 2 x 0.9 = 1.8
+    assert router.pick_decode(REQ, view) == 2
+    assert router.scores(list(view.of_role("decode")), REQ, prefix=False) == pytest.approx(
+        {2: 2.2, 3: 1.8}
+    )
+
+
+def test_llm_d_mode_keeps_the_contract_and_checks_its_parameters():
+    from twin.testing import check_scheduler
+
+    assert check_scheduler("kv-router", {"mode": "llm-d"}) == "both"
+    with pytest.raises(SpecError, match="scheduler.mode: 'sglang'"):
+        build_scheduler("kv-router", {"mode": "sglang"})
+    with pytest.raises(SpecError, match="scheduler.queue_weight"):
+        build_scheduler("kv-router", {"mode": "llm-d", "queue_weight": "high"})

@@ -205,6 +205,14 @@ def test_slo_durations_parse_and_stay_as_written():
          "s.yaml: cluster.prefill.instances: 0 must be a positive integer"),
         ({"cluster": {"kv_pool": "0 GiB"}}, "s.yaml: cluster.kv_pool: '0 GiB' must be > 0"),
         ({"cluster": {"kv_pool": "1 GiB"}}, "s.yaml: cluster.kv_pool: needs cluster.topology"),
+        ({"cluster": {"kv_pool_ssd": "-4 TB"}}, "s.yaml: cluster.kv_pool_ssd: '-4 TB' must be > 0"),
+        ({"cluster": {"kv_pool_ssd": "4 TB"}},
+         "s.yaml: cluster.kv_pool_ssd: is below the DRAM pool; give cluster.kv_pool too"),
+        ({"cluster": {"kv_pool_ssd_read_bandwidth": "fast"}},
+         "s.yaml: cluster.kv_pool_ssd_read_bandwidth: 'fast'"),
+        ({"cluster": {"topology": "dgx-h100-ib400", "kv_pool": "1 GiB",
+                      "kv_pool_ssd_latency": "1 ms"}},
+         "s.yaml: cluster.kv_pool_ssd_latency: needs cluster.kv_pool_ssd"),
         ({"slo": {"target": 0}}, "s.yaml: slo.target: 0 must be in (0, 1]"),
     ],
 )  # fmt: skip
@@ -227,7 +235,9 @@ def test_the_key_lists_come_from_the_declarations():
                              "retry", "failures", "scaling", "output", "kv_tiers")  # fmt: skip
     assert keys(ClusterKeys) == ("instances", "gpus", "tp", "pp", "ep", "dp", "gpus_per_node",
                                  "topology", "nodes", "prefill", "decode", "placement",
-                                 "kv_pool")  # fmt: skip
+                                 "kv_pool", "kv_pool_ssd", "kv_pool_ssd_read_bandwidth",
+                                 "kv_pool_ssd_write_bandwidth",
+                                 "kv_pool_ssd_latency")  # fmt: skip
     for cls in (TopKeys, ClusterKeys, EngineConfig, TransferConfig, SLO):
         assert all(d.help for _, d in declarations(cls)), cls
 

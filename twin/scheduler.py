@@ -219,9 +219,11 @@ class InstanceView(Protocol):
         """Prompt tokens of ``req`` this instance's prefix cache holds (0 without one)."""
         ...
 
-    def estimate_fetch_s(self, node: int, tokens: int) -> float:
+    def estimate_fetch_s(self, node: int, tokens: int, req: Request | None = None) -> float:
         """Time to load ``tokens`` tokens of KV from ``node``'s KV pool to this
-        instance on an idle network."""
+        instance on an idle network; with ``req`` (whose first ``tokens``
+        prompt tokens they are), the part the pool holds on its SSD is priced
+        at the SSD's read, without it all as if in the pool's DRAM."""
         ...
 
     # Views of this project also have ``cached_prefix_by_tier(req) -> dict``:
@@ -284,7 +286,7 @@ class InstanceSnapshot:
             n += 1
         return min(n * req.prefix_block_tokens, req.prompt_tokens)
 
-    def estimate_fetch_s(self, node: int, tokens: int) -> float:
+    def estimate_fetch_s(self, node: int, tokens: int, req: Request | None = None) -> float:
         return tokens * self.fetch_s_per_token
 
     def cached_prefix_by_tier(self, req: Request) -> dict[str, int]:

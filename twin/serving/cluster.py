@@ -202,12 +202,12 @@ class EngineView:
         self,
         engine: Engine,
         placement: Placement,
-        fetch: Callable[[int, int, int], float] | None = None,
+        fetch: Callable[[int, int, int, Request | None], float] | None = None,
         tiers: KVTiers | None = None,
     ) -> None:
         self._engine = engine
         self._placement = placement
-        self._fetch = fetch  # (instance, node, tokens) -> seconds
+        self._fetch = fetch  # (instance, node, tokens, request) -> seconds
         self._tiers = tiers
 
     @property
@@ -317,7 +317,7 @@ class EngineView:
             return {"hbm": e.cached_prefix_tokens(req), "dram": 0, "ssd": 0}
         return self._tiers.prefix_by_tier(e, req)
 
-    def estimate_fetch_s(self, node: int, tokens: int) -> float:
+    def estimate_fetch_s(self, node: int, tokens: int, req: Request | None = None) -> float:
         if self._fetch is None or tokens <= 0:
             return 0.0
-        return self._fetch(self._engine.id, node, tokens)
+        return self._fetch(self._engine.id, node, tokens, req)

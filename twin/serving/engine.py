@@ -198,6 +198,8 @@ class Engine:
         self.perf = perf
         self.kv = blocks
         self.cache = PrefixCache(blocks) if config.prefix_caching else None
+        if self.cache is not None:
+            self.cache.on_freed = self._written_down
         self.config = config
         self.observer = observer
         self._iter_observer = observer if observer.wants_iterations else None
@@ -348,7 +350,9 @@ class Engine:
         self.kv = BlockManager(old.total, old.block_size, old.watermark)
         self.kv.peak_used = old.peak_used
         if self.cache is not None:
+            self.cache.on_freed = None  # its writes under way release blocks of the old life
             self.cache = PrefixCache(self.kv, self.cache.tiers)  # the tiers below stay
+            self.cache.on_freed = self._written_down
         if self._ff is not None:
             self._ff = FastForward(self)
         return lost
@@ -439,12 +443,18 @@ class Engine:
         if cache is None:
             if not kv.can_admit(need):
                 return False
-        elif kv.free + cache.evictable_blocks - cache.idle_blocks(hits) - need < kv.watermark:
+        elif (
+            kv.free + cache.writing_blocks + cache.evictable_blocks - cache.idle_blocks(hits) - need
+            < kv.watermark
+        ):
             return False
         self._interrupt()
         if cache is not None:
             cache.acquire(hits)
             cache.evict(need)
+            if kv.free < need:  # the rest is being written down: tried again when it is
+                cache.release(hits)
+                return False
         kv.allocate(need)
         self.reserved[seq.req.id] = (need, list(hits))
         return True
@@ -494,6 +504,13 @@ class Engine:
         if units:
             assert self.cache is not None
             self.cache.release(units)
+        self._blocks_freed()
+
+    def _written_down(self, blocks: int) -> None:
+        """The write down of evicted prefix units has ended: their ``blocks``
+        are free (and an admission waiting for them goes on)."""
+        self._interrupt()
+        self.kv.release(blocks)
         self._blocks_freed()
 
     def _interrupt(self) -> None:
@@ -702,10 +719,13 @@ class Engine:
                     break
             else:
                 idle = cache.evictable_blocks - cache.idle_blocks(hits)
-                if kv.free + idle - need_blocks < kv.watermark:
+                if kv.free + cache.writing_blocks + idle - need_blocks < kv.watermark:
                     break
                 cache.acquire(hits)
                 cache.evict(need_blocks)
+                if kv.free < need_blocks:  # evicted blocks still being written: wait for them
+                    cache.release(hits)
+                    break
             self.waiting.popleft()
             self._waiting_moved(-s.prefill_len)
             kv.allocate(need_blocks)
@@ -775,7 +795,7 @@ class Engine:
                 continue
             while kv.free == 0:
                 if self.cache is not None and self.cache.evictable_blocks:
-                    self.cache.evict(1)
+                    self.cache.evict(1, hold=False)  # the step cannot wait for a writer
                     continue
                 self._preempt(self._victim())
                 if s.state != DECODE:

@@ -132,10 +132,18 @@ class PrefixCache:
     its hashes present here. A unit is held by the sequences using it
     (``refs``); when none does it stays cached, evictable, least recently used
     first. Cached units occupy blocks of the :class:`BlockManager` (not free);
-    evicting one releases them.
+    evicting one releases them. With tiers below, an evicted unit's blocks
+    stay held (``writing_blocks``, neither free nor evictable) until its
+    write down has ended: one event per write, at its end, hands them to
+    ``on_freed(blocks)`` (the engine, which releases them, so that an
+    admission waiting for them goes on). ``evict(..., hold=False)`` frees
+    them at once (a decode step's next block, which cannot wait).
     """
 
-    __slots__ = ("kv", "units", "cached_blocks", "evictable_blocks", "tiers")
+    __slots__ = (
+        "kv", "units", "cached_blocks", "evictable_blocks", "tiers", "writing_blocks",
+        "on_freed",
+    )  # fmt: skip
 
     def __init__(self, kv: BlockManager, tiers: TierChain | None = None) -> None:
         self.kv = kv
@@ -145,6 +153,8 @@ class PrefixCache:
         self.units: OrderedDict[int, list[int]] = OrderedDict()  # hash -> [refs, blocks]
         self.cached_blocks = 0
         self.evictable_blocks = 0
+        self.writing_blocks = 0  # evicted, held until their write down ends
+        self.on_freed: Any = None  # releases blocks held for a write, once it has ended
 
     def match(self, hashes: Sequence[int]) -> int:
         """How many of ``hashes``, from the first, are cached."""
@@ -181,21 +191,52 @@ class PrefixCache:
         self.cached_blocks += blocks
         return True
 
-    def evict(self, free_target: int) -> None:
+    def evict(self, free_target: int, *, hold: bool = True) -> None:
         """Evict idle units, least recently used first, until ``free_target``
-        blocks are free or nothing idle is left."""
+        blocks are free (counting those held for a write under way) or
+        nothing idle is left. With tiers below, the units are written down in
+        one write, and their blocks are released when it ends (at once
+        without ``hold``)."""
         units = self.units
         kv = self.kv
-        if kv.free >= free_target or not self.evictable_blocks:
+        tiers = self.tiers
+        held = hold and tiers is not None
+        if (
+            kv.free + (self.writing_blocks if held else 0) >= free_target
+            or not self.evictable_blocks
+        ):
             return
         gone: list[tuple[int, int]] = []
+        pending = 0  # this batch's blocks, held until written
         for h in [h for h, u in units.items() if u[0] == 0]:
             blocks = units.pop(h)[1]
             self.cached_blocks -= blocks
             self.evictable_blocks -= blocks
-            kv.release(blocks)
             gone.append((h, blocks))
-            if kv.free >= free_target:
-                break
-        if self.tiers is not None:
-            self.tiers.write_down(gone)  # one write of the batch
+            if held:
+                pending += blocks
+                if kv.free + self.writing_blocks + pending >= free_target:
+                    break
+            else:
+                kv.release(blocks)
+                if kv.free >= free_target:
+                    break
+        if tiers is None:
+            return
+        taken = tiers.write_down(gone)  # one write of the batch
+        if not pending:
+            return
+        now = tiers.env.now
+        if taken <= now:
+            kv.release(pending)
+            return
+        self.writing_blocks += pending
+
+        def written(_ev: object) -> None:
+            self.writing_blocks -= pending
+            if self.on_freed is not None:
+                self.on_freed(pending)  # the engine releases them (and goes on)
+            else:
+                kv.release(pending)
+
+        tiers.env.timeout(taken - now).callbacks.append(written)

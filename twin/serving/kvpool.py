@@ -1,24 +1,50 @@
-"""A node's DRAM KV pool: prompt prefixes kept in host memory for any instance.
+"""A node's KV pool: prompt prefixes kept in host memory, and on SSD, for any instance.
 
-Mooncake keeps the KV cache of past prompts in the CPU memory of every node
-(its "Mooncake Store"), so that an instance anywhere can load a reusable
-prefix over the network instead of computing it again. A pool holds prefix
-units (the trace's hashes, 512 tokens each in the Mooncake trace) up to a
-byte capacity, evicting the least recently used.
+Mooncake keeps the KV cache of past prompts in the CPU memory of every node,
+and on the nodes' SSDs below it (its "Mooncake Store": the store pools the
+GPU cluster's DRAM and SSD; Qin et al., arXiv 2407.00079v3, the abstract and
+section 3, the architecture overview; FAST 2025, sections 3.1 and 3.2), so
+that an instance anywhere can load a reusable prefix over the network
+instead of computing it again.
 
-Copying a prompt's KV from the GPU to its node's pool is not free: it
-crosses the instance's PCIe links (every GPU its shard, at the catalog's
-``pcie_bytes_s``), one copy after another per instance, as the KV tiers'
-writes do (:mod:`twin.serving.tiers`); a unit can be loaded from the pool only
-once its copy has ended. The copy overlaps with serving (it does not hold the
-engine). NOTE: a loaded prefix lands in a staging buffer before the prefill
-allocates its blocks, so the load does not hold KV blocks while it travels.
+Each node's pool is a chain of KV tiers (:class:`~twin.serving.tiers.TierChain`,
+the machinery of ``kv_tiers``): a DRAM tier (``cluster.kv_pool``) and, with
+``cluster.kv_pool_ssd``, an SSD tier below it. A tier holds prefix units (the
+trace's hashes, 512 tokens each in the Mooncake trace) up to its capacity,
+evicting the least recently used; what the DRAM tier evicts is written down
+to the SSD (at the SSD's write bandwidth, after its writes before; readable
+there once written), and what the SSD evicts is gone. The two are exclusive:
+a unit is in one of them.
+
+- Copying a prompt's KV from the GPU into its node's DRAM pool crosses the
+  instance's PCIe links (every GPU its shard, at the effective host-copy
+  rate of :func:`~twin.serving.tiers.host_copy_bytes_s`: the catalog's
+  ``pcie_bytes_s`` less encoding and packet overhead, as the KV tiers' DRAM
+  tier), one copy after another per instance; a unit can be
+  loaded from the pool only once its copy has ended. The copy overlaps with
+  serving (it does not hold the engine). Units the pool holds already (in
+  DRAM or SSD) are not copied again; they become the most recently used.
+- A fetch reads the prefix the pool holds: the units on its SSD first (one
+  read at the SSD's read bandwidth, after that SSD's reads before, into the
+  node's host memory), then the whole prefix goes to the instance: over the
+  instance's PCIe links inside the node, else as flows on the network from
+  the pool node's GPUs (one per shard), sharing links with hand-offs. The
+  pool keeps what it serves.
+- The router's estimate of a fetch (:meth:`KVPools.estimate_s`) prices it
+  the same way on an idle SSD and network: the SSD's units (whole units, as
+  read) at the SSD's latency and read bandwidth, then the prefix over PCIe or
+  the network.
+
+NOTE: a loaded prefix lands in a staging buffer before the prefill allocates
+its blocks, so the load does not hold KV blocks while it travels.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import simpy
 
@@ -30,54 +56,19 @@ from twin.request import Request
 from twin.serving.cluster import Placement
 from twin.serving.engine import Engine
 from twin.serving.handoff import shard_flows
-from twin.serving.kvcache import cacheable, leading_run
+from twin.serving.kvcache import cacheable
 from twin.serving.sequence import Sequence as Seq
+from twin.serving.tiers import Tier, TierChain, Writer, host_copy_bytes_s
 
 
-class KVPool:
-    """LRU set of prefix units on one node, ``capacity_bytes`` in all."""
+@dataclass(frozen=True)
+class PoolSSD:
+    """An SSD below each node's DRAM pool (``cluster.kv_pool_ssd*``)."""
 
-    __slots__ = ("node", "capacity_bytes", "used_bytes", "units", "ready")
-
-    def __init__(self, node: int, capacity_bytes: float) -> None:
-        self.node = node
-        self.capacity_bytes = capacity_bytes
-        self.used_bytes = 0.0
-        self.units: OrderedDict[int, float] = OrderedDict()  # hash -> bytes
-        self.ready: dict[int, float] = {}  # hash -> when its copy into the pool ends
-
-    def match(self, hashes: Sequence[int], now: float = float("inf")) -> int:
-        """How many of ``hashes``, from the first, are here (copied in by ``now``)."""
-        n = leading_run(hashes, self.units)
-        ready = self.ready
-        for i in range(n):
-            if ready.get(hashes[i], 0.0) > now:
-                return i
-        return n
-
-    def touch(self, hashes: Sequence[int]) -> None:
-        for h in hashes:
-            self.units.move_to_end(h)
-
-    def insert(self, hashes: Sequence[int], unit_bytes: float, ready_s: float = 0.0) -> None:
-        """Keep ``hashes`` (a prompt's leading units), readable from ``ready_s``,
-        evicting the least recently used units when full; a unit larger than
-        the pool is skipped."""
-        if unit_bytes > self.capacity_bytes:
-            return
-        units = self.units
-        for h in hashes:
-            if h in units:
-                units.move_to_end(h)
-                continue
-            while self.used_bytes + unit_bytes > self.capacity_bytes:
-                old, b = units.popitem(last=False)
-                self.ready.pop(old, None)
-                self.used_bytes -= b
-            units[h] = unit_bytes
-            self.used_bytes += unit_bytes
-            if ready_s > 0.0:
-                self.ready[h] = ready_s
+    capacity_bytes: float
+    read_bps: float
+    write_bps: float
+    latency_s: float
 
 
 class KVPools:
@@ -99,9 +90,22 @@ class KVPools:
         network: Network,
         kv_bytes_per_token: int,
         block_size: int,
+        ssd: PoolSSD | None = None,
     ) -> None:
         self.env = env
-        self.pools = [KVPool(n, capacity_bytes) for n in range(topology.num_nodes)]
+        # A pool counts whole KV blocks of the full model (not a TP shard).
+        self.block_bytes = float(block_size * kv_bytes_per_token)
+        self.chains: list[TierChain] = []
+        for _ in range(topology.num_nodes):
+            # DRAM: written through the copying instance's PCIe (a Writer), read by
+            # the fetch's own path (PCIe or the network), so no bandwidth of its own
+            tiers = [Tier("dram", int(capacity_bytes // self.block_bytes), math.inf, math.inf, 0.0)]
+            if ssd is not None:
+                tiers.append(
+                    Tier("ssd", int(ssd.capacity_bytes // self.block_bytes), ssd.read_bps,
+                         ssd.write_bps, ssd.latency_s)
+                )  # fmt: skip
+            self.chains.append(TierChain(env, tiers, self.block_bytes))
         self.topology = topology
         self.placements = placements
         self.network = network
@@ -109,7 +113,7 @@ class KVPools:
         self.block_size = block_size
         self.bytes_fetched = 0.0
         self.bytes_copied = 0.0  # GPU -> pool copies
-        self._copy_free: dict[int, float] = {}  # instance -> when its copies so far end
+        self._writers: dict[int, Writer] = {}  # instance -> its PCIe links' copies
         self._rates: dict[tuple[int, int], tuple[float, float]] = {}
         # Loads under way, by the node whose pool they read: [seq, engine,
         # transfer or None (inside the node), whether the load is given up].
@@ -128,13 +132,14 @@ class KVPools:
                     engine.submit(seq)
 
     def fail_node(self, node: int) -> None:
-        """``node`` failed: its pool's contents are gone (it comes back empty),
-        and the loads from it under way are given up: their requests are
-        submitted without the prefix, which is computed again."""
-        pool = self.pools[node]
-        pool.units.clear()
-        pool.ready.clear()
-        pool.used_bytes = 0.0
+        """``node`` failed: its pool's contents are gone, in DRAM and on SSD (it
+        comes back empty), and the loads from it under way are given up:
+        their requests are submitted without the prefix, which is computed again."""
+        chain = self.chains[node]
+        for tier in chain.tiers:
+            tier.units.clear()
+            tier.used_blocks = 0
+            chain._note(tier)
         for load in self._loading.pop(node, []):
             seq, engine, transfer, _ = load
             load[3] = True
@@ -142,35 +147,46 @@ class KVPools:
                 self.network.cancel(transfer)
             engine.submit(seq)
 
+    def used_bytes(self, node: int) -> float:
+        """What ``node``'s pool holds, DRAM and SSD together."""
+        return sum(t.used_blocks for t in self.chains[node].tiers) * self.block_bytes
+
     def keep_prompt(self, engine: Engine, seq: Seq) -> None:
         """An engine computed ``seq``'s prompt: its node's pool keeps the prefix."""
         hashes = cacheable(seq.req, self.block_size)
         if not hashes:
             return
-        unit_bytes = seq.req.prefix_block_tokens * self.kv_bytes_per_token
+        unit_blocks = seq.req.prefix_block_tokens // self.block_size
         node = self.placements[engine.id].node
-        pool = self.pools[node]
-        new = sum(1 for h in hashes if h not in pool.units)
-        if not new or unit_bytes > pool.capacity_bytes:
-            pool.insert(hashes, unit_bytes)
+        chain = self.chains[node]
+        new = []
+        for h in hashes:
+            for tier in chain.tiers:
+                if h in tier.units:
+                    tier.units.move_to_end(h)  # held already: the most recently used
+                    break
+            else:
+                new.append((h, unit_blocks))
+        dram = chain.tiers[0]
+        if not new or unit_blocks > dram.capacity_blocks:
             return
         # one copy of the new units over the instance's PCIe links, after its earlier ones
-        _, rate = self._rate(engine.id, node)
-        start = max(self.env.now, self._copy_free.get(engine.id, 0.0))
-        end = start + new * unit_bytes / rate
-        self._copy_free[engine.id] = end
-        self.bytes_copied += new * unit_bytes
-        pool.insert(hashes, unit_bytes, end)
+        writer = self._writers.get(engine.id)
+        if writer is None:
+            writer = self._writers[engine.id] = Writer(self._rate(engine.id, node)[1])
+        before = dram.bytes_written
+        chain.write_down(new, 0, via=writer)
+        self.bytes_copied += dram.bytes_written - before
 
     def prefix(self, req: Request) -> dict[int, int]:
-        """Node -> prompt tokens of ``req`` whose KV that node's pool holds."""
+        """Node -> prompt tokens of ``req`` whose KV that node's pool holds
+        (readable now, in DRAM or SSD)."""
         hashes = cacheable(req, self.block_size)
         out = {}
-        now = self.env.now
-        for pool in self.pools:
-            n = pool.match(hashes, now)
+        for node, chain in enumerate(self.chains):
+            n = len(chain.run(hashes))
             if n:
-                out[pool.node] = n * req.prefix_block_tokens
+                out[node] = n * req.prefix_block_tokens
         return out
 
     def _rate(self, instance: int, node: int) -> tuple[float, float]:
@@ -183,7 +199,7 @@ class KVPools:
             gpus = self.placements[instance].gpus
             if node == self.placements[instance].node:
                 pcie = get_gpu(topo.gpu_type(gpus[0])).pcie_bytes_s
-                self._rates[key] = (0.0, pcie * len(gpus))
+                self._rates[key] = (0.0, host_copy_bytes_s(pcie, len(gpus)))
             else:
                 src = topo.gpus_of_node(node)[: len(gpus)]
                 probe = 1e9
@@ -195,33 +211,67 @@ class KVPools:
                 self._rates[key] = (lat, probe / max(t.end_s - lat, 1e-12))
         return self._rates[key]
 
-    def estimate_s(self, instance: int, node: int, tokens: int) -> float:
-        """Time to load ``tokens`` tokens' KV from ``node``'s pool to ``instance``,
-        on an idle network."""
+    def estimate_s(
+        self, instance: int, node: int, tokens: int, req: Request | None = None
+    ) -> float:
+        """Time to load the first ``tokens`` prompt tokens' KV from ``node``'s
+        pool to ``instance`` on an idle network and SSD, as
+        :meth:`fetch_then_submit` takes it: with ``req``, the units of its
+        prompt that the pool holds on its SSD are read first (the SSD's
+        latency, then their blocks at its read bandwidth), then the
+        ``tokens`` cross PCIe or the network; without ``req``, as if all were
+        in DRAM."""
         lat, rate = self._rate(instance, node)
-        return lat + tokens * self.kv_bytes_per_token / rate
+        staged = 0.0
+        if req is not None and tokens > 0:
+            staged = self._ssd_read_s(req, node, tokens)
+        return staged + lat + tokens * self.kv_bytes_per_token / rate
+
+    def _ssd_read_s(self, req: Request, node: int, tokens: int) -> float:
+        """An idle SSD's read of the units holding ``req``'s first ``tokens``
+        prompt tokens that ``node``'s pool keeps there (0 with none)."""
+        chain = self.chains[node]
+        if len(chain.tiers) < 2:
+            return 0.0
+        hashes = cacheable(req, self.block_size)
+        units = -(-tokens // req.prefix_block_tokens)  # the units the tokens reach into
+        ssd = chain.tiers[1]
+        blocks = 0
+        for h, i in zip(hashes, chain.run(hashes)[:units], strict=False):
+            if i == 1:
+                blocks += int(ssd.units[h][0])
+        if not blocks:
+            return 0.0
+        return ssd.latency_s + blocks * self.block_bytes / ssd.read_bps
 
     def fetch_then_submit(self, seq: Seq, engine: Engine, node: int, policy: str) -> None:
         """Load the prefix of ``seq`` that ``node``'s pool holds to ``engine``, then
         submit it there (at once when the engine holds at least as much)."""
-        if not 0 <= node < len(self.pools):
+        if not 0 <= node < len(self.chains):
             raise SpecError(
                 f"scheduler {policy!r}: request {seq.req.id} fetches from node {node!r}; "
-                f"nodes are 0..{len(self.pools) - 1}"
+                f"nodes are 0..{len(self.chains) - 1}"
             )
         req = seq.req
         hashes = cacheable(req, self.block_size)
-        pool = self.pools[node]
-        n = pool.match(hashes, self.env.now)
-        tokens = min(n * req.prefix_block_tokens, req.prompt_tokens - 1)
+        chain = self.chains[node]
+        where = chain.run(hashes)
+        unit = req.prefix_block_tokens
+        tokens = min(len(where) * unit, req.prompt_tokens - 1)
         if tokens <= engine.cached_prefix_tokens(req):
             engine.submit(seq)  # nothing to load that the instance does not hold
             return
-        pool.touch(hashes[:n])
+        per_unit = [max(0, min(unit, tokens - k * unit)) for k in range(len(where))]
+        while per_unit and per_unit[-1] == 0:
+            per_unit.pop()
+        where = where[: len(per_unit)]
+        # the SSD's units are read into host memory first (the DRAM tier costs nothing)
+        now = self.env.now
+        staged, _ = chain.load(hashes[: len(where)], where, per_unit, keep=True)
         nbytes = tokens * self.kv_bytes_per_token
         self.bytes_fetched += nbytes
         inst = engine.id
-        load: list = [seq, engine, None, False]
+        load: list[Any] = [seq, engine, None, False]
 
         def landed(_done: object) -> None:
             if load[3]:
@@ -231,11 +281,35 @@ class KVPools:
             engine.submit(seq)
 
         self._loading.setdefault(node, []).append(load)
+        wait = staged - now
         if node == self.placements[inst].node:
             lat, rate = self._rate(inst, node)
-            self.env.timeout(lat + nbytes / rate).callbacks.append(landed)
+            self.env.timeout(wait + lat + nbytes / rate).callbacks.append(landed)
         else:
             src = self.topology.gpus_of_node(node)[: len(self.placements[inst].gpus)]
             flows = shard_flows(self.topology, src, self.placements[inst].gpus, nbytes)
-            load[2] = self.network.start(flows, label=f"fetch {req.id}")
+            if wait > 0.0:
+                load[2] = self.network.start(flows, label=f"fetch {req.id}", delay_s=wait)
+            else:
+                load[2] = self.network.start(flows, label=f"fetch {req.id}")
             load[2].then(landed)
+
+    def summary(self, prompt_tokens: int) -> dict[str, Any]:
+        """Per pool tier (DRAM, SSD), over all nodes: prompt tokens fetched from
+        it, their share of ``prompt_tokens``, bytes read and written, capacity,
+        the fullest node's peak and what all hold at the end."""
+        out: dict[str, Any] = {}
+        for i, name in enumerate(t.name for t in self.chains[0].tiers):
+            tiers = [c.tiers[i] for c in self.chains]
+            hit = sum(t.hit_tokens for t in tiers)
+            bb = self.block_bytes
+            out[name] = {
+                "hit_tokens": hit,
+                "hit_rate": hit / prompt_tokens if prompt_tokens else None,
+                "bytes_read": sum(t.bytes_read for t in tiers),
+                "bytes_written": sum(t.bytes_written for t in tiers),
+                "capacity_bytes": sum(t.capacity_blocks for t in tiers) * bb,
+                "peak_node_bytes": max(t.peak_blocks for t in tiers) * bb,
+                "final_bytes": sum(t.used_blocks for t in tiers) * bb,
+            }
+        return out

@@ -27,9 +27,13 @@ computing them again. Here each instance has its own chain of tiers under its
   The request is submitted to its instance when its loads have ended, with
   the loaded tokens counted as cached (``Sequence.preloaded_tokens``).
 
-NOTE: the HBM blocks of an evicted unit are free at once: the copy is taken to
-read them into a host staging buffer faster than they are reused, so a busy
-writer delays when the unit is readable below, not the eviction itself.
+The HBM blocks of an evicted unit stay held until the write that takes it
+into the first tier below has ended (:class:`~twin.serving.kvcache.PrefixCache`,
+``writing_blocks``): a busy writer delays the eviction, and an admission that
+needs those blocks waits for the write (one event at its end). NOTE: two
+exceptions free them at once: a decode step's next block (the step cannot
+wait), and a write straight to the remote store (without local tiers; the
+NIC reads the unit from a host staging copy).
 An SSD read lands in host memory before it crosses PCIe; the SSD's read
 bandwidth (13 GB/s) is below the host link's, so it alone is charged.
 
@@ -61,6 +65,17 @@ from twin.serving.kvcache import cacheable
 # framing (PCI Express Base Specification 5.0), 256/280 of the rest: about
 # 90%, 57.6 GB/s for Gen5 x16.
 PCIE_PAYLOAD_EFFICIENCY = 128 / 130 * 256 / 280
+
+
+def host_copy_bytes_s(pcie_bytes_s: float, gpus: int = 1) -> float:
+    """Bytes/s a bulk copy between HBM and host memory moves over ``gpus``
+    GPUs' host links together, each GPU copying its shard: the GPU catalog's
+    raw rate per direction and GPU (``pcie_bytes_s``) at the payload share
+    of a PCIe link (``PCIE_PAYLOAD_EFFICIENCY``). The one host-copy rate of
+    the KV tiers' DRAM tier and of a KV pool's copies and loads inside a node."""
+    return pcie_bytes_s * gpus * PCIE_PAYLOAD_EFFICIENCY
+
+
 EVICTIONS = ("lru",)
 TIER_NAMES = ("hbm", "dram", "ssd", "remote")
 
@@ -177,8 +192,21 @@ class RemoteStore:
         return shard_flows(self.topology, src, dst, nbytes)
 
 
+class Writer:
+    """A path writes into a tier cross when it is not the tier's own: its rate
+    (bytes/s) and when its writes so far end (a KV pool's copies cross the
+    copying instance's PCIe links, one copy after another per instance)."""
+
+    __slots__ = ("bps", "free_s")
+
+    def __init__(self, bps: float) -> None:
+        self.bps = bps
+        self.free_s = 0.0
+
+
 class TierChain:
-    """The tiers below one instance's prefix cache, top first (DRAM, then SSD)."""
+    """The tiers below one instance's prefix cache, top first (DRAM, then SSD);
+    or, as a node's KV pool (:mod:`twin.serving.kvpool`), its DRAM and SSD."""
 
     __slots__ = ("env", "tiers", "block_bytes", "gpus")
 
@@ -201,55 +229,72 @@ class TierChain:
         else:
             s.append((now, tier.used_blocks))
 
-    def write_down(self, units: Sequence[tuple[int, int]], level: int = 0) -> None:
+    def write_down(
+        self, units: Sequence[tuple[int, int]], level: int = 0, via: Writer | None = None
+    ) -> float:
         """``units`` ((hash, blocks), least recently used first) leave the tier
-        above ``level``: one write of them all into tier ``level``, which gives
-        up its least recently used units (down a tier) to make room."""
-        if level >= len(self.tiers) or not units:
-            return
-        tier = self.tiers[level]
+        above ``level``: one write of them all into tier ``level`` (through
+        ``via`` when given, else at the tier's write bandwidth after its
+        writes before), which gives up its least recently used units (down a
+        tier) to make room. Returns when the write has taken them all (now
+        when none is written: off the last tier, too large for the tier,
+        held already, or sent to the remote store, which copies them from
+        host memory)."""
         now = self.env.now
+        if level >= len(self.tiers) or not units:
+            return now
+        tier = self.tiers[level]
         if tier.store is not None:
             self._write_remote(tier, units, now)
-            return
+            return now
         keep = [(h, b) for h, b in units if b <= tier.capacity_blocks and h not in tier.units]
         if not keep:
-            return
+            return now
         need = sum(b for _, b in keep)
         down: list[tuple[int, int]] = []
         latest = 0.0  # the latest write still under way among those going down
+        passed = False  # some of ``units`` pass by, down with the tier's own
         while need > tier.capacity_blocks:  # more than the tier holds: the oldest pass by
             h, b = keep.pop(0)
             need -= b
             down.append((h, b))
+            passed = True
         while tier.used_blocks + need > tier.capacity_blocks:
             old, (held, ready) = tier.units.popitem(last=False)
             tier.used_blocks -= int(held)
             down.append((old, int(held)))
             latest = max(latest, ready)
         nbytes = need * self.block_bytes
-        start = max(now, tier.write_free_s)
-        end = start + tier.latency_s + nbytes / tier.write_bps
-        tier.write_free_s = end
+        if via is None:
+            start = max(now, tier.write_free_s)
+            end = start + tier.latency_s + nbytes / tier.write_bps
+            tier.write_free_s = end
+        else:
+            start = max(now, via.free_s)
+            end = start + tier.latency_s + nbytes / via.bps
+            via.free_s = end
         tier.bytes_written += nbytes
         for h, b in keep:
             tier.units[h] = [b, end]
         tier.used_blocks += need
         self._note(tier)
         if down:
-            self._write_below(down, level + 1, latest)
+            below = self._write_below(down, level + 1, latest)
+            if passed:
+                end = max(end, below)
+        return end
 
-    def _write_below(self, units: list[tuple[int, int]], level: int, ready: float) -> None:
+    def _write_below(self, units: list[tuple[int, int]], level: int, ready: float) -> float:
         """As :meth:`write_down`, for units that can leave only once written (``ready``)."""
         if level >= len(self.tiers):
-            return
+            return self.env.now
         tier = self.tiers[level]
         if tier.store is not None:
             self._write_remote(tier, units, ready)
-            return
+            return self.env.now
         if ready > tier.write_free_s:
             tier.write_free_s = ready
-        self.write_down(units, level)
+        return self.write_down(units, level)
 
     def _write_remote(self, tier: Tier, units: Sequence[tuple[int, int]], ready: float) -> None:
         """Units leave this instance for the shared store ``tier``: those it
@@ -321,11 +366,17 @@ class TierChain:
         return out
 
     def load(
-        self, hashes: Sequence[int], where: Sequence[int], tokens: Sequence[int]
+        self,
+        hashes: Sequence[int],
+        where: Sequence[int],
+        tokens: Sequence[int],
+        *,
+        keep: bool = False,
     ) -> tuple[float, Any]:
         """Take ``hashes`` (found in tiers ``where``, ``tokens`` each) out of
-        their tiers and read them back: one read per tier, after that tier's
-        reads before it; from the remote store (which keeps them) one
+        their tiers (with ``keep``, as a shared pool does, they stay, as most
+        recently used) and read them back: one read per tier, after that
+        tier's reads before it; from the remote store (which keeps them) one
         transfer on the network. Returns when the last local read ends, and
         the remote read's transfer (None without one)."""
         now = self.env.now
@@ -333,7 +384,7 @@ class TierChain:
         per_tokens = [0] * len(self.tiers)
         for h, i, n in zip(hashes, where, tokens, strict=True):
             tier = self.tiers[i]
-            if tier.store is not None:
+            if keep or tier.store is not None:
                 b = int(tier.units[h][0])
                 tier.units.move_to_end(h)
             else:
@@ -551,7 +602,7 @@ def build_chain(
     if keys.dram_bytes is not None:
         bw = keys.dram_bandwidth
         if bw is None:
-            bw = pcie_bytes_s * PCIE_PAYLOAD_EFFICIENCY
+            bw = host_copy_bytes_s(pcie_bytes_s)
         tiers.append(Tier("dram", int(keys.dram_bytes // block_bytes), bw, bw, keys.dram_latency_s))
     if keys.ssd_bytes is not None:
         tiers.append(

@@ -335,7 +335,7 @@ class Simulation:
         if spec.kv_pool_bytes is not None and topo is not None and self.network is not None:
             self.pools = KVPools(
                 self.env, spec.kv_pool_bytes, topo, placements, self.network, kv_token,
-                spec.engine.block_size,
+                spec.engine.block_size, spec.kv_pool_ssd,
             )  # fmt: skip
         self.tiers: KVTiers | None = KVTiers(self.env) if spec.kv_tiers is not None else None
         self._remote: Tier | None = None  # the KV tiers' remote store, made with the first engine
@@ -841,6 +841,7 @@ class Simulation:
             self.pools is not None
         ):  # GPU -> pool copies (only with a pool: runs without read as before)
             summary["kv_bytes_copied"] = self.pools.bytes_copied
+            summary["kv_pool"] = self.pools.summary(self.metrics.prompt_tokens)  # per pool tier
         occupancy = None
         if self.tiers is not None:
             summary["kv_tiers"] = self.tiers.summary(self.metrics.prompt_tokens)

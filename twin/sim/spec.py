@@ -35,6 +35,7 @@ import yaml
 from twin import yamlio
 from twin._check import MAX_GPUS, MAX_GPUS_PER_NODE, at_most, is_int, positive_int
 from twin._declare import (
+    BANDWIDTH,
     NONNEG_INT,
     POSITIVE_INT,
     TEXT,
@@ -60,6 +61,7 @@ from twin.perf.llm import ModelSpec, get_model
 from twin.scheduler import build_scheduler, scheduler_names
 from twin.serving.engine import EngineConfig
 from twin.serving.handoff import TransferConfig
+from twin.serving.kvpool import PoolSSD
 from twin.serving.tiers import RemoteKeys, TierKeys
 from twin.sim.faults import (
     Event,
@@ -146,6 +148,27 @@ class ClusterKeys:
     kv_pool_bytes: float | None = declared(
         None, nbytes(positive=True),
         "host-memory KV pool per node (Mooncake's store); needs a topology", key="kv_pool",
+    )  # fmt: skip
+    # Mooncake's store pools the DRAM and the SSDs of the GPU nodes (Qin et al.,
+    # arXiv 2407.00079v3: abstract and section 3, the architecture overview;
+    # FAST 2025: sections 3.1 and 3.2, Mooncake Store): here what a node's
+    # DRAM pool evicts goes to its SSD.
+    kv_pool_ssd_bytes: float | None = declared(
+        None, nbytes(positive=True),
+        "NVMe KV pool per node below its DRAM pool (null: none); needs kv_pool",
+        key="kv_pool_ssd", nullable=True,
+    )  # fmt: skip
+    # The defaults of kv_tiers' SSD: Samsung PM1743 (PCIe 5.0 x4 enterprise NVMe),
+    # 13,000 MB/s sequential read, 6,600 MB/s sequential write as announced
+    # (AnandTech, "Samsung Announces First PCIe 5.0 Enterprise SSD: PM1743",
+    # 2021-12-23); 100 us a transfer, the round figure of an enterprise NVMe read.
+    kv_pool_ssd_read_bandwidth: float = declared("13 GB/s", BANDWIDTH, "reads of a node's SSD pool")
+    kv_pool_ssd_write_bandwidth: float = declared(
+        "6.6 GB/s", BANDWIDTH, "writes into a node's SSD pool"
+    )
+    kv_pool_ssd_latency_s: float = declared(
+        "100 us", seconds(positive=False), "fixed time of one SSD pool transfer",
+        key="kv_pool_ssd_latency",
     )  # fmt: skip
 
 
@@ -290,6 +313,7 @@ class ExperimentSpec:
     failure_seed: int | None = None
     scaling: ScalingKeys | None = None  # given: runs report gpu_seconds
     kv_tiers: TierKeys | None = None  # given: KV tiers below HBM, runs report kv_tiers
+    kv_pool_ssd: PoolSSD | None = None  # an SSD below each node's KV pool, or None
 
     @property
     def sha256(self) -> str:
@@ -483,6 +507,16 @@ def _cluster(data: Any, where: str, base_dir: Path) -> _Cluster:
         if topology is None:
             raise SpecError(f"{at}.kv_pool: needs cluster.topology (pools sit on nodes)")
         out["kv_pool"] = r.written["kv_pool"]
+    ssd_keys = ("kv_pool_ssd_read_bandwidth", "kv_pool_ssd_write_bandwidth", "kv_pool_ssd_latency")
+    if cl.kv_pool_ssd_bytes is not None:
+        if cl.kv_pool_bytes is None:
+            raise SpecError(f"{at}.kv_pool_ssd: is below the DRAM pool; give cluster.kv_pool too")
+        for k in ("kv_pool_ssd", *ssd_keys):  # only with it: pools without keep their sha256
+            out[k] = r.written[k]
+    else:
+        for k in ssd_keys:
+            if k in given:
+                raise SpecError(f"{at}.{k}: needs cluster.kv_pool_ssd (the SSD pool's size)")
     out.update(gpus_per_node=cl.gpus_per_node, placement=cl.placement)
     return _Cluster(cl, tuple(groups), topology, out)
 
@@ -689,4 +723,12 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
         failure_seed=failure_seed,
         scaling=scaling.value if "scaling" in top_read.given else None,
         kv_tiers=tiers.value if "kv_tiers" in top_read.given else None,
+        kv_pool_ssd=None
+        if cluster.keys.kv_pool_ssd_bytes is None
+        else PoolSSD(
+            cluster.keys.kv_pool_ssd_bytes,
+            cluster.keys.kv_pool_ssd_read_bandwidth,
+            cluster.keys.kv_pool_ssd_write_bandwidth,
+            cluster.keys.kv_pool_ssd_latency_s,
+        ),
     )

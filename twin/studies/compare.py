@@ -96,6 +96,11 @@ class CompareResult:
                 for row, r in zip(rows, self.runs.values(), strict=True):
                     remote = r.summary.get("kv_tiers", {}).get("remote")
                     row.append(_num(remote["hit_rate"], 100.0, 1) if remote else "-")
+        if any("kv_pool" in r.summary for r in self.runs.values()):
+            # a KV pool (Mooncake's store): its share of the prompt tokens, and its SSD's
+            columns = (*columns, ("pool %", 6), ("pool SSD %", 10))
+            for row, r in zip(rows, self.runs.values(), strict=True):
+                row.extend(_pool_cells(r.summary))
         widths = [
             max(w, len(title), *(len(row[i]) for row in rows))
             for i, (title, w) in enumerate(columns)
@@ -149,6 +154,16 @@ def _tier_cells(s: Mapping[str, Any]) -> list[str]:
     for name in ("dram", "ssd"):
         cells.append(_num(tiers[name]["hit_rate"], 100.0, 1) if name in tiers else "-")
     return cells
+
+
+def _pool_cells(s: Mapping[str, Any]) -> list[str]:
+    pool = s.get("kv_pool")
+    if not pool:
+        return ["-", "-"]
+    rates = [t["hit_rate"] for t in pool.values()]
+    both = None if any(x is None for x in rates) else sum(rates)
+    ssd = pool["ssd"]["hit_rate"] if "ssd" in pool else None
+    return [_num(both, 100.0, 1), _num(ssd, 100.0, 1)]
 
 
 def _num(x: float | None, scale: float, digits: int = 3) -> str:

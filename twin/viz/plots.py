@@ -1096,36 +1096,70 @@ def plot_dir(
 
 
 # -- KV tiers ---------------------------------------------------------------------------------
-def plot_kv_tiers(compare_json: str | Path, out_base: str | Path) -> list[Path]:
-    """Two panels of a compare run's ``--json`` file, one bar per variant:
-    the share of prompt tokens reused, stacked by where they came from (HBM
-    or a KV pool, host DRAM, SSD), and the SLO attainment."""
-    runs = _compare_runs(compare_json)
+# Where a run's reused prompt tokens came from: its summary's keys for each
+# share below HBM, in the order the bars stack.
+REUSE_SOURCES = (
+    ("DRAM", "kv_tiers", "dram"),
+    ("SSD", "kv_tiers", "ssd"),
+    ("remote store", "kv_tiers", "remote"),
+    ("pool DRAM", "kv_pool", "dram"),
+    ("pool SSD", "kv_pool", "ssd"),
+)
+
+
+def kv_reuse_shares(runs: Mapping[str, Any]) -> dict[str, list[float]]:
+    """Per source of reuse, one value per run of a compare file's ``runs``
+    (in their order): the percent of prompt tokens served from it. ``HBM``
+    (the instance's own prefix cache) is the rest of ``prefix_hit_rate``;
+    ``DRAM``, ``SSD`` and ``remote store`` are the KV tiers' (``kv_tiers``),
+    ``pool DRAM`` and ``pool SSD`` a KV pool's (``kv_pool``, Mooncake's
+    store; every token its fetches loaded, as the summary counts them). A
+    source no run has is left out; HBM, DRAM and SSD are always in."""
+    shares: dict[str, list[float]] = {"HBM": []}
+    for name, section, tier in REUSE_SOURCES:
+        if name in ("DRAM", "SSD") or any(
+            tier in (run["summary"].get(section) or {}) for run in runs.values()
+        ):
+            shares[name] = []
+    for run in runs.values():
+        s = run["summary"]
+        below = 0.0
+        for name, section, tier in REUSE_SOURCES:
+            if name in shares:
+                rate = ((s.get(section) or {}).get(tier) or {}).get("hit_rate") or 0.0
+                shares[name].append(100 * rate)
+                below += rate
+        shares["HBM"].append(100 * max(0.0, (s.get("prefix_hit_rate") or 0.0) - below))
+    return shares
+
+
+def kv_tiers_figure(runs: Mapping[str, Any]) -> Figure:
+    """The figure of :func:`plot_kv_tiers` for a compare file's ``runs``."""
     labels = list(runs)
-    shares: dict[str, list[float]] = {"HBM or pool": [], "DRAM": [], "SSD": []}
-    attainment = []
-    for label in labels:
-        s = runs[label]["summary"]
-        tiers = s.get("kv_tiers", {})
-        dram = tiers.get("dram", {}).get("hit_rate") or 0.0
-        ssd = tiers.get("ssd", {}).get("hit_rate") or 0.0
-        shares["DRAM"].append(100 * dram)
-        shares["SSD"].append(100 * ssd)
-        shares["HBM or pool"].append(100 * max(0.0, (s.get("prefix_hit_rate") or 0.0) - dram - ssd))
-        attainment.append(100 * (s.get("slo_attainment") or 0.0))
+    shares = kv_reuse_shares(runs)
+    attainment = [100 * (runs[label]["summary"].get("slo_attainment") or 0.0) for label in labels]
     fig = _figure(max(6.0, 0.9 * len(labels) + 3.0), 6.0)
     top, bottom = fig.subplots(2, 1, sharex=True)
     xs = list(range(len(labels)))
     base = [0.0] * len(labels)
-    for (name, values), color in zip(shares.items(), PALETTE, strict=False):
-        top.bar(xs, values, bottom=base, color=color, label=name)
+    colors = dict(zip(["HBM", *(name for name, _, _ in REUSE_SOURCES)], PALETTE, strict=False))
+    for name, values in shares.items():  # a source keeps its color whichever are drawn
+        top.bar(xs, values, bottom=base, color=colors[name], label=name)
         base = [b + v for b, v in zip(base, values, strict=True)]
     top.set_ylabel("prompt tokens reused (%)")
     _legend_outside(top)
     bottom.bar(xs, attainment, color=PALETTE[0])
     bottom.set_ylabel("SLO attainment (%)")
     bottom.set_xticks(xs, labels, rotation=30, ha="right")
-    return save(fig, out_base)
+    return fig
+
+
+def plot_kv_tiers(compare_json: str | Path, out_base: str | Path) -> list[Path]:
+    """Two panels of a compare run's ``--json`` file, one bar per variant:
+    the share of prompt tokens reused, stacked by where they came from
+    (:func:`kv_reuse_shares`: HBM, the KV tiers' DRAM, SSD and remote store,
+    a KV pool's DRAM and SSD), and the SLO attainment."""
+    return save(kv_tiers_figure(_compare_runs(compare_json)), out_base)
 
 
 def plot_kv_tier_occupancy(compare_json: str | Path, out_base: str | Path) -> list[Path]:
