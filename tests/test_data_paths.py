@@ -96,11 +96,16 @@ def test_an_empty_data_path_is_refused(value):
 
 def test_a_sweep_over_data_paths_expands_with_twin_data(tmp_path, monkeypatch):
     from twin.sim.spec import parse_yaml, read_spec_text
-    from twin.studies.sweep import expand
+    from twin.studies.sweep import apply_sweep_overrides, expand
 
     fake_trace(tmp_path, CONV, 2)
     fake_trace(tmp_path, CODE, 2)
     monkeypatch.setenv("TWIN_DATA", str(tmp_path))
     text, where, base_dir = read_spec_text("pool-ratio")
-    _, runs = expand(parse_yaml(text, where), where, base_dir)
+    data = parse_yaml(text, where)
+    # one rate and SLO pair: the traces x deployments, not all 900 runs
+    one = ["sweep.workload.rate_scale=[1.0]", "sweep.slo.ttft=[1 s]", "sweep.slo.tpot=[50 ms]"]
+    apply_sweep_overrides(data, one)
+    _, runs = expand(data, where, base_dir)
+    assert len(runs) == 2 * 5
     assert {r.params["workload.trace"] for r in runs} == {f"data:{CONV}", f"data:{CODE}"}

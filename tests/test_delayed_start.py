@@ -179,7 +179,7 @@ def run(ops, delayed: bool):
     return out, sorted(seen.log), net.link_stats(), net.bytes_delivered, events
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(scenarios())
 def test_a_delayed_start_equals_a_timeout_then_start(ops):
     got, log, links, delivered, events = run(ops, delayed=True)

@@ -97,7 +97,7 @@ def _plan(spec, sample, **kw):
 
     kw.setdefault("max_gpus_per_instance", 2)
     kw.setdefault("max_decode_requests", 200)
-    kw.setdefault("iterations", 4)
+    kw.setdefault("iterations", 3)
     return plan_distserve(spec, sample=sample, **kw)
 
 

@@ -239,7 +239,7 @@ def scenarios(draw):
     return reqs, blocks, cfg
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=75, deadline=None)
 @given(scenarios())
 def test_invariants_hold_for_random_workloads(scenario):
     reqs, blocks, cfg = scenario
@@ -341,7 +341,7 @@ def perf_models():
     }
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=75, deadline=None)
 @given(scenarios(), st.sampled_from(["linear", "roofline", "profile", "falling", "distserve"]))
 def test_fast_forward_gives_exactly_the_stepped_result(scenario, model):
     """Covering decode stretches with one event changes nothing: every timestamp,

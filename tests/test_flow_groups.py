@@ -186,7 +186,7 @@ def operations(draw):
     return sorted(ops, key=lambda op: op[0])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=75, deadline=None)
 @given(operations())
 def test_incremental_re_sharing_equals_max_min_over_every_flow(ops):
     env = simpy.Environment()

@@ -312,18 +312,31 @@ slo: {{ttft: 1 s, tpot: 100 ms}}
 """
 
 
-def test_twin_plan_plans_opt_13b_on_one_node_of_four_a100s(shared_data, tmp_path, capsys):
+def test_twin_plan_plans_opt_13b_on_one_node_of_four_a100s(
+    shared_data, tmp_path, capsys, monkeypatch
+):
+    import functools
+
     import yaml
 
+    from twin.studies import planner
+
+    # the real planner over a shorter search (fewer bisection steps, shorter decode probes)
+    small = dict(iterations=4, max_decode_requests=400)
+    monkeypatch.setattr(
+        planner, "plan_distserve", functools.partial(planner.plan_distserve, **small)
+    )
     fit = shared_data / "profiles" / "distserve" / "profiler-a100-80g.distserve.json"
     path = tmp_path / "distserve-readme.yaml"
     path.write_text(_README_CASE.format(fit=fit))
-    # With 40 requests TP4 has the most goodput per GPU in both phases: 8 GPUs.
-    assert main(["plan", str(path), "--sample", "40"]) == 0
+    # With 40 requests TP4 has the most prefill goodput per GPU: with any decode
+    # instance beside it, more than the node's 4 GPUs.
+    assert main(["plan", str(path), "--sample", "40", "--replicates", "1"]) == 0
     out = capsys.readouterr().out
     plan = yaml.safe_load(out.split("# paste into the spec:", 1)[1])["cluster"]
     used = sum(plan[r]["instances"] * plan[r]["tp"] * plan[r]["pp"] for r in ("prefill", "decode"))
     assert 0 < used <= 4 and "of the pairs that fit" in out
+    assert "fit: a prefill TP4 PP1 and a decode" in out
 
 
 def test_when_the_best_pair_does_not_fit_the_planner_takes_the_best_that_does():

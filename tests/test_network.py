@@ -331,7 +331,7 @@ def loosest(spec: FlowSpec, cap: float | None) -> FlowSpec:
     return FlowSpec(spec.path, spec.size_bytes, None if c is None or cap is None else max(c, cap))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=75, deadline=None)
 @given(scenarios())
 def test_invariants(scenario):
     env = simpy.Environment()

@@ -70,9 +70,8 @@ def notebook_env() -> Iterator[str]:
                     os.environ[k] = v
 
 
-def execute(path: Path, kernel: str, workdir: Path) -> Any:
-    """``path`` run top to bottom in ``workdir`` (the files it writes go
-    there); the notebook with its outputs."""
+def _client(path: Path, kernel: str, workdir: Path) -> Any:
+    """The notebook at ``path`` and a client that runs it in ``workdir``."""
     import nbclient
     import nbformat
 
@@ -84,8 +83,36 @@ def execute(path: Path, kernel: str, workdir: Path) -> Any:
         record_timing=False,
         resources={"metadata": {"path": str(workdir)}},
     )
+    return nb, client
+
+
+def execute(path: Path, kernel: str, workdir: Path) -> Any:
+    """``path`` run top to bottom in ``workdir`` (the files it writes go
+    there); the notebook with its outputs."""
+    nb, client = _client(path, kernel, workdir)
     client.execute()  # raises CellExecutionError on any error
     return nb
+
+
+def execute_all(jobs: list[tuple[Path, Path]], kernel: str) -> list[Any]:
+    """Each (notebook, folder) of ``jobs`` run as :func:`execute` runs it, in
+    its own kernel, as many kernels at a time as there are cores (the kernels
+    share nothing but the environment); per job the notebook with its
+    outputs, or the exception its run raised."""
+    import asyncio
+
+    async def run_all() -> list[Any]:
+        slots = asyncio.Semaphore(max(1, os.cpu_count() or 1))
+
+        async def one(path: Path, workdir: Path) -> Any:
+            async with slots:
+                nb, client = _client(path, kernel, workdir)
+                await client.async_execute()
+                return nb
+
+        return await asyncio.gather(*(one(p, w) for p, w in jobs), return_exceptions=True)
+
+    return asyncio.run(run_all())
 
 
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
@@ -135,21 +162,39 @@ def data_branch(nb: Any) -> str | None:
 
 
 # -- the tests ------------------------------------------------------------------------------
+def _selected(session: pytest.Session) -> list[Path]:
+    """The notebooks the session's tests of this module name by parameter."""
+    here = Path(__file__).resolve()
+    paths = set()
+    for item in session.items:
+        callspec = getattr(item, "callspec", None)
+        if item.path == here and callspec is not None and "path" in callspec.params:
+            paths.add(callspec.params["path"])
+    return [p for p in NOTEBOOKS if p in paths]
+
+
 @pytest.fixture(scope="session")
-def executed(tmp_path_factory) -> Iterator[Any]:
+def executed(tmp_path_factory, request) -> Iterator[Any]:
     """path -> (the notebook as a fresh run left it, the folder it ran in),
-    each executed once, on first use."""
+    each executed once: those the session's tests name up front, side by side
+    (:func:`execute_all`), any other on first use."""
     pytest.importorskip("nbformat", reason="the notebooks extra is not installed")
     pytest.importorskip("nbclient", reason="the notebooks extra is not installed")
     pytest.importorskip("ipykernel", reason="the notebooks extra is not installed")
     cache: dict[Path, tuple[Any, Path]] = {}
     with notebook_env() as kernel:
+        ahead = [(p, tmp_path_factory.mktemp(p.stem)) for p in _selected(request.session)]
+        for (path, workdir), nb in zip(ahead, execute_all(ahead, kernel), strict=True):
+            cache[path] = (nb, workdir)
 
         def get(path: Path) -> tuple[Any, Path]:
             if path not in cache:
                 workdir = tmp_path_factory.mktemp(path.stem)
                 cache[path] = (execute(path, kernel, workdir), workdir)
-            return cache[path]
+            nb, workdir = cache[path]
+            if isinstance(nb, BaseException):
+                raise nb  # its run failed: the tests of this notebook fail with it
+            return nb, workdir
 
         yield get
 

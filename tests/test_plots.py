@@ -129,6 +129,11 @@ def tiny_spec(**over):
     return helpers.small_spec(rate=6.0, requests=60, **over)
 
 
+def traced_spec(**over):
+    """A shorter run for the timelines, whose drawing grows with the iterations traced."""
+    return helpers.small_spec(rate=6.0, requests=20, **over)
+
+
 def requests_csv(path: Path, spec) -> Path:
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=REQUEST_COLUMNS, lineterminator="\n")
@@ -165,7 +170,7 @@ def test_a_csv_that_is_not_a_requests_csv_is_refused(tmp_path):
 
 def test_timeline_from_a_recorder_and_from_its_json(tmp_path):
     rec = TraceRecorder()
-    Simulation(tiny_spec(**SPLIT), trace=rec).run()
+    Simulation(traced_spec(**SPLIT), trace=rec).run()
     check_written(plot_timeline(rec, tmp_path / "t1"), tmp_path / "t1")
     path = write_chrome_trace(rec, tmp_path / "trace.json")
     check_written(plot_timeline(path, tmp_path / "t2", window_s=(0.0, 1.0)), tmp_path / "t2")
@@ -189,7 +194,7 @@ def test_plot_dir_makes_every_plot_the_folder_allows(tmp_path, two_runs):
                 two_runs[name].read_bytes()
             )
     rec = TraceRecorder()
-    Simulation(tiny_spec(), trace=rec).run()
+    Simulation(traced_spec(), trace=rec).run()
     write_chrome_trace(rec, tmp_path / "trace.json")
     notes.clear()
     out = plot_dir(tmp_path, tmp_path / "elsewhere", note=notes.append)
@@ -211,7 +216,7 @@ def test_twin_plot_cli(tmp_path, two_runs, capsys):
         str(out / "requests-cdf.pdf"),
     ]
     rec = TraceRecorder()
-    Simulation(tiny_spec(), trace=rec).run()
+    Simulation(traced_spec(), trace=rec).run()
     trace = write_chrome_trace(rec, tmp_path / "run.json")
     assert main(["plot", "--trace", str(trace), "--out", str(out)]) == 0
     assert capsys.readouterr().out.split()[0] == str(out / "run-timeline.png")

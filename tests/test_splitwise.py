@@ -220,12 +220,14 @@ PROVISION_SPEC = {
 def test_provisioning_finds_the_best_split_and_is_deterministic():
     from twin.studies.provision import provision
 
-    a = provision(PROVISION_SPEC, "p.yaml", Path.cwd(), gpus=12, sample=80)
+    # 80 requests: the two splits' goodputs differ (at 40 both meet the SLO at every rate)
+    a = provision(PROVISION_SPEC, "p.yaml", Path.cwd(), gpus=12, sample=80, replicates=2)
     assert [(c.prefill, c.decode, c.gpus) for c in a.candidates] == [(1, 2, 12), (2, 1, 12)]
     assert a.best in a.candidates
     assert a.best.goodput_rps == max(c.goodput_rps for c in a.candidates) > 0
+    assert a.best.goodput_rps > min(c.goodput_rps for c in a.candidates)
     assert a.candidates[0].power_w == 12 * 700  # H100 SXM TDP from the catalog
-    b = provision(PROVISION_SPEC, "p.yaml", Path.cwd(), gpus=12, sample=80)
+    b = provision(PROVISION_SPEC, "p.yaml", Path.cwd(), gpus=12, sample=80, replicates=2)
     assert a == b
     # 2 x 4 x 700 W fits 6 kW, a third instance does not
     w = provision(PROVISION_SPEC, "p.yaml", Path.cwd(), power_w=6000, sample=40, replicates=1)
