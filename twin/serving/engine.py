@@ -402,7 +402,8 @@ class Engine:
         seq.instance = self.id
         seq.prefill_instance = self.id
         seq.t_arrival = self.env.now
-        self._interrupt()
+        if self._ff is not None:
+            self._ff.cut()
         self.waiting.append(seq)
         self._waiting_moved(seq.prefill_len)
         self.observer.request_queued(self.env.now, self.id, seq.req)

@@ -86,6 +86,25 @@ class FastForward:
             assert st.event is not None
             move(env, st.event, st.ends[k])
 
+    def cut(self) -> None:
+        """A change from outside that reads none of the decode state (a prompt
+        joins the queue): end the stretch at the step in progress, as
+        :meth:`interrupt` does, but leave its steps to be applied when the state
+        is read (:meth:`sync`) or the step ends, in one go instead of two. With
+        a tick's watch on the blocks, their taking is timed: interrupt then."""
+        st = self.stretch
+        if st is None:
+            return
+        env = self.engine.env
+        if self.engine.kv.watch is not None:
+            self.interrupt()
+            return
+        k = bisect_left(st.ends, env.now)  # the step in progress (or ending now)
+        if k + 1 < st.stop:
+            st.stop = k + 1
+            assert st.event is not None
+            move(env, st.event, st.ends[k])
+
     def sync(self) -> None:
         """Bring the engine up to now inside a stretch, so that a reader sees
         what stepping would show at this instant."""
