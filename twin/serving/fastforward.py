@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 import simpy
 
 from twin._clock import at, move
-from twin.perf.iteration import Batch
 from twin.serving.kvcache import blocks_for
 from twin.serving.sequence import DECODE
 
@@ -111,11 +110,12 @@ class FastForward:
         if self.stretch is not None:
             self.advance(self.engine.env.now, inclusive=False)
 
-    def plan(self, dt: float, batch: Batch) -> Stretch | None:
+    def plan(self) -> Stretch | None:
         """A stretch of the decode steps from the one just planned up to and
         including the next step in which a sequence finishes, when every block
         those steps need is free (so no preemption can happen) and it is longer
-        than one step. Arrivals, the only other change, cut it short."""
+        than one step. Arrivals, the only other change, cut it short. The
+        first step, the one just planned, is priced with the rest."""
         eng = self.engine
         if eng._preempted:
             return None  # the preempted may be admitted again at the next step
@@ -138,12 +138,11 @@ class FastForward:
                     need += max(0, blocks_for(s.length_at(last), bs) - s.held_blocks)
             if need > eng.kv.free:
                 return None
-        count = batch.decode_count
-        later = eng.decode_steps(count, batch.decode_context_sum + count, last - first)
+        dts = eng.decode_steps(eng.decode_count, eng.decode_ctx_sum, last - first + 1)
         # the same float sums stepping makes: now + dt, then one step at a time
-        ends = list(accumulate(later, initial=eng.env.now + dt))
-        later.insert(0, dt)
-        return Stretch(later, ends)
+        ends = list(accumulate(dts, initial=eng.env.now))
+        del ends[0]
+        return Stretch(dts, ends)
 
     def run(self, st: Stretch):  # noqa: ANN201 - part of the engine's serve process
         eng = self.engine
