@@ -202,17 +202,25 @@ class FastForward:
         if end_to <= st.ended:
             return
         ends = st.ends
-        if st.ended == 0:
+        k0 = st.ended
+        if k0 > 0:
+            gaps = list(map(sub, ends[k0:end_to], ends[k0 - 1 : end_to - 1]))
+        elif eng._first_gap or eng._last_decode_end < 0.0:
+            # The first step as stepping completes it: sequences that joined
+            # the batch measure their first gap in it.
             eng.iterations += 1
             eng.busy_s += st.dts[0]
             eng._complete_decode_step(ends[0])
-            st.ended = 1
-        k0 = st.ended
-        if end_to <= k0:
-            return
+            st.ended = k0 = 1
+            if end_to <= 1:
+                return
+            gaps = list(map(sub, ends[1:end_to], ends[: end_to - 1]))
+        else:  # nothing joined: the first step is one more of the bulk
+            gaps = [ends[0] - eng._last_decode_end]
+            gaps += map(sub, ends[1:end_to], ends[: end_to - 1])
         n = end_to - k0
         step = eng.steps
-        self._push_gaps(step + 1, list(map(sub, ends[k0:end_to], ends[k0 - 1 : end_to - 1])))
+        self._push_gaps(step + 1, gaps)
         step += n
         eng.busy_s = reduce(add, st.dts[k0:end_to], eng.busy_s)  # one step at a time
         eng.iterations += n
@@ -233,7 +241,12 @@ class FastForward:
         while vals and vals[-1] <= top:
             vals.pop()
             steps.pop()
-        lo, n = 0, len(gaps)
+        n = len(gaps)
+        if gaps[-1] == top:  # the last is the largest: it is all that stays
+            steps.append(step + n - 1)
+            vals.append(top)
+            return
+        lo = 0
         for _ in range(8):  # in a stretch gaps mostly grow: one or two rounds
             rest = gaps[lo:]
             top = max(rest)
