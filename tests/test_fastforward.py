@@ -169,6 +169,38 @@ def test_a_cut_stretch_leaves_no_stale_event():
     assert eng.iterations == 2 + 49  # two prompts; r1 rides in two of r0's steps
 
 
+def test_a_cut_stretch_reads_as_stepping_until_its_step_ends():
+    """An arrival cuts a stretch without applying its steps (they are applied
+    when the step in progress ends); a reader that syncs in between, at the
+    arrival's instant or later in the step, sees what stepping shows."""
+
+    def readings(ff: bool) -> list[tuple]:
+        env = simpy.Environment()
+        eng = Engine(env, 0, Linear(), BlockManager(1000, 16), EngineConfig(fast_forward=ff),
+                     Observer())  # fmt: skip
+        reqs = [Request(0, 0.0, 100, 50), Request(1, 0.1055, 100, 3)]
+        seen: list[tuple] = []
+
+        def arrive():
+            for r in reqs:
+                yield Arrival(env, r.arrival_s - env.now)
+                eng.submit(Sequence(r, env.now))
+
+        def read():
+            for t in (0.05, 0.1055, 0.107, 0.11, 0.3):
+                yield env.timeout(t - env.now)
+                eng.sync()
+                seen.append((env.now, eng.kv.free, eng.steps, eng.iterations, eng.busy_s,
+                             eng.decode_ctx_sum, list(eng._gap_vals)))  # fmt: skip
+
+        env.process(arrive())
+        env.process(read())
+        env.run()
+        return seen
+
+    assert readings(True) == readings(False)
+
+
 def _crossing(perf: Roofline, count: int) -> int:
     """The context sum at which a decode step of ``count`` sequences turns from
     memory- to compute-bound (unthrottled)."""

@@ -56,11 +56,12 @@ def test_merged_distributions_are_one_distribution(limit):
         assert a.quantile(q) == whole.quantile(q)
 
 
-@pytest.mark.parametrize("n", [1, 2, 3, 80, 1024, 1025])
+@pytest.mark.parametrize("n", [1, 2, 3, 80, 1024, 1025, 1026, 5001])
 @pytest.mark.parametrize("kind", ["ties", "spread", "inf"])
 def test_quantiles_are_numpys_to_the_last_bit_short_or_long(n, kind):
-    """Up to 1,024 values a quantile is taken in plain Python, past that by
-    numpy: both give numpy.quantile's bits (ties, zeros, an infinity)."""
+    """Up to 1,024 values a quantile is taken in plain Python, past that from
+    two order statistics numpy selects: both give numpy.quantile's bits (ties,
+    zeros, an infinity)."""
     rng = np.random.default_rng(n)
     if kind == "ties":
         xs = rng.integers(0, 4, n).astype(float)

@@ -853,6 +853,30 @@ class Roofline:
         stop = context_sum + n * count
         moe = self.moe_time(tokens) if self._moe else 0.0
         if n < VECTOR_STEPS:
+            if n >= 16 and not moe and fa >= 0.0 and ia >= 0.0 and kv_b >= 0.0 and inv_mem >= 0.0:
+                # Every float operation here is monotone in ctx (rounding keeps
+                # order), so the compute time of the last step bounds every
+                # step's from above and the memory time of the first bounds
+                # every step's from below: when no step throttles and one
+                # side wins throughout, each step takes the same branch and
+                # the loop is one expression (the same operations in the same
+                # order as below, so the same bits). Below 16 steps the checks
+                # cost more than they save.
+                last = stop - count
+                c_last = c0 + fa * last * ia
+                if c_last <= knee:
+                    if c_last <= (w_b + kv_b * (context_sum + tokens)) * inv_mem:
+                        return [
+                            (w_b + kv_b * (ctx + tokens)) * inv_mem + no * (c0 + fa * ctx * ia)
+                            + fixed + per_seq + comm_fixed + comm
+                            for ctx in range(context_sum, stop, count)
+                        ]  # fmt: skip
+                    if c0 + fa * context_sum * ia > (w_b + kv_b * (last + tokens)) * inv_mem:
+                        return [
+                            c0 + fa * ctx * ia + no * ((w_b + kv_b * (ctx + tokens)) * inv_mem)
+                            + fixed + per_seq + comm_fixed + comm
+                            for ctx in range(context_sum, stop, count)
+                        ]  # fmt: skip
             out = []
             for ctx in range(context_sum, stop, count):
                 compute_s = c0 + fa * ctx * ia

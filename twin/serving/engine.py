@@ -73,6 +73,7 @@ from twin.serving.sequence import (
 )
 
 ROLES = ("mixed", "prefill", "decode")
+_EMPTY = Batch()
 # The decode bookkeeping of one pipeline lane; the engine's attributes of these
 # names are those of the lane being planned or completed (see Engine._use_lane).
 _LANE_STATE = ("decode_count", "decode_ctx_sum", "steps", "_finish_heap", "_alloc_heap",
@@ -406,7 +407,8 @@ class Engine:
         seq.instance = self.id
         seq.prefill_instance = self.id
         seq.t_arrival = self.env.now
-        self._interrupt()
+        if self._ff is not None:
+            self._ff.cut()
         self.waiting.append(seq)
         self._waiting_moved(seq.prefill_len)
         self.observer.request_queued(self.env.now, self.id, seq.req)
@@ -547,7 +549,19 @@ class Engine:
         life = self.life
         while True:
             batch, chunks, decoding = self._plan()
-            if not chunks and not decoding:  # an empty batch
+            if batch is None:  # decode only
+                ff = self._ff
+                if ff is not None:
+                    stretch = ff.plan()
+                    if stretch is not None:
+                        if not stretch.dts[0] > 0.0:
+                            self._bad_time(stretch.dts[0])
+                        yield from ff.run(stretch)
+                        if self.life != life:
+                            return  # it failed during the stretch
+                        continue
+                batch = Batch((), self.decode_count, self.decode_ctx_sum)
+            elif not chunks:  # an empty batch
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
@@ -556,17 +570,10 @@ class Engine:
                 continue
             dt = self.iteration_time(batch)
             if not dt > 0.0:
-                raise SpecError(f"perf model {self.perf.name!r} gave iteration time {dt!r} <= 0")
+                self._bad_time(dt)
             obs = self._iter_observer
             if obs is not None or chunks and self.hooks is not None:
                 self._started(batch, chunks, dt)
-            if decoding and not chunks and self._ff is not None:
-                stretch = self._ff.plan(dt, batch)
-                if stretch is not None:
-                    yield from self._ff.run(stretch)
-                    if self.life != life:
-                        return  # it failed during the stretch
-                    continue
             yield env.timeout(dt)
             if self.life != life:
                 return  # it failed during the iteration: its work is lost
@@ -575,6 +582,9 @@ class Engine:
             if obs is not None:
                 obs.iteration_ended(env.now, self.id)
             self._complete(chunks, decoding)
+
+    def _bad_time(self, dt: float) -> None:
+        raise SpecError(f"perf model {self.perf.name!r} gave iteration time {dt!r} <= 0")
 
     def _serve_lane(self, lane: int):  # noqa: ANN201 - a SimPy process
         """One pipeline lane (``pp > 1``): wait for the first stage, form a
@@ -590,7 +600,8 @@ class Engine:
                 if self.life != life:
                     return
             self._use_lane(lane)
-            batch, chunks, decoding = self._plan()
+            planned, chunks, decoding = self._plan()
+            batch = planned or Batch((), self.decode_count, self.decode_ctx_sum)
             if batch.is_empty:
                 if self._wake is None or self._wake.triggered:
                     self._wake = env.event()
@@ -647,7 +658,10 @@ class Engine:
         self._lane = lane
 
     # -- planning --------------------------------------------------------------------
-    def _plan(self) -> tuple[Batch, list[tuple[Sequence, int]], bool]:
+    def _plan(self) -> tuple[Batch | None, list[tuple[Sequence, int]], bool]:
+        """This iteration's batch, its prefill chunks and whether it decodes. A
+        decode-only batch is None: it is the decode aggregate, and a stretch
+        prices it without building it."""
         cfg = self.config
         self._preempted = False
         if self._landed:
@@ -663,9 +677,11 @@ class Engine:
             decoding = False
             if not chunks:
                 decoding = self._prepare_decode()
-        prefill = tuple((n, s.prefilled) for s, n in chunks) if chunks else ()
         if chunks or decoding and self._first_gap:
             self._note_decode_start(chunks, decoding)
+        if not chunks:
+            return (None if decoding else _EMPTY), chunks, decoding
+        prefill = tuple((n, s.prefilled) for s, n in chunks)
         if decoding:
             return Batch(prefill, self.decode_count, self.decode_ctx_sum), chunks, True
         return Batch(prefill), chunks, False

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 import simpy
 
 from twin._clock import at, move
-from twin.perf.iteration import Batch
 from twin.serving.kvcache import blocks_for
 from twin.serving.sequence import DECODE
 
@@ -86,17 +85,37 @@ class FastForward:
             assert st.event is not None
             move(env, st.event, st.ends[k])
 
+    def cut(self) -> None:
+        """A change from outside that reads none of the decode state (a prompt
+        joins the queue): end the stretch at the step in progress, as
+        :meth:`interrupt` does, but leave its steps to be applied when the state
+        is read (:meth:`sync`) or the step ends, in one go instead of two. With
+        a tick's watch on the blocks, their taking is timed: interrupt then."""
+        st = self.stretch
+        if st is None:
+            return
+        env = self.engine.env
+        if self.engine.kv.watch is not None:
+            self.interrupt()
+            return
+        k = bisect_left(st.ends, env.now)  # the step in progress (or ending now)
+        if k + 1 < st.stop:
+            st.stop = k + 1
+            assert st.event is not None
+            move(env, st.event, st.ends[k])
+
     def sync(self) -> None:
         """Bring the engine up to now inside a stretch, so that a reader sees
         what stepping would show at this instant."""
         if self.stretch is not None:
             self.advance(self.engine.env.now, inclusive=False)
 
-    def plan(self, dt: float, batch: Batch) -> Stretch | None:
+    def plan(self) -> Stretch | None:
         """A stretch of the decode steps from the one just planned up to and
         including the next step in which a sequence finishes, when every block
         those steps need is free (so no preemption can happen) and it is longer
-        than one step. Arrivals, the only other change, cut it short."""
+        than one step. Arrivals, the only other change, cut it short. The
+        first step, the one just planned, is priced with the rest."""
         eng = self.engine
         if eng._preempted:
             return None  # the preempted may be admitted again at the next step
@@ -119,12 +138,11 @@ class FastForward:
                     need += max(0, blocks_for(s.length_at(last), bs) - s.held_blocks)
             if need > eng.kv.free:
                 return None
-        count = batch.decode_count
-        later = eng.decode_steps(count, batch.decode_context_sum + count, last - first)
+        dts = eng.decode_steps(eng.decode_count, eng.decode_ctx_sum, last - first + 1)
         # the same float sums stepping makes: now + dt, then one step at a time
-        ends = list(accumulate(later, initial=eng.env.now + dt))
-        later.insert(0, dt)
-        return Stretch(later, ends)
+        ends = list(accumulate(dts, initial=eng.env.now))
+        del ends[0]
+        return Stretch(dts, ends)
 
     def run(self, st: Stretch):  # noqa: ANN201 - part of the engine's serve process
         eng = self.engine
@@ -184,17 +202,25 @@ class FastForward:
         if end_to <= st.ended:
             return
         ends = st.ends
-        if st.ended == 0:
+        k0 = st.ended
+        if k0 > 0:
+            gaps = list(map(sub, ends[k0:end_to], ends[k0 - 1 : end_to - 1]))
+        elif eng._first_gap or eng._last_decode_end < 0.0:
+            # The first step as stepping completes it: sequences that joined
+            # the batch measure their first gap in it.
             eng.iterations += 1
             eng.busy_s += st.dts[0]
             eng._complete_decode_step(ends[0])
-            st.ended = 1
-        k0 = st.ended
-        if end_to <= k0:
-            return
+            st.ended = k0 = 1
+            if end_to <= 1:
+                return
+            gaps = list(map(sub, ends[1:end_to], ends[: end_to - 1]))
+        else:  # nothing joined: the first step is one more of the bulk
+            gaps = [ends[0] - eng._last_decode_end]
+            gaps += map(sub, ends[1:end_to], ends[: end_to - 1])
         n = end_to - k0
         step = eng.steps
-        self._push_gaps(step + 1, list(map(sub, ends[k0:end_to], ends[k0 - 1 : end_to - 1])))
+        self._push_gaps(step + 1, gaps)
         step += n
         eng.busy_s = reduce(add, st.dts[k0:end_to], eng.busy_s)  # one step at a time
         eng.iterations += n
@@ -215,7 +241,12 @@ class FastForward:
         while vals and vals[-1] <= top:
             vals.pop()
             steps.pop()
-        lo, n = 0, len(gaps)
+        n = len(gaps)
+        if gaps[-1] == top:  # the last is the largest: it is all that stays
+            steps.append(step + n - 1)
+            vals.append(top)
+            return
+        lo = 0
         for _ in range(8):  # in a stretch gaps mostly grow: one or two rounds
             rest = gaps[lo:]
             top = max(rest)
