@@ -1199,7 +1199,10 @@ class Network:
         ahead = self._ahead
         while lazy or ahead:
             if ahead:
-                t = min(ahead, key=lambda p: (p._due, p._seq))  # type: ignore[arg-type,return-value]
+                if len(ahead) == 1:
+                    t = ahead[0]
+                else:
+                    t = min(ahead, key=lambda p: (p._due, p._seq))  # type: ignore[arg-type,return-value]
                 due = t._due
                 assert due is not None
                 if (due < now or (due == now and (seq is None or t._seq < seq))) and (
@@ -1214,7 +1217,10 @@ class Network:
                     continue
             if not lazy:
                 return
-            f = min(lazy.values(), key=lambda g: (g.finish_at, g.fid))
+            if len(lazy) == 1:
+                f = next(iter(lazy.values()))
+            else:
+                f = min(lazy.values(), key=lambda g: (g.finish_at, g.fid))
             if f.finish_at > now:
                 return
             self._integrate(f.finish_at)
@@ -1231,6 +1237,8 @@ class Network:
         self._last = now
         if dt <= 0.0:
             return
+        w = self.series_bucket_s
+        parked = self._parked
         for f in self._flows.values():
             r = f.rate
             if r <= 0.0:
@@ -1238,15 +1246,24 @@ class Network:
             moved = r * dt
             f.remaining -= moved
             self._sent += moved * f.n
+            if w is None and f.flat and f.fid in parked:
+                # Its links are its own, each crossed once, so each one's load
+                # is its rate: bytes and busy time in one pass (each link's
+                # figures are its own, so the order across links is free).
+                for s in f.states:
+                    s.bytes += moved
+                    s.busy_s += dt
+                continue
             for s in f.states:
                 s.bytes += moved
-        w = self.series_bucket_s
         for s in self._busy.values():
             if s.load > 0.0:
                 s.busy_s += dt
                 if w is not None:
                     _spread(s.series, now - dt, now, s.load, w)
-        for f in self._parked.values():  # (their links are nobody else's)
+        for f in parked.values():  # (their links are nobody else's)
+            if w is None and f.flat and f.rate > 0.0:
+                continue  # done above
             for s in f.ustates:
                 if s.load > 0.0:
                     s.busy_s += dt
