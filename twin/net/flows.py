@@ -183,6 +183,7 @@ _new = object.__new__
 _set = object.__setattr__  # FlowSpec.resized: a frozen copy, made without re-checking its path
 _path_of = attrgetter("path")
 _size_of = attrgetter("size_bytes")
+_usable_of = attrgetter("usable")
 
 K = TypeVar("K", bound=Hashable)
 _Key = tuple[str, str]
@@ -1409,17 +1410,22 @@ class Network:
         crosses each of its links once: the same values, one pass."""
         f.rate = r
         f.finish_at = now + f.remaining / r if r > 0.0 else math.inf
-        top = self.max_link_load_ratio
-        for s in f.ustates:
-            s.load = r
-            if r > 0.0:
+        ustates = f.ustates
+        if r > 0.0:
+            for s in ustates:
+                s.load = r
                 if r > s.peak:
                     s.peak = r
-                u = s.usable
+            if ustates:
+                # the largest of r / usable is r over the least usable (a
+                # rounded quotient falls as its divisor grows)
+                u = min(map(_usable_of, ustates))
                 ratio = r / u if u > 0.0 else math.inf
-                if ratio > top:
-                    top = ratio
-        self.max_link_load_ratio = top
+                if ratio > self.max_link_load_ratio:
+                    self.max_link_load_ratio = ratio
+        else:
+            for s in ustates:
+                s.load = r
         if f.finish_at < math.inf:
             self._lazy[f.fid] = f
             if pre is not None and pre[0] == f.finish_at + f.latency and f.transfer._left == 1:
