@@ -163,8 +163,9 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
         if best.role == "mixed":
             return Route(best.id, best.id)
         need = self._need(req, view)
-        decode = self._pick_decode(need, view.now, pools)
-        due = view.now + best.estimate_queue_s() + best.estimate_prefill_s(req.prompt_tokens)
+        now = view.now
+        decode = self._pick_decode(need, now, pools)
+        due = now + best.estimate_queue_s() + best.estimate_prefill_s(req.prompt_tokens)
         self._inflight.setdefault(decode, []).append((due, need))
         return Route(best.id, decode)
 
@@ -194,22 +195,22 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
     def _pick_decode(
         self, need: int, now: float, pools: tuple[tuple[InstanceView, ...], ...]
     ) -> int:
-        for i, sent in list(self._inflight.items()):
+        inflight = self._inflight
+        for i, sent in list(inflight.items()):
             kept = [s for s in sent if s[0] > now]
             if kept:
-                self._inflight[i] = kept
+                inflight[i] = kept
             else:
-                del self._inflight[i]
+                del inflight[i]
 
         _, token, mixed = pools
-        inflight = self._inflight
-        known: dict[int, int] = {}
+        known: dict[int, int] = {}  # free memory less what is on its way, read once
 
         def free(i: InstanceView) -> int:
-            """Its free memory less what is on its way (read once per call)."""
             got = known.get(i.id)
             if got is None:
-                got = known[i.id] = i.free_blocks - sum(b for _, b in inflight.get(i.id, ()))
+                sent = inflight.get(i.id)
+                got = known[i.id] = i.free_blocks - (sum(b for _, b in sent) if sent else 0)
             return got
 
         def load(i: InstanceView) -> tuple[int, int, int]:
@@ -217,9 +218,18 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
             return (-free(i), i.running_requests + i.queue_requests + sent, i.id)
 
         for pool in (token, mixed):
-            fits = [i for i in pool if free(i) >= need]
-            if fits:
-                return min(fits, key=load).id
+            # the first of the least load among those that fit (min over the fits)
+            best = None
+            best_load: tuple[int, int, int] | None = None
+            for inst in pool:
+                f = free(inst)
+                if f >= need:
+                    pending = inst.running_requests + inst.queue_requests
+                    got = (-f, pending + len(inflight.get(inst.id, ())), inst.id)  # load(inst)
+                    if best_load is None or got < best_load:
+                        best, best_load = inst, got
+            if best is not None:
+                return best.id
         return min(token + mixed, key=load).id
 
     def _need(self, req: Request, view: ClusterView) -> int:
@@ -287,10 +297,12 @@ def _pools(view: ClusterView) -> tuple[tuple[InstanceView, ...], ...]:
     """The prompt, token and mixed machines that take new work, in id order
     (``view.of_role`` of each role, in one pass)."""
     by: dict[str, list[InstanceView]] = {"prefill": [], "decode": [], "mixed": []}
-    for i in view.up():
-        got = by.get(i.role)
-        if got is not None:
-            got.append(i)
+    for i in view.instances:
+        accepting = getattr(i, "accepting", None)  # as ClusterView.up reads it
+        if getattr(i, "up", True) if accepting is None else accepting:
+            got = by.get(i.role)
+            if got is not None:
+                got.append(i)
     return tuple(by["prefill"]), tuple(by["decode"]), tuple(by["mixed"])
 
 

@@ -146,6 +146,53 @@ def test_a_later_flow_slows_an_earlier_one_whose_first_event_goes_stale():
     assert first.end_s == pytest.approx(12.0, rel=1e-12)
 
 
+def test_a_delayed_start_asked_while_a_lone_flow_sends_shares_with_it():
+    # The lone flow is kept out of the per-link index; a delayed start on its
+    # link must still see the link busy (no delivery planned as if idle).
+    env = simpy.Environment()
+    net = Network(env)
+    link = Link("a", "b", 10.0)
+    first = net.start([FlowSpec((link,), 100.0)])  # alone: would end at 10
+    second = net.start([FlowSpec((link,), 100.0)], delay_s=1.0)
+    env.run()
+    # 10 B by t=1; then 5 B/s each: the first's 90 take 18 s (t=19), the
+    # second has 10 left then, alone at 10 B/s (t=20)
+    assert first.end_s == 19.0
+    assert second.end_s == 20.0
+    (stats,) = net.link_stats()
+    assert stats["bytes"] == pytest.approx(200.0, rel=1e-12)
+    assert stats["busy_s"] == pytest.approx(20.0, rel=1e-12)
+
+
+def test_degrading_and_failing_a_lone_flows_link_re_shares_it():
+    env = simpy.Environment()
+    net = Network(env)
+    a, b = Link("a", "b", 10.0), Link("b", "c", 20.0)
+    t = net.start([FlowSpec((a, b), 100.0)])  # alone at 10 B/s: would end at 10
+    run_at(env, 2.0, lambda: net.scale_link("a", "b", 0.5))  # 20 B sent; 80 at 5 B/s
+    run_at(env, 6.0, lambda: net.fail_link("b", "c"))  # 60 left, stalled (no reroute)
+    run_at(env, 9.0, lambda: net.recover_link("b", "c"))  # 12 s more at 5 B/s
+    env.run()
+    assert t.end_s == pytest.approx(21.0, rel=1e-12)
+    by = {(s["src"], s["dst"]): s for s in net.link_stats()}
+    assert by["a", "b"]["busy_s"] == pytest.approx(18.0, rel=1e-12)  # not while stalled
+    assert by["b", "c"]["bytes"] == pytest.approx(100.0, rel=1e-12)
+
+
+def test_a_lone_flow_on_a_failing_link_takes_the_other_path():
+    env = simpy.Environment()
+    net = Network(env)
+    a, b = Link("a", "b", 10.0), Link("b", "c", 20.0)
+    other = (Link("a", "x", 4.0), Link("x", "c", 4.0))
+    net.reroute = lambda first, last, down: other if ("b", "c") in down else None
+    t = net.start([FlowSpec((a, b), 100.0)])  # alone at 10 B/s: would end at 10
+    run_at(env, 2.0, lambda: net.fail_link("b", "c"))  # 80 left, at 4 B/s on the other
+    env.run()
+    assert t.end_s == pytest.approx(22.0, rel=1e-12)
+    by = {(s["src"], s["dst"]): s["bytes"] for s in net.link_stats()}
+    assert by["a", "x"] == pytest.approx(80.0, rel=1e-12)
+
+
 def test_textbook_max_min_three_levels():
     # chain x -A-> y -B-> z -C-> w
     A, B, C = Link("x", "y", 6.0), Link("y", "z", 10.0), Link("z", "w", 4.0)

@@ -36,7 +36,11 @@ Semantics:
   its delivery is planned as its rate is set, and it stops sending as time
   passes its finish (the next change brings the network up to then first, in
   order). Anything that joins its component re-shares it and the plan is
-  dropped. A hand-off on an otherwise idle fabric thus costs one event.
+  dropped. A hand-off on an otherwise idle fabric thus costs one event. A
+  group alone on its links is also kept out of the index of who sends on
+  which link until something reaches one of them, so that such a hand-off
+  costs no bookkeeping per link as it starts and ends (only the rates' and
+  bytes' own arithmetic, the same operations in the same order).
 - Completion. A flow's last byte leaves when its bytes, integrated over its
   rates, are sent; it is delivered its path latency (sum of link latencies)
   later. The latency does not hold bandwidth: a flow stops sharing links when
@@ -71,6 +75,7 @@ import math
 from collections.abc import Callable, Hashable, Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from operator import attrgetter, is_
 from typing import Any, Protocol, TypeVar
 
 import simpy
@@ -150,10 +155,10 @@ class FlowSpec:
         already, so only the size is)."""
         if not (0.0 <= size_bytes < math.inf):
             raise SpecError(f"flow: size_bytes={size_bytes!r} must be finite and >= 0")
-        new = object.__new__(FlowSpec)
-        object.__setattr__(new, "path", self.path)
-        object.__setattr__(new, "size_bytes", size_bytes)
-        object.__setattr__(new, "rate_cap_bytes_s", self.rate_cap_bytes_s)
+        new = _new(FlowSpec)
+        _set(new, "path", self.path)
+        _set(new, "size_bytes", size_bytes)
+        _set(new, "rate_cap_bytes_s", self.rate_cap_bytes_s)
         return new
 
     @property
@@ -173,6 +178,12 @@ class FlowSpec:
             return math.inf
         return self.latency_s + self.size_bytes / rate
 
+
+_new = object.__new__
+_set = object.__setattr__  # FlowSpec.resized: a frozen copy, made without re-checking its path
+_path_of = attrgetter("path")
+_size_of = attrgetter("size_bytes")
+_usable_of = attrgetter("usable")
 
 K = TypeVar("K", bound=Hashable)
 _Key = tuple[str, str]
@@ -378,7 +389,8 @@ class _Flow:
 
     __slots__ = (
         "fid", "transfer", "index", "members", "paths", "keys", "n", "size", "remaining", "cap",
-        "rate", "finish_at", "latency", "tol", "sending", "plan", "mult",
+        "rate", "finish_at", "latency", "tol", "sending", "plan", "mult", "states", "ustates",
+        "flat",
     )  # fmt: skip
 
     def __init__(
@@ -412,6 +424,11 @@ class _Flow:
         self.tol = max(REL_DONE * size, ABS_DONE)
         self.sending = True
         self.plan = 0  # the delivery planned while it is alone (0: none), see Network
+        # The link states of ``keys`` (one per key) and of ``mult`` (one per
+        # link), and whether each link occurs once: set as it joins (Network._add).
+        self.states: tuple[_LinkState, ...] = ()
+        self.ustates: tuple[_LinkState, ...] = ()
+        self.flat = True
 
     def split(self) -> list[_Flow]:
         """One group per flow, in the state this one is in."""
@@ -459,7 +476,8 @@ class Transfer:
         self._seq = 0  # delayed starts in the order they were asked for
         # where its instant's event goes among that instant's, if it needs one
         self._slot: Callable[[float, Callable[[simpy.Event], None]], None] | None = None
-        self._probe: tuple[_Flow, float] | None = None  # its group and rate as predicted
+        # its group and rate as predicted, and whether its links were registered
+        self._probe: tuple[_Flow, float, bool] | None = None
         self._links: set[_Key] | dict[_Key, int] | None = None  # the links it will take
 
     @property
@@ -543,6 +561,14 @@ class Network:
         self.observer = observer
         self._flows: dict[int, _Flow] = {}  # sending groups, in creation order
         self._on_link: dict[_Key, dict[int, _Flow]] = {}  # link -> sending groups on it
+        self._busy: dict[_Key, _LinkState] = {}  # the links of _on_link, in its order
+        # Sending groups alone on their links (no other group on any of them),
+        # by fid: kept out of _on_link until something reaches their links
+        # (_wake), so that a lone transfer costs no bookkeeping per link.
+        self._parked: dict[int, _Flow] = {}
+        # id of a keys tuple -> (the tuple, its link states, those of its
+        # distinct links, whether each link occurs once); states are never replaced
+        self._states: dict[int, tuple[tuple[_Key, ...], tuple, tuple, bool]] = {}
         self._links: dict[_Key, _LinkState] = {}
         self._factors: dict[_Key, float] = {}  # degraded links: (src, dst) -> factor
         self._down: set[_Key] = set()  # failed links: they carry nothing
@@ -568,8 +594,9 @@ class Network:
         self._shapes: dict[tuple[int, ...], tuple[tuple[tuple[LinkLike, ...], ...], _Shape | None]]
         self._shapes = {}
         # id of a shape -> (the shape, its cap, _capacity_gen, links registered, its
-        # rate alone or None): what _predict found for it
-        self._alone: dict[int, tuple[_Shape, float | None, int, int, float | None]] = {}
+        # rate alone or None, and whether its links were all registered then):
+        # what _predict found for it
+        self._alone: dict[int, tuple[_Shape, float | None, int, int, float | None, bool]] = {}
         self._capacity_gen = 0  # bumped whenever a link's capacity changes
         # id of a path tuple -> (the tuple, its link keys, its latency), its links registered
         self._paths: dict[int, tuple[tuple[LinkLike, ...], tuple[_Key, ...], float]] = {}
@@ -620,7 +647,8 @@ class Network:
     def _open(self, t: Transfer, flows: tuple[FlowSpec, ...], now: float, advance: bool) -> None:
         """The flows of ``t`` start at ``now`` (with ``advance``, the network is
         brought up to ``now`` first; without, it is there already)."""
-        routes = [self._route(spec.path) for spec in flows]
+        probe = t._probe
+        routes = [] if probe is not None and probe[2] else [self._route(s.path) for s in flows]
         if self._first_start is None:
             self._first_start = now
         self._in_flight += 1
@@ -643,7 +671,6 @@ class Network:
         base = self._next_flow
         self._next_flow += len(flows)
         new = []
-        probe = t._probe
         if probe is not None and not self._down:  # as predicted: one group, no reroute
             probe[0].fid = base
             groups = [probe[0]]
@@ -671,7 +698,7 @@ class Network:
         guard: Callable[[], bool] | None,
         on_start: Callable[[Transfer], None] | None,
     ) -> Transfer:
-        t = Transfer(self, -1, label, sum(f.size_bytes for f in flows))
+        t = Transfer(self, -1, label, sum(map(_size_of, flows)))
         t._specs, t._guard, t._on_start = flows, guard, on_start
         self._deferred += 1
         t._seq = self._deferred
@@ -696,9 +723,10 @@ class Network:
         """What :meth:`_predict` needs of ``flows``' paths, kept for path tuples
         used again (a hand-off's are); None when a flow is local or the flows'
         latencies differ (more than one group)."""
-        sig = tuple(id(spec.path) for spec in flows)
+        paths = tuple(map(_path_of, flows))
+        sig = tuple(map(id, paths))
         got = self._shapes.get(sig)
-        if got is not None and all(a is spec.path for a, spec in zip(got[0], flows, strict=True)):
+        if got is not None and all(map(is_, got[0], paths)):
             return got[1]
         routes = [self._keys(spec.path) for spec in flows]
         lat = routes[0][1]
@@ -716,7 +744,7 @@ class Network:
             )  # fmt: skip
         if len(self._shapes) >= 4096:
             self._shapes.clear()
-        self._shapes[sig] = (tuple(spec.path for spec in flows), shape)
+        self._shapes[sig] = (paths, shape)
         return shape
 
     def _keys(self, path: tuple[LinkLike, ...]) -> tuple[tuple[_Key, ...], float]:
@@ -739,9 +767,10 @@ class Network:
         if shape is None:
             return None
         index, paths, members, keys, mult, lat, links = shape
-        on = self._on_link
-        for k in mult:
-            if k in on:
+        if not self._on_link.keys().isdisjoint(mult):
+            return None
+        for g in self._parked.values():
+            if not g.mult.keys().isdisjoint(mult):
                 return None
         spec = flows[0]
         size, cap = spec.size_bytes, spec.rate_cap_bytes_s
@@ -768,13 +797,15 @@ class Network:
             and seen[2] == self._capacity_gen
             and seen[3] == len(registered)
         ):
-            rate = seen[4]
+            rate, every = seen[4], seen[5]
         else:
             rate = None
+            every = True
             capacity = {}
             for k, ln in links:
                 st = registered.get(k)
                 if st is None:  # as _register will make it
+                    every = False
                     u = ln.usable_bytes_s
                     factor = self._factors.get(k, 1.0)
                     capacity[k] = u if factor == 1.0 else u * factor
@@ -788,11 +819,14 @@ class Network:
                     rate = rates[0]
             if len(self._alone) >= 4096:
                 self._alone.clear()
-            self._alone[id(shape)] = (shape, cap, self._capacity_gen, len(registered), rate)
+            self._alone[id(shape)] = (
+                shape, cap, self._capacity_gen, len(registered), rate, every,
+            )  # fmt: skip
         if rate is None:
             return None
-        # the group it starts as (unless a link goes down meanwhile) and its rate
-        t._probe = (f, rate)
+        # the group it starts as (unless a link goes down meanwhile), its rate,
+        # and whether its links are registered already (links stay registered)
+        t._probe = (f, rate, every)
         t._links = mult
         return due + f.remaining / rate + f.latency
 
@@ -917,6 +951,7 @@ class Network:
             s.usable = self._usable(s)
         keys = [key]
         if down:
+            self._wake((key,))
             for f in list(self._on_link.get(key, {}).values()):
                 new = [
                     self._rerouted(p) if key in m else p
@@ -1077,22 +1112,56 @@ class Network:
         if self._ahead:
             for t in [t for t in self._ahead if _meets(t, f.mult)]:
                 self._drop_plan(t)
-        for k in f.mult:
+        keys = f.keys
+        got = self._states.get(id(keys))
+        if got is None or got[0] is not keys:
+            links = self._links
+            ustates = tuple(links[k] for k in f.mult)
+            got = (keys, tuple(links[k] for k in keys), ustates, len(keys) == len(ustates))
+            if len(self._states) >= 4096:
+                self._states.clear()
+            self._states[id(keys)] = got
+        _, f.states, f.ustates, f.flat = got
+        woke = self._wake(f.mult) if self._parked else False
+        if not woke and on.keys().isdisjoint(f.mult):
+            self._parked[f.fid] = f  # alone on its links
+            return
+        self._enter(f)
+
+    def _enter(self, f: _Flow) -> None:
+        """Put group ``f`` on its links in ``_on_link``."""
+        on = self._on_link
+        busy = self._busy
+        fid = f.fid
+        for k, s in zip(f.mult, f.ustates, strict=True):
             d = on.get(k)
             if d is None:
-                on[k] = {f.fid: f}
+                on[k] = {fid: f}
+                busy[k] = s
             else:
-                d[f.fid] = f
+                d[fid] = f
+
+    def _wake(self, keys: Iterable[_Key]) -> bool:
+        """Put the parked groups on a link of ``keys`` (a dict or tuple) on
+        their links in ``_on_link``; whether there was one."""
+        hit = [g for g in self._parked.values() if not g.mult.keys().isdisjoint(keys)]
+        for g in hit:
+            del self._parked[g.fid]
+            self._enter(g)
+        return bool(hit)
 
     def _remove(self, f: _Flow) -> None:
         del self._flows[f.fid]
         self._lazy.pop(f.fid, None)
+        if self._parked.pop(f.fid, None) is not None:
+            return
         on = self._on_link
         for k in f.mult:
             d = on[k]
             del d[f.fid]
             if not d:
                 del on[k]
+                del self._busy[k]
 
     def _split(self, f: _Flow) -> list[_Flow]:
         """Replace group ``f`` by one group per flow (same state); returns them."""
@@ -1131,7 +1200,10 @@ class Network:
         ahead = self._ahead
         while lazy or ahead:
             if ahead:
-                t = min(ahead, key=lambda p: (p._due, p._seq))  # type: ignore[arg-type,return-value]
+                if len(ahead) == 1:
+                    t = ahead[0]
+                else:
+                    t = min(ahead, key=lambda p: (p._due, p._seq))  # type: ignore[arg-type,return-value]
                 due = t._due
                 assert due is not None
                 if (due < now or (due == now and (seq is None or t._seq < seq))) and (
@@ -1146,13 +1218,16 @@ class Network:
                     continue
             if not lazy:
                 return
-            f = min(lazy.values(), key=lambda g: (g.finish_at, g.fid))
+            if len(lazy) == 1:
+                f = next(iter(lazy.values()))
+            else:
+                f = min(lazy.values(), key=lambda g: (g.finish_at, g.fid))
             if f.finish_at > now:
                 return
             self._integrate(f.finish_at)
             self._remove(f)
-            for k in f.keys:
-                self._links[k].load = 0.0
+            for s in f.ustates:
+                s.load = 0.0
             f.sending = False
             f.rate = 0.0
             f.remaining = 0.0
@@ -1163,7 +1238,8 @@ class Network:
         self._last = now
         if dt <= 0.0:
             return
-        links = self._links
+        w = self.series_bucket_s
+        parked = self._parked
         for f in self._flows.values():
             r = f.rate
             if r <= 0.0:
@@ -1171,15 +1247,29 @@ class Network:
             moved = r * dt
             f.remaining -= moved
             self._sent += moved * f.n
-            for k in f.keys:
-                links[k].bytes += moved
-        w = self.series_bucket_s
-        for k in self._on_link:
-            s = links[k]
+            if w is None and f.flat and f.fid in parked:
+                # Its links are its own, each crossed once, so each one's load
+                # is its rate: bytes and busy time in one pass (each link's
+                # figures are its own, so the order across links is free).
+                for s in f.states:
+                    s.bytes += moved
+                    s.busy_s += dt
+                continue
+            for s in f.states:
+                s.bytes += moved
+        for s in self._busy.values():
             if s.load > 0.0:
                 s.busy_s += dt
                 if w is not None:
                     _spread(s.series, now - dt, now, s.load, w)
+        for f in parked.values():  # (their links are nobody else's)
+            if w is None and f.flat and f.rate > 0.0:
+                continue  # done above
+            for s in f.ustates:
+                if s.load > 0.0:
+                    s.busy_s += dt
+                    if w is not None:
+                        _spread(s.series, now - dt, now, s.load, w)
 
     def _settle(self, now: float, changed: Seq[_Flow] = (), keys: Seq[_Key] = ()) -> None:
         """Retire the groups whose last byte has left, then re-share what they
@@ -1207,7 +1297,7 @@ class Network:
         on = self._on_link
         if not keys and len(changed) == 1:  # one group: often alone on its links
             f = changed[0]
-            if f.sending and f.keys and all(len(on[k]) == 1 for k in f.mult):
+            if f.sending and f.keys and (f.fid in self._parked or _alone(f, on)):
                 self._share(now, [f], list(f.mult))
                 self._arm()
                 return
@@ -1220,6 +1310,8 @@ class Network:
                     todo.extend(f.keys)
                 else:  # local: a component of its own
                     self._share(now, [f], [])
+        if self._parked:
+            self._wake(todo)  # found below through _on_link, as the others
         for k0 in todo:
             if k0 in seen_k:
                 continue
@@ -1257,25 +1349,31 @@ class Network:
                 f.plan = 0
                 self._lazy.pop(f.fid, None)
         probe = comp[0].transfer._probe if pre is not None else None
-        capacity = {k: links[k].usable for k in keys}
-        while True:
-            if probe is not None and probe[0] is comp[0]:
-                # a delayed start as predicted: alone, on the capacities it
-                # was predicted on (a change to them dropped the plan)
-                rates, bad = [probe[1]], -1
-            elif len(comp) == 1:
-                rates, bad = _fill_one(comp[0], capacity)
-            else:
-                rates, bad = _fill(
-                    [f.keys for f in comp],
-                    [f.cap for f in comp],
-                    capacity,
-                    [f.members if f.n > 1 else None for f in comp],
-                )
-            if bad < 0:
-                break
-            parts = self._split(comp[bad])
-            comp[bad : bad + 1] = parts
+        if probe is not None and probe[0] is comp[0]:
+            # a delayed start as predicted: alone, on the capacities it
+            # was predicted on (a change to them dropped the plan)
+            rates = [probe[1]]
+        else:
+            capacity = {k: links[k].usable for k in keys}
+            while True:
+                if len(comp) == 1:
+                    rates, bad = _fill_one(comp[0], capacity)
+                else:
+                    rates, bad = _fill(
+                        [f.keys for f in comp],
+                        [f.cap for f in comp],
+                        capacity,
+                        [f.members if f.n > 1 else None for f in comp],
+                    )
+                if bad < 0:
+                    break
+                parts = self._split(comp[bad])
+                comp[bad : bad + 1] = parts
+        if len(comp) == 1 and comp[0].flat:
+            # One group over links it crosses once each (``keys`` are its
+            # links): each link's load is its rate, as summing would give.
+            self._share_flat(now, comp[0], rates[0], pre)
+            return
         for k in keys:
             links[k].load = 0.0
         for f, r in zip(comp, rates, strict=True):
@@ -1302,6 +1400,36 @@ class Network:
             self._lazy[f.fid] = f
             if pre is not None and pre[0] == f.finish_at + f.latency and f.transfer._left == 1:
                 f.plan = pre[1]  # the delivery planned as it was asked for (start)
+                return
+            self._plans += 1
+            f.plan = plan = self._plans
+            at(self.env, f.finish_at + f.latency, lambda _ev: self._planned(f, plan))
+
+    def _share_flat(self, now: float, f: _Flow, r: float, pre: tuple[float, int] | None) -> None:
+        """The rest of :meth:`_share` for one group ``f`` of rate ``r`` that
+        crosses each of its links once: the same values, one pass."""
+        f.rate = r
+        f.finish_at = now + f.remaining / r if r > 0.0 else math.inf
+        ustates = f.ustates
+        if r > 0.0:
+            for s in ustates:
+                s.load = r
+                if r > s.peak:
+                    s.peak = r
+            if ustates:
+                # the largest of r / usable is r over the least usable (a
+                # rounded quotient falls as its divisor grows)
+                u = min(map(_usable_of, ustates))
+                ratio = r / u if u > 0.0 else math.inf
+                if ratio > self.max_link_load_ratio:
+                    self.max_link_load_ratio = ratio
+        else:
+            for s in ustates:
+                s.load = r
+        if f.finish_at < math.inf:
+            self._lazy[f.fid] = f
+            if pre is not None and pre[0] == f.finish_at + f.latency and f.transfer._left == 1:
+                f.plan = pre[1]
                 return
             self._plans += 1
             f.plan = plan = self._plans
@@ -1386,6 +1514,14 @@ def _groups(
         )  # fmt: skip
         for (size, cap, lat, _), idx in by.items()
     ]
+
+
+def _alone(f: _Flow, on: dict[_Key, dict[int, _Flow]]) -> bool:
+    """Whether group ``f`` is the only one sending on each of its links."""
+    for k in f.mult:
+        if len(on[k]) != 1:
+            return False
+    return True
 
 
 def _meets(t: Transfer, keys: Iterable[_Key]) -> bool:

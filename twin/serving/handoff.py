@@ -320,6 +320,12 @@ class KVHandoff:
         self.pending: list[deque[Sequence]] = [deque() for _ in gpus]
         # (source GPUs, destination GPUs) -> the shards' paths (static routing)
         self._paths: dict[tuple[tuple[int, ...], tuple[int, ...]], list[tuple[FlowSpec, int]]] = {}
+        # (descriptors per layer region, layer length) -> the fixed costs (immutable, shared)
+        # and (source GPUs, destination GPUs, bytes) -> the flows that move them
+        self._sized: dict[
+            tuple[tuple[tuple[int, ...], tuple[int, ...]], float], list[FlowSpec]
+        ] = {}
+        self._costs: dict[tuple[int, float], HandoffCosts] = {}
         self.bytes_moved = 0.0
         self.bytes_saved = 0.0  # KV the decode side's prefix cache held: not moved
         self.transfers = 0
@@ -433,11 +439,22 @@ class KVHandoff:
             paths = self._paths[pair] = shard_paths(
                 self.topology, *pair, multi_nic=self.config.multi_nic
             )
-        flows = sized_flows(paths, len(pair[0]), kv_bytes)
+        # The flows are immutable: those of a size moved before are taken again.
+        flows = self._sized.get((pair, kv_bytes))
+        if flows is None:
+            if len(self._sized) >= 4096:
+                self._sized.clear()
+            flows = self._sized[pair, kv_bytes] = sized_flows(paths, len(pair[0]), kv_bytes)
         now = self.env.now
         layer_s = 0.0 if stream_s is None else stream_s / self.layers
         blocks = blocks_for(tokens, self.engines[dst].kv.block_size)
-        costs = handoff_costs(self.config, blocks, self.layers, layer_s)
+        # what handoff_costs reads of the blocks: all of them, or whether there is one
+        n = blocks if self.config.descriptors == "block" else min(blocks, 1)
+        costs = self._costs.get((n, layer_s))
+        if costs is None:
+            if len(self._costs) >= 4096:
+                self._costs.clear()
+            costs = self._costs[n, layer_s] = handoff_costs(self.config, n, self.layers, layer_s)
         first = seq.t_transfer_start < 0  # each timestamp keeps its first occurrence
         if first:
             seq.t_transfer_start = now
