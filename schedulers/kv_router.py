@@ -36,7 +36,9 @@ sum highest wins (``max-score-picker``):
   the scorer weighs no load time);
 - ``queue-scorer``: ``(max - q) / (max - min)`` of the waiting requests ``q``
   over the candidates, 1 for all when they are equal;
-- ``kv-cache-utilization-scorer``: 1 - the share of KV blocks in use.
+- ``kv-cache-utilization-scorer``: 1 - the share of KV blocks in use, as
+  vLLM's KV-cache usage metric counts it: a block only the prefix cache holds
+  is free (vLLM keeps it in its free queue until it is taken).
 
 The weights are ``prefix_weight: 3``, ``queue_weight: 2`` and
 ``kv_utilization_weight: 2``, those of the default-plugins.yaml of the
@@ -173,8 +175,14 @@ class KVRouter(Scheduler, PicksDecode):
 
     @staticmethod
     def kv_score(inst: InstanceView) -> float:
-        """llm-d's KV-cache utilization scorer: 1 - the share of blocks in use."""
-        return inst.free_blocks / inst.total_blocks if inst.total_blocks else 0.0
+        """llm-d's KV-cache utilization scorer: 1 - the share of blocks in use,
+        as vLLM's KV-cache usage counts them (the free blocks and those only
+        the prefix cache holds are not in use: vLLM keeps them in its free
+        queue, evicted when taken; v1 block_pool, ``get_usage``)."""
+        if not inst.total_blocks:
+            return 0.0
+        free = inst.free_blocks + getattr(inst, "cached_idle_blocks", 0)
+        return free / inst.total_blocks
 
     def scores(
         self, candidates: list[InstanceView], req: Request, *, prefix: bool = True

@@ -241,3 +241,39 @@ def test_llm_d_mode_keeps_the_contract_and_checks_its_parameters():
         build_scheduler("kv-router", {"mode": "sglang"})
     with pytest.raises(SpecError, match="scheduler.queue_weight"):
         build_scheduler("kv-router", {"mode": "llm-d", "queue_weight": "high"})
+
+
+def test_llm_d_mode_counts_blocks_only_the_prefix_cache_holds_as_free():
+    # vLLM's KV-cache usage, which llm-d's scorer reads, counts an idle cached
+    # block free (it is evictable): 1 - (free + idle cached) / total
+    router = KVRouter(mode="llm-d")
+    warm = instance(0, free_blocks=600, cached_idle_blocks=300)
+    assert router.kv_score(warm) == pytest.approx(0.9)
+    assert router.kv_score(instance(1, free_blocks=600)) == pytest.approx(0.6)
+
+
+def test_an_engine_view_reports_the_idle_blocks_of_its_prefix_cache():
+    import simpy
+
+    from twin.perf.iteration import Batch
+    from twin.serving.cluster import EngineView, Placement
+    from twin.serving.engine import Engine, EngineConfig
+    from twin.serving.kvcache import BlockManager
+    from twin.serving.observer import Observer
+    from twin.serving.sequence import Sequence
+
+    class Flat:
+        name, sha256 = "flat", None
+
+        def iteration_time(self, b: Batch) -> float:
+            return 0.01
+
+    env = simpy.Environment()
+    eng = Engine(env, 0, Flat(), BlockManager(8, 16),
+                 EngineConfig(prefix_caching=True, watermark=0.0), Observer())  # fmt: skip
+    # a 64-token prompt of 4 one-block units, one output token: its blocks stay cached
+    eng.submit(Sequence(Request(0, 0.0, 64, 1, (1, 2, 3, 4), 16), 0.0))
+    env.run()
+    view = EngineView(eng, Placement(0, 0, (0,)))
+    assert (view.free_blocks, view.cached_idle_blocks, view.total_blocks) == (4, 4, 8)
+    assert KVRouter(mode="llm-d").kv_score(view) == 1.0  # nothing in use

@@ -231,6 +231,8 @@ class InstanceView(Protocol):
     # (``"hbm"``, ``"dram"``, ``"ssd"``; the leading run in HBM, then its
     # continuation below), the estimate a router keeps from KV events. It is
     # not part of the protocol, so views written before it still conform.
+    # Likewise ``cached_idle_blocks``: KV blocks only the prefix cache holds
+    # (evictable; not among ``free_blocks``), 0 where a view lacks it.
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +264,7 @@ class InstanceSnapshot:
     state: str = "serving"
     # the prefix units held below HBM: (tier name, hashes), top tier first
     tier_hashes: tuple[tuple[str, frozenset[int]], ...] = ()
+    cached_idle_blocks: int = 0  # of the used blocks, those only the prefix cache holds
 
     @property
     def accepting(self) -> bool:
