@@ -54,10 +54,13 @@ the prefill instance is chosen by this cost, the decode instance (``pick_decode`
 once the prefill is done) by potential active blocks alone, ties to the
 lowest id.
 
-NOTE: the potential active blocks are read from the view as the instance's
-used KV blocks plus its queued prompt tokens in blocks; with prefix caching
-the used blocks include cached prefixes no request holds, which Dynamo's
-router (tracking its own requests' blocks) does not count.
+The potential active blocks are read from the view as the blocks the
+instance's requests hold (its used KV blocks less ``cached_idle_blocks``,
+those only the prefix cache keeps) plus its queued prompt tokens in blocks:
+Dynamo's router counts the blocks of its active requests, added when one is
+routed and taken off when it completes, and keeps the cached blocks apart in
+its indexer of KV events (docs.nvidia.com/dynamo, "Router Design", "Block
+Tracking Mechanisms").
 """
 
 from __future__ import annotations
@@ -144,9 +147,11 @@ class KVRouter(Scheduler, PicksDecode):
 
     @staticmethod
     def active_blocks(inst: InstanceView, req: Request) -> float:
-        """Blocks ``inst`` would hold for its requests with ``req`` added."""
+        """Blocks ``inst`` would hold for its requests with ``req`` added: the
+        blocks in use less those only the prefix cache holds, as Dynamo counts
+        active blocks (a cached block no request holds is not among them)."""
         bs = inst.block_size
-        used = inst.total_blocks - inst.free_blocks
+        used = inst.total_blocks - inst.free_blocks - getattr(inst, "cached_idle_blocks", 0)
         return used + (inst.queue_tokens + req.prompt_tokens) / bs
 
     def cost(self, inst: InstanceView, req: Request) -> float:

@@ -277,3 +277,23 @@ def test_an_engine_view_reports_the_idle_blocks_of_its_prefix_cache():
     view = EngineView(eng, Placement(0, 0, (0,)))
     assert (view.free_blocks, view.cached_idle_blocks, view.total_blocks) == (4, 4, 8)
     assert KVRouter(mode="llm-d").kv_score(view) == 1.0  # nothing in use
+
+
+def test_dynamo_mode_counts_only_the_blocks_of_requests_as_active():
+    # Dynamo's active blocks are its requests' ("Router Design"): a block only
+    # the prefix cache holds is not one of them
+    router = KVRouter()
+    warm = instance(1, free_blocks=700, cached_idle_blocks=300, cached_hashes=frozenset({7, 8}))
+    assert router.active_blocks(warm, REQ) == 64  # 0 held by requests + 1,024 / 16
+    busy = instance(2, free_blocks=700, cached_idle_blocks=100)
+    assert router.active_blocks(busy, REQ) == 200 + 64
+    # the warm instance reuses the whole prompt and its cached blocks weigh nothing
+    assert router.cost(warm, REQ) == 64.0
+    assert router.route(REQ, make_view(instance(0), warm)).prefill == 1
+    # on a split cluster the decode pick ignores idle cached blocks likewise
+    view = make_view(
+        instance(0, role="prefill"),
+        instance(1, role="decode", free_blocks=500, cached_idle_blocks=450),
+        instance(2, role="decode", free_blocks=900),
+    )
+    assert router.pick_decode(REQ, view) == 1
