@@ -297,3 +297,17 @@ def test_dynamo_mode_counts_only_the_blocks_of_requests_as_active():
         instance(2, role="decode", free_blocks=900),
     )
     assert router.pick_decode(REQ, view) == 1
+
+
+def test_dynamo_mode_prices_a_remote_store_hit_at_its_weight_not_as_recompute():
+    router = KVRouter()
+    # one unit in DRAM, the next only in the remote store below it
+    remote = instance(1, tier_hashes=(("dram", frozenset({7})), ("remote", frozenset({8}))))
+    assert remote.cached_prefix_by_tier(REQ)["remote"] == 512
+    assert router.prefill_blocks(remote, REQ) == pytest.approx((0.1 * 512 + 0.1 * 512) / 16)
+    assert router.route(REQ, make_view(instance(0), remote)).prefill == 1
+    # the weight is a parameter, checked as the others
+    slow = KVRouter(remote_weight=1.0)
+    assert slow.prefill_blocks(remote, REQ) == pytest.approx((0.1 * 512 + 512) / 16)
+    with pytest.raises(SpecError, match="scheduler.remote_weight"):
+        build_scheduler("kv-router", {"remote_weight": -0.5})
