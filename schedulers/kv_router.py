@@ -14,16 +14,22 @@ OpenShift AI 3.4, "Configuring scheduler settings"); the block-count cost
 here is Dynamo's.
 
 Reuse comes from a tier (``InstanceView.cached_prefix_by_tier``: the leading
-run in HBM, then its continuation in host DRAM and on SSD, see
-:mod:`twin.serving.tiers`): a block in HBM costs nothing to reuse; one in a
-lower tier costs ``dram_weight`` or ``ssd_weight`` of a block computed, its
-load time against its prefill time. The defaults take Llama-3-8B on an H100
-(KV 128 KiB per token; prefill about 16 GFLOP per token at about 600 TFLOP/s,
-some 27 us): a load at 55 GB/s over PCIe Gen5 x16 takes 2.4 us a token (0.1),
-one at the PM1743 SSD's 13 GB/s 10 us (0.4).
+run in HBM, then its continuation in host DRAM, on SSD and in a remote
+store, see :mod:`twin.serving.tiers`): a block in HBM costs nothing to reuse;
+one in a lower tier costs ``dram_weight``, ``ssd_weight`` or ``remote_weight``
+of a block computed, its load time against its prefill time. The defaults
+take Llama-3-8B on an H100 (KV 128 KiB per token; prefill about 16 GFLOP per
+token at about 600 TFLOP/s, some 27 us): a load at 55 GB/s over PCIe Gen5 x16
+takes 2.4 us a token (0.1), one at the PM1743 SSD's 13 GB/s 10 us (0.4), and
+one from the remote store, a flow from the store's node over the GPU's own
+400 Gb/s ConnectX-7 NIC at its RDMA efficiency 0.982 (49 GB/s, the
+dgx-h100-ib400 topology; the store's latency is 0 by default and the path's
+link latencies, microseconds a transfer of a whole unit, add under 0.01 us a
+token), 2.7 us (0.1). On a NIC of 200 Gb/s shared by two GPUs (the
+h100-roce-4x200 topology, 12 GB/s a GPU) the same reckoning gives 0.4.
 
 Parameters, with their defaults: ``overlap_score_weight: 1.0`` (Dynamo's),
-``dram_weight: 0.1``, ``ssd_weight: 0.4``.
+``dram_weight: 0.1``, ``ssd_weight: 0.4``, ``remote_weight: 0.1``.
 
 ``mode: llm-d`` scores instead as llm-d's inference scheduler (the Gateway
 API Inference Extension's endpoint picker, ``kubernetes-sigs/
@@ -36,7 +42,9 @@ sum highest wins (``max-score-picker``):
   the scorer weighs no load time);
 - ``queue-scorer``: ``(max - q) / (max - min)`` of the waiting requests ``q``
   over the candidates, 1 for all when they are equal;
-- ``kv-cache-utilization-scorer``: 1 - the share of KV blocks in use.
+- ``kv-cache-utilization-scorer``: 1 - the share of KV blocks in use, as
+  vLLM's KV-cache usage metric counts it: a block only the prefix cache holds
+  is free (vLLM keeps it in its free queue until it is taken).
 
 The weights are ``prefix_weight: 3``, ``queue_weight: 2`` and
 ``kv_utilization_weight: 2``, those of the default-plugins.yaml of the
@@ -52,10 +60,13 @@ the prefill instance is chosen by this cost, the decode instance (``pick_decode`
 once the prefill is done) by potential active blocks alone, ties to the
 lowest id.
 
-NOTE: the potential active blocks are read from the view as the instance's
-used KV blocks plus its queued prompt tokens in blocks; with prefix caching
-the used blocks include cached prefixes no request holds, which Dynamo's
-router (tracking its own requests' blocks) does not count.
+The potential active blocks are read from the view as the blocks the
+instance's requests hold (its used KV blocks less ``cached_idle_blocks``,
+those only the prefix cache keeps) plus its queued prompt tokens in blocks:
+Dynamo's router counts the blocks of its active requests, added when one is
+routed and taken off when it completes, and keeps the cached blocks apart in
+its indexer of KV events (docs.nvidia.com/dynamo, "Router Design", "Block
+Tracking Mechanisms").
 """
 
 from __future__ import annotations
@@ -77,8 +88,8 @@ from twin.scheduler import (
 )
 
 MODES = ("dynamo", "llm-d")
-WEIGHTS = ("overlap_score_weight", "dram_weight", "ssd_weight", "prefix_weight", "queue_weight",
-           "kv_utilization_weight")  # fmt: skip
+WEIGHTS = ("overlap_score_weight", "dram_weight", "ssd_weight", "remote_weight", "prefix_weight",
+           "queue_weight", "kv_utilization_weight")  # fmt: skip
 
 
 def _by_tier(inst: InstanceView, req: Request) -> dict[str, int]:
@@ -100,6 +111,7 @@ class KVRouter(Scheduler, PicksDecode):
     overlap_score_weight: float = 1.0
     dram_weight: float = 0.1
     ssd_weight: float = 0.4
+    remote_weight: float = 0.1
     mode: str = "dynamo"
     prefix_weight: float = 3.0
     queue_weight: float = 2.0
@@ -137,14 +149,18 @@ class KVRouter(Scheduler, PicksDecode):
         hbm = min(by.get("hbm", 0), left)
         dram = min(by.get("dram", 0), left - hbm)
         ssd = min(by.get("ssd", 0), left - hbm - dram)
-        new = left - hbm - dram - ssd
-        return (new + self.dram_weight * dram + self.ssd_weight * ssd) / inst.block_size
+        remote = min(by.get("remote", 0), left - hbm - dram - ssd)
+        new = left - hbm - dram - ssd - remote
+        lower = self.dram_weight * dram + self.ssd_weight * ssd + self.remote_weight * remote
+        return (new + lower) / inst.block_size
 
     @staticmethod
     def active_blocks(inst: InstanceView, req: Request) -> float:
-        """Blocks ``inst`` would hold for its requests with ``req`` added."""
+        """Blocks ``inst`` would hold for its requests with ``req`` added: the
+        blocks in use less those only the prefix cache holds, as Dynamo counts
+        active blocks (a cached block no request holds is not among them)."""
         bs = inst.block_size
-        used = inst.total_blocks - inst.free_blocks
+        used = inst.total_blocks - inst.free_blocks - getattr(inst, "cached_idle_blocks", 0)
         return used + (inst.queue_tokens + req.prompt_tokens) / bs
 
     def cost(self, inst: InstanceView, req: Request) -> float:
@@ -173,8 +189,14 @@ class KVRouter(Scheduler, PicksDecode):
 
     @staticmethod
     def kv_score(inst: InstanceView) -> float:
-        """llm-d's KV-cache utilization scorer: 1 - the share of blocks in use."""
-        return inst.free_blocks / inst.total_blocks if inst.total_blocks else 0.0
+        """llm-d's KV-cache utilization scorer: 1 - the share of blocks in use,
+        as vLLM's KV-cache usage counts them (the free blocks and those only
+        the prefix cache holds are not in use: vLLM keeps them in its free
+        queue, evicted when taken; v1 block_pool, ``get_usage``)."""
+        if not inst.total_blocks:
+            return 0.0
+        free = inst.free_blocks + getattr(inst, "cached_idle_blocks", 0)
+        return free / inst.total_blocks
 
     def scores(
         self, candidates: list[InstanceView], req: Request, *, prefix: bool = True

@@ -241,3 +241,73 @@ def test_llm_d_mode_keeps_the_contract_and_checks_its_parameters():
         build_scheduler("kv-router", {"mode": "sglang"})
     with pytest.raises(SpecError, match="scheduler.queue_weight"):
         build_scheduler("kv-router", {"mode": "llm-d", "queue_weight": "high"})
+
+
+def test_llm_d_mode_counts_blocks_only_the_prefix_cache_holds_as_free():
+    # vLLM's KV-cache usage, which llm-d's scorer reads, counts an idle cached
+    # block free (it is evictable): 1 - (free + idle cached) / total
+    router = KVRouter(mode="llm-d")
+    warm = instance(0, free_blocks=600, cached_idle_blocks=300)
+    assert router.kv_score(warm) == pytest.approx(0.9)
+    assert router.kv_score(instance(1, free_blocks=600)) == pytest.approx(0.6)
+
+
+def test_an_engine_view_reports_the_idle_blocks_of_its_prefix_cache():
+    import simpy
+
+    from twin.perf.iteration import Batch
+    from twin.serving.cluster import EngineView, Placement
+    from twin.serving.engine import Engine, EngineConfig
+    from twin.serving.kvcache import BlockManager
+    from twin.serving.observer import Observer
+    from twin.serving.sequence import Sequence
+
+    class Flat:
+        name, sha256 = "flat", None
+
+        def iteration_time(self, b: Batch) -> float:
+            return 0.01
+
+    env = simpy.Environment()
+    eng = Engine(env, 0, Flat(), BlockManager(8, 16),
+                 EngineConfig(prefix_caching=True, watermark=0.0), Observer())  # fmt: skip
+    # a 64-token prompt of 4 one-block units, one output token: its blocks stay cached
+    eng.submit(Sequence(Request(0, 0.0, 64, 1, (1, 2, 3, 4), 16), 0.0))
+    env.run()
+    view = EngineView(eng, Placement(0, 0, (0,)))
+    assert (view.free_blocks, view.cached_idle_blocks, view.total_blocks) == (4, 4, 8)
+    assert KVRouter(mode="llm-d").kv_score(view) == 1.0  # nothing in use
+
+
+def test_dynamo_mode_counts_only_the_blocks_of_requests_as_active():
+    # Dynamo's active blocks are its requests' ("Router Design"): a block only
+    # the prefix cache holds is not one of them
+    router = KVRouter()
+    warm = instance(1, free_blocks=700, cached_idle_blocks=300, cached_hashes=frozenset({7, 8}))
+    assert router.active_blocks(warm, REQ) == 64  # 0 held by requests + 1,024 / 16
+    busy = instance(2, free_blocks=700, cached_idle_blocks=100)
+    assert router.active_blocks(busy, REQ) == 200 + 64
+    # the warm instance reuses the whole prompt and its cached blocks weigh nothing
+    assert router.cost(warm, REQ) == 64.0
+    assert router.route(REQ, make_view(instance(0), warm)).prefill == 1
+    # on a split cluster the decode pick ignores idle cached blocks likewise
+    view = make_view(
+        instance(0, role="prefill"),
+        instance(1, role="decode", free_blocks=500, cached_idle_blocks=450),
+        instance(2, role="decode", free_blocks=900),
+    )
+    assert router.pick_decode(REQ, view) == 1
+
+
+def test_dynamo_mode_prices_a_remote_store_hit_at_its_weight_not_as_recompute():
+    router = KVRouter()
+    # one unit in DRAM, the next only in the remote store below it
+    remote = instance(1, tier_hashes=(("dram", frozenset({7})), ("remote", frozenset({8}))))
+    assert remote.cached_prefix_by_tier(REQ)["remote"] == 512
+    assert router.prefill_blocks(remote, REQ) == pytest.approx((0.1 * 512 + 0.1 * 512) / 16)
+    assert router.route(REQ, make_view(instance(0), remote)).prefill == 1
+    # the weight is a parameter, checked as the others
+    slow = KVRouter(remote_weight=1.0)
+    assert slow.prefill_blocks(remote, REQ) == pytest.approx((0.1 * 512 + 512) / 16)
+    with pytest.raises(SpecError, match="scheduler.remote_weight"):
+        build_scheduler("kv-router", {"remote_weight": -0.5})

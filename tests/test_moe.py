@@ -802,3 +802,26 @@ def test_all_to_all_settings_in_a_spec_and_their_errors(capsys):
         Roofline(TINY, UNIT_GPU, moe_overlap="x")
     with pytest.raises(SpecError, match="moe_dispatch_nodes=0"):
         Roofline(TINY, UNIT_GPU, moe_dispatch_nodes=0)
+
+
+def test_a_two_batch_threshold_without_two_batch_overlap_is_refused(capsys):
+    from twin.perf.build import build_perf_model
+
+    bad = "{kind: roofline, moe_overlap_min_tokens: 32}"
+    assert main(["run", "quickstart", "-q", "--set", f"perf={bad}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("twin: error: "), err
+    assert "perf.moe_overlap_min_tokens: 32 acts only with moe_overlap: two-batch" in err[0]
+    spec = {"kind": "roofline", "moe_overlap": "none", "moe_overlap_min_tokens": 0}
+    with pytest.raises(SpecError, match="perf.moe_overlap_min_tokens: 0 acts only with"):
+        build_perf_model(spec, TINY, UNIT_GPU, 1)
+    with pytest.raises(SpecError, match="moe_overlap_min_tokens=32 acts only with"):
+        Roofline(TINY, UNIT_GPU, moe_overlap_min_tokens=32)
+    # with two-batch overlap it is taken, on a dense model too, where it changes nothing
+    llama = get_model("llama-3-8b")
+    keys = {"kind": "roofline", "moe_overlap": "two-batch", "moe_overlap_min_tokens": 32,
+            "moe_dispatch_dtype": "fp8", "moe_dispatch_nodes": 4}  # fmt: skip
+    a = build_perf_model(keys, llama, UNIT_GPU, 1)
+    b = build_perf_model(None, llama, UNIT_GPU, 1)
+    batch = Batch(((300, 0),), 4, 400)
+    assert a.name == b.name and a.iteration_time(batch) == b.iteration_time(batch)

@@ -212,3 +212,13 @@ def test_predicted_and_arrival_rejection_part_ways_when_decode_is_the_bottleneck
     assert arrival["tpot_s"]["p99"] > 0.024 and predicted["tpot_s"]["p99"] < 0.021
     assert predicted["slo_attainment"] > arrival["slo_attainment"] + 0.05
     assert predicted["wasted_prefill_tokens"] < arrival["wasted_prefill_tokens"]
+
+
+def test_a_fetch_estimate_prices_the_tokens_the_fetch_loads_at_most_the_prompt_less_one():
+    # the pool holds the whole 4,096-token prompt; a fetch loads 4,095 (the last
+    # token is always computed), so the estimate prices 4,095 tokens of fetch
+    # (1 us each) and a 1-token prefill (100 us)
+    v = view([{}], [{}], pools={3: 8 * 512})
+    ttft, p, fetch = policy().prefill_choice(REQ, v)
+    assert (p, fetch) == (0, 3)
+    assert ttft == pytest.approx(4095 * 1e-6 + 1e-4, rel=1e-12)

@@ -159,3 +159,16 @@ def test_a_broken_plugin_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(sched, "entry_points", lambda group: broken)
     with pytest.raises(PluginError, match=r"'oops' \(fake:oops\) failed to load: ImportError"):
         scheduler_names()
+
+
+def test_a_snapshot_reports_a_remote_tier_below_its_local_ones():
+    # two 512-token units: one in HBM, the next only in the remote store
+    req = Request(0, 0.0, 1024, 10, (7, 8), 512)
+    snap = InstanceSnapshot(
+        0, cached_hashes=frozenset({7}), tier_hashes=(("remote", frozenset({8})),)
+    )
+    assert snap.cached_prefix_by_tier(req) == {"hbm": 512, "dram": 0, "ssd": 0, "remote": 512}
+    chain = (("dram", frozenset({7})), ("ssd", frozenset()), ("remote", frozenset({8})))
+    assert InstanceSnapshot(1, tier_hashes=chain).cached_prefix_by_tier(req) == {
+        "hbm": 0, "dram": 512, "ssd": 0, "remote": 512,
+    }  # fmt: skip

@@ -561,3 +561,46 @@ def test_a_decode_reservation_waits_for_blocks_being_written_down(monkeypatch):
     assert s["completed"] == 12
     assert waited  # the decode side's KV waited for evicted blocks to be written
     assert s["kv_tiers"]["dram"]["bytes_written"] > 0
+
+
+def test_a_write_down_under_way_when_the_instance_fails_frees_nothing_of_its_new_life():
+    # r1 at 0.1 evicts r0's 4 units: one write, 0.100 -> 0.104 s, their blocks held
+    # until it ends. The instance fails at 0.102 and is back, empty, at 0.103: the
+    # write's end must not release the old life's blocks into the new KV.
+    reqs = [Request(0, 0.0, 64, 1, A, 16), Request(1, 0.1, 64, 1, B, 16)]
+    engine, seen = [], []
+
+    def setup(chain):
+        def crash():
+            yield chain.env.timeout(0.102)
+            eng = engine[0]
+            seen.append((eng.cache.writing_blocks, eng.kv.free))
+            eng.fail()
+            yield chain.env.timeout(0.001)
+            eng.recover()
+
+        chain.env.process(crash())
+
+    def first(eng, chain):  # before every iteration; the first is at 0
+        engine[:] = [eng]
+
+    eng, chain, done = run(reqs, hbm_blocks=4, tiers=[("dram", 8, 1e9, 1e9, 0.0)],
+                           setup=setup, check=first)  # fmt: skip
+    assert seen == [(4, 0)]  # A's 4 blocks held for the write, none free
+    assert list(done) == [0]  # r1, still waiting for those blocks, went with the old life
+    assert chain.tiers[0].units[1][1] == pytest.approx(0.104)  # the write itself goes on
+    assert eng.cache.writing_blocks == 0
+    assert eng.kv.free == eng.kv.total == 4  # the new life's blocks, all free
+
+
+def test_units_that_pass_a_small_dram_by_hold_their_blocks_until_the_ssd_has_them():
+    # DRAM holds 2 blocks: of A's 4 units, evicted at 0.1 by r1, the 2 oldest pass
+    # it by, straight to the SSD (2 MB at 0.5 GB/s: 0.100 -> 0.104 s), the other 2
+    # go to DRAM (2 MB at 1 GB/s: 0.100 -> 0.102 s). r1 waits for the later end.
+    reqs = [Request(0, 0.0, 64, 1, A, 16), Request(1, 0.1, 64, 1, B, 16)]
+    tiers = [("dram", 2, 1e9, 1e9, 0.0), ("ssd", 10, 1e9, 0.5e9, 0.0)]
+    eng, chain, done = run(reqs, hbm_blocks=4, tiers=tiers)
+    dram, ssd = chain.tiers
+    assert list(ssd.units) == [1, 2] and list(dram.units) == [3, 4]
+    assert ssd.units[1][1] == pytest.approx(0.104) and dram.units[3][1] == pytest.approx(0.102)
+    assert done[1].t_scheduled == pytest.approx(0.104)

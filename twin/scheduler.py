@@ -228,9 +228,12 @@ class InstanceView(Protocol):
 
     # Views of this project also have ``cached_prefix_by_tier(req) -> dict``:
     # prompt tokens of ``req`` the instance would reuse from each KV tier
-    # (``"hbm"``, ``"dram"``, ``"ssd"``; the leading run in HBM, then its
-    # continuation below), the estimate a router keeps from KV events. It is
+    # (``"hbm"``, ``"dram"``, ``"ssd"``, and ``"remote"`` with a remote store;
+    # the leading run in HBM, then its continuation below), the estimate a
+    # router keeps from KV events. It is
     # not part of the protocol, so views written before it still conform.
+    # Likewise ``cached_idle_blocks``: KV blocks only the prefix cache holds
+    # (evictable; not among ``free_blocks``), 0 where a view lacks it.
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +265,7 @@ class InstanceSnapshot:
     state: str = "serving"
     # the prefix units held below HBM: (tier name, hashes), top tier first
     tier_hashes: tuple[tuple[str, frozenset[int]], ...] = ()
+    cached_idle_blocks: int = 0  # of the used blocks, those only the prefix cache holds
 
     @property
     def accepting(self) -> bool:
@@ -290,7 +294,10 @@ class InstanceSnapshot:
         return tokens * self.fetch_s_per_token
 
     def cached_prefix_by_tier(self, req: Request) -> dict[str, int]:
+        """Prompt tokens per tier: ``hbm``, ``dram``, ``ssd`` and each other tier
+        ``tier_hashes`` names (``remote``, say)."""
         out = {"hbm": 0, "dram": 0, "ssd": 0}
+        out.update((name, 0) for name, _ in self.tier_hashes if name not in out)
         tier = "hbm"
         for h in req.prefix_hashes:
             if h not in self.cached_hashes:

@@ -273,6 +273,11 @@ def build_perf_model(
         return Roofline(model, gpu, tp, pp, **moe)
     perf = read_perf(spec, where, base_dir)
     if isinstance(perf, RooflineKeys):
+        if perf.moe_overlap_min_tokens is not None and perf.moe_overlap != "two-batch":
+            raise SpecError(
+                f"{w}.moe_overlap_min_tokens: {perf.moe_overlap_min_tokens!r} acts only with"
+                " moe_overlap: two-batch; set it or leave the key out"
+            )
         kw = {
             f.name: getattr(perf, f.name)
             for f in dataclasses.fields(perf)

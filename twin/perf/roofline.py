@@ -478,6 +478,11 @@ class Roofline:
                 f"roofline: moe_overlap_min_tokens={moe_overlap_min_tokens!r} must be an"
                 " integer >= 0"
             )
+        if moe_overlap_min_tokens and moe_overlap != "two-batch":
+            raise SpecError(
+                f"roofline: moe_overlap_min_tokens={moe_overlap_min_tokens!r} acts only with"
+                " moe_overlap='two-batch'"
+            )
         self.moe_overlap_min_tokens = moe_overlap_min_tokens
         self.moe_dispatch_dtype = moe_dispatch_dtype
         self.moe_overlap = moe_overlap

@@ -240,6 +240,14 @@ class EngineView:
         return self._engine.kv.free
 
     @property
+    def cached_idle_blocks(self) -> int:
+        """KV blocks only the prefix cache holds (no sequence uses them):
+        evictable, so vLLM's KV-cache usage counts them free."""
+        self._engine.sync()
+        cache = self._engine.cache
+        return cache.evictable_blocks if cache is not None else 0
+
+    @property
     def queue_requests(self) -> int:
         return len(self._engine.waiting)
 
