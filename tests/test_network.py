@@ -193,6 +193,97 @@ def test_a_lone_flow_on_a_failing_link_takes_the_other_path():
     assert by["a", "x"] == pytest.approx(80.0, rel=1e-12)
 
 
+# -- a flow leaves no load on the links it leaves --------------------------------------
+# Each link's reported bytes are those that crossed it: a flow moved off a failed
+# link, cancelled or done adds nothing to its old links as time goes on
+# (link_stats asked well after the last byte, at 40 s).
+
+TWO_PATHS = {
+    "direct": (Link("a", "b", 10.0), Link("b", "c", 20.0)),
+    "around": (Link("a", "x", 4.0), Link("x", "c", 4.0)),
+}
+
+
+def two_path_network(series_bucket_s: float | None = None) -> tuple[simpy.Environment, Network]:
+    env = simpy.Environment()
+    net = Network(env, series_bucket_s=series_bucket_s)
+    around = TWO_PATHS["around"]
+    net.reroute = lambda first, last, down: around if ("b", "c") in down else None
+    return env, net
+
+
+def stats_by_link(net: Network) -> dict[tuple[str, str], dict]:
+    return {(s["src"], s["dst"]): s for s in net.link_stats()}
+
+
+@pytest.mark.parametrize("bucket", [None, 1.0])
+def test_a_flow_rerouted_off_a_failed_link_leaves_its_old_links_what_crossed_them(bucket):
+    env, net = two_path_network(bucket)
+    t = net.start([FlowSpec(TWO_PATHS["direct"], 100.0)])  # alone at 10 B/s
+    run_at(env, 2.0, lambda: net.fail_link("b", "c"))  # 20 B crossed; 80 at 4 B/s
+    env.run(until=40.0)
+    assert t.end_s == 22.0
+    by = stats_by_link(net)
+    assert {k: s["bytes"] for k, s in by.items()} == {
+        ("a", "b"): 20.0, ("b", "c"): 20.0, ("a", "x"): 80.0, ("x", "c"): 80.0,
+    }  # fmt: skip
+    assert {k: s["busy_s"] for k, s in by.items()} == {
+        ("a", "b"): 2.0, ("b", "c"): 2.0, ("a", "x"): 20.0, ("x", "c"): 20.0,
+    }  # fmt: skip
+    assert sum(s["bytes"] for s in by.values()) == 100.0 * 2  # its size x 2 hops
+    assert by["a", "b"]["utilization"] == 20.0 / (10.0 * 22.0)
+    if bucket is not None:
+        assert by["a", "b"]["series"] == [[0.0, 10.0, 1.0], [1.0, 10.0, 1.0]]
+        for s in by.values():
+            assert sum(b for _, b, _ in s["series"]) == s["bytes"]
+
+
+def test_a_flow_moving_off_a_shared_link_gives_its_share_back():
+    # g on a->b->c and h on a->b split a->b (10 B/s) in half; g moves off at 2 s
+    env, net = two_path_network()
+    g = net.start([FlowSpec(TWO_PATHS["direct"], 100.0)])
+    h = net.start([FlowSpec(TWO_PATHS["direct"][:1], 100.0)])
+    seen = []
+    run_at(env, 2.0, lambda: net.fail_link("b", "c"))  # 10 B each sent
+    run_at(env, 3.0, lambda: seen.append(net.rates()))
+    env.run(until=40.0)
+    assert seen == [{(0, 0): 4.0, (1, 0): 10.0}]  # h alone on a->b now
+    assert (g.end_s, h.end_s) == (2.0 + 90.0 / 4.0, 2.0 + 90.0 / 10.0)
+    by = stats_by_link(net)
+    assert by["a", "b"]["bytes"] == 110.0 and by["a", "b"]["busy_s"] == 11.0
+    assert by["b", "c"]["bytes"] == 10.0 and by["b", "c"]["busy_s"] == 2.0
+    assert by["a", "x"]["bytes"] == 90.0 == by["x", "c"]["bytes"]
+
+
+def test_a_group_member_moved_off_a_failed_rail_leaves_its_rail_what_crossed_it():
+    # two shards on rails 0 and 1 move as one group; rail 0 fails at 2 s
+    env = simpy.Environment()
+    net = Network(env)
+    rail = [(Link(f"a{i}", f"s{i}", 10.0), Link(f"s{i}", f"c{i}", 10.0)) for i in (0, 1)]
+    around = (Link("a0", "x", 4.0), Link("x", "c0", 4.0))
+    net.reroute = lambda first, last, down: around if ("s0", "c0") in down else None
+    t = net.start([FlowSpec(rail[0], 100.0), FlowSpec(rail[1], 100.0)])
+    assert net.groups() == [(0, (0, 1))]
+    run_at(env, 2.0, lambda: net.fail_link("s0", "c0"))
+    env.run(until=40.0)
+    assert t.end_s == 22.0
+    assert {k: s["bytes"] for k, s in stats_by_link(net).items()} == {
+        ("a0", "s0"): 20.0, ("s0", "c0"): 20.0, ("a0", "x"): 80.0, ("x", "c0"): 80.0,
+        ("a1", "s1"): 100.0, ("s1", "c1"): 100.0,
+    }  # fmt: skip
+    assert stats_by_link(net)["a0", "s0"]["busy_s"] == 2.0
+
+
+def test_a_cancelled_flow_leaves_its_links_what_crossed_them():
+    env, net = two_path_network()
+    t = net.start([FlowSpec(TWO_PATHS["direct"], 100.0)])
+    run_at(env, 3.0, lambda: net.cancel(t))
+    env.run(until=40.0)
+    by = stats_by_link(net)
+    assert [by[k]["bytes"] for k in [("a", "b"), ("b", "c")]] == [30.0, 30.0]
+    assert [by[k]["busy_s"] for k in [("a", "b"), ("b", "c")]] == [3.0, 3.0]
+
+
 def test_textbook_max_min_three_levels():
     # chain x -A-> y -B-> z -C-> w
     A, B, C = Link("x", "y", 6.0), Link("y", "z", 10.0), Link("z", "w", 4.0)
@@ -461,6 +552,83 @@ def test_invariants(scenario):
     for s in links:
         assert 0.0 < s["utilization"] <= 1 + 1e-9
         assert s["peak_rate_bytes_s"] <= s["usable_bytes_s"] * (1 + 1e-9)
+    # bytes are conserved on every link: each flow's whole size crossed each
+    # link of its path, so the links together carry sum(size x hops)
+    crossed: dict[tuple[str, str], float] = {}
+    for _, flows in started:
+        for f in flows:
+            for link in f.path:
+                k = (link.src, link.dst)
+                crossed[k] = crossed.get(k, 0.0) + f.size_bytes
+    got = {(s["src"], s["dst"]): s["bytes"] for s in links}
+    assert got.keys() <= crossed.keys()
+    for k, b in crossed.items():
+        assert got.get(k, 0.0) == pytest.approx(b, rel=1e-9, abs=1e-4), k  # (ABS_DONE each)
+    hops = sum(f.size_bytes * len(f.path) for _, flows in started for f in flows)
+    assert sum(got.values()) == pytest.approx(hops, rel=1e-9, abs=1e-3)
+    # and nothing more crosses them once every flow is done
+    env.run(until=env.now + 10.0)
+    assert net.link_stats() == links
+
+
+@st.composite
+def reroutes(draw):
+    """Transfers on the two paths a->b->c and a->x->c (capacities drawn) and
+    on a->b alone, while b->c fails and is perhaps repaired."""
+    cap = st.sampled_from([4.0, 10.0, 20.0]) | st.floats(1.0, 50.0)
+    ends = [("a", "b"), ("b", "c"), ("a", "x"), ("x", "c")]
+    links = {k: Link(k[0], k[1], draw(cap)) for k in ends}
+    paths = {
+        "direct": (links["a", "b"], links["b", "c"]),
+        "around": (links["a", "x"], links["x", "c"]),
+        "first": (links["a", "b"],),
+    }
+    transfers = []
+    for _ in range(draw(st.integers(1, 6))):
+        at = draw(st.sampled_from([0.0, 1.0]) | st.floats(0.0, 10.0))
+        kinds = draw(st.lists(st.sampled_from(["direct", "first"]), min_size=1, max_size=3))
+        size = draw(st.sampled_from([50.0, 100.0]) | st.floats(1.0, 300.0))
+        transfers.append((at, [FlowSpec(paths[k], size) for k in kinds]))
+    fail = draw(st.floats(0.0, 10.0))
+    repair = draw(st.none() | st.floats(0.0, 10.0))
+    return paths, sorted(transfers, key=lambda x: x[0]), fail, repair
+
+
+@settings(max_examples=40, deadline=None)
+@given(reroutes())
+def test_a_failing_link_moves_flows_and_their_bytes_are_conserved(case):
+    paths, transfers, fail, repair = case
+    env = simpy.Environment()
+    net = Network(env)
+    net.reroute = lambda first, last, down: paths["around"] if ("b", "c") in down else None
+    run_at(env, fail, lambda: net.fail_link("b", "c"))
+    if repair is not None:
+        run_at(env, fail + repair, lambda: net.recover_link("b", "c"))
+    started = []
+
+    def driver():
+        for at, flows in transfers:
+            yield env.timeout(at - env.now)
+            started.append(net.start(flows))
+
+    env.process(driver())
+    env.run()
+    env.run(until=env.now + 10.0)  # nothing more crosses a link once all are done
+    assert all(t.end_s is not None for t in started)
+    got = {k: s["bytes"] for k, s in stats_by_link(net).items()}
+
+    def on(src, dst):
+        return got.get((src, dst), 0.0)
+
+    through = sum(f.size_bytes for _, flows in transfers for f in flows if len(f.path) == 2)
+    first = sum(f.size_bytes for _, flows in transfers for f in flows if len(f.path) == 1)
+    # each a->c flow crosses either b or x with every byte, then on to c
+    assert on("b", "c") + on("a", "x") == pytest.approx(through, rel=1e-9, abs=1e-4)
+    assert on("a", "b") == pytest.approx(on("b", "c") + first, rel=1e-9, abs=1e-4)
+    assert on("x", "c") == pytest.approx(on("a", "x"), rel=1e-9, abs=1e-4)
+    for s in net.link_stats():
+        assert s["busy_s"] * s["usable_bytes_s"] >= s["bytes"] * (1 - 1e-9)
+        assert s["utilization"] <= 1 + 1e-9
 
 
 def test_events_stay_linear_in_flows_and_stale_ones_do_nothing():

@@ -48,6 +48,11 @@ Semantics:
   the transfer) when every flow is delivered. One flow on an idle path thus
   takes exactly ``latency + size / min(bottleneck usable, cap)``
   (:meth:`Network.idle_time_s`).
+- Link figures. A link's bytes and busy time are the integral of the rates
+  of the flows on it, and its load is their sum: a flow that leaves a link
+  (moved to another path when a link fails, cancelled, or done sending)
+  takes its rate off the link at that instant, and the flows still on it are
+  re-shared without it.
 - Edge cases. A zero-size flow (at most 1e-6 bytes) is delivered after its
   path latency. A transfer with no flows is done at once. A flow with an
   empty path is local: instant when uncapped, ``size / cap`` when capped. A
@@ -929,7 +934,8 @@ class Network:
 
     def fail_link(self, src: str, dst: str) -> None:
         """Link ``src -> dst`` fails now: each flow on it moves to another path
-        when there is one, else waits (at rate 0) for the repair."""
+        when there is one (leaving its old links, which are re-shared), else
+        waits (at rate 0) for the repair."""
         self._set_down((src, dst), True)
 
     def recover_link(self, src: str, dst: str) -> None:
@@ -966,6 +972,9 @@ class Network:
                     for link in path:
                         self._register(link)
                     self._remove(g)
+                    # the links it leaves: their loads drop, and the groups
+                    # still on them are re-shared without it
+                    keys.extend(g.keys)
                     g.paths = [path]
                     g.members = [tuple((ln.src, ln.dst) for ln in path)]
                     g.keys = g.members[0]
