@@ -101,8 +101,12 @@ def test_fit_weighted_keeps_what_already_fits() -> None:
         pts = tuple(Point(ph, bt, model.iteration_time(bt)) for ph, bt in batches)
         sources.append(Source(name, "llama2-70b", gpu, tp, pts))
         weights[name] = [[5, 1, 0, 3, 1, 0]]
-    p = fit_weighted(sources, weights, {"b": [False] * 3 + [True] * 3}, rounds=1)
+    held = ("mfu@h100-sxm", "overhead_s@splitwise-sim")
+    p = fit_weighted(sources, weights, {"b": [False] * 3 + [True] * 3}, rounds=1, held=held)
     assert p["misses"] == 0
+    assert {k: p[k] for k in held} == {
+        k: pytest.approx(default_params()[k], rel=1e-6) for k in held
+    }
     for s in sources:
         m = fitted_roofline(p, s)
         for pt in s.points:

@@ -126,7 +126,7 @@ def test_default_preset_decode_sanity() -> None:
     big = Roofline(L70, h100, 8).iteration_time(
         Batch(decode_count=64, decode_context_sum=64 * 1024)
     )
-    assert 0.020 <= big <= 0.045, big  # the weighted refit prices it at 23 ms
+    assert 0.020 <= big <= 0.045, big  # the weighted refit prices it at 26 ms
     small = Roofline(get_model("llama-3.1-8b"), h100, 1).iteration_time(
         Batch(decode_count=64, decode_context_sum=64 * 1024)
     )

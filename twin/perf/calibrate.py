@@ -404,6 +404,7 @@ def fit_weighted(
     pinned: Mapping[str, Sequence[bool]] | None = None,
     start: dict[str, float] | None = None,
     rounds: int = WEIGHTED_ROUNDS,
+    held: Sequence[str] = (),
 ) -> dict[str, float]:
     """Fitted parameters (as :func:`fit_sources`) where the traffic is, from ``start``
     (default: the hard-coded defaults, which it refines): ``weights`` per source name (one
@@ -411,8 +412,8 @@ def fit_weighted(
     weighted median <= TARGET_WEIGHTED on each workload's prompt and TPOT errors; ``pinned``
     per source name (a flag per point) asks each flagged point within TARGET_WEIGHTED on its
     own; the grid keeps its least-squares share. ``rounds`` iterations of least squares and
-    reweighting (see WEIGHTED_FACTOR), every step within ``_BOUNDS``; ``"misses"`` is how many
-    targets miss at the end."""
+    reweighting (see WEIGHTED_FACTOR), every step within ``_BOUNDS``, the parameters named in
+    ``held`` kept at their start; ``"misses"`` is how many targets miss at the end."""
     srcs = [_Source(s) for s in sources]
     for src in srcs:
         src.weigh(weights.get(src.name, ()))
@@ -421,11 +422,20 @@ def fit_weighted(
         x = _defaults()
     else:
         x = np.clip(np.log([start[n] for n in NAMES]), _LO + 1e-9, _HI - 1e-9)
+    free = np.array([n not in held for n in NAMES])
+    x0 = x.copy()
+
+    def residuals(xf: np.ndarray, boost: dict[tuple[str, int, int], float]) -> np.ndarray:
+        full = x0.copy()
+        full[free] = xf
+        return _weighted_residuals(full, srcs, pins, boost)
+
     boost: dict[tuple[str, int, int], float] = {}
     for _ in range(rounds):
         _reweigh(x, srcs, pins, boost)
-        r = least_squares(_weighted_residuals, x, args=(srcs, pins, boost), bounds=(_LO, _HI))
-        x = np.clip(r.x, _LO + 1e-9, _HI - 1e-9)
+        lo, hi = _LO[free], _HI[free]
+        r = least_squares(residuals, x[free], args=(boost,), bounds=(lo, hi))
+        x[free] = np.clip(r.x, lo + 1e-9, hi - 1e-9)
     out = _params(x)
     out["misses"] = float(_reweigh(x, srcs, pins, {}))
     return out

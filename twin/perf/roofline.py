@@ -119,15 +119,15 @@ def l2_tokens(gpu: GPUSpec, model: ModelSpec) -> float:
 # Software terms of the Roofline per serving engine: what the serving software adds on top of the
 # GPU's roofline (per-iteration, per-layer and per-sequence CPU/launch costs, activation-sized
 # element-wise memory passes, how much compute and memory time fail to overlap). Fitted jointly
-# with GPU_EFFICIENCY by twin.perf.calibrate:
-# - "splitwise-sim": splitwise-sim's perf_model.csv (llama2-70b on A100-80GB and H100-80GB at
-#   TP 2, 4, 8). That profiling stack pays ~0.25 ms per sequence per iteration, several times what
-#   current serving engines spend: extrapolated to other models and to batches beyond 64 it makes
-#   decode far too slow (Llama-3.1-8B on one H100 at batch 64: 34 ms a step), so it is a preset
-#   for replaying that data, not the default.
+# with GPU_EFFICIENCY by twin.perf.calibrate.fit_weighted:
+# - "splitwise-sim": splitwise-sim's perf_model.csv (llama2-70b on A100-80GB, H100-80GB and the
+#   capped H100 at TP 2, 4, 8, bloom-176b at TP 8). That profiling stack pays ~0.22 ms per
+#   sequence per iteration, several times what current serving engines spend: extrapolated to
+#   other models and to batches beyond 64 it makes decode far too slow (Llama-3.1-8B on one H100
+#   at batch 64: 32 ms a step), so it is a preset for replaying that data, not the default.
 # - "distserve": DistServe's fitted A100-80GB latency models (OPT-13B at TP 1, 2, 4; OPT-66B at
 #   TP 2, 3, 4, 8), profiled on DistServe's own engine, whose light per-sequence costs match
-#   current engines (Llama-2-70B TP8 H100 at batch 64: 31 ms a step; Llama-3.1-8B on one H100:
+#   current engines (Llama-2-70B TP8 H100 at batch 64: 26 ms a step; Llama-3.1-8B on one H100:
 #   18 ms): the default.
 # ``seq_overhead_s`` is paid per sequence per iteration whatever the TP; ``seq_shard_overhead_s``
 # per sequence divided by TP (per-sequence work that the TP ranks split).
@@ -270,8 +270,8 @@ class Roofline:
     ``distserve``), GPU terms shared, every parameter held within a physically
     plausible bound (``twin.perf.calibrate._BOUNDS``), weighted by where the
     bundled workloads' iterations fall (see the comment above
-    :data:`DEFAULT_MFU`). Several terms sit at a bound (mfu 0.85 and mbu 0.92 on
-    both GPUs, H100 attn_mfu 0.1, 100 us per layer); fitted ``act_traffic``
+    :data:`DEFAULT_MFU`). Several terms sit at a bound (A100 mfu 0.85, mbu 0.92 on
+    both GPUs, 100 us per layer); fitted ``act_traffic``
     (about a hundred passes) is more than a count of kernels gives: it also
     absorbs per-token costs of the measured engines that have no term here.
     Use a ProfileTable where accuracy matters;
