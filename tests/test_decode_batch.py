@@ -60,9 +60,9 @@ def test_decode_slowdown_batch_64_over_1(measured: dict[int, float]) -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="the default preset (engine: distserve) carries DistServe's per-sequence cost "
-    "(seq_overhead 70 us per sequence per iteration, against splitwise-sim's 240 us): a "
-    "64-sequence step slows 1.31x over batch 1 against the 1.69x measured; "
+    reason="the default preset (engine: distserve) carries DistServe's per-sequence cost, "
+    "fitted to DistServe's OPT data (53 us per sequence per iteration, against splitwise-sim's "
+    "216 us): a 64-sequence step slows 1.39x over batch 1 against the 1.69x measured; "
     "use perf: {kind: roofline, engine: splitwise-sim} for this table",
 )
 def test_default_preset_decode_slowdown(measured: dict[int, float]) -> None:

@@ -10,6 +10,7 @@ from twin.perf.validate import Point, Source
 from twin.studies.fidelity import (
     IterationRecorder,
     _weighted_quantile,
+    point_weights,
     weighted_score,
     workload_mix,
 )
@@ -69,8 +70,47 @@ def test_weighted_score_counts_iterations_on_their_nearest_point() -> None:
     assert (row.prefill_iterations, row.decode_iterations) == (5, 10)
     # The grid median counts every point once: (0.0, 0.1, 0.4) -> 0.1.
     assert row.grid.prompt_median == pytest.approx(0.1)
+    # the same counts per point, by index among the phase's points
+    w = point_weights(src, rec)
+    assert w["prompt"] == {1: 3, 0: 1, 2: 1} and w["tpot"] == {1: 9, 0: 1}
     rec.prefill.clear()
     assert weighted_score(src, rec, model).prompt_median is None
+
+
+def test_calibrate_weighted_median_is_fidelitys() -> None:
+    import numpy as np
+
+    from twin.perf.calibrate import weighted_median
+
+    for pairs in ([(0.3, 1), (0.1, 1), (0.2, 1)], [(0.1, 1), (0.5, 9)], [(0.1, 9), (0.5, 1)]):
+        err, w = np.array([e for e, _ in pairs]), np.array([float(n) for _, n in pairs])
+        assert weighted_median(err, w) == _weighted_quantile(pairs, 0.5)
+
+
+def test_fit_weighted_keeps_what_already_fits() -> None:
+    # three sources whose "measured" times are the Roofline's own at the defaults: no target
+    # misses, and the refit (one round) stays where every error is ~0
+    from twin.perf.calibrate import default_params, fit_weighted, fitted_roofline
+
+    sources, weights = [], {}
+    for name, gpu, tp in (("a", "a100-80gb", 2), ("b", "h100-80gb", 8)):
+        shell = Source(name, "llama2-70b", gpu, tp, ())
+        model = fitted_roofline(default_params(), shell)
+        batches = [("prompt", _p(1, n)) for n in (512, 2048, 8192)]
+        batches += [("tpot", _d(b, 700)) for b in (1, 8, 64)]
+        pts = tuple(Point(ph, bt, model.iteration_time(bt)) for ph, bt in batches)
+        sources.append(Source(name, "llama2-70b", gpu, tp, pts))
+        weights[name] = [[5, 1, 0, 3, 1, 0]]
+    held = ("mfu@h100-sxm", "overhead_s@splitwise-sim")
+    p = fit_weighted(sources, weights, {"b": [False] * 3 + [True] * 3}, rounds=1, held=held)
+    assert p["misses"] == 0
+    assert {k: p[k] for k in held} == {
+        k: pytest.approx(default_params()[k], rel=1e-6) for k in held
+    }
+    for s in sources:
+        m = fitted_roofline(p, s)
+        for pt in s.points:
+            assert m.iteration_time(pt.batch) == pytest.approx(pt.measured_s, rel=0.02)
 
 
 def test_workload_mix_records_every_prompt_once() -> None:

@@ -263,6 +263,16 @@ def test_the_planner_prefers_expert_parallel_decode_for_deepseek():
             "max_requests": 24,
         },  # fmt: skip
         "slo": {"ttft": "30 s", "tpot": "30 ms"},  # decode limits, not the prefill feed
+        # explicit software terms (the distserve preset before the workload-weighted refit), so
+        # the planner is checked on a fixed pricing rather than on whatever the preset is now
+        "perf": {
+            "kind": "roofline",
+            "overhead": "4 ms",
+            "layer_overhead": "0 s",
+            "seq_overhead": "70 us",
+            "act_traffic": 28.0,
+            "no_overlap": 0.73,
+        },  # fmt: skip
     }
     spec = resolve_spec(data, "plan.yaml", Path.cwd())
     pl = _Planner(spec, replicate_samples(spec, 24, 1)[0], 8, 3, 200)

@@ -38,38 +38,44 @@ def test_format_marks_pass_and_fail() -> None:
 
 def test_validation_on_real_data(shared_data: Path) -> None:
     rows = {r.source: r for r in validate_perf(shared_data)}
-    assert len(rows) == 19
+    assert len(rows) == 19 + 24  # the whole-iteration sources and Vidur's GEMM-only ones
+    rows = {n: r for n, r in rows.items() if not n.startswith("vidur")}
     # The anomalous TP-2 runs (512 x 64 prompt tokens, on H100 and so on the capped H100 too)
     # are the only exclusions.
     assert sum(r.excluded for r in rows.values()) == 6
     assert {r.engine for n, r in rows.items() if n.startswith("splitwise")} == {"splitwise-sim"}
     assert {r.engine for n, r in rows.items() if n.startswith("distserve")} == {"distserve"}
-    # What the calibrated defaults reach today (see twin/perf/roofline.py and calibrate.py): the
-    # 13 sources they were fitted on meet the target, with every fitted parameter within its
-    # plausible bound, and so do the capped H100 at TP 2 and BLOOM on it.
+    # What the calibrated defaults reach today on the grid (see twin/perf/roofline.py and
+    # calibrate.fit_weighted, which weighs where workloads put their iterations): every source
+    # but five, whose worst points (the shortest or the longest prompts) are 36% to 49% off.
     misses = {
+        "splitwise llama2-70b a100-80gb tp4",
+        "splitwise llama2-70b a100-80gb tp8",
+        "splitwise llama2-70b h100-80gb tp8",
         "splitwise llama2-70b h100-80gb-pcap tp4",
         "splitwise llama2-70b h100-80gb-pcap tp8",
-        "splitwise bloom-176b a100-80gb tp8",
-        "splitwise bloom-176b h100-80gb tp8",
     }
     assert {n for n, r in rows.items() if not r.passed} == misses
-    # The cap leaves decode alone: the capped H100's TPOT errors are the full H100's.
+    # The cap leaves decode almost alone (only the compute share that no_overlap adds to a
+    # memory-bound step slows): the capped H100's TPOT median is within a point of the full's.
     for model, tp in (("llama2-70b", 2), ("llama2-70b", 4), ("llama2-70b", 8), ("bloom-176b", 8)):
         full = rows[f"splitwise {model} h100-80gb tp{tp}"]
         cap = rows[f"splitwise {model} h100-80gb-pcap tp{tp}"]
-        assert (cap.tpot_median, cap.tpot_worst) == (full.tpot_median, full.tpot_worst)
+        assert cap.tpot_median == pytest.approx(full.tpot_median, abs=0.01)
 
 
 def test_pcap_clock_is_its_fit(shared_data: Path) -> None:
-    # the catalog's sustained clock of the capped H100 is what twin.perf.calibrate fits to the
-    # profile's h100-80gb-pcap rows (the other defaults held), rounded
+    # the catalog's sustained clock of the capped H100 (0.638, from the workload-weighted fit,
+    # twin.perf.calibrate.fit_weighted) against what fit_clock finds on the grid objective
+    # alone for the profile's h100-80gb-pcap rows, the other defaults held (0.55: the grid's
+    # worst points, the short capped prompts, pull it down); both well under the full clock
     from twin.perf.calibrate import fit_clock
     from twin.perf.gpus import GPUS
     from twin.perf.validate import load_sources
 
     fitted = fit_clock(load_sources(shared_data), "h100-80gb-pcap")
-    assert GPUS["h100-80gb-pcap"].sustained_clock == pytest.approx(fitted, abs=0.005)
+    assert GPUS["h100-80gb-pcap"].sustained_clock == pytest.approx(fitted, abs=0.1)
+    assert max(fitted, GPUS["h100-80gb-pcap"].sustained_clock) < 0.7
 
 
 # Leave-one-out mechanics on a tiny synthetic set: three sources whose "measured" times are the
@@ -136,7 +142,10 @@ def test_held_out_table_explains_a_miss() -> None:
     assert "FAIL (2/3 sources)" in text
     # the reason names the parameter the fit without c moved
     assert "  c: TPOT: in sample loss 0.00; the fit without it moves, most: " in text
-    assert "most: overhead_s@splitwise-sim 0.0075 -> 0.0575 (loss " in text
+    from twin.perf.roofline import ENGINE_OVERHEADS
+
+    v = ENGINE_OVERHEADS["splitwise-sim"]["overhead_s"]
+    assert f"most: overhead_s@splitwise-sim {v:.3g} -> {v + 0.05:.3g} (loss " in text
 
 
 @pytest.mark.slow  # about 20 s: one full start of the fitting routine
@@ -149,3 +158,48 @@ def test_fit_sources_recovers_a_roofline_of_its_own() -> None:
     for s in sources:
         r = score(s, fitted_roofline(p, s))
         assert max(r.prompt_worst, r.tpot_worst) < 0.05, r
+
+
+def test_vidur_gemm_sources_on_real_data(shared_data: Path) -> None:
+    import csv
+
+    from twin.perf.validate import VIDUR_COMPUTE, VIDUR_GEMMS, GemmPart, default_roofline
+    from twin.perf.validate import load_sources as load
+
+    vidur = [s for s in load(shared_data) if s.part == "gemm"]
+    # PROVENANCE.md: 4 models on a100, 2 on h100, each profiled at TP 1, 2, 4 and 8
+    assert len(vidur) == 24 and {s.tp for s in vidur} == {1, 2, 4, 8}
+    src = next(s for s in vidur if s.name == "vidur llama-2-70b h100-sxm tp8 gemm")
+    # one point per num_tokens (1 to 4,096) as a prompt, and those up to 512 as decode batches
+    prompt = [p for p in src.points if p.phase == "prompt"]
+    tpot = [p for p in src.points if p.phase == "tpot"]
+    assert prompt[0].batch.prefill == ((1, 0),) and prompt[-1].batch.prefill == ((4096, 0),)
+    assert max(p.batch.decode_count for p in tpot) == 512
+    # a point is 80 layers x the four GEMM operators' medians of the file's row (ms)
+    path = shared_data / VIDUR_COMPUTE / "h100/meta-llama/Llama-2-70b-hf/mlp.csv"
+    with path.open(newline="") as f:
+        rows = [
+            r
+            for r in csv.DictReader(f)
+            if r["num_tokens"] == "4096" and r["num_tensor_parallel_workers"] == "8"
+        ]
+    runs = [80 * sum(float(r[f"time_stats.{op}.median"]) for op in VIDUR_GEMMS) / 1e3 for r in rows]
+    assert len(runs) == 2  # repeated rows: their median
+    assert prompt[-1].measured_s == pytest.approx(sum(runs) / 2)
+    model = default_roofline(src)
+    assert isinstance(model, GemmPart)
+    assert model.iteration_time(prompt[-1].batch) == model.roofline.gemm_time(4096)
+    scored = {r.source: r for r in validate_perf(shared_data)}
+    assert scored[src.name].points == len(src.points)
+
+
+def test_vidur_bad_shape(tmp_path: Path) -> None:
+    from twin.errors import ProfileError
+    from twin.perf.validate import vidur_sources
+
+    d = tmp_path / "h100" / "meta-llama" / "Llama-2-7b-hf"
+    d.mkdir(parents=True)
+    (d / "mlp.csv").write_text("n_embd,n_expanded_embd,num_tokens,num_tensor_parallel_workers\n"
+                               "4096,999,1,1\n")  # fmt: skip
+    with pytest.raises(ProfileError, match="n_expanded_embd 999"):
+        vidur_sources(tmp_path)

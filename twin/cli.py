@@ -247,7 +247,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return cmd_validate_replay(args)
     if args.spec is not None or args.against is not None:
         raise TwinError("twin validate perf: takes no SPEC nor --against (those are for run)")
-    from twin.perf.validate import find_data_dir, format_validation, load_sources, validate_perf
+    from twin.perf.validate import (
+        find_data_dir,
+        format_validation,
+        iteration_sources,
+        validate_perf,
+    )
 
     data = find_data_dir(args.data)
     weighted = None
@@ -265,7 +270,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         from twin._progress import Progress
         from twin.perf.calibrate import held_out_table
 
-        sources = load_sources(data)
+        sources = iteration_sources(data)
         with Progress(len(sources), "sources", desc="held out") as bar:
             table = held_out_table(sources, on_source=bar.update)
         print()

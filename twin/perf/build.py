@@ -110,6 +110,14 @@ class RooflineKeys:
         None, _AT_LEAST_0, "compute time before the throttle applies (default: per GPU)",
         key="throttle_knee",
     )  # fmt: skip
+    l2_speedup: float | None = declared(
+        None, interval(1, 100),
+        "activation passes of tokens that fit in L2 run this many times faster (default: per GPU)",
+    )  # fmt: skip
+    hop_overhead_s: float | None = declared(
+        None, _AT_LEAST_0, "software latency added to each all-reduce hop (default: the preset)",
+        key="hop_overhead",
+    )  # fmt: skip
     expert_skew: float | None = declared(
         None, interval(0, 100),
         "MoE: the busiest GPU's routed tokens over the mean, minus 1 (default 0: uniform)",
@@ -250,7 +258,7 @@ def build_perf_model(
     ``{kind: roofline, engine: distserve|splitwise-sim, mfu: 0.5, mbu: 0.8, attn_mfu: 0.3,
     overhead: "4 ms", layer_overhead, seq_overhead, seq_shard_overhead,
     hop_latency, tp_mfu_exponent, act_traffic, no_overlap, throttle,
-    throttle_knee}`` (durations with
+    throttle_knee, l2_speedup, hop_overhead}`` (durations with
     units; unset efficiencies default per GPU, unset software terms to the
     ``engine`` preset, itself ``distserve`` by default);
     ``{kind: profile, path, format: splitwise|native, model, hardware, tp}``

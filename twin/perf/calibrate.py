@@ -39,7 +39,7 @@ import argparse
 import dataclasses
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +49,20 @@ from scipy.optimize import least_squares, minimize, minimize_scalar
 from twin._progress import Progress
 from twin.perf.gpus import GPUSpec, get_gpu
 from twin.perf.llm import ModelSpec, get_model
-from twin.perf.roofline import ENGINE_OVERHEADS, ENGINE_TERMS, GPU_EFFICIENCY, Roofline
+from twin.perf.roofline import (
+    ENGINE_OVERHEADS,
+    ENGINE_TERMS,
+    GPU_EFFICIENCY,
+    Roofline,
+    l2_tokens,
+)
 from twin.perf.validate import (
     TARGET_MEDIAN,
     TARGET_WORST,
     Source,
     ValidationRow,
     format_validation,
-    load_sources,
+    iteration_sources,
     score,
 )
 
@@ -69,7 +75,7 @@ FAMILY = {"a100-80gb": "a100-80gb", "h100-sxm": "h100-sxm", "h100-80gb-pcap": "h
 # GPUs run under a power limit below their family's: their GPUSpec.sustained_clock is fitted.
 CAPPED = ("h100-80gb-pcap",)
 ENGINES = tuple(ENGINE_OVERHEADS)
-_EFF = ("mfu", "mbu", "attn_mfu", "throttle", "throttle_knee_s")
+_EFF = ("mfu", "mbu", "attn_mfu", "throttle", "throttle_knee_s", "l2_speedup")
 _LINK = ("hop_latency_s",)
 NAMES = (
     *(f"{k}@{g}" for g in GPUS for k in _EFF),
@@ -90,6 +96,7 @@ _BOUNDS = {
     "attn_mfu": (0.1, 0.8, 0.4),
     "throttle": (1e-4, 1.0, 0.3),
     "throttle_knee_s": (0.01, 5.0, 0.3),
+    "l2_speedup": (1.0, 4.0, 2.0),
     "hop_latency_s": (1e-7, 5e-5, 8e-6),
     "sustained_clock": (0.5, 1.0, 0.8),
     "overhead_s": (1e-6, 0.01, 2e-3),
@@ -98,6 +105,7 @@ _BOUNDS = {
     "seq_shard_overhead_s": (1e-9, 6e-4, 2e-5),
     "act_traffic": (1e-3, 300.0, 10.0),
     "no_overlap": (1e-4, 1.0, 0.3),
+    "hop_overhead_s": (1e-9, 2e-5, 1e-6),
 }
 _LO, _HI, _X0 = (np.log([_BOUNDS[n.split("@")[0]][i] for n in NAMES]) for i in range(3))
 
@@ -151,6 +159,9 @@ class _Source:
         self.flop_attn = 4.0 * m.layers * m.heads * m.head_dim * (self.apre + self.adec) / tp
         self.mem = m.weight_bytes / tp + m.kv_bytes_per_token_tp(tp) / tp * self.kv
         self.act = m.layers * m.hidden * m.dtype_bytes * self.tok  # bytes per unit act_traffic
+        # the share of those bytes whose tokens fit in the L2 cache (L2_BYTES), per point
+        l2_tok = l2_tokens(gpu, m)
+        self.act_l2 = np.minimum(self.tok, l2_tok) / self.tok
         self.peak, self.hbm = gpu.flops_bf16, gpu.hbm_bytes_s
         if family is not None:
             self.peak = gpu.sustained_flops
@@ -158,6 +169,14 @@ class _Source:
         n_ar = 2 * m.layers if tp > 1 else 0
         self.comm_s = n_ar * 2.0 * (tp - 1) / tp * m.hidden * m.dtype_bytes * self.tok / link
         self.n_hops = n_ar * 2 * (tp - 1)
+        self.weights: list[np.ndarray] = []
+
+    def weigh(self, weights: Sequence[Sequence[float]]) -> None:
+        """Add a workload-weighted target: one vector per workload, a weight per point (how
+        many of its iterations land on the point; see twin.studies.fidelity.point_weights)."""
+        self.weights = [np.asarray(w, float) for w in weights]
+        if any(w.shape != self.meas.shape for w in self.weights):
+            raise ValueError(f"{self.name}: a weight vector per point needed")
 
     def predict(self, p: dict[str, float]) -> np.ndarray:
         g, e = self.gpu, self.engine
@@ -168,14 +187,15 @@ class _Source:
         )
         mbw = self.hbm * p[f"mbu@{g}"]
         mem = self.mem / mbw
+        l2 = 1.0 - self.act_l2 + self.act_l2 / p[f"l2_speedup@{g}"]
         return (
             np.maximum(compute, mem)
             + p[f"no_overlap@{e}"] * np.minimum(compute, mem)
-            + self.act * p[f"act_traffic@{e}"] / mbw
+            + self.act * p[f"act_traffic@{e}"] * l2 / mbw
             + p[f"overhead_s@{e}"]
             + self.layers * p[f"layer_overhead_s@{e}"]
             + (p[f"seq_overhead_s@{e}"] + p[f"seq_shard_overhead_s@{e}"] / self.tp) * self.seq
-            + self.n_hops * p[f"hop_latency_s@{g}"]
+            + self.n_hops * (p[f"hop_latency_s@{g}"] + p[f"hop_overhead_s@{e}"])
             + self.comm_s
         )
 
@@ -186,7 +206,23 @@ class _Source:
             e = err[mask]
             if e.size:
                 worst = max(worst, e.max() / TARGET_WORST, float(np.median(e)) / TARGET_MEDIAN)
+            for w in self.weights:
+                wm = w[mask]
+                if wm.sum() > 0:
+                    worst = max(worst, weighted_median(e, wm) / TARGET_WEIGHTED)
         return worst
+
+
+# The workload-weighted target: median <= 10% for prompt and TPOT under each workload given.
+TARGET_WEIGHTED = 0.10
+
+
+def weighted_median(err: np.ndarray, w: np.ndarray) -> float:
+    """The smallest of ``err`` whose cumulative weight ``w`` (in order of error) reaches half the
+    total, as twin.studies.fidelity weighs its medians."""
+    order = np.argsort(err, kind="stable")
+    acc = np.cumsum(w[order])
+    return float(err[order][np.searchsorted(acc, 0.5 * acc[-1])])
 
 
 def _params(x: np.ndarray) -> dict[str, float]:
@@ -250,6 +286,7 @@ def fit_sources(
     from_defaults: bool = True,
     rounds: int = 3,
     on_fit: Callable[[], None] | None = None,
+    weights: Mapping[str, Sequence[Sequence[float]]] | None = None,
 ) -> dict[str, float]:
     """Fitted Roofline parameters (names as in :data:`NAMES`) plus ``"loss"``, on ``sources``.
 
@@ -268,6 +305,9 @@ def fit_sources(
     if starts < 1 and not from_defaults:
         raise ValueError("fit_sources: no start (starts < 1 and from_defaults=False)")
     srcs = [_Source(s) for s in sources]
+    for src in srcs:
+        if weights and src.name in weights:
+            src.weigh(weights[src.name])
     rng = np.random.default_rng(seed)
     best_x, best_f = _X0, math.inf
     if from_defaults:
@@ -289,6 +329,115 @@ def fit_sources(
             on_fit()
     out = _params(best_x)
     out["loss"] = float(best_f)
+    return out
+
+
+# The weighted fit (fit_weighted): least squares on each source's grid points (log error / 0.25,
+# a source weighted as one, raised to the power 2 towards its worst), plus per workload and phase
+# its points' log errors / TARGET_WEIGHTED, each weighted by the share of the workload's
+# iterations on it, plus each pinned point's log error / TARGET_WEIGHTED (a pinned set weighted
+# as one), both times WEIGHTED_FACTOR (how much the traffic's region counts against the grid).
+# Iteratively reweighted towards the minimax: after each least squares, every weighted median
+# above WEIGHTED_MISS, every pinned point above PINNED_MISS and every grid point above
+# TARGET_WORST has its residuals boosted BOOST-fold in the next.
+WEIGHTED_FACTOR = 4.0
+WEIGHTED_MISS = 0.097
+PINNED_MISS = 0.095
+BOOST = 1.6
+WEIGHTED_ROUNDS = 8
+
+
+def _weighted_residuals(
+    x: np.ndarray,
+    sources: list[_Source],
+    pinned: Mapping[str, np.ndarray],
+    boost: Mapping[tuple[str, int, int], float],
+) -> np.ndarray:
+    p = _params(x)
+    out = []
+    for s in sources:
+        r = np.log(s.predict(p) / s.meas)
+        g = np.array([boost.get((s.name, -2, i), 1.0) for i in range(len(r))])
+        out.append(g * np.abs(r / 0.25) ** 2 / math.sqrt(len(r)))
+        for j, w in enumerate(s.weights):
+            for k, mask in enumerate((s.prompt, ~s.prompt)):
+                wm = w * mask
+                if wm.sum() > 0:
+                    f = boost.get((s.name, j, k), 1.0) * WEIGHTED_FACTOR
+                    out.append(f * r / TARGET_WEIGHTED * np.sqrt(wm / wm.sum()))
+        if s.name in pinned:
+            m = pinned[s.name]
+            b = np.array([boost.get((s.name, -1, i), 1.0) for i in range(len(r))])
+            out.append((WEIGHTED_FACTOR * r / TARGET_WEIGHTED * b / math.sqrt(m.sum()))[m])
+    return np.concatenate(out)
+
+
+def _reweigh(
+    x: np.ndarray,
+    sources: list[_Source],
+    pinned: Mapping[str, np.ndarray],
+    boost: dict[tuple[str, int, int], float],
+) -> int:
+    """Boost (in ``boost``) what misses at ``x``; how many do."""
+    p = _params(x)
+    misses = 0
+    for s in sources:
+        err = np.abs(s.predict(p) - s.meas) / s.meas
+        keys = []
+        for j, w in enumerate(s.weights):
+            for k, mask in enumerate((s.prompt, ~s.prompt)):
+                if w[mask].sum() and weighted_median(err[mask], w[mask]) > WEIGHTED_MISS:
+                    keys.append((s.name, j, k))
+        if s.name in pinned:
+            keys += [(s.name, -1, int(i)) for i in np.nonzero(pinned[s.name])[0]
+                     if err[i] > PINNED_MISS]  # fmt: skip
+        keys += [(s.name, -2, int(i)) for i in np.nonzero(err > TARGET_WORST)[0]]
+        for key in keys:
+            boost[key] = boost.get(key, 1.0) * BOOST
+        misses += len(keys)
+    return misses
+
+
+def fit_weighted(
+    sources: Sequence[Source],
+    weights: Mapping[str, Sequence[Sequence[float]]],
+    pinned: Mapping[str, Sequence[bool]] | None = None,
+    start: dict[str, float] | None = None,
+    rounds: int = WEIGHTED_ROUNDS,
+    held: Sequence[str] = (),
+) -> dict[str, float]:
+    """Fitted parameters (as :func:`fit_sources`) where the traffic is, from ``start``
+    (default: the hard-coded defaults, which it refines): ``weights`` per source name (one
+    vector per workload, a weight per point: twin.studies.fidelity.workload_weights) put a
+    weighted median <= TARGET_WEIGHTED on each workload's prompt and TPOT errors; ``pinned``
+    per source name (a flag per point) asks each flagged point within TARGET_WEIGHTED on its
+    own; the grid keeps its least-squares share. ``rounds`` iterations of least squares and
+    reweighting (see WEIGHTED_FACTOR), every step within ``_BOUNDS``, the parameters named in
+    ``held`` kept at their start; ``"misses"`` is how many targets miss at the end."""
+    srcs = [_Source(s) for s in sources]
+    for src in srcs:
+        src.weigh(weights.get(src.name, ()))
+    pins = {k: np.asarray(v, bool) for k, v in (pinned or {}).items()}
+    if start is None:
+        x = _defaults()
+    else:
+        x = np.clip(np.log([start[n] for n in NAMES]), _LO + 1e-9, _HI - 1e-9)
+    free = np.array([n not in held for n in NAMES])
+    x0 = x.copy()
+
+    def residuals(xf: np.ndarray, boost: dict[tuple[str, int, int], float]) -> np.ndarray:
+        full = x0.copy()
+        full[free] = xf
+        return _weighted_residuals(full, srcs, pins, boost)
+
+    boost: dict[tuple[str, int, int], float] = {}
+    for _ in range(rounds):
+        _reweigh(x, srcs, pins, boost)
+        lo, hi = _LO[free], _HI[free]
+        r = least_squares(residuals, x[free], args=(boost,), bounds=(lo, hi))
+        x[free] = np.clip(r.x, lo + 1e-9, hi - 1e-9)
+    out = _params(x)
+    out["misses"] = float(_reweigh(x, srcs, pins, {}))
     return out
 
 
@@ -317,8 +466,8 @@ def fit_clock(sources: Sequence[Source], gpu: str) -> float:
 def fit_roofline(
     data_dir: Path, starts: int = 3, seed: int = 0, on_fit: Callable[[], None] | None = None
 ) -> dict[str, float]:
-    """:func:`fit_sources` on every source of :func:`twin.perf.validate.load_sources`."""
-    return fit_sources(load_sources(Path(data_dir)), starts, seed, on_fit=on_fit)
+    """:func:`fit_sources` on every source of :func:`twin.perf.validate.iteration_sources`."""
+    return fit_sources(iteration_sources(Path(data_dir)), starts, seed, on_fit=on_fit)
 
 
 def roofline_kwargs(p: dict[str, float], gpu: str, engine: str) -> dict[str, object]:
@@ -355,7 +504,7 @@ def check(data_dir: Path, p: dict[str, float]) -> tuple[float, int, int]:
     """The largest per-source loss recomputed with the real :class:`~twin.perf.roofline.Roofline`,
     the number of sources within the target and the number of sources."""
     worst, passing, n = 0.0, 0, 0
-    for s in load_sources(Path(data_dir)):
+    for s in iteration_sources(Path(data_dir)):
         loss = _loss(score(s, fitted_roofline(p, s)))
         worst, passing, n = max(worst, loss), passing + (loss <= 1.0), n + 1
     return worst, passing, n
@@ -488,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
     with Progress(len(CAPPED) + args.starts + 1, "fits", desc="calibrate") as bar:
         clocks = []
         for g in CAPPED:
-            clocks.append((g, fit_clock(load_sources(Path(args.data)), g)))
+            clocks.append((g, fit_clock(iteration_sources(Path(args.data)), g)))
             bar.update()
         p = fit_roofline(Path(args.data), starts=args.starts, on_fit=bar.update)
     for g, clock in clocks:

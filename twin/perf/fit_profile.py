@@ -103,7 +103,8 @@ def load_table(
 def held_terms(gpu: GPUSpec, engine: str) -> dict[str, float]:
     """Every Roofline term's default for ``gpu`` and preset ``engine`` (calibrate's names)."""
     eff = GPU_EFFICIENCY.get(
-        gpu.name, (DEFAULT_MFU, DEFAULT_MBU, DEFAULT_ATTN_MFU, 0.0, 0.0, DEFAULT_HOP_LATENCY_S)
+        gpu.name,
+        (DEFAULT_MFU, DEFAULT_MBU, DEFAULT_ATTN_MFU, 0.0, 0.0, 1.0, DEFAULT_HOP_LATENCY_S),
     )
     p = {f"{k}@{_FAMILY}": float(v) for k, v in zip((*_EFF, *_LINK), eff, strict=True)}
     p.update({f"{k}@{engine}": float(v) for k, v in ENGINE_OVERHEADS[engine].items()})

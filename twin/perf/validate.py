@@ -51,6 +51,7 @@ TARGET_WORST = 0.35
 
 SPLITWISE_CSV = Path("profiles/splitwise_sim/perf_model.csv")
 DISTSERVE_JSON = Path("profiles/distserve/profiler-a100-80g.distserve.json")
+VIDUR_COMPUTE = Path("profiles/vidur/compute")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,7 @@ class Source:
     points: tuple[Point, ...]
     excluded: int = 0  # points dropped as physically inconsistent (see splitwise_sources)
     engine: str = "splitwise-sim"  # the serving engine measured (a key of ENGINE_OVERHEADS)
+    part: str = "iteration"  # what was measured: "iteration" or "gemm" (see GemmPart)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +203,71 @@ def distserve_sources(path: Path) -> list[Source]:
     return out
 
 
+# Vidur's device folders and the catalog GPU each was profiled on (Vidur, MLSys'24, section 6:
+# DGX A100 80GB and DGX H100 80GB SXM nodes).
+VIDUR_DEVICES = {"a100": "a100-80gb", "h100": "h100-sxm"}
+# The operators of Vidur's mlp.csv that are the layer's weight GEMMs (QKV, attention output,
+# MLP gate+up and down projections); the element-wise ones (norms, residual add, rotary,
+# activation) and the embedding are left out: the Roofline prices no kernel of theirs alone.
+VIDUR_GEMMS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
+# Vidur's points of up to this many tokens are scored as decode steps too (a decode batch of
+# that many sequences runs the same GEMMs): the batch sizes serving forms.
+VIDUR_DECODE_TOKENS = 512
+
+
+def vidur_sources(root: Path) -> list[Source]:
+    """Vidur's per-layer GEMM times (``mlp.csv``: the median of each operator, ms, per
+    ``num_tokens`` and TP), one source per (device, model, TP), as whole-model GEMM time:
+    layers x the sum of :data:`VIDUR_GEMMS`, rows repeated for the same (TP, tokens) reduced to
+    their median. Every point is a prompt point (``num_tokens``
+    tokens of one prompt); those of at most :data:`VIDUR_DECODE_TOKENS` tokens are decode
+    points too (that many sequences). Scored with :class:`GemmPart` (``part="gemm"``); the
+    source's ``engine`` is the default preset, which serves the workload of ``--workload``."""
+    from twin.perf.roofline import DEFAULT_ENGINE
+
+    out = []
+    for device in sorted(p.name for p in root.iterdir() if p.is_dir()):
+        gpu = VIDUR_DEVICES.get(device)
+        if gpu is None:
+            continue
+        for path in sorted((root / device).glob("*/*/mlp.csv")):
+            hf = f"{path.parent.parent.name}/{path.parent.name}"
+            model = get_model(hf, f"{path}")
+            text = read_text(path, "profile", ProfileError)
+            per_tp: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+            reader = csv.DictReader(io.StringIO(text, newline=""))
+            try:
+                for r in reader:
+                    if int(r["n_embd"]) != model.hidden or int(r["n_expanded_embd"]) != (
+                        model.intermediate
+                    ):
+                        raise ProfileError(
+                            f"{path}: line {reader.line_num}: n_embd {r['n_embd']}, "
+                            f"n_expanded_embd {r['n_expanded_embd']}; {model.name} has "
+                            f"{model.hidden}, {model.intermediate}"
+                        )
+                    ms = sum(float(r[f"time_stats.{op}.median"]) for op in VIDUR_GEMMS)
+                    tp, tokens = int(r["num_tensor_parallel_workers"]), int(r["num_tokens"])
+                    per_tp[tp][tokens].append(ms * 1e-3 * model.layers)
+            except (KeyError, ValueError, TypeError, csv.Error) as e:
+                raise ProfileError(
+                    f"{path}: line {reader.line_num}: not Vidur's mlp.csv ({e!r})"
+                ) from None
+            for tp, runs in sorted(per_tp.items()):
+                pts = {n: statistics.median(v) for n, v in runs.items()}
+                points = [
+                    Point("prompt", Batch(prefill=((n, 0),)), s) for n, s in sorted(pts.items())
+                ]
+                points += [
+                    Point("tpot", Batch(decode_count=n, decode_context_sum=n), s)
+                    for n, s in sorted(pts.items())
+                    if n <= VIDUR_DECODE_TOKENS
+                ]
+                out.append(Source(f"vidur {model.name} {gpu} tp{tp} gemm", model.name, gpu, tp,
+                                  tuple(points), engine=DEFAULT_ENGINE, part="gemm"))  # fmt: skip
+    return out
+
+
 def load_sources(data_dir: Path) -> list[Source]:
     """Every validation source found under ``data_dir``; a TwinError if none is."""
     out: list[Source] = []
@@ -208,9 +275,46 @@ def load_sources(data_dir: Path) -> list[Source]:
         out += splitwise_sources(data_dir / SPLITWISE_CSV)
     if (data_dir / DISTSERVE_JSON).is_file():
         out += distserve_sources(data_dir / DISTSERVE_JSON)
+    if (data_dir / VIDUR_COMPUTE).is_dir():
+        out += vidur_sources(data_dir / VIDUR_COMPUTE)
     if not out:
-        raise TwinError(f"{data_dir}: neither {SPLITWISE_CSV} nor {DISTSERVE_JSON} found")
+        raise TwinError(
+            f"{data_dir}: none of {SPLITWISE_CSV}, {DISTSERVE_JSON}, {VIDUR_COMPUTE} found"
+        )
     return out
+
+
+# The decode batch series of a splitwise-sim source: its token times after 512-token prompts
+# with 128 generated (context 512 + 128 // 2 = 576), at every batch size measured (1 to 64).
+DECODE_SERIES_CONTEXT = 512 + 128 // 2
+
+
+def decode_series(source: Source) -> list[bool]:
+    """Per point of ``source``: whether it is of the decode batch series (a splitwise-sim
+    TPOT point at :data:`DECODE_SERIES_CONTEXT`), all False for other sources."""
+    return [
+        source.engine == "splitwise-sim"
+        and p.phase == "tpot"
+        and p.batch.decode_context_sum == p.batch.decode_count * DECODE_SERIES_CONTEXT
+        for p in source.points
+    ]
+
+
+def iteration_sources(data_dir: Path) -> list[Source]:
+    """The sources of :func:`load_sources` that measured whole iterations (what
+    :mod:`twin.perf.calibrate` fits), not one part of them."""
+    return [s for s in load_sources(data_dir) if s.part == "iteration"]
+
+
+class GemmPart:
+    """A Roofline's price of the weight GEMMs alone (:meth:`~twin.perf.roofline.Roofline.gemm_time`)
+    of a batch's new tokens, for a source that measured only those kernels (``part="gemm"``)."""
+
+    def __init__(self, roofline: Roofline) -> None:
+        self.roofline = roofline
+
+    def iteration_time(self, batch: Batch) -> float:
+        return self.roofline.gemm_time(batch.decode_count + batch.prefill_tokens)
 
 
 def _errors(model: PerfModel, points: Sequence[Point], phase: str) -> list[float]:
@@ -237,11 +341,13 @@ def score(source: Source, model: PerfModel) -> ValidationRow:
     )
 
 
-def default_roofline(source: Source, **params: Any) -> Roofline:
+def default_roofline(source: Source, **params: Any) -> Any:
     """The Roofline a source is compared with: the defaults with the preset of the
-    engine the source was measured on, unless ``params`` override."""
+    engine the source was measured on, unless ``params`` override; for a source that
+    measured the GEMMs alone, its :class:`GemmPart`."""
     params.setdefault("engine", source.engine)
-    return Roofline(get_model(source.model), get_gpu(source.gpu), source.tp, **params)
+    r = Roofline(get_model(source.model), get_gpu(source.gpu), source.tp, **params)
+    return GemmPart(r) if source.part == "gemm" else r
 
 
 def validate_perf(
