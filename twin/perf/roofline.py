@@ -879,6 +879,7 @@ class Roofline:
         else:
             roof = mem_s + self.no_overlap * compute_s
         t = roof + self._fixed + self._seq * seqs + self._comm_fixed + self._comm_token * tokens
+        t += self._act_time(tokens)
         if self._moe:
             t += self.moe_time(tokens)
         return t
@@ -897,6 +898,7 @@ class Roofline:
         w_b, kv_layer, inv_mem, no = self._w_b, self._kv_layer, self._inv_mem, self.no_overlap
         fixed, per_seq = self._fixed, self._seq * seqs
         comm_fixed, comm = self._comm_fixed, self._comm_token * tokens
+        act = self._act_time(tokens)
         moe = self.moe_time(tokens) if self._moe else 0.0
         cap = count * w
         out = []
@@ -908,6 +910,7 @@ class Roofline:
             mem_s = (w_b + kv_layer * (full * (ctx + tokens) + slide * (dec_w + tokens))) * inv_mem
             roof = compute_s + no * mem_s if compute_s > mem_s else mem_s + no * compute_s
             t = roof + fixed + per_seq + comm_fixed + comm
+            t += act
             if self._moe:
                 t += moe
             out.append(t)
@@ -954,13 +957,13 @@ class Roofline:
                     if c_last <= (w_b + kv_b * (context_sum + tokens)) * inv_mem:
                         return [
                             (w_b + kv_b * (ctx + tokens)) * inv_mem + no * (c0 + fa * ctx * ia)
-                            + fixed + per_seq + comm_fixed + comm
+                            + comm_fixed + comm + act + fixed + per_seq
                             for ctx in range(context_sum, stop, count)
                         ]  # fmt: skip
                     if c0 + fa * context_sum * ia > (w_b + kv_b * (last + tokens)) * inv_mem:
                         return [
                             c0 + fa * ctx * ia + no * ((w_b + kv_b * (ctx + tokens)) * inv_mem)
-                            + fixed + per_seq + comm_fixed + comm
+                            + comm_fixed + comm + act + fixed + per_seq
                             for ctx in range(context_sum, stop, count)
                         ]  # fmt: skip
             out = []
