@@ -58,7 +58,7 @@ from twin.serving.engine import Engine
 from twin.serving.handoff import shard_flows
 from twin.serving.kvcache import cacheable
 from twin.serving.sequence import Sequence as Seq
-from twin.serving.tiers import Tier, TierChain, Writer, host_copy_bytes_s
+from twin.serving.tiers import Tier, TierChain, Writer, host_copy_bytes_s, tier_summary
 
 
 @dataclass(frozen=True)
@@ -301,15 +301,5 @@ class KVPools:
         out: dict[str, Any] = {}
         for i, name in enumerate(t.name for t in self.chains[0].tiers):
             tiers = [c.tiers[i] for c in self.chains]
-            hit = sum(t.hit_tokens for t in tiers)
-            bb = self.block_bytes
-            out[name] = {
-                "hit_tokens": hit,
-                "hit_rate": hit / prompt_tokens if prompt_tokens else None,
-                "bytes_read": sum(t.bytes_read for t in tiers),
-                "bytes_written": sum(t.bytes_written for t in tiers),
-                "capacity_bytes": sum(t.capacity_blocks for t in tiers) * bb,
-                "peak_node_bytes": max(t.peak_blocks for t in tiers) * bb,
-                "final_bytes": sum(t.used_blocks for t in tiers) * bb,
-            }
+            out[name] = tier_summary(tiers, prompt_tokens, self.block_bytes, "peak_node_bytes")
         return out

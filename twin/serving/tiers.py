@@ -573,17 +573,26 @@ class KVTiers:
             if not tiers:
                 continue
             block_bytes = next(iter(self.chains.values())).block_bytes
-            hit = sum(t.hit_tokens for t in tiers)
-            out[name] = {
-                "hit_tokens": hit,
-                "hit_rate": hit / prompt_tokens if prompt_tokens else None,
-                "bytes_read": sum(t.bytes_read for t in tiers),
-                "bytes_written": sum(t.bytes_written for t in tiers),
-                "capacity_bytes": sum(t.capacity_blocks for t in tiers) * block_bytes,
-                "peak_instance_bytes": max(t.peak_blocks for t in tiers) * block_bytes,
-                "final_bytes": sum(t.used_blocks for t in tiers) * block_bytes,
-            }
+            out[name] = tier_summary(tiers, prompt_tokens, block_bytes, "peak_instance_bytes")
         return out
+
+
+def tier_summary(
+    tiers: Sequence[Tier], prompt_tokens: int, block_bytes: float, peak_key: str
+) -> dict[str, Any]:
+    """One summary entry for the tiers of one name (one per instance or node): hit
+    tokens and their share of ``prompt_tokens``, bytes read and written, capacity, the
+    fullest one's peak (under ``peak_key``) and what all hold at the end."""
+    hit = sum(t.hit_tokens for t in tiers)
+    return {
+        "hit_tokens": hit,
+        "hit_rate": hit / prompt_tokens if prompt_tokens else None,
+        "bytes_read": sum(t.bytes_read for t in tiers),
+        "bytes_written": sum(t.bytes_written for t in tiers),
+        "capacity_bytes": sum(t.capacity_blocks for t in tiers) * block_bytes,
+        peak_key: max(t.peak_blocks for t in tiers) * block_bytes,
+        "final_bytes": sum(t.used_blocks for t in tiers) * block_bytes,
+    }
 
 
 def build_chain(
