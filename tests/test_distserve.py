@@ -185,3 +185,42 @@ def test_a_plan_is_the_same_when_its_searches_run_in_parallel(tiny_plan_spec):
     parallel = plan_distserve(spec, replicates=2, executor=Executor(jobs=2), **kw)
     assert len(serial.candidates) == 6 and len(serial.capacity_samples) == 2
     assert parallel == serial and parallel.explain() == serial.explain()
+
+
+def test_a_prefill_search_the_sample_cannot_saturate_stops_at_the_instance_throughput():
+    """20 prompts under a 5 s TTFT SLO never queue for 5 s whatever the rate, so
+    the search meets the target up to its bracket; the goodput is then the
+    instance's throughput with the sample queued at once, the knee a long run
+    shows (every request in time below it, many late above it), not the
+    bracket's top (which a decode probe would size its prefill feed on)."""
+    from twin.studies.planner import _MAX_BRACKET, _Planner, _search
+
+    spec = _spec(ttft="5 s")
+    sample = _fixed(2000, 4, n=20)
+    limits = (1, 3, 200, 1)
+    rate, unbounded, _ = _search(spec, sample, limits, "prefill", 1, 1, None)
+    pl = _Planner(spec, sample, *limits)
+    cap = pl.prefill_capacity(1, 1)
+    assert unbounded and rate == cap < pl.base_rate * 2.0**_MAX_BRACKET
+    long = _Planner(spec, _fixed(2000, 4, n=2000), *limits)
+    assert long.prefill_attainment(1, 1, 0.8 * cap) == 1.0
+    assert long.prefill_attainment(1, 1, 1.5 * cap) < spec.slo.target
+
+
+def test_a_decode_search_the_sample_cannot_saturate_stops_at_the_instance_throughput():
+    """The same for a decode instance whose full batch keeps TPOT in the SLO:
+    only the requests waiting for it miss, and 20 of them never wait 1 s. On so
+    few requests the throughput is measured low (the last batch part full), so
+    the long run's knee lies above it but below twice it."""
+    from twin.studies.planner import _MAX_BRACKET, Candidate, _Planner, _search
+
+    spec = _spec(ttft="1 s", tpot="1 s")
+    sample = _fixed(200, 16, n=20)
+    feed = Candidate("prefill", 1, 1, 1e4)
+    rate, unbounded, _ = _search(spec, sample, (1, 3, 20, 1), "decode", 1, 1, feed)
+    pl = _Planner(spec, sample, 1, 3, 20)
+    cap = pl.decode_capacity(1, 1, feed)
+    assert unbounded and rate == cap < pl.base_rate * 2.0**_MAX_BRACKET
+    long = _Planner(spec, _fixed(200, 16, n=2000), 1, 3, 2000)
+    assert long.decode_attainment(1, 1, feed, 0.8 * cap) == 1.0
+    assert long.decode_attainment(1, 1, feed, 2 * cap) < spec.slo.target

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -329,14 +330,14 @@ def test_twin_plan_plans_opt_13b_on_one_node_of_four_a100s(
     fit = shared_data / "profiles" / "distserve" / "profiler-a100-80g.distserve.json"
     path = tmp_path / "distserve-readme.yaml"
     path.write_text(_README_CASE.format(fit=fit))
-    # With 40 requests TP4 has the most prefill goodput per GPU: with any decode
-    # instance beside it, more than the node's 4 GPUs.
+    # With 40 requests a 4-GPU prefill has the most goodput per GPU: with any
+    # decode instance beside it, more than the node's 4 GPUs.
     assert main(["plan", str(path), "--sample", "40", "--replicates", "1"]) == 0
     out = capsys.readouterr().out
     plan = yaml.safe_load(out.split("# paste into the spec:", 1)[1])["cluster"]
     used = sum(plan[r]["instances"] * plan[r]["tp"] * plan[r]["pp"] for r in ("prefill", "decode"))
     assert 0 < used <= 4 and "of the pairs that fit" in out
-    assert "fit: a prefill TP4 PP1 and a decode" in out
+    assert re.search(r"fit: a prefill (TP4 PP1|TP2 PP2|TP1 PP4) and a decode", out)
 
 
 def test_when_the_best_pair_does_not_fit_the_planner_takes_the_best_that_does():

@@ -77,6 +77,7 @@ __all__ = ["Candidate", "DistServePlan", "plan_distserve"]
 
 PROBE_FABRIC = "3200 Gbps"  # per NIC, one NIC per GPU: the probes' KV never waits
 _MAX_BRACKET = 14  # doublings or halvings of the rate before giving up
+_MAX_FEED = 32  # most prefill instances feeding a decode probe
 
 
 @dataclass(frozen=True, slots=True)
@@ -473,13 +474,68 @@ class _Planner:
 
         return self._attain(("prefill", tp, pp, ep, rate), make)
 
+    def prefill_capacity(self, tp: int, pp: int, ep: int = 1) -> float:
+        """Requests/s one prefill instance serves with the whole sample queued
+        at once (its throughput, saturated): the ceiling of a goodput search
+        that met the target at every rate tried, since then the sample was too
+        small to build a queue that breaks the TTFT SLO and the rate found is
+        the search's bracket, not the instance's."""
+        key = ("prefill-capacity", tp, pp, ep)
+        if key not in self.cache:
+            from twin.sim.simulation import Simulation
+
+            shape = (tp, pp, 1, ep)
+            spec = self._spec({"prefill": shape, "decode": shape}, "prefill")
+            reqs = [dataclasses.replace(r, arrival_s=0.0) for r in self._requests(1.0, True)]
+            self.simulations += 1
+            end = [0.0, 0]
+
+            def row(r: dict[str, Any]) -> None:
+                if r["ttft_s"] is not None:
+                    end[0] = max(end[0], r["arrival_s"] + r["ttft_s"])
+                    end[1] += 1
+
+            Simulation(spec, requests=reqs, scheduler=_Probe(), on_row=row).run()
+            self.cache[key] = end[1] / end[0] if end[0] > 0 else math.inf
+        return self.cache[key]
+
+    def decode_capacity(self, tp: int, pp: int, feed: Candidate, ep: int = 1) -> float:
+        """Requests/s one decode instance completes with the looped sample
+        queued at once behind as many prefill instances as a decode probe
+        uses at most (its throughput, saturated: the finishing rate over the
+        second half of the completions); the ceiling of a decode search that
+        met the target at every rate tried, as :meth:`prefill_capacity`. On a
+        sample a few batches long it reads low (the last batch part full)."""
+        n_p = _MAX_FEED
+        key = ("decode-capacity", tp, pp, ep, feed.tp, feed.pp, feed.ep, n_p)
+        if key not in self.cache:
+            from twin.sim.simulation import Simulation
+
+            groups = {"prefill": (feed.tp, feed.pp, n_p, feed.ep), "decode": (tp, pp, 1, ep)}
+            spec = self._spec(groups, "decode")
+            top = self.base_rate * 2.0**_MAX_BRACKET  # the rate the search stopped at
+            reqs = [dataclasses.replace(r, arrival_s=0.0) for r in self._looped(top)[0]]
+            self.simulations += 1
+            ends: list[float] = []
+
+            def row(r: dict[str, Any]) -> None:
+                if r["finish_s"] is not None:
+                    ends.append(r["finish_s"])
+
+            Simulation(spec, requests=reqs, scheduler=_Probe(), on_row=row).run()
+            ends.sort()
+            h = len(ends) // 2
+            span = ends[-1] - ends[h] if ends else 0.0
+            self.cache[key] = (len(ends) - 1 - h) / span if span > 0 else math.inf
+        return self.cache[key]
+
     def decode_attainment(
         self, tp: int, pp: int, feed: Candidate, rate: float, ep: int = 1
     ) -> float:
         # Enough prefill instances that they keep up with twice the probe rate. Both
         # SLOs count, TTFT ending when the decode side takes the request up: under pull a decode
         # instance that falls behind keeps TPOT but makes requests wait for it.
-        n_p = max(1, min(32, math.ceil(2 * rate / max(feed.goodput_rps, 1e-9))))
+        n_p = max(1, min(_MAX_FEED, math.ceil(2 * rate / max(feed.goodput_rps, 1e-9))))
 
         def make():
             groups = {"prefill": (feed.tp, feed.pp, n_p, feed.ep), "decode": (tp, pp, 1, ep)}
@@ -656,9 +712,30 @@ def _search(
     every rate tried, simulations run). A decode configuration is fed by ``feed``."""
     pl = _Planner(spec, sample, *limits)
     c = Candidate(role, tp, pp, 0.0, ep=ep)
-    probe = _prefill_probe(pl, c) if feed is None else _decode_probe(pl, c, feed)
-    rate = pl.goodput(probe)
+    if feed is None:
+        rate = _prefill_goodput(pl, c)
+    else:
+        rate = _decode_goodput(pl, c, feed)
     return rate, pl.unbounded, pl.simulations
+
+
+def _decode_goodput(pl: _Planner, c: Candidate, feed: Candidate) -> float:
+    """A decode configuration's goodput fed by ``feed``; where the search met
+    the target at every rate tried, at most its saturated throughput."""
+    rate = pl.goodput(_decode_probe(pl, c, feed))
+    if pl.unbounded:
+        rate = min(rate, pl.decode_capacity(c.tp, c.pp, feed, c.ep))
+    return rate
+
+
+def _prefill_goodput(pl: _Planner, c: Candidate) -> float:
+    """A prefill configuration's goodput; where the search met the target at
+    every rate tried, at most the instance's saturated throughput (a decode
+    probe sizes its prefill feed on this figure, and the plan its counts)."""
+    rate = pl.goodput(_prefill_probe(pl, c))
+    if pl.unbounded:
+        rate = min(rate, pl.prefill_capacity(c.tp, c.pp, c.ep))
+    return rate
 
 
 def _rescore(
@@ -668,8 +745,9 @@ def _rescore(
     """The chosen configurations' goodputs on another sample (a job): the
     prefill's, the decode's fed by that prefill, and the simulations run."""
     rp = _Planner(spec, sample, *limits)
-    gp = rp.goodput(_prefill_probe(rp, prefill))
-    gd = rp.goodput(_decode_probe(rp, decode, dataclasses.replace(prefill, goodput_rps=gp)))
+    gp = _prefill_goodput(rp, prefill)
+    rp.unbounded = False
+    gd = _decode_goodput(rp, decode, dataclasses.replace(prefill, goodput_rps=gp))
     return gp, gd, rp.simulations
 
 
@@ -700,6 +778,7 @@ def _score(
             note = "misses the SLO at every rate tried"
         elif unbounded:
             note = "meets the SLO at every rate tried: the sample is too small to queue"
+            note += "; capped at its throughput with the sample queued at once"
         out.append(Candidate(role, tp, pp, rate, note, ep))
     return out, simulations
 
