@@ -442,23 +442,37 @@ class Engine:
             hits = hashes[: min(cache.match(hashes), (seq.prefill_len - 1) // unit)] if unit else ()
         shared = len(hits) * (seq.req.prefix_block_tokens // kv.block_size)
         need = blocks_for(seq.prefill_len, kv.block_size) - shared
-        if cache is None:
-            if not kv.can_admit(need):
-                return False
-        elif (
-            kv.free + cache.writing_blocks + cache.evictable_blocks - cache.idle_blocks(hits) - need
-            < kv.watermark
-        ):
+        if not self._fits(hits, need):
             return False
         self._interrupt()
-        if cache is not None:
-            cache.acquire(hits)
-            cache.evict(need)
-            if kv.free < need:  # the rest is being written down: tried again when it is
-                cache.release(hits)
-                return False
+        if not self._make_room(hits, need):
+            return False  # the rest is being written down: tried again when it is
         kv.allocate(need)
         self.reserved[seq.req.id] = (need, list(hits))
+        return True
+
+    def _fits(self, hits: Sequence_[int], need: int) -> bool:
+        """Whether ``need`` blocks more (beside the cached units ``hits``, which
+        they share) fit above the watermark: free, being written down, or held
+        only by the prefix cache and evictable."""
+        kv, cache = self.kv, self.cache
+        if cache is None:
+            return kv.can_admit(need)
+        spare = kv.free + cache.writing_blocks + cache.evictable_blocks - cache.idle_blocks(hits)
+        return spare - need >= kv.watermark
+
+    def _make_room(self, hits: Sequence_[int], need: int) -> bool:
+        """After :meth:`_fits`: hold ``hits`` and evict for ``need`` free blocks;
+        False (``hits`` let go again) while some of them are still being
+        written down."""
+        cache = self.cache
+        if cache is None:
+            return True
+        cache.acquire(hits)
+        cache.evict(need)
+        if self.kv.free < need:
+            cache.release(hits)
+            return False
         return True
 
     def reserved_prefix_tokens(self, seq: Sequence) -> int:
@@ -730,18 +744,8 @@ class Engine:
                 break
             shared = len(hits) * (unit // kv.block_size)
             need_blocks = blocks_for(s.prefill_len, kv.block_size) - shared
-            if cache is None:
-                if not kv.can_admit(need_blocks):
-                    break
-            else:
-                idle = cache.evictable_blocks - cache.idle_blocks(hits)
-                if kv.free + cache.writing_blocks + idle - need_blocks < kv.watermark:
-                    break
-                cache.acquire(hits)
-                cache.evict(need_blocks)
-                if kv.free < need_blocks:  # evicted blocks still being written: wait for them
-                    cache.release(hits)
-                    break
+            if not self._fits(hits, need_blocks) or not self._make_room(hits, need_blocks):
+                break  # (evicted blocks still being written: tried again when they are)
             self.waiting.popleft()
             self._waiting_moved(-s.prefill_len)
             kv.allocate(need_blocks)
