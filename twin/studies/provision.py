@@ -478,6 +478,12 @@ def _layout(g: InstanceGroup) -> str:
     return f"TP{g.tp}" + (f" PP{g.pp}" if g.pp > 1 else "")
 
 
+def _layouts(p: Provision, c: Candidate) -> tuple[str, str]:
+    """Candidate ``c``'s prefill and decode layouts (the provision's own where
+    ``c`` keeps them)."""
+    return _layout(c.prefill_group or p.prefill_group), _layout(c.decode_group or p.decode_group)
+
+
 def _split(c: Candidate, layouts: bool) -> str:
     """``2:1``, and with an EP search each role's layout: ``2:1 (EP16/EP32)``."""
     if not layouts or c.prefill_group is None or c.decode_group is None:
@@ -508,8 +514,7 @@ def format_provision(p: Provision) -> str:
         mark = "  <- best" if c == p.best else ""
         ci = "-" if math.isnan(c.goodput_ci95) else f"{c.goodput_ci95:.3f}"
         if p.layouts:
-            lp = _layout(c.prefill_group or p.prefill_group)
-            ld = _layout(c.decode_group or p.decode_group)
+            lp, ld = _layouts(p, c)
             split = f"{c.prefill:>8}{lp:>15}{c.decode:>8}{ld:>15}"
         else:
             split = f"{c.prefill:>8}{c.decode:>8}"
@@ -522,8 +527,7 @@ def format_provision(p: Provision) -> str:
     b = p.best
     k = len(b.goodputs_rps)
     if p.layouts:
-        lp = _layout(b.prefill_group or p.prefill_group)
-        ld = _layout(b.decode_group or p.decode_group)
+        lp, ld = _layouts(p, b)
         what = f"{b.prefill} prefill ({lp}) + {b.decode} decode ({ld}) instances"
     else:
         what = f"{b.prefill} prefill + {b.decode} decode instances"
