@@ -236,8 +236,10 @@ class EngineView:
 
     @property
     def free_blocks(self) -> int:
-        self._engine.sync()
-        return self._engine.kv.free
+        e = self._engine
+        if e._ff is not None:
+            e._ff.sync_blocks()  # the blocks of the steps under way; nothing else is read
+        return e.kv.free
 
     @property
     def cached_idle_blocks(self) -> int:

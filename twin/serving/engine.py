@@ -430,7 +430,8 @@ class Engine:
         evicted before the KV lands) and only the rest is reserved and moved;
         at least the prompt's last token always moves, as a prefill always
         computes it."""
-        self.sync()  # the blocks the decode steps under way have taken
+        if self._ff is not None:
+            self._ff.sync_blocks()  # the blocks the decode steps under way have taken
         kv = self.kv
         if self.running_requests >= self.config.max_num_seqs * self.pp:
             return False

@@ -110,6 +110,15 @@ class FastForward:
         if self.stretch is not None:
             self.advance(self.engine.env.now, inclusive=False)
 
+    def sync_blocks(self) -> None:
+        """Take the blocks of the steps begun by now, as :meth:`sync` does, for a
+        reader of the free blocks only: the steps that have ended are applied
+        later, with the next that end (:meth:`_end` applies them in bulk, with
+        the same results in one go as in several)."""
+        st = self.stretch
+        if st is not None:
+            self._begin(min(st.stop, bisect_left(st.ends, self.engine.env.now) + 1))
+
     def plan(self) -> Stretch | None:
         """A stretch of the decode steps from the one just planned up to and
         including the next step in which a sequence finishes, when every block
