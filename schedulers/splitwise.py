@@ -197,6 +197,8 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
     ) -> int:
         inflight = self._inflight
         for i, sent in list(inflight.items()):
+            if all(s[0] > now for s in sent):
+                continue  # nothing of it has landed yet (most often)
             kept = [s for s in sent if s[0] > now]
             if kept:
                 inflight[i] = kept
@@ -204,33 +206,28 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
                 del inflight[i]
 
         _, token, mixed = pools
-        known: dict[int, int] = {}  # free memory less what is on its way, read once
-
-        def free(i: InstanceView) -> int:
-            got = known.get(i.id)
-            if got is None:
-                sent = inflight.get(i.id)
-                got = known[i.id] = i.free_blocks - (sum(b for _, b in sent) if sent else 0)
-            return got
-
-        def load(i: InstanceView) -> tuple[int, int, int]:
-            sent = len(inflight.get(i.id, ()))
-            return (-free(i), i.running_requests + i.queue_requests + sent, i.id)
-
+        # (-free memory less what is on its way, pending work, id) of each
+        # machine, its memory read once
+        loads: dict[int, tuple[int, int, int]] = {}
         for pool in (token, mixed):
             # the first of the least load among those that fit (min over the fits)
-            best = None
             best_load: tuple[int, int, int] | None = None
             for inst in pool:
-                f = free(inst)
-                if f >= need:
-                    pending = inst.running_requests + inst.queue_requests
-                    got = (-f, pending + len(inflight.get(inst.id, ())), inst.id)  # load(inst)
-                    if best_load is None or got < best_load:
-                        best, best_load = inst, got
-            if best is not None:
-                return best.id
-        return min(token + mixed, key=load).id
+                iid = inst.id
+                on_way = inflight.get(iid)
+                free = inst.free_blocks
+                if on_way:
+                    free -= sum(b for _, b in on_way)
+                got = loads[iid] = (
+                    -free,
+                    inst.running_requests + inst.queue_requests + (len(on_way) if on_way else 0),
+                    iid,
+                )
+                if free >= need and (best_load is None or got < best_load):
+                    best_load = got
+            if best_load is not None:
+                return best_load[2]
+        return min(loads.values())[2]  # none fits: the least load of all
 
     def _need(self, req: Request, view: ClusterView) -> int:
         """KV blocks ``req`` is expected to need: its prompt and
