@@ -77,7 +77,7 @@ concurrent flows.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Collection, Hashable, Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from operator import attrgetter, is_
@@ -189,6 +189,7 @@ _set = object.__setattr__  # FlowSpec.resized: a frozen copy, made without re-ch
 _path_of = attrgetter("path")
 _size_of = attrgetter("size_bytes")
 _usable_of = attrgetter("usable")
+_fid_of = attrgetter("fid")
 
 K = TypeVar("K", bound=Hashable)
 _Key = tuple[str, str]
@@ -603,6 +604,8 @@ class Network:
         # what _predict found for it
         self._alone: dict[int, tuple[_Shape, float | None, int, int, float | None, bool]] = {}
         self._capacity_gen = 0  # bumped whenever a link's capacity changes
+        # id of a group's link states -> (them, _capacity_gen, the least usable of them)
+        self._least: dict[int, tuple[tuple[_LinkState, ...], int, float]] = {}
         # id of a path tuple -> (the tuple, its link keys, its latency), its links registered
         self._paths: dict[int, tuple[tuple[LinkLike, ...], tuple[_Key, ...], float]] = {}
         self._last = env.now  # rates are integrated up to here
@@ -1307,7 +1310,7 @@ class Network:
         if not keys and len(changed) == 1:  # one group: often alone on its links
             f = changed[0]
             if f.sending and f.keys and (f.fid in self._parked or _alone(f, on)):
-                self._share(now, [f], list(f.mult))
+                self._share(now, [f], f.mult)
                 self._arm()
                 return
         seen: set[int] = set()
@@ -1347,11 +1350,14 @@ class Network:
             self._share(now, comp, comp_k)
         self._arm()
 
-    def _share(self, now: float, comp: list[_Flow], keys: list[_Key]) -> None:
+    def _share(self, now: float, comp: list[_Flow], keys: Collection[_Key]) -> None:
         """Max-min rates of the groups ``comp``, one component over links ``keys``."""
         links = self._links
-        comp.sort(key=lambda f: f.fid)
-        pre = comp[0].transfer._pre if len(comp) == 1 else None
+        if len(comp) == 1:
+            pre = comp[0].transfer._pre
+        else:
+            comp.sort(key=_fid_of)
+            pre = None
         for f in comp:
             f.transfer._pre = None
             if f.plan:  # its planned delivery no longer holds
@@ -1427,8 +1433,16 @@ class Network:
                     s.peak = r
             if ustates:
                 # the largest of r / usable is r over the least usable (a
-                # rounded quotient falls as its divisor grows)
-                u = min(map(_usable_of, ustates))
+                # rounded quotient falls as its divisor grows), kept per set of
+                # links until a capacity changes
+                seen = self._least.get(id(ustates))
+                if seen is not None and seen[0] is ustates and seen[1] == self._capacity_gen:
+                    u = seen[2]
+                else:
+                    u = min(map(_usable_of, ustates))
+                    if len(self._least) >= 4096:
+                        self._least.clear()
+                    self._least[id(ustates)] = (ustates, self._capacity_gen, u)
                 ratio = r / u if u > 0.0 else math.inf
                 if ratio > self.max_link_load_ratio:
                     self.max_link_load_ratio = ratio
