@@ -161,9 +161,9 @@ class FlowSpec:
         if not (0.0 <= size_bytes < math.inf):
             raise SpecError(f"flow: size_bytes={size_bytes!r} must be finite and >= 0")
         new = _new(FlowSpec)
-        _set(new, "path", self.path)
-        _set(new, "size_bytes", size_bytes)
-        _set(new, "rate_cap_bytes_s", self.rate_cap_bytes_s)
+        _put_path(new, self.path)
+        _put_size(new, size_bytes)
+        _put_cap(new, self.rate_cap_bytes_s)
         return new
 
     @property
@@ -185,11 +185,18 @@ class FlowSpec:
 
 
 _new = object.__new__
-_set = object.__setattr__  # FlowSpec.resized: a frozen copy, made without re-checking its path
+# FlowSpec.resized: a frozen copy, made without re-checking its path (through
+# the slots' own descriptors, as object.__setattr__ would set them)
+_put_path = vars(FlowSpec)["path"].__set__
+_put_size = vars(FlowSpec)["size_bytes"].__set__
+_put_cap = vars(FlowSpec)["rate_cap_bytes_s"].__set__
 _path_of = attrgetter("path")
 _size_of = attrgetter("size_bytes")
 _usable_of = attrgetter("usable")
 _fid_of = attrgetter("fid")
+_finish_of = attrgetter("finish_at")
+_finish_fid_of = attrgetter("finish_at", "fid")
+_due_seq_of = attrgetter("_due", "_seq")
 
 K = TypeVar("K", bound=Hashable)
 _Key = tuple[str, str]
@@ -1215,11 +1222,11 @@ class Network:
                 if len(ahead) == 1:
                     t = ahead[0]
                 else:
-                    t = min(ahead, key=lambda p: (p._due, p._seq))  # type: ignore[arg-type,return-value]
+                    t = min(ahead, key=_due_seq_of)
                 due = t._due
                 assert due is not None
                 if (due < now or (due == now and (seq is None or t._seq < seq))) and (
-                    not lazy or due < min(g.finish_at for g in lazy.values())
+                    not lazy or due < min(map(_finish_of, lazy.values()))
                 ):
                     # A delayed start with its delivery planned: it starts
                     # now, at its instant, as its own event would have.
@@ -1233,7 +1240,7 @@ class Network:
             if len(lazy) == 1:
                 f = next(iter(lazy.values()))
             else:
-                f = min(lazy.values(), key=lambda g: (g.finish_at, g.fid))
+                f = min(lazy.values(), key=_finish_fid_of)
             if f.finish_at > now:
                 return
             self._integrate(f.finish_at)
