@@ -1519,6 +1519,15 @@ class Network:
             fn(t)
         if t._done is not None:
             t._done.succeed(t)
+        # What only a transfer under way needs goes now, so that a finished
+        # transfer is freed as soon as nobody holds it, not left in a cycle
+        # with its groups (and the callbacks' owners, a hand-off's sequence,
+        # with it) to the garbage collector: its groups let go of it (nothing
+        # reads it from them once the last is delivered) and its callbacks go.
+        for f in t._flows:
+            del f.transfer
+        t._then.clear()
+        t._guard = t._on_start = t._slot = None
 
 
 def _groups(
