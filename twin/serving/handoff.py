@@ -318,14 +318,14 @@ class KVHandoff:
         self.pick_decode = pick_decode
         self.layers = layers
         self.pending: list[deque[Sequence]] = [deque() for _ in gpus]
-        # (source GPUs, destination GPUs) -> the shards' paths (static routing)
-        self._paths: dict[tuple[tuple[int, ...], tuple[int, ...]], list[tuple[FlowSpec, int]]] = {}
-        # (descriptors per layer region, layer length) -> the fixed costs (immutable, shared)
-        # and (source GPUs, destination GPUs, bytes) -> the flows that move them
-        self._sized: dict[
-            tuple[tuple[tuple[int, ...], tuple[int, ...]], float], list[FlowSpec]
-        ] = {}
-        self._costs: dict[tuple[int, float], HandoffCosts] = {}
+        # (source instance, destination instance) -> the shards' paths (static
+        # routing: an instance's GPUs never change)
+        self._paths: dict[tuple[int, int], list[tuple[FlowSpec, int]]] = {}
+        # (source instance, destination instance, bytes) -> the flows that move them
+        self._sized: dict[tuple[int, int, float], list[FlowSpec]] = {}
+        # (descriptors per layer region, layer length) -> the fixed costs (immutable,
+        # shared) and their delays before the first byte and after the last
+        self._costs: dict[tuple[int, float], tuple[HandoffCosts, float, float]] = {}
         self.bytes_moved = 0.0
         self.bytes_saved = 0.0  # KV the decode side's prefix cache held: not moved
         self.transfers = 0
@@ -429,32 +429,38 @@ class KVHandoff:
             return
         # Only what the decode side lacks moves: the leading prefix units its
         # prefix cache holds (taken with the reservation) stay out.
-        held = self.engines[dst].reserved_prefix_tokens(seq)
+        engine = self.engines[dst]
+        held = engine.reserved_prefix_tokens(seq)
         tokens = seq.prefill_len - held
         kv_bytes = float(self.kv_bytes_per_token * tokens)
         saved = float(self.kv_bytes_per_token * held)
-        pair = (tuple(self.gpus[src]), tuple(self.gpus[dst]))
-        paths = self._paths.get(pair)
-        if paths is None:
-            paths = self._paths[pair] = shard_paths(
-                self.topology, *pair, multi_nic=self.config.multi_nic
-            )
         # The flows are immutable: those of a size moved before are taken again.
-        flows = self._sized.get((pair, kv_bytes))
+        flows = self._sized.get((src, dst, kv_bytes))
         if flows is None:
+            pair = (src, dst)
+            paths = self._paths.get(pair)
+            if paths is None:
+                paths = self._paths[pair] = shard_paths(
+                    self.topology, self.gpus[src], self.gpus[dst], multi_nic=self.config.multi_nic
+                )
             if len(self._sized) >= 4096:
                 self._sized.clear()
-            flows = self._sized[pair, kv_bytes] = sized_flows(paths, len(pair[0]), kv_bytes)
+            flows = sized_flows(paths, len(self.gpus[src]), kv_bytes)
+            self._sized[src, dst, kv_bytes] = flows
         now = self.env.now
         layer_s = 0.0 if stream_s is None else stream_s / self.layers
-        blocks = blocks_for(tokens, self.engines[dst].kv.block_size)
-        # what handoff_costs reads of the blocks: all of them, or whether there is one
-        n = blocks if self.config.descriptors == "block" else min(blocks, 1)
-        costs = self._costs.get((n, layer_s))
-        if costs is None:
+        config = self.config
+        if config.descriptors == "block":  # what handoff_costs reads of the blocks
+            n = blocks_for(tokens, engine.kv.block_size)
+        else:  # whether there is one: min(blocks, 1)
+            n = 1 if tokens > 0 else blocks_for(tokens, engine.kv.block_size)
+        got = self._costs.get((n, layer_s))
+        if got is None:
             if len(self._costs) >= 4096:
                 self._costs.clear()
-            costs = self._costs[n, layer_s] = handoff_costs(self.config, n, self.layers, layer_s)
+            costs = handoff_costs(config, n, self.layers, layer_s)
+            got = self._costs[n, layer_s] = (costs, costs.before_s, costs.after_s)
+        costs, before_s, after_s = got
         first = seq.t_transfer_start < 0  # each timestamp keeps its first occurrence
         if first:
             seq.t_transfer_start = now
@@ -467,7 +473,7 @@ class KVHandoff:
         if stream_s is None:
             # The fixed costs come first, in one delay: the flows start after
             # it (the network takes the delay with the transfer, one event).
-            self._send(seq, src, dst, flows, delay_s=costs.before_s)
+            self._send(seq, src, dst, flows, delay_s=before_s)
             return
         # Layer l's KV exists after l/L of the iteration: the stream starts one
         # layer late (or once the control round trip and registration are
@@ -475,14 +481,14 @@ class KVHandoff:
         capped = [FlowSpec(f.path, f.size_bytes, f.size_bytes / stream_s) for f in flows]
         stream = _Stream()
         seq.transfer = stream
-        lead = max(layer_s, costs.before_s)
+        lead = max(layer_s, before_s)
         if first:
             seq.t_transfer_start = now + lead
 
         def begin(_ev: object) -> None:
             if stream.cancelled:
                 return
-            stream.transfer = self._send(seq, src, dst, capped, after_s=costs.after_s)
+            stream.transfer = self._send(seq, src, dst, capped, after_s=after_s)
             if stream.uncapped:
                 stream.transfer.set_cap(None)
 
