@@ -77,13 +77,16 @@ class FastForward:
         if st is None:
             return
         env = self.engine.env
-        now = env.now
-        self.advance(now, inclusive=False)
-        k = bisect_left(st.ends, now)  # the step in progress (or ending now)
-        if k + 1 < st.stop:
+        ends = st.ends
+        k = bisect_left(ends, env.now)  # the step in progress (or ending now)
+        stop = st.stop
+        # advance(now, inclusive=False), with the one bisection
+        self._begin(k + 1 if k < stop else stop)
+        self._end(k if k < stop else stop)
+        if k + 1 < stop:
             st.stop = k + 1
             assert st.event is not None
-            move(env, st.event, st.ends[k])
+            move(env, st.event, ends[k])
 
     def cut(self) -> None:
         """A change from outside that reads none of the decode state (a prompt
