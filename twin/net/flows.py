@@ -603,8 +603,8 @@ class Network:
         self._ahead: list[Transfer] = []
         self._deferred = 0
         self._timed: list[Transfer] = []  # delayed starts with an event at their instant
-        # ids of the path tuples of a delayed start -> (the tuples, _shape's answer)
-        self._shapes: dict[tuple[int, ...], tuple[tuple[tuple[LinkLike, ...], ...], _Shape | None]]
+        # id of the first path tuple of a delayed start -> (its path tuples, _shape's answer)
+        self._shapes: dict[int, tuple[tuple[tuple[LinkLike, ...], ...], _Shape | None]]
         self._shapes = {}
         # id of a shape -> (the shape, its cap, _capacity_gen, links registered, its
         # rate alone or None, and whether its links were all registered then):
@@ -738,11 +738,15 @@ class Network:
         """What :meth:`_predict` needs of ``flows``' paths, kept for path tuples
         used again (a hand-off's are); None when a flow is local or the flows'
         latencies differ (more than one group)."""
-        paths = tuple(map(_path_of, flows))
-        sig = tuple(map(id, paths))
+        sig = id(flows[0].path)  # kept by the first path, checked against all
         got = self._shapes.get(sig)
-        if got is not None and all(map(is_, got[0], paths)):
+        if (
+            got is not None
+            and len(got[0]) == len(flows)
+            and all(map(is_, got[0], map(_path_of, flows)))
+        ):
             return got[1]
+        paths = tuple(map(_path_of, flows))
         routes = [self._keys(spec.path) for spec in flows]
         lat = routes[0][1]
         shape: _Shape | None = None
@@ -782,7 +786,8 @@ class Network:
         if shape is None:
             return None
         index, paths, members, keys, mult, lat, links = shape
-        if not self._on_link.keys().isdisjoint(mult):
+        # (a view of its links: isdisjoint then goes over the shorter, often no link)
+        if not self._on_link.keys().isdisjoint(mult.keys()):
             return None
         for g in self._parked.values():
             if not g.mult.keys().isdisjoint(mult):
@@ -1142,7 +1147,7 @@ class Network:
             self._states[id(keys)] = got
         _, f.states, f.ustates, f.flat = got
         woke = self._wake(f.mult) if self._parked else False
-        if not woke and on.keys().isdisjoint(f.mult):
+        if not woke and on.keys().isdisjoint(f.mult.keys()):
             self._parked[f.fid] = f  # alone on its links
             return
         self._enter(f)
