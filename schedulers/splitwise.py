@@ -197,7 +197,10 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
     ) -> int:
         inflight = self._inflight
         for i, sent in list(inflight.items()):
-            if all(s[0] > now for s in sent):
+            for s in sent:
+                if s[0] <= now:
+                    break
+            else:
                 continue  # nothing of it has landed yet (most often)
             kept = [s for s in sent if s[0] > now]
             if kept:
@@ -214,15 +217,14 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
             best_load: tuple[int, int, int] | None = None
             for inst in pool:
                 iid = inst.id
-                on_way = inflight.get(iid)
                 free = inst.free_blocks
+                pending = inst.running_requests + inst.queue_requests
+                on_way = inflight.get(iid)
                 if on_way:
-                    free -= sum(b for _, b in on_way)
-                got = loads[iid] = (
-                    -free,
-                    inst.running_requests + inst.queue_requests + (len(on_way) if on_way else 0),
-                    iid,
-                )
+                    pending += len(on_way)
+                    for _, b in on_way:
+                        free -= b
+                got = loads[iid] = (-free, pending, iid)
                 if free >= need and (best_load is None or got < best_load):
                     best_load = got
             if best_load is not None:
