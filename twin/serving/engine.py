@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import operator
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
@@ -78,6 +79,7 @@ _EMPTY = Batch()
 # names are those of the lane being planned or completed (see Engine._use_lane).
 _LANE_STATE = ("decode_count", "decode_ctx_sum", "steps", "_finish_heap", "_alloc_heap",
                "_first_gap", "_gap_steps", "_gap_vals", "_last_decode_end")  # fmt: skip
+_lane_state = operator.attrgetter(*_LANE_STATE)
 # A request no instance can ever hold: stop the run, or reject it; ``truncate``
 # also shortens a request longer than the context instead of rejecting it.
 OVERSIZED = ("error", "reject", "truncate")
@@ -667,9 +669,9 @@ class Engine:
         """Make ``lane``'s decode bookkeeping the engine's (``pp > 1``)."""
         if lane == self._lane:
             return
-        self._lanes[self._lane] = [getattr(self, a) for a in _LANE_STATE]
-        for a, v in zip(_LANE_STATE, self._lanes[lane], strict=True):
-            setattr(self, a, v)
+        state = vars(self)  # plain attributes: one C-level read and one update
+        self._lanes[self._lane] = list(_lane_state(self))
+        state.update(zip(_LANE_STATE, self._lanes[lane], strict=True))
         self._lane = lane
 
     # -- planning --------------------------------------------------------------------

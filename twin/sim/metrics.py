@@ -100,9 +100,10 @@ class Distribution:
             self.min = x
         if x > self.max:
             self.max = x
-        if self._exact is not None:
-            self._exact.append(x)
-            if len(self._exact) > self.exact_limit:
+        exact = self._exact
+        if exact is not None:
+            exact.append(x)
+            if self.count > self.exact_limit:  # while exact, it holds every value
                 self._fold()
         else:
             assert self._buckets is not None
