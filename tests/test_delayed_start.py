@@ -47,6 +47,19 @@ def test_a_delayed_hand_off_on_idle_links_costs_one_event():
     assert all(s["bytes"] == 20.0 and s["busy_s"] == 2.0 for s in net.link_stats())
 
 
+def test_a_delayed_start_of_no_flows_starts_ends_and_calls_on_start_once():
+    """No flows: it ends as it starts, at its instant, and ``on_start`` is still
+    called (after the transfer's own callbacks, as an undelayed one orders them)."""
+    env = simpy.Environment()
+    net = Network(env)
+    calls = []
+    t = net.start([], "empty", delay_s=1.0, on_start=lambda tr: calls.append(("start", env.now)))
+    t.then(lambda tr: calls.append(("then", env.now)))
+    env.run()
+    assert calls == [("then", 1.0), ("start", 1.0)]
+    assert t.start_s == 1.0 and t.end_s == 1.0
+
+
 def test_a_transfer_reaching_its_links_first_makes_it_wait_its_instant():
     env = simpy.Environment()
     net = Network(env)

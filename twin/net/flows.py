@@ -873,9 +873,10 @@ class Network:
         t.id = self._next_transfer
         self._next_transfer += 1
         t.start_s = now
+        on_start = t._on_start  # read first: a transfer of no flows finishes in _open
         self._open(t, t._specs, now, advance)
-        if t._on_start is not None:
-            t._on_start(t)
+        if on_start is not None:
+            on_start(t)
 
     def _pre_fire(self, t: Transfer, plan: int) -> None:
         """The planned delivery of a delayed start (see start)."""
