@@ -433,3 +433,62 @@ def test_an_arrival_is_seen_before_an_iteration_ending_at_the_same_instant():
     Arrival(env, 1.0).callbacks.append(lambda _ev: seen.append("arrival"))
     env.run()
     assert seen == ["arrival", "iteration end", "timer"]
+
+
+class Holding:
+    """Hand-off hooks that keep every prefilled KV where it is until told."""
+
+    def __init__(self) -> None:
+        self.held: list[Sequence] = []
+
+    def on_prefill_start(self, engine, seq, dt) -> None:
+        pass
+
+    def on_prefilled(self, engine, seq) -> None:
+        self.held.append(seq)
+
+    def on_blocks_freed(self, engine) -> None:
+        pass
+
+
+def _kept_later(keep_at: float, *, ff: bool, busy: bool) -> tuple[list, Engine]:
+    """Request 0's KV waits after its prompt; at ``keep_at`` its own instance
+    takes it up to decode (its decode side failed, say). ``busy``: request 1
+    decodes meanwhile."""
+    env = simpy.Environment()
+    done: list[Sequence] = []
+    hooks = Holding()
+    cfg = EngineConfig(fast_forward=ff)
+    eng = Engine(env, 0, Linear(per_context=1e-6), BlockManager(1000, 16), cfg,
+                 observing(done), hooks=hooks)  # fmt: skip
+    first = Sequence(Request(0, 0.0, 100, 40), 0.0)
+    first.handoff = True
+    eng.submit(first)
+    if busy:
+        eng.submit(Sequence(Request(1, 0.0, 100, 400), 0.0))
+
+    def later():
+        yield Arrival(env, keep_at)
+        assert hooks.held == [first]
+        eng.keep(first)
+
+    env.process(later())
+    env.run()
+    rows = [(s.req.id, s.t_first_token, s.t_first_decode, s.t_finish, s.max_gap) for s in done]
+    return rows, eng
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_a_kv_kept_after_its_prompt_decodes_from_the_next_step_boundary(busy):
+    """Taken up while the engine is idle, it wakes it; taken up inside a
+    fast-forwarded stretch, it joins after the step in progress, exactly as
+    stepping has it."""
+    keep_at = 0.2345
+    stepped, e1 = _kept_later(keep_at, ff=False, busy=busy)
+    jumped, e2 = _kept_later(keep_at, ff=True, busy=busy)
+    assert sorted(r[0] for r in stepped) == ([0, 1] if busy else [0])
+    assert jumped == stepped
+    assert (e1.iterations, e1.steps) == (e2.iterations, e2.steps)
+    kept = next(r for r in stepped if r[0] == 0)
+    assert kept[2] > keep_at  # its first decode step starts after it was taken up
+    assert e1.kv.free == e1.kv.total and e2.kv.free == e2.kv.total

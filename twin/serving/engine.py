@@ -234,6 +234,7 @@ class Engine:
             else None
         )
         self._preempted = False  # a preemption happened while planning this step
+        self._handing: Sequence | None = None  # the sequence _hand_off is handing off
         self.iterations = 0
         self.busy_s = 0.0
         self.preemptions = 0
@@ -506,14 +507,25 @@ class Engine:
     def keep(self, seq: Sequence) -> None:
         """Prefill side: the decode instance picked for ``seq`` is this one, so
         its KV stays where it is; it decodes here from the next step, as a
-        colocated request does (nothing moves, nothing is reserved)."""
+        colocated request does (nothing moves, nothing is reserved). Picked as
+        its prompt completes, it joins the batch at once, the iteration being
+        over; picked later (its decode side failed), steps may be under way or
+        the engine idle: it joins at the next step boundary, as a landed KV does."""
+        outside = seq is not self._handing
+        if outside:
+            self._interrupt()
         _, blocks, units = self.handoff.pop(seq.req.id)
         seq.blocks = blocks
         seq.units = units
         seq.shared_blocks = len(units) * (seq.req.prefix_block_tokens // self.kv.block_size)
         seq.handoff = False
         self.running[seq.req.id] = seq
-        self._join_decode(seq)
+        if not outside:
+            self._join_decode(seq)
+            return
+        seq.state = INCOMING
+        self._landed.append(seq)
+        self._poke()
 
     def release(self, seq: Sequence) -> None:
         """Prefill side: ``seq``'s KV has moved; free the blocks it held here."""
@@ -910,7 +922,9 @@ class Engine:
         s.epoch += 1
         self.observer.prefilled(self.env.now, self.id, s.req)
         assert self.hooks is not None, "a hand-off needs hooks"
+        self._handing = s  # a keep() from the hook is at the iteration's end
         self.hooks.on_prefilled(self, s)
+        self._handing = None
 
     def _complete_decode_step(self, now: float) -> None:
         self.steps += 1
