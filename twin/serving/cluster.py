@@ -237,8 +237,7 @@ class EngineView:
     @property
     def free_blocks(self) -> int:
         e = self._engine
-        if e._ff is not None:
-            e._ff.sync_blocks()  # the blocks of the steps under way; nothing else is read
+        e.sync_blocks()  # the blocks of the steps under way; nothing else is read
         return e.kv.free
 
     @property

@@ -433,8 +433,7 @@ class Engine:
         evicted before the KV lands) and only the rest is reserved and moved;
         at least the prompt's last token always moves, as a prefill always
         computes it."""
-        if self._ff is not None:
-            self._ff.sync_blocks()  # the blocks the decode steps under way have taken
+        self.sync_blocks()
         kv = self.kv
         if self.running_requests >= self.config.max_num_seqs * self.pp:
             return False
@@ -570,6 +569,12 @@ class Engine:
         reader sees what stepping would show at this instant."""
         if self._ff is not None:
             self._ff.sync()
+
+    def sync_blocks(self) -> None:
+        """:meth:`sync` for a reader of the free blocks only: the blocks the
+        decode steps under way have taken (the steps that ended are applied later)."""
+        if self._ff is not None:
+            self._ff.sync_blocks()
 
     # -- the loop --------------------------------------------------------------------
     def serve(self):  # noqa: ANN201 - a SimPy process

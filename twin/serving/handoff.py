@@ -450,10 +450,11 @@ class KVHandoff:
         now = self.env.now
         layer_s = 0.0 if stream_s is None else stream_s / self.layers
         config = self.config
-        if config.descriptors == "block":  # what handoff_costs reads of the blocks
+        # what handoff_costs reads of the blocks: all of them, or whether there is one
+        if config.descriptors == "block":
             n = blocks_for(tokens, engine.kv.block_size)
-        else:  # whether there is one: min(blocks, 1)
-            n = 1 if tokens > 0 else blocks_for(tokens, engine.kv.block_size)
+        else:
+            n = 1 if tokens > 0 else 0
         got = self._costs.get((n, layer_s))
         if got is None:
             if len(self._costs) >= 4096:
