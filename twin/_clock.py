@@ -15,12 +15,13 @@ stepping reaches, and an idle path must take exactly latency + size / rate, so
 :func:`at` pushes onto SimPy's queue directly. SimPy cannot take an event back
 once scheduled; :func:`move` brings one of :func:`at`'s forward instead (a
 fast-forwarded stretch cut short ends earlier), so that no stale event is left
-to fire, and :func:`arm` schedules (or schedules again) a pending event that a
+to fire, and :func:`cancel` takes one off the queue (a pipelined stretch ended
+early). :func:`arm` schedules (or schedules again) a pending event that a
 process already waits on, at a place among same-instant events taken earlier
-with :func:`slot` (a sleeping tick keeps the place its timeout would have had).
-This module is the one place
-that touches SimPy's private ``Environment._queue`` and ``_eid`` (SimPy 4.x;
-the dependency is pinned to that major version).
+with :func:`slot` (a sleeping tick keeps the place its timeout would have had),
+or now. This module is the one place that touches SimPy's private
+``Environment._queue`` and ``_eid`` (SimPy 4.x; the dependency is pinned to
+that major version).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections.abc import Callable
 
 import simpy
 
-__all__ = ["ARRIVAL", "ORDINARY", "Arrival", "arm", "at", "move", "place", "slot"]
+__all__ = ["ARRIVAL", "ORDINARY", "Arrival", "arm", "at", "cancel", "move", "place", "slot"]
 
 ARRIVAL = simpy.core.URGENT
 ORDINARY = simpy.core.NORMAL
@@ -113,3 +114,16 @@ def move(env: simpy.Environment, ev: simpy.Event, when: float) -> None:
             heapq.heapify(queue)
             return
     raise AssertionError(f"move: {ev!r} is not scheduled")
+
+
+def cancel(env: simpy.Environment, ev: simpy.Event) -> None:
+    """Take ``ev``, scheduled by :func:`at` and not yet fired, off the queue: it
+    never fires (a fast-forwarded stretch ended early needs no end)."""
+    queue = env._queue  # type: ignore[attr-defined]
+    for i, entry in enumerate(queue):
+        if entry[3] is ev:
+            queue[i] = queue[-1]
+            queue.pop()
+            heapq.heapify(queue)
+            return
+    raise AssertionError(f"cancel: {ev!r} is not scheduled")

@@ -103,3 +103,26 @@ def decode_steps(perf: PerfModel) -> DecodeSteps:
         return [timed(Batch((), count, context_sum + k * count)) for k in range(n)]
 
     return stepped
+
+
+StageSteps = Callable[[int, int, int], tuple[list[float], list[float]]]
+
+
+def stage_steps(perf: PerfModel) -> StageSteps:
+    """``f(count, context_sum, n)`` for a :class:`Pipelined` model: the stage
+    times (first, later) of ``n`` successive decode-only micro-batches of
+    ``count`` sequences whose contexts sum to ``context_sum`` in the first and
+    grow by ``count`` per micro-batch, as two lists, equal to the last bit to
+    ``perf.stage_times(Batch((), count, context_sum + k * count))`` for
+    ``k = 0 .. n-1``. The model's own ``stage_steps`` where it has one."""
+    own = getattr(perf, "stage_steps", None)
+    if own is not None:
+        return own  # type: ignore[no-any-return]
+    assert isinstance(perf, Pipelined)
+    timed = perf.stage_times
+
+    def stepped(count: int, context_sum: int, n: int) -> tuple[list[float], list[float]]:
+        pairs = [timed(Batch((), count, context_sum + k * count)) for k in range(n)]
+        return [a for a, _ in pairs], [b for _, b in pairs]
+
+    return stepped

@@ -752,6 +752,19 @@ class Roofline:
         share = (t - (pp - 1) * send) / pp
         return share, share + send
 
+    def stage_steps(self, count: int, context_sum: int, n: int) -> tuple[list[float], list[float]]:
+        """:meth:`stage_times` of ``n`` successive decode-only micro-batches (see
+        :func:`twin.perf.iteration.stage_steps`), from :meth:`decode_steps`."""
+        ts = self.decode_steps(count, context_sum, n)
+        pp = self.pp
+        if pp == 1:
+            return ts, [0.0] * n
+        send = self._p2p_fixed + self._p2p_token * count
+        sends = (pp - 1) * send
+        firsts = [t if t == 0.0 else (t - sends) / pp for t in ts]
+        laters = [0.0 if t == 0.0 else a + send for t, a in zip(ts, firsts, strict=True)]
+        return firsts, laters
+
     def iteration_time(self, batch: Batch) -> float:
         """Seconds for one forward pass of ``batch``; 0.0 for an empty batch
         (with ``moe_overlap: two-batch``, :meth:`overlapped_time`)."""

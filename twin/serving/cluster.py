@@ -299,9 +299,10 @@ class EngineView:
             new += s.prefill_len - cached
             raw += s.prefill_len
             computed += s.prefill_len - cached
+        decode_count, decode_context_sum = e.decode_load()
         times = queue_iterations_s(
             e.perf, work, cfg.max_batched_tokens, chunked=cfg.chunked_prefill,
-            decode_count=e.decode_count, decode_context_sum=e.decode_ctx_sum,
+            decode_count=decode_count, decode_context_sum=decode_context_sum,
         )  # fmt: skip
         if e.prefilling:
             # NOTE: the prompts being computed are in an iteration already under

@@ -28,8 +28,9 @@ the lane whose micro-batch admits it and decodes there until it ends or is
 preempted (then it waits again for any lane); a landed KV hand-off joins the
 next lane to plan. ``max_num_seqs`` holds per lane, as per virtual engine.
 NOTE: vLLM also gives each virtual engine 1/pp of the KV blocks; here they
-are one pool. Fast-forward is off with ``pp > 1``: its stretches assume one
-batch in flight, each step starting when the one before ends.
+are one pool. With ``pp > 1`` a stretch covers every lane's micro-batches at
+once (:mod:`twin.serving.pipeforward`); with one stage, one batch's steps
+(:mod:`twin.serving.fastforward`).
 """
 
 from __future__ import annotations
@@ -55,13 +56,16 @@ from twin.perf.iteration import (
     DecodeSteps,
     PerfModel,
     Pipelined,
+    StageSteps,
     decode_steps,
     pipeline_stages,
+    stage_steps,
 )
 from twin.request import Request
 from twin.serving.fastforward import FastForward
 from twin.serving.kvcache import BlockManager, PrefixCache, blocks_for, cacheable
 from twin.serving.observer import Observer
+from twin.serving.pipeforward import PipeForward
 from twin.serving.sequence import (
     DECODE,
     DONE,
@@ -152,6 +156,14 @@ class EngineConfig:
             raise SpecError(f"engine.watermark: {self.watermark!r} must be in [0, 1)")
 
 
+_Stages = tuple[list[float], list[float]]
+
+
+def _slowed(times: _Stages, speed: float) -> _Stages:
+    """Stage times at ``speed`` x the perf model's rate."""
+    return [a / speed for a in times[0]], [b / speed for b in times[1]]
+
+
 class EngineHooks(Protocol):
     """What an engine tells the KV hand-off of a disaggregated cluster."""
 
@@ -228,11 +240,15 @@ class Engine:
         self._lane = 0
         self._lanes: list[list] = [[0, 0, 0, [], [], [], [], [], -1.0] for _ in range(self.pp)]
         self._stage_free = [0.0] * self.pp
-        self._ff = (
-            FastForward(self)
-            if config.fast_forward and self._iter_observer is None and self.pp == 1
-            else None
-        )
+        # ... each lane's micro-batch in flight (its end, first-stage time, and
+        # whether it carries prompts), and the order the lanes last took the first
+        # stage in (a count at each take)
+        self._flight: list[tuple[float, float, bool] | None] = [None] * self.pp
+        self._claim_no = [0] * self.pp
+        self._claims = 0
+        ff = config.fast_forward and self._iter_observer is None
+        self._ff = FastForward(self) if ff and self.pp == 1 else None
+        self._pf = PipeForward(self) if ff and self.pp > 1 else None
         self._preempted = False  # a preemption happened while planning this step
         self._handing: Sequence | None = None  # the sequence _hand_off is handing off
         self.iterations = 0
@@ -250,6 +266,8 @@ class Engine:
         self.iteration_time: Callable[[Batch], float] = perf.iteration_time
         # ... and of a stretch of decode-only steps of one batch, in one call
         self.decode_steps: DecodeSteps = decode_steps(perf)
+        # ... and, pipelined, the stage times of such micro-batches of one lane
+        self.stage_steps: StageSteps | None = stage_steps(perf) if self.pp > 1 else None
         self.on_lost: Callable[[Sequence], None] | None = None
         # Scaling: starting | serving | draining | stopped (twin.scheduler.
         # INSTANCE_STATES), and who is told when a draining instance may be empty.
@@ -272,6 +290,17 @@ class Engine:
     def running_requests(self) -> int:
         """Admitted sequences, and KV hand-offs this instance has reserved blocks for."""
         return len(self.running) + len(self.reserved)
+
+    def decode_load(self) -> tuple[int, int]:
+        """The decodes a prompt's iteration carries here: their count and context
+        sum (pipelined, those of the lane with the most, the first of equals)."""
+        if self.pp == 1:
+            return self.decode_count, self.decode_ctx_sum
+        lanes = [
+            list(_lane_state(self)) if k == self._lane else self._lanes[k] for k in range(self.pp)
+        ]
+        best = max(lanes, key=lambda state: state[0])
+        return best[0], best[1]
 
     # -- what the control loop changes ------------------------------------------------
     def set_role(self, role: str) -> None:
@@ -307,6 +336,11 @@ class Engine:
         self.decode_steps = (
             steps if speed == 1.0 else (lambda c, x, n: [d / speed for d in steps(c, x, n)])
         )
+        if self.pp > 1:
+            staged = stage_steps(self.perf)
+            self.stage_steps = (
+                staged if speed == 1.0 else (lambda c, x, n: _slowed(staged(c, x, n), speed))
+            )
 
     def held(self) -> list[Sequence]:
         """Every sequence this instance holds: queued, admitted (any phase) and
@@ -350,6 +384,8 @@ class Engine:
         self._lane = 0
         self._lanes = [[0, 0, 0, [], [], [], [], [], -1.0] for _ in range(self.pp)]
         self._stage_free = [0.0] * self.pp
+        self._flight = [None] * self.pp
+        self._claim_no = [0] * self.pp
         old = self.kv
         self.kv = BlockManager(old.total, old.block_size, old.watermark)
         self.kv.peak_used = old.peak_used
@@ -359,6 +395,8 @@ class Engine:
             self.cache.on_freed = self._written_down
         if self._ff is not None:
             self._ff = FastForward(self)
+        if self._pf is not None:
+            self._pf = PipeForward(self)
         return lost
 
     def recover(self) -> None:
@@ -412,6 +450,8 @@ class Engine:
         seq.t_arrival = self.env.now
         if self._ff is not None:
             self._ff.cut()
+        elif self._pf is not None:
+            self._pf.interrupt()
         self.waiting.append(seq)
         self._waiting_moved(seq.prefill_len)
         self.observer.request_queued(self.env.now, self.id, seq.req)
@@ -547,6 +587,8 @@ class Engine:
         """A change from outside: end a fast-forwarded stretch at the step in progress."""
         if self._ff is not None:
             self._ff.interrupt()
+        elif self._pf is not None:
+            self._pf.interrupt()
 
     def _poke(self) -> None:
         if self._wake is not None and not self._wake.triggered:
@@ -569,12 +611,27 @@ class Engine:
         reader sees what stepping would show at this instant."""
         if self._ff is not None:
             self._ff.sync()
+        elif self._pf is not None:
+            self._pf.sync()
 
     def sync_blocks(self) -> None:
         """:meth:`sync` for a reader of the free blocks only: the blocks the
         decode steps under way have taken (the steps that ended are applied later)."""
         if self._ff is not None:
             self._ff.sync_blocks()
+        elif self._pf is not None:
+            self._pf.sync_blocks()
+
+    def watch_blocks(self, watch: Any) -> None:
+        """From now ``watch`` (a sleeping tick's) is told of the free blocks: of a
+        decode stretch under way, whose steps take them with no event; a
+        pipelined stretch, which does not say when, ends here."""
+        self.kv.watch = watch
+        ff = self._ff
+        if ff is not None and ff.stretch is not None:
+            watch.stretch(self, ff.stretch)
+        if self._pf is not None:
+            self._pf.interrupt()
 
     # -- the loop --------------------------------------------------------------------
     def serve(self):  # noqa: ANN201 - a SimPy process
@@ -622,17 +679,39 @@ class Engine:
 
     def _serve_lane(self, lane: int):  # noqa: ANN201 - a SimPy process
         """One pipeline lane (``pp > 1``): wait for the first stage, form a
-        micro-batch of this lane's work, let it pass every stage, apply it; repeat."""
+        micro-batch of this lane's work, let it pass every stage, apply it; repeat.
+        Inside a fast-forwarded stretch (:mod:`twin.serving.pipeforward`) the lane
+        waits for its end instead, then completes what it has in flight."""
         env = self.env
         perf = self.perf
         assert isinstance(perf, Pipelined)
         free = self._stage_free
         life = self.life
+        pf = self._pf
         while True:
-            while free[0] > env.now:  # the first stage holds the micro-batch before
+            st = pf.stretch if pf is not None else None
+            if st is not None:
+                assert pf is not None
+                if lane not in st.lanes:  # (woken without a change: none is known)
+                    pf.interrupt()
+                    continue
+                yield pf.wait(st, lane)
+                if self.life != life:
+                    return
+                resumed = st.resume.get(lane)
+                if resumed is not None:  # its micro-batch in flight has just ended
+                    first = resumed[1]
+                    self._flight[lane] = None
+                    self._use_lane(lane)
+                    self.iterations += 1
+                    self.busy_s += first
+                    self._complete([], True)
+                continue
+            if free[0] > env.now:  # the first stage holds the micro-batch before
                 yield at(env, free[0])
                 if self.life != life:
                     return
+                continue
             self._use_lane(lane)
             planned, chunks, decoding = self._plan()
             batch = planned or Batch((), self.decode_count, self.decode_ctx_sum)
@@ -643,6 +722,8 @@ class Engine:
                 if self.life != life:
                     return
                 continue
+            if planned is None and pf is not None and pf.plan(lane):
+                continue  # a stretch covers it: wait for its end with the other lanes
             first, later = perf.stage_times(batch)
             if self.speed != 1.0:
                 first, later = first / self.speed, later / self.speed
@@ -658,10 +739,14 @@ class Engine:
                 free[k] = t
             dt = t - env.now  # this micro-batch's latency through the pipeline
             obs = self._iter_observer
+            self._claims += 1
+            self._claim_no[lane] = self._claims
+            self._flight[lane] = (t, first, bool(chunks))
             self._started(batch, chunks, dt)
             yield at(env, t)
             if self.life != life:
                 return
+            self._flight[lane] = None
             self._use_lane(lane)
             self.iterations += 1
             self.busy_s += first  # the time the pipeline's entrance was taken

@@ -201,7 +201,7 @@ class FastForward:
         st = self.stretch
         assert st is not None
         if begin_to > st.begun:
-            self._allocate_through(self.engine.steps + 1 + (begin_to - 1 - st.ended))
+            take_blocks(self.engine, self.engine.steps + 1 + (begin_to - 1 - st.ended))
             st.begun = begin_to
 
     def _end(self, end_to: int) -> None:
@@ -232,7 +232,7 @@ class FastForward:
             gaps += map(sub, ends[1:end_to], ends[: end_to - 1])
         n = end_to - k0
         step = eng.steps
-        self._push_gaps(step + 1, gaps)
+        push_gaps(eng, step + 1, gaps)
         step += n
         eng.busy_s = reduce(add, st.dts[k0:end_to], eng.busy_s)  # one step at a time
         eng.iterations += n
@@ -243,53 +243,53 @@ class FastForward:
         if len(eng._gap_steps) > 4096:
             eng._prune_gaps(step)
 
-    def _push_gaps(self, step: int, gaps: list[float]) -> None:
-        """Push the gaps of steps ``step, step + 1, ...`` onto the engine's monotone
-        stack, leaving it as pushing them one by one would: what stays of them is
-        the last largest, then the last largest of those after it, and so on."""
-        eng = self.engine
-        steps, vals = eng._gap_steps, eng._gap_vals
-        top = max(gaps)
-        while vals and vals[-1] <= top:
+
+def push_gaps(eng: Engine, step: int, gaps: list[float]) -> None:
+    """Push the gaps of decode steps ``step, step + 1, ...`` onto ``eng``'s
+    monotone stack, leaving it as pushing them one by one would: what stays of
+    them is the last largest, then the last largest of those after it, and so on."""
+    steps, vals = eng._gap_steps, eng._gap_vals
+    top = max(gaps)
+    while vals and vals[-1] <= top:
+        vals.pop()
+        steps.pop()
+    n = len(gaps)
+    if gaps[-1] == top:  # the last is the largest: it is all that stays
+        steps.append(step + n - 1)
+        vals.append(top)
+        return
+    lo = 0
+    for _ in range(8):  # in a stretch gaps mostly grow: one or two rounds
+        rest = gaps[lo:]
+        top = max(rest)
+        lo += len(rest) - rest[::-1].index(top)  # past the last occurrence
+        steps.append(step + lo - 1)
+        vals.append(top)
+        if lo == n:
+            return
+    for k in range(lo, n):  # falling gaps: one at a time
+        gap = gaps[k]
+        while vals and vals[-1] <= gap:
             vals.pop()
             steps.pop()
-        n = len(gaps)
-        if gaps[-1] == top:  # the last is the largest: it is all that stays
-            steps.append(step + n - 1)
-            vals.append(top)
-            return
-        lo = 0
-        for _ in range(8):  # in a stretch gaps mostly grow: one or two rounds
-            rest = gaps[lo:]
-            top = max(rest)
-            lo += len(rest) - rest[::-1].index(top)  # past the last occurrence
-            steps.append(step + lo - 1)
-            vals.append(top)
-            if lo == n:
-                return
-        for k in range(lo, n):  # falling gaps: one at a time
-            gap = gaps[k]
-            while vals and vals[-1] <= gap:
-                vals.pop()
-                steps.pop()
-            steps.append(step + k)
-            vals.append(gap)
+        steps.append(step + k)
+        vals.append(gap)
 
-    def _allocate_through(self, last: int) -> None:
-        """The blocks decode steps up to ``last`` take, all known to be free: each
-        sequence due takes every block it needs by then at once."""
-        eng = self.engine
-        heap = eng._alloc_heap
-        bs = eng.kv.block_size
-        taken = 0
-        while heap and heap[0][0] <= last:
-            need_at, rid, epoch, s = heap[0]
-            if epoch != s.epoch or s.state != DECODE:
-                heapq.heappop(heap)
-                continue
-            k = (last - need_at) // bs + 1
-            s.blocks += k
-            taken += k
-            heapq.heapreplace(heap, (need_at + k * bs, rid, epoch, s))
-        if taken:
-            eng.kv.allocate(taken)
+
+def take_blocks(eng: Engine, last: int) -> None:
+    """The blocks ``eng``'s decode steps up to ``last`` take, all known to be
+    free: each sequence due takes every block it needs by then at once."""
+    heap = eng._alloc_heap
+    bs = eng.kv.block_size
+    taken = 0
+    while heap and heap[0][0] <= last:
+        need_at, rid, epoch, s = heap[0]
+        if epoch != s.epoch or s.state != DECODE:
+            heapq.heappop(heap)
+            continue
+        k = (last - need_at) // bs + 1
+        s.blocks += k
+        taken += k
+        heapq.heapreplace(heap, (need_at + k * bs, rid, epoch, s))
+    if taken:
+        eng.kv.allocate(taken)

@@ -212,10 +212,7 @@ class ControlLoop:
             if w.free_at_most is not None:
                 e.sync()
                 w.free_was = e.kv.free <= w.free_at_most
-                e.kv.watch = w
-                st = e._ff.stretch if e._ff is not None else None
-                if st is not None:
-                    w.stretch(e, st)
+                e.watch_blocks(w)
             if w.queue_above is not None:
                 w.queue_was = e.waiting_tokens > w.queue_above
         return ev

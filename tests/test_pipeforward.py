@@ -1,0 +1,214 @@
+"""Fast-forward of pipelined instances (pp > 1) against stepping: one instance
+under random workloads, whole runs, readers inside a stretch, and its events."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import simpy
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from test_engine import Linear, largest_relative_difference, observing, scenarios
+from test_fastforward import fit, outcome, runs
+from test_pipeline import Constant
+
+from twin._clock import Arrival
+from twin.perf.gpus import get_gpu
+from twin.perf.iteration import Batch, stage_steps
+from twin.perf.llm import get_model
+from twin.perf.roofline import Roofline
+from twin.request import Request
+from twin.serving.engine import Engine, EngineConfig
+from twin.serving.kvcache import BlockManager
+from twin.serving.sequence import Sequence
+
+
+class Staged(Linear):
+    """:class:`Linear` over ``pp`` stages, the first holding ``share`` of it (a
+    share of 1/pp gives equal stages, whose instants tie often)."""
+
+    def __init__(self, pp: int, share: float, **kw) -> None:
+        super().__init__(**kw)
+        self.pp, self.share = pp, share
+
+    def stage_times(self, b: Batch) -> tuple[float, float]:
+        t = self.iteration_time(b)
+        first = t * self.share
+        return first, (t - first) / (self.pp - 1)
+
+
+def engine_run(reqs, blocks, cfg, perf, *, probe_every=0.0037):
+    """Run one engine; what a router reads at instants inside stretches (every
+    ``probe_every`` s, before same-instant events, as an arrival reads), every
+    request's timestamps, and the engine's counters."""
+    env = simpy.Environment()
+    done: list[Sequence] = []
+    eng = Engine(env, 0, perf, BlockManager(blocks, cfg.block_size), cfg, observing(done))
+    probe: list[tuple] = []
+
+    def arrive():
+        for r in reqs:
+            if r.arrival_s > env.now:
+                yield Arrival(env, r.arrival_s - env.now)
+            eng.submit(Sequence(r, env.now))
+
+    def observe():
+        for k in range(300):
+            yield Arrival(env, probe_every * (k + 1) - env.now)
+            eng.sync()
+            lanes = [eng._lanes[i] if i != eng._lane else None for i in range(eng.pp)]
+            steps = [eng.steps if v is None else v[2] for v in lanes]
+            probe.append((eng.kv.free, eng.iterations, eng.busy_s, steps, eng.decode_load()))
+
+    env.process(arrive())
+    env.process(observe())
+    env.run()
+    per_request = sorted(
+        (s.req.id, s.t_scheduled, s.t_prefill_done, s.t_first_token, s.t_finish, s.max_gap,
+         s.preemptions, s.generated)
+        for s in done
+    )  # fmt: skip
+    counters = (eng.iterations, eng.busy_s, eng.kv.peak_used, eng.preemptions, eng.kv.free)
+    return {"requests": per_request, "counters": counters, "probe": probe}, env
+
+
+def _events(reqs, blocks, cfg, perf) -> int:
+    env = simpy.Environment()
+    eng = Engine(env, 0, perf, BlockManager(blocks, cfg.block_size), cfg, observing([]))
+
+    def arrive():
+        for r in reqs:
+            if r.arrival_s > env.now:
+                yield Arrival(env, r.arrival_s - env.now)
+            eng.submit(Sequence(r, env.now))
+
+    env.process(arrive())
+    n = 0
+    while env.peek() < float("inf"):
+        env.step()
+        n += 1
+    return n
+
+
+PERFS = {
+    "staged-0.6": lambda pp: Staged(pp, 0.6, per_context=1e-6),
+    "staged-0.3": lambda pp: Staged(pp, 0.3, per_context=1e-6),
+    "staged-even": lambda pp: Staged(pp, 1 / pp, per_context=1e-6),  # ties: stepping decides
+    "constant": lambda pp: Constant(0.012, pp),  # every instant ties
+    "roofline": lambda pp: Roofline(get_model("llama-3.1-8b"), get_gpu("h100-sxm"), 1, pp),
+    "distserve": lambda pp: fit(pp),
+}
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.sampled_from([2, 3, 4]), st.sampled_from(sorted(PERFS)))
+def test_pipelined_fast_forward_gives_exactly_the_stepped_result(scenario, pp, model):
+    """Every timestamp, gap, preemption and counter of a pipelined instance, and
+    what a reader sees inside a stretch, is the same to the last bit with
+    fast-forward as stepping, with chunked prefill, prefix caching, preemptions
+    and stages that tie."""
+    reqs, blocks, cfg = scenario
+    assume(model != "roofline" or pp != 3)  # Llama-3.1-8B's 32 layers do not split in 3
+    perf = PERFS[model](pp)
+    stepped, _ = engine_run(reqs, blocks, cfg, perf)
+    jumped, _ = engine_run(reqs, blocks, dataclasses.replace(cfg, fast_forward=True), perf)
+    worst, where = largest_relative_difference(jumped, stepped)
+    assert worst == 0.0, f"largest relative difference {worst:.3g} at {where}"
+    assert jumped == stepped
+
+
+@st.composite
+def pipelined_runs(draw):
+    """A random whole run (see ``test_fastforward.runs``) of instances with ``pp`` stages."""
+    kind, data = draw(runs())
+    data["cluster"]["pp"] = draw(st.sampled_from([2, 4]))
+    return kind, data
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(run=pipelined_runs(), model=st.sampled_from(["spec", "distserve"]))
+def test_whole_pipelined_runs_fast_forwarded_are_those_stepped(run, model):
+    """Colocated and split runs of pipelined instances, with preemptions,
+    chunked prefill, failures and throttled GPUs: the same to the last bit."""
+    kind, data = run
+    perf = fit(data["cluster"]["pp"]) if model == "distserve" else None
+    stepped, n_stepped = outcome(kind, data, False, perf)
+    jumped, n_jumped = outcome(kind, data, True, perf)
+    worst, where = largest_relative_difference(jumped, stepped)
+    assert worst == 0.0, f"largest relative difference {worst:.3g} at {where}"
+    assert jumped == stepped
+    assert n_jumped <= n_stepped
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_a_pipelined_stretch_is_priced_to_the_last_bit_as_stage_by_stage(pp):
+    perf = Roofline(get_model("llama-2-70b"), get_gpu("h100-sxm"), 4, pp)
+    for count, ctx, n in [(1, 100, 1), (37, 37 * 900, 79), (256, 256 * 3000, 300)]:
+        firsts, laters = stage_steps(perf)(count, ctx, n)
+        want = [perf.stage_times(Batch((), count, ctx + k * count)) for k in range(n)]
+        assert list(zip(firsts, laters, strict=True)) == want
+        assert all(type(x) is float for x in firsts + laters)
+
+
+def test_pipelined_decodes_take_a_few_events_a_stretch():
+    """Four lanes of long decodes: stepping takes an event or two per micro-batch,
+    fast-forward a few per stretch (one per lane at its end), with the same result."""
+    pp, m = 4, 8
+    reqs = [Request(i, 0.0, 64, 400 + 7 * i) for i in range(pp * m)]
+    cfg = EngineConfig(max_num_seqs=m, fast_forward=False)
+    perf = Staged(pp, 0.4, per_context=1e-6)
+    stepped, _ = engine_run(reqs, 10_000, cfg, perf, probe_every=0.5)
+    jumped, _ = engine_run(reqs, 10_000, dataclasses.replace(cfg, fast_forward=True), perf,
+                           probe_every=0.5)  # fmt: skip
+    assert jumped == stepped
+    n_stepped = _events(reqs, 10_000, cfg, perf)
+    n_jumped = _events(reqs, 10_000, dataclasses.replace(cfg, fast_forward=True), perf)
+    micro_batches = stepped["counters"][0]
+    assert n_stepped >= micro_batches  # at least one event per micro-batch
+    # 32 finishes end a stretch each; each costs about one event per lane
+    assert n_jumped <= 8 * (pp * m) + 50
+    assert n_jumped * 10 < n_stepped
+
+
+def test_readers_and_a_failure_inside_a_pipelined_stretch_see_what_stepping_shows():
+    """A reader syncing at instants spread over a stretch, and a failure in the
+    middle of one, see what stepping shows; the requests lost and served again
+    end as they do stepping."""
+    pp = 3
+    perf = Staged(pp, 0.45, per_context=1e-6)
+    reqs = [Request(i, 0.001 * i, 40 + i, 120 - 5 * i) for i in range(9)]
+
+    def readings(ff: bool) -> list[tuple]:
+        env = simpy.Environment()
+        done: list[Sequence] = []
+        eng = Engine(env, 0, perf, BlockManager(5000, 16), EngineConfig(max_num_seqs=3,
+                     fast_forward=ff), observing(done))  # fmt: skip
+        seen: list[tuple] = []
+
+        def arrive():
+            for r in reqs:
+                if r.arrival_s > env.now:
+                    yield Arrival(env, r.arrival_s - env.now)
+                eng.submit(Sequence(r, env.now))
+
+        def read():
+            for t in (0.05, 0.0777, 0.31, 0.5, 0.9):
+                yield Arrival(env, t - env.now)
+                eng.sync()
+                seen.append((env.now, eng.kv.free, eng.iterations, eng.busy_s,
+                             eng.decode_load()))  # fmt: skip
+            yield Arrival(env, 1.2 - env.now)
+            lost = eng.fail()
+            seen.append(sorted((s.req.id, s.generated, s.t_last_token) for s in lost))
+            eng.recover()
+            for s in lost:
+                eng.submit(Sequence(s.req, env.now))
+
+        env.process(arrive())
+        env.process(read())
+        env.run()
+        seen.append(sorted((s.req.id, s.t_first_token, s.t_finish, s.max_gap) for s in done))
+        return seen
+
+    assert readings(True) == readings(False)
