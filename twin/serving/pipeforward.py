@@ -44,47 +44,64 @@ from twin.serving.sequence import DECODE
 if TYPE_CHECKING:
     from twin.serving.engine import Engine
 
-# Micro-batches one stretch covers at most; after a cut, at most this many or
-# four times the cut one's (pricing is cheap next to an event, and a stretch
-# that ends short of its next finish costs a few more events).
+# Micro-batches one stretch covers at most (it then ends as at a finish).
 MAX_MICRO_BATCHES = 4096
-CUT_MICRO_BATCHES = 128
+# The micro-batches priced and scheduled ahead at once: after a cut at least
+# this many, or twice what the cut one had begun; each time the schedule runs
+# out while nothing has changed, twice as many again (one event each time).
+# Pricing is cheap next to an event, and what is scheduled past a cut is lost.
+MIN_AHEAD = 32
 
 
 class PipeStretch:
-    """Micro-batches covered by one event. Micro-batch ``j`` is lane
+    """Micro-batches covered by one stretch. Micro-batch ``j`` is lane
     ``order[j % len(order)]``'s, its ``j // len(order)``-th of the stretch, the
     step ``step0[p] + j // len(order)`` of its lane at position ``p``; it takes
     the first stage at ``starts[j]`` for ``firsts[j]`` seconds and leaves the
-    last at ``ends[j]``; ``frees[j]`` is when each stage is done with it.
+    last at ``ends[j]``; ``frees[j]`` is when each stage is done with it (kept
+    past two stages; with two they are ``starts[j] + firsts[j]`` and ``ends[j]``).
     ``begun`` (blocks taken) and ``ended`` (applied) count micro-batches so far,
     ``taken[p]`` the last step whose blocks position ``p``'s lane holds.
-    ``event`` fires at the end of the micro-batch that ends the stretch (no
-    lane waits on it: it settles the stretch); each lane waits on its own
-    ``wake`` event, scheduled when the stretch is settled: at its micro-batch
-    still in flight's end (``resume`` gives that end and its first-stage time),
-    or, for a lane out and waiting, when the first stage frees, in the order
-    the lanes came out (as they would have queued for it stepping)."""
 
-    __slots__ = ("order", "lanes", "step0", "starts", "ends", "firsts", "frees",
-                 "taken", "ended", "event", "wake", "resume", "settled")  # fmt: skip
+    The schedule is made ahead a part at a time: the recurrence's state (the
+    next micro-batch ``j``, its position ``p``, round ``i`` and start ``s``,
+    the stages' frees and each lane's time out) carries over, and ``event``
+    fires at the next micro-batch's start to schedule more, or, once the
+    micro-batch that ends the stretch (``end_at``, ending at ``end_s``) and
+    those starting before its end are scheduled, at that end, to settle the
+    stretch. No lane waits on ``event``: each waits on its own ``wake``
+    event, scheduled when the stretch is settled: at its micro-batch in
+    flight's end (``resume`` gives that end and its first-stage time), or, for
+    a lane out and waiting, when the first stage frees, in the order the lanes
+    came out (as they would have queued for it stepping)."""
+
+    __slots__ = ("order", "lanes", "step0", "counts", "ctx0", "fin", "starts", "ends",
+                 "firsts", "frees", "taken", "ended", "event", "wake", "resume", "settled",
+                 "free", "out", "firsts_of", "laters_of", "j", "p", "i", "s", "end_at",
+                 "end_s", "ahead")  # fmt: skip
 
     def __init__(
         self,
         order: list[int],
         step0: list[int],
-        starts: list[float],
-        ends: list[float],
-        firsts: list[float],
-        frees: list[list[float]],
+        counts: list[int],
+        ctx0: list[int],
+        fin: list[int],
+        free: list[float],
+        out: list[float],
+        now: float,
+        end_at: int,
     ) -> None:
         self.order = order
         self.lanes = frozenset(order)
         self.step0 = step0
-        self.starts = starts
-        self.ends = ends
-        self.firsts = firsts
-        self.frees = frees
+        self.counts = counts
+        self.ctx0 = ctx0
+        self.fin = fin
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+        self.firsts: list[float] = []
+        self.frees: list[list[float]] = []
         self.taken = [s - 1 for s in step0]
         self.taken[0] = step0[0]  # the first micro-batch was planned: its blocks are held
         self.ended = 0
@@ -92,6 +109,15 @@ class PipeStretch:
         self.wake: dict[int, simpy.Event] = {}
         self.resume: dict[int, tuple[float, float]] = {}
         self.settled = False
+        self.free = free
+        self.out = out
+        self.firsts_of: list[list[float]] = [[] for _ in order]
+        self.laters_of: list[list[float]] = [[] for _ in order]
+        self.j = self.p = self.i = 0
+        self.s = now
+        self.end_at = end_at
+        self.end_s = float("inf")
+        self.ahead = 0
 
 
 def _next_finish(heap: list) -> int | None:
@@ -110,7 +136,7 @@ class PipeForward:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.stretch: PipeStretch | None = None
-        self.cap = MAX_MICRO_BATCHES
+        self.cap = MIN_AHEAD
 
     # -- what the engine's readers and changes call ----------------------------------
     def interrupt(self) -> None:
@@ -198,61 +224,82 @@ class PipeForward:
         if min(last) < 1 or any(b < a for a, b in zip(ready[1:], ready[2:], strict=False)):
             return False
         n_lanes = len(order)
-        rounds = max(2, self.cap // n_lanes)
-        stop = [min(x, rounds) for x in last]
-        need = min(stop) + 2  # micro-batches any lane can have before the end is out
-        price = eng.stage_steps
-        assert price is not None
-        priced = [price(x[4], x[5], min(x[6] - x[3] + 1, need)) for x in lanes]
-        times = self._schedule(now, ready, priced, stop)
-        if times is None:
+        rounds = MAX_MICRO_BATCHES // n_lanes
+        end_at = min(min(x, rounds) * n_lanes + p for p, x in enumerate(last))
+        st = PipeStretch(order, step0, [x[4] for x in lanes], [x[5] for x in lanes],
+                         last, list(eng._stage_free), ready, now, end_at)  # fmt: skip
+        st.ahead = self.cap
+        if not self._ahead(st):
             return False
-        starts, ends, firsts, frees = times
-        if not self._blocks_free(order, step0, len(starts)):
-            return False
-        st = PipeStretch(order, step0, starts, ends, firsts, frees)
-        st.event = at(eng.env, ends[self._stop_index(stop, n_lanes)], lambda _: self._ended(st))
         self.stretch = st
+        self._next_event(st)
         return True
 
-    @staticmethod
-    def _stop_index(stop: list[int], n_lanes: int) -> int:
-        """The micro-batch that ends the stretch: the first whose lane stops there."""
-        return min(s * n_lanes + p for p, s in enumerate(stop))
+    def _next_event(self, st: PipeStretch) -> None:
+        env = self.engine.env
+        if st.j < st.end_at + len(st.order) and st.s < st.end_s:  # more to schedule
+            st.event = at(env, st.s, lambda _: self._more(st))
+        else:
+            st.event = at(env, st.end_s, lambda _: self._ended(st))
 
-    def _schedule(
-        self,
-        now: float,
-        ready: list[float],
-        priced: list[tuple[list[float], list[float]]],
-        stop: list[int],
-    ) -> tuple[list[float], list[float], list[float], list[list[float]]] | None:
-        """Run stepping's recurrence over the lanes in turn: the starts, ends,
-        first-stage times and (past two stages) stage frees of the stretch's
-        micro-batches, or None where a tie (see the module) or a non-positive
-        stage time leaves them to stepping."""
-        if not all(min(a) > 0.0 and min(b) > 0.0 for a, b in priced):
-            return None
-        free = list(self.engine._stage_free)
+    def _more(self, st: PipeStretch) -> None:
+        """At the start of the next micro-batch not yet scheduled: schedule more
+        (twice as many as the last time), or, where a tie or a block that may
+        not be free stops it, end the stretch here (stepping goes on from now)."""
+        if self.stretch is not st:
+            return
+        st.ahead = min(MAX_MICRO_BATCHES, 2 * st.ahead)
+        if self._ahead(st):
+            self._next_event(st)
+        else:
+            self._settle(st, self.engine.env.now)
+
+    def _ahead(self, st: PipeStretch) -> bool:
+        """Price and schedule ``st.ahead`` more micro-batches (fewer at the
+        stretch's end), every block they take being free; False (and nothing
+        scheduled) where a tie, a non-positive stage time or a block that may
+        not be free leaves them to stepping."""
+        n_lanes = len(st.order)
+        limit = min(st.j + st.ahead, st.end_at + n_lanes)
+        price = self.engine.stage_steps
+        assert price is not None
+        for p in range(n_lanes):
+            have = len(st.firsts_of[p])
+            want = min((limit - 1 - p) // n_lanes + 1, st.fin[p] + 1)  # no lane passes its finish
+            if want > have:
+                a, b = price(st.counts[p], st.ctx0[p] + st.counts[p] * have, want - have)
+                if not (min(a) > 0.0 and min(b) > 0.0):
+                    return False
+                st.firsts_of[p] += a
+                st.laters_of[p] += b
+        n0 = len(st.starts)
+        saved = (st.j, st.p, st.i, st.s, list(st.free), list(st.out), st.end_s)
+        if self._schedule(st, limit) and self._blocks_free(st):
+            return True
+        st.j, st.p, st.i, st.s, st.free, st.out, st.end_s = saved
+        del st.starts[n0:], st.ends[n0:], st.firsts[n0:], st.frees[n0:]
+        return False
+
+    def _schedule(self, st: PipeStretch, limit: int) -> bool:
+        """Run stepping's recurrence over the lanes in turn, from where it was
+        left, up to micro-batch ``limit`` (or the stretch's end): the starts,
+        ends, first-stage times and stage frees; False where a tie (see the
+        module) leaves them to stepping."""
+        free = st.free
         stages = range(1, len(free))
-        keep_frees = len(free) > 2  # two stages: the frees are the start + first and the end
-        n_lanes = len(ready)
-        ready = list(ready)
-        firsts_of = [a for a, _ in priced]
-        laters_of = [b for _, b in priced]
-        starts: list[float] = []
-        ends: list[float] = []
-        firsts: list[float] = []
-        frees: list[list[float]] = []
-        end_at = self._stop_index(stop, n_lanes)
-        last = end_at + n_lanes  # the stretch's last lane starts again after its end
-        stretch_end = float("inf")
-        j = p = i = 0
-        s = now
-        while True:
+        keep_frees = len(free) > 2
+        n_lanes = len(st.order)
+        out = st.out
+        firsts_of, laters_of = st.firsts_of, st.laters_of
+        starts, ends, firsts, frees = st.starts, st.ends, st.firsts, st.frees
+        end_at = st.end_at
+        last = end_at + n_lanes
+        end_s = st.end_s
+        j, p, i, s = st.j, st.p, st.i, st.s
+        while j < limit:
             a_list = firsts_of[p]
             if i >= len(a_list):
-                return None  # not priced this far (cannot happen: see plan)
+                return False  # not priced this far (cannot happen: see _ahead)
             a = a_list[i]
             b = laters_of[p][i]
             t = s + a
@@ -265,31 +312,32 @@ class PipeForward:
             firsts.append(a)
             if keep_frees:
                 frees.append(list(free))
-            ready[p] = t
+            out[p] = t
             if j == end_at:
-                stretch_end = t
+                end_s = t
             j += 1
             if j == last:
-                break
+                break  # the stretch's last lane would start again, after its end
             p += 1
             if p == n_lanes:
                 p = 0
                 i += 1
-            r = ready[p]
+            r = out[p]
             f0 = free[0]
             if r >= f0:
                 s = r
             else:
                 s = f0  # it waits for the first stage
                 q = p + 1 if p + 1 < n_lanes else 0
-                if q != p and ready[q] == f0:
-                    return None  # the next lane out at that very instant
+                if q != p and out[q] == f0:
+                    return False  # the next lane out at that very instant
             if j > end_at:
-                if s > stretch_end:
-                    break
-                if s == stretch_end:
-                    return None
-        return starts, ends, firsts, frees
+                if s > end_s:
+                    break  # starts after the stretch's end: not in it
+                if s == end_s:
+                    return False
+        st.j, st.p, st.i, st.s, st.end_s = j, p, i, s, end_s
+        return True
 
     def _nothing_admits(self) -> bool:
         """Whether no lane can admit the head of the queue before a change: the
@@ -303,20 +351,20 @@ class PipeForward:
         kv = eng.kv
         return not kv.can_admit(blocks_for(eng.waiting[0].prefill_len, kv.block_size))
 
-    def _blocks_free(self, order: list[int], step0: list[int], n: int) -> bool:
-        """Whether every block the stretch's ``n`` micro-batches take is free (so
-        no preemption can happen in it)."""
+    def _blocks_free(self, st: PipeStretch) -> bool:
+        """Whether every block the micro-batches scheduled so far take is free
+        (so no preemption can happen in them)."""
         eng = self.engine
         kv = eng.kv
         bs = kv.block_size
-        n_lanes = len(order)
+        n = len(st.starts)
+        n_lanes = len(st.order)
         lasts = {}
         bound = 0
-        for p, lane in enumerate(order):
-            k = (n - 1 - p) // n_lanes + 1  # this lane's micro-batches
-            lasts[lane] = step0[p] + k - 1
-            count = eng.decode_count if lane == eng._lane else eng._lanes[lane][0]
-            bound += count * (k // bs + 1)
+        for p, lane in enumerate(st.order):
+            last = st.step0[p] + (n - 1 - p) // n_lanes  # its last micro-batch's step
+            lasts[lane] = last
+            bound += st.counts[p] * ((last - st.taken[p]) // bs + 1)
         if bound <= kv.free:
             return True
         need = 0
@@ -410,7 +458,7 @@ class PipeForward:
                 arm(env, st.wake[lane], end)
         st.settled = True
         self.stretch = None
-        if begun < len(st.starts):
-            self.cap = max(CUT_MICRO_BATCHES, 4 * begun)
+        if begun < len(st.starts) or st.j < st.end_at:  # cut short
+            self.cap = max(MIN_AHEAD, 2 * begun)
         else:
             self.cap = min(MAX_MICRO_BATCHES, 2 * self.cap)
