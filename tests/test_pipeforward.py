@@ -212,3 +212,28 @@ def test_readers_and_a_failure_inside_a_pipelined_stretch_see_what_stepping_show
         return seen
 
     assert readings(True) == readings(False)
+
+
+def test_a_cut_pipelined_stretch_leaves_no_stale_event(monkeypatch):
+    """Arrivals in the middle of stretches end them: the stretch's own event is
+    taken off the queue, so every stretch event that fires finds its stretch
+    still under way (and does something)."""
+    from twin.serving.pipeforward import PipeForward
+
+    fired: list[bool] = []
+    for name in ("_ended", "_more"):
+        original = getattr(PipeForward, name)
+
+        def wrapped(self, st, _original=original):
+            fired.append(self.stretch is st)
+            return _original(self, st)
+
+        monkeypatch.setattr(PipeForward, name, wrapped)
+    pp = 2
+    reqs = [Request(i, 0.0137 * i, 30 + i, 60 + 3 * i) for i in range(12)]
+    cfg = EngineConfig(max_num_seqs=4, fast_forward=True)
+    jumped, _ = engine_run(reqs, 10_000, cfg, Staged(pp, 0.55, per_context=1e-6))
+    stepped, _ = engine_run(reqs, 10_000, dataclasses.replace(cfg, fast_forward=False),
+                            Staged(pp, 0.55, per_context=1e-6))  # fmt: skip
+    assert jumped == stepped
+    assert fired and all(fired)
