@@ -96,6 +96,8 @@ PERFS = {
     "staged-0.3": lambda pp: Staged(pp, 0.3, per_context=1e-6),
     "staged-even": lambda pp: Staged(pp, 1 / pp, per_context=1e-6),  # ties: stepping decides
     "constant": lambda pp: Constant(0.012, pp),  # every instant ties
+    # powers of two: sums are exact, so lanes come out at the same instants
+    "dyadic": lambda pp: Staged(pp, 0.5, base=2**-7, per_prefill=2**-14, per_decode=2**-10),
     "roofline": lambda pp: Roofline(get_model("llama-3.1-8b"), get_gpu("h100-sxm"), 1, pp),
     "distserve": lambda pp: fit(pp),
 }
@@ -237,3 +239,32 @@ def test_a_cut_pipelined_stretch_leaves_no_stale_event(monkeypatch):
                             Staged(pp, 0.55, per_context=1e-6))  # fmt: skip
     assert jumped == stepped
     assert fired and all(fired)
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+@pytest.mark.parametrize("ff", [False, True])
+def test_failing_and_recovering_twice_at_one_instant_leaves_one_loop_serving(pp, ff):
+    """Each serving loop serves the life it was started for: two failures and
+    recoveries at the same instant, before the first recovery's loops ran,
+    leave the instance served once (the request takes as long as after one)."""
+
+    def finish(times: int) -> tuple[float, int]:
+        env = simpy.Environment()
+        done: list[Sequence] = []
+        perf = Linear() if pp == 1 else Constant(0.012, pp)
+        cfg = EngineConfig(chunked_prefill=True, max_batched_tokens=32, fast_forward=ff)
+        eng = Engine(env, 0, perf, BlockManager(1000, 16), cfg, observing(done))
+
+        def go():
+            yield Arrival(env, 0.05)
+            for _ in range(times):
+                eng.fail()
+                eng.recover()
+            eng.submit(Sequence(Request(0, env.now, 100, 20), env.now))
+
+        env.process(go())
+        env.run()
+        assert len(done) == 1
+        return done[0].t_finish, eng.iterations
+
+    assert finish(2) == finish(3) == finish(1)

@@ -279,11 +279,13 @@ class Engine:
         self._start_loops()
 
     def _start_loops(self) -> None:
+        # each loop serves this life only (a failure and recovery at the same
+        # instant, before the loop first runs, must not leave two serving)
         if self.pp == 1:
-            self.process = self.env.process(self.serve())
+            self.process = self.env.process(self.serve(self.life))
         else:
             for lane in range(self.pp):
-                self.process = self.env.process(self._serve_lane(lane))
+                self.process = self.env.process(self._serve_lane(lane, self.life))
 
     # -- what a router may look at -------------------------------------------------
     @property
@@ -634,10 +636,12 @@ class Engine:
             self._pf.interrupt()
 
     # -- the loop --------------------------------------------------------------------
-    def serve(self):  # noqa: ANN201 - a SimPy process
-        """Form a batch, run it for the time the perf model gives, apply it; repeat."""
+    def serve(self, life: int):  # noqa: ANN201 - a SimPy process
+        """Form a batch, run it for the time the perf model gives, apply it;
+        repeat, for as long as the instance's ``life`` lasts."""
         env = self.env
-        life = self.life
+        if self.life != life:
+            return  # it failed again before this loop first ran
         while True:
             batch, chunks, decoding = self._plan()
             if batch is None:  # decode only
@@ -677,7 +681,7 @@ class Engine:
     def _bad_time(self, dt: float) -> None:
         raise SpecError(f"perf model {self.perf.name!r} gave iteration time {dt!r} <= 0")
 
-    def _serve_lane(self, lane: int):  # noqa: ANN201 - a SimPy process
+    def _serve_lane(self, lane: int, life: int):  # noqa: ANN201 - a SimPy process
         """One pipeline lane (``pp > 1``): wait for the first stage, form a
         micro-batch of this lane's work, let it pass every stage, apply it; repeat.
         Inside a fast-forwarded stretch (:mod:`twin.serving.pipeforward`) the lane
@@ -686,13 +690,17 @@ class Engine:
         perf = self.perf
         assert isinstance(perf, Pipelined)
         free = self._stage_free
-        life = self.life
         pf = self._pf
+        if self.life != life:
+            return  # it failed again before this loop first ran
         while True:
             st = pf.stretch if pf is not None else None
             if st is not None:
                 assert pf is not None
-                if lane not in st.lanes:  # (woken without a change: none is known)
+                if lane not in st.lanes:
+                    # An idle lane woken at the instant another planned a stretch:
+                    # stepping would queue it for the first stage and plan (nothing,
+                    # unless a change comes first); end the stretch, stepping goes on.
                     pf.interrupt()
                     continue
                 yield pf.wait(st, lane)
@@ -716,9 +724,7 @@ class Engine:
             planned, chunks, decoding = self._plan()
             batch = planned or Batch((), self.decode_count, self.decode_ctx_sum)
             if batch.is_empty:
-                if self._wake is None or self._wake.triggered:
-                    self._wake = env.event()
-                yield self._wake
+                yield self._idle()
                 if self.life != life:
                     return
                 continue
@@ -753,6 +759,12 @@ class Engine:
             if obs is not None:
                 obs.iteration_ended(env.now, self.id)
             self._complete(chunks, decoding)
+
+    def _idle(self) -> simpy.Event:
+        """The event a lane with nothing to do waits on (shared by the lanes)."""
+        if self._wake is None or self._wake.triggered:
+            self._wake = self.env.event()
+        return self._wake
 
     def _started(self, batch: Batch, chunks: list[tuple[Sequence, int]], dt: float) -> None:
         """Tell the iteration observer and the hand-off hooks that an iteration

@@ -18,12 +18,16 @@ completed by the lane as stepping completes it. A change from outside ends the
 stretch at that instant: the micro-batches begun by then stay, and the lanes
 plan the next ones as stepping does.
 
-Results are bit-identical to stepping (``tests/test_pipeforward.py``). A
+Results are bit-identical to stepping (``tests/test_pipeforward.py``), for
+readers and changes at :data:`~twin._clock.ARRIVAL` priority at any instant. A
 stretch is not made where the order of same-instant events would decide it
 (a lane out of the pipeline at the very instant the first stage frees for the
-lane before it, a micro-batch starting at the instant the stretch ends, a
-later stage of zero time): stepping, whose event order decides such ties, runs
-those micro-batches.
+lane whose turn it is, a micro-batch starting at the instant the stretch ends,
+a later stage of zero time): stepping, whose event order decides such ties,
+runs those micro-batches. NOTE: a change at ordinary priority (a KV landing, a
+fault, a control tick) that falls on the very instant a micro-batch starts or
+ends is taken as coming before it, where stepping's order depends on when the
+two events were scheduled; single-stage fast-forward takes it the same way.
 """
 
 from __future__ import annotations
@@ -328,9 +332,8 @@ class PipeForward:
                 s = r
             else:
                 s = f0  # it waits for the first stage
-                q = p + 1 if p + 1 < n_lanes else 0
-                if q != p and out[q] == f0:
-                    return False  # the next lane out at that very instant
+                if f0 in out:  # another lane out at that very instant: stepping's order decides
+                    return False
             if j > end_at:
                 if s > end_s:
                     break  # starts after the stretch's end: not in it
