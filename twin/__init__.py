@@ -28,7 +28,8 @@ Reading guide: start with these files, in this order.
    the control loop of ``twin/sim/control.py``), and what it returns.
 4. ``twin/serving/engine.py``: one instance's continuous batching, one event
    per iteration; ``twin/serving/fastforward.py`` jumps over quiet decode
-   stretches in closed form; ``twin/serving/handoff.py`` moves KV from prefill
+   stretches in closed form (``twin/serving/pipeforward.py`` over every
+   pipeline lane's at once); ``twin/serving/handoff.py`` moves KV from prefill
    to decode over ``twin/net/flows.py``'s max-min shared links.
 5. ``twin/perf/iteration.py``: the iteration-time interface, and its models in
    ``twin/perf/roofline.py`` and ``twin/perf/tables.py``.
