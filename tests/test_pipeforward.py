@@ -38,20 +38,28 @@ class Staged(Linear):
         return first, (t - first) / (self.pp - 1)
 
 
-def engine_run(reqs, blocks, cfg, perf, *, probe_every=0.0037):
-    """Run one engine; what a router reads at instants inside stretches (every
-    ``probe_every`` s, before same-instant events, as an arrival reads), every
-    request's timestamps, and the engine's counters."""
+def serving(reqs, blocks, cfg, perf, done: list[Sequence]):
+    """An engine in a new environment, ``reqs`` arriving at it (not yet run)."""
     env = simpy.Environment()
-    done: list[Sequence] = []
     eng = Engine(env, 0, perf, BlockManager(blocks, cfg.block_size), cfg, observing(done))
-    probe: list[tuple] = []
 
     def arrive():
         for r in reqs:
             if r.arrival_s > env.now:
                 yield Arrival(env, r.arrival_s - env.now)
             eng.submit(Sequence(r, env.now))
+
+    env.process(arrive())
+    return env, eng
+
+
+def engine_run(reqs, blocks, cfg, perf, *, probe_every=0.0037):
+    """Run one engine; what a router reads at instants inside stretches (every
+    ``probe_every`` s, before same-instant events, as an arrival reads), every
+    request's timestamps, and the engine's counters."""
+    done: list[Sequence] = []
+    env, eng = serving(reqs, blocks, cfg, perf, done)
+    probe: list[tuple] = []
 
     def observe():
         for k in range(300):
@@ -61,7 +69,6 @@ def engine_run(reqs, blocks, cfg, perf, *, probe_every=0.0037):
             steps = [eng.steps if v is None else v[2] for v in lanes]
             probe.append((eng.kv.free, eng.iterations, eng.busy_s, steps, eng.decode_load()))
 
-    env.process(arrive())
     env.process(observe())
     env.run()
     per_request = sorted(
@@ -74,16 +81,7 @@ def engine_run(reqs, blocks, cfg, perf, *, probe_every=0.0037):
 
 
 def _events(reqs, blocks, cfg, perf) -> int:
-    env = simpy.Environment()
-    eng = Engine(env, 0, perf, BlockManager(blocks, cfg.block_size), cfg, observing([]))
-
-    def arrive():
-        for r in reqs:
-            if r.arrival_s > env.now:
-                yield Arrival(env, r.arrival_s - env.now)
-            eng.submit(Sequence(r, env.now))
-
-    env.process(arrive())
+    env, _ = serving(reqs, blocks, cfg, perf, [])
     n = 0
     while env.peek() < float("inf"):
         env.step()
@@ -182,17 +180,10 @@ def test_readers_and_a_failure_inside_a_pipelined_stretch_see_what_stepping_show
     reqs = [Request(i, 0.001 * i, 40 + i, 120 - 5 * i) for i in range(9)]
 
     def readings(ff: bool) -> list[tuple]:
-        env = simpy.Environment()
         done: list[Sequence] = []
-        eng = Engine(env, 0, perf, BlockManager(5000, 16), EngineConfig(max_num_seqs=3,
-                     fast_forward=ff), observing(done))  # fmt: skip
+        cfg = EngineConfig(max_num_seqs=3, fast_forward=ff)
+        env, eng = serving(reqs, 5000, cfg, perf, done)
         seen: list[tuple] = []
-
-        def arrive():
-            for r in reqs:
-                if r.arrival_s > env.now:
-                    yield Arrival(env, r.arrival_s - env.now)
-                eng.submit(Sequence(r, env.now))
 
         def read():
             for t in (0.05, 0.0777, 0.31, 0.5, 0.9):
@@ -207,7 +198,6 @@ def test_readers_and_a_failure_inside_a_pipelined_stretch_see_what_stepping_show
             for s in lost:
                 eng.submit(Sequence(s.req, env.now))
 
-        env.process(arrive())
         env.process(read())
         env.run()
         seen.append(sorted((s.req.id, s.t_first_token, s.t_finish, s.max_gap) for s in done))

@@ -93,12 +93,7 @@ def arm(env: simpy.Environment, ev: simpy.Event, when: float, place: int | None 
     queue = env._queue  # type: ignore[attr-defined]
     eid = next(env._eid) if place is None else place  # type: ignore[attr-defined]
     if ev._value is not simpy.events.PENDING:  # armed before: take it back
-        for i, entry in enumerate(queue):
-            if entry[3] is ev:
-                queue[i] = queue[-1]
-                queue.pop()
-                heapq.heapify(queue)
-                break
+        _take_back(queue, ev)
     ev._ok = True
     ev._value = None
     heapq.heappush(queue, (when, ORDINARY, eid, ev))
@@ -119,11 +114,16 @@ def move(env: simpy.Environment, ev: simpy.Event, when: float) -> None:
 def cancel(env: simpy.Environment, ev: simpy.Event) -> None:
     """Take ``ev``, scheduled by :func:`at` and not yet fired, off the queue: it
     never fires (a fast-forwarded stretch ended early needs no end)."""
-    queue = env._queue  # type: ignore[attr-defined]
+    if not _take_back(env._queue, ev):  # type: ignore[attr-defined]
+        raise AssertionError(f"cancel: {ev!r} is not scheduled")
+
+
+def _take_back(queue: list, ev: simpy.Event) -> bool:
+    """Remove ``ev``'s entry from SimPy's queue; whether it was there."""
     for i, entry in enumerate(queue):
         if entry[3] is ev:
             queue[i] = queue[-1]
             queue.pop()
             heapq.heapify(queue)
-            return
-    raise AssertionError(f"cancel: {ev!r} is not scheduled")
+            return True
+    return False
