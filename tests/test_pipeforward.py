@@ -258,3 +258,51 @@ def test_failing_and_recovering_twice_at_one_instant_leaves_one_loop_serving(pp,
         return done[0].t_finish, eng.iterations
 
     assert finish(2) == finish(3) == finish(1)
+
+
+def test_pipelined_decode_instances_under_a_watching_tick_fast_forward_and_cross_stepping(
+    monkeypatch,
+):
+    """Splitwise's tick sleeps watching the token machines' free blocks: their
+    stretches keep short of its threshold (they take blocks with no event),
+    so they fast-forward with the same results, and the tick is woken by the
+    same crossings (here 49, at a high threshold and a high rate)."""
+    from pathlib import Path
+
+    from twin.sim import control
+    from twin.sim.simulation import Simulation
+    from twin.sim.spec import resolve_spec
+    from twin.studies.bench import bench_spec
+
+    crossings = [0]
+    told = control._Watch.free
+
+    def free(self, kv):
+        f = self.free_at_most
+        crossings[0] += f is not None and (kv.free <= f) != self.free_was
+        return told(self, kv)
+
+    monkeypatch.setattr(control._Watch, "free", free)
+
+    def outcome(ff: bool, rate: float, threshold: float) -> tuple[dict, int, int]:
+        spec = bench_spec("split", 300)
+        for role in ("prefill", "decode"):
+            spec["cluster"][role]["tp"] = 4
+        spec["cluster"]["pp"] = 2
+        spec["scheduler"] = {"name": "splitwise", "token_free_threshold": threshold}
+        spec["engine"] = {"fast_forward": ff, "gpu_memory_utilization": 0.5}
+        spec["workload"]["arrival"]["rate"] = rate
+        rows: list[dict] = []
+        crossings[0] = 0
+        sim = Simulation(resolve_spec(spec, "split.yaml", Path.cwd()), on_row=rows.append)
+        res = sim.run().to_dict()
+        del res["header"]
+        rows.sort(key=lambda r: r["id"])
+        return {"result": res, "rows": rows}, sim.events, crossings[0]
+
+    for rate, threshold, crossed in [(8.0, 0.6, 0), (30.0, 0.9, 49)]:
+        stepped, n_stepped, c_stepped = outcome(False, rate, threshold)
+        jumped, n_jumped, c_jumped = outcome(True, rate, threshold)
+        assert jumped == stepped
+        assert c_jumped == c_stepped == crossed
+        assert n_jumped * 2 < n_stepped

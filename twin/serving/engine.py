@@ -685,7 +685,8 @@ class Engine:
         """One pipeline lane (``pp > 1``): wait for the first stage, form a
         micro-batch of this lane's work, let it pass every stage, apply it; repeat.
         Inside a fast-forwarded stretch (:mod:`twin.serving.pipeforward`) the lane
-        waits for its end instead, then completes what it has in flight."""
+        waits until the stretch ends and its own event fires: it then completes
+        the micro-batch it has in flight, or queues for the first stage."""
         env = self.env
         perf = self.perf
         assert isinstance(perf, Pipelined)

@@ -11,12 +11,16 @@ free); each stage taken in turn). :class:`PipeForward` runs that recurrence for
 every lane at once, with each lane's stage times priced in one call
 (:func:`twin.perf.iteration.stage_steps`), up to the first micro-batch in which a
 sequence finishes (or a cap), and takes in the micro-batches that start before
-that one ends. The lanes wait for its end on one event. The steps that ended
-are then applied in bulk (blocks, inter-token gaps, counters), in the order
-stepping applies them; each lane's last micro-batch, still in flight, is
-completed by the lane as stepping completes it. A change from outside ends the
-stretch at that instant: the micro-batches begun by then stay, and the lanes
-plan the next ones as stepping does.
+that one ends; it is made ahead a part at a time, one event for each part. When
+the stretch ends, the steps that ended are applied in bulk (blocks,
+inter-token gaps, counters), in the order stepping applies them, and each lane
+waits on an event of its own: a lane with a micro-batch still in flight
+completes it at its end as stepping does, a lane out of the pipeline queues for
+the first stage. A change from outside ends the stretch at that instant: the
+micro-batches begun by then stay, and the lanes plan the next ones as stepping
+does. The steps take their blocks with no event, so under a sleeping tick that
+watches the free blocks (:mod:`twin.sim.control`) a stretch keeps short of the
+watched threshold, and stepping crosses it.
 
 Results are bit-identical to stepping (``tests/test_pipeforward.py``), for
 readers and changes at :data:`~twin._clock.ARRIVAL` priority at any instant. A
@@ -135,12 +139,17 @@ class PipeForward:
     """The fast-forward of one pipelined engine: the stretch in progress, if
     any, and the micro-batches the next stretch aims at."""
 
-    __slots__ = ("engine", "stretch", "cap")
+    __slots__ = ("engine", "stretch", "cap", "backoff", "skip")
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.stretch: PipeStretch | None = None
         self.cap = MIN_AHEAD
+        # plans refused in a row (a tie, a block that may not be free) double the
+        # attempts skipped before the next, up to 64 (stepping runs those
+        # micro-batches, as a refusal leaves them: only the cost changes)
+        self.backoff = 0
+        self.skip = 0
 
     # -- what the engine's readers and changes call ----------------------------------
     def interrupt(self) -> None:
@@ -186,8 +195,11 @@ class PipeForward:
         can change in them: no prompt to prefill or admit, every other lane
         decoding (or idle), none finishing in a micro-batch already in flight,
         and every block the steps take free. True when a stretch was made."""
+        if self.skip:
+            self.skip -= 1
+            return False
         eng = self.engine
-        if eng._preempted or eng.kv.watch is not None or eng.prefilling or eng._landed:
+        if eng._preempted or eng.prefilling or eng._landed:
             return False
         if eng.waiting and not self._nothing_admits():
             return False
@@ -234,7 +246,10 @@ class PipeForward:
                          last, list(eng._stage_free), ready, now, end_at)  # fmt: skip
         st.ahead = self.cap
         if not self._ahead(st):
+            self.backoff = min(64, 2 * self.backoff or 1)
+            self.skip = self.backoff
             return False
+        self.backoff = 0
         self.stretch = st
         self._next_event(st)
         return True
@@ -368,13 +383,20 @@ class PipeForward:
             last = st.step0[p] + (n - 1 - p) // n_lanes  # its last micro-batch's step
             lasts[lane] = last
             bound += st.counts[p] * ((last - st.taken[p]) // bs + 1)
-        if bound <= kv.free:
+        # a sleeping tick watching the free blocks (see twin.sim.control) is told
+        # at each allocation; the stretch takes its blocks with no event, so it
+        # keeps short of the threshold (free blocks only fall in a stretch)
+        watch = kv.watch
+        at_most = getattr(watch, "free_at_most", None)
+        if at_most is not None and watch.free_was:
+            at_most = None  # at or under it: only a release, at an event, can cross back
+        if bound <= kv.free and (at_most is None or kv.free - bound > at_most):
             return True
         need = 0
         for s in eng.running.values():
             if s.state == DECODE:
                 need += max(0, blocks_for(s.length_at(lasts[s.lane]), bs) - s.held_blocks)
-        return need <= kv.free
+        return need <= kv.free and (at_most is None or kv.free - need > at_most)
 
     # -- applying it -----------------------------------------------------------------
     def _take(self, st: PipeStretch, begun: int) -> None:
