@@ -489,7 +489,9 @@ class Engine:
         need = blocks_for(seq.prefill_len, kv.block_size) - shared
         if not self._fits(hits, need):
             return False
-        self._interrupt()
+        pf = self._pf
+        if pf is None or not pf.keeps(need):  # a pipelined stretch may go on (nothing joins)
+            self._interrupt()
         if not self._make_room(hits, need):
             return False  # the rest is being written down: tried again when it is
         kv.allocate(need)

@@ -86,7 +86,7 @@ class PipeStretch:
     __slots__ = ("order", "lanes", "step0", "counts", "ctx0", "fin", "starts", "ends",
                  "firsts", "frees", "taken", "ended", "event", "wake", "resume", "settled",
                  "free", "out", "firsts_of", "laters_of", "j", "p", "i", "s", "end_at",
-                 "end_s", "ahead")  # fmt: skip
+                 "end_s", "ahead", "room", "floor")  # fmt: skip
 
     def __init__(
         self,
@@ -126,6 +126,10 @@ class PipeStretch:
         self.end_at = end_at
         self.end_s = float("inf")
         self.ahead = 0
+        # free blocks past what the scheduled micro-batches take, and the
+        # threshold a watching tick must not see crossed (see _blocks_free)
+        self.room = 0
+        self.floor: float | None = None
 
 
 def _next_finish(heap: list) -> int | None:
@@ -390,13 +394,29 @@ class PipeForward:
         at_most = getattr(watch, "free_at_most", None)
         if at_most is not None and watch.free_was:
             at_most = None  # at or under it: only a release, at an event, can cross back
+        st.floor = at_most
         if bound <= kv.free and (at_most is None or kv.free - bound > at_most):
+            st.room = kv.free - bound
             return True
         need = 0
         for s in eng.running.values():
             if s.state == DECODE:
                 need += max(0, blocks_for(s.length_at(lasts[s.lane]), bs) - s.held_blocks)
+        st.room = kv.free - need
         return need <= kv.free and (at_most is None or kv.free - need > at_most)
+
+    def keeps(self, blocks: int) -> bool:
+        """Whether a stretch under way can go on while ``blocks`` more are taken
+        now from outside (a KV hand-off reserving them): they are free past what
+        its micro-batches take, short of a watched threshold, and (no prefix
+        cache) nothing else changes; they are counted off its room."""
+        st = self.stretch
+        if st is None or self.engine.cache is not None or blocks > st.room:
+            return False
+        if st.floor is not None and st.room - blocks <= st.floor:
+            return False
+        st.room -= blocks
+        return True
 
     # -- applying it -----------------------------------------------------------------
     def _take(self, st: PipeStretch, begun: int) -> None:
@@ -483,7 +503,6 @@ class PipeForward:
                 arm(env, st.wake[lane], end)
         st.settled = True
         self.stretch = None
-        if begun < len(st.starts) or st.j < st.end_at:  # cut short
-            self.cap = max(MIN_AHEAD, 2 * begun)
-        else:
-            self.cap = min(MAX_MICRO_BATCHES, 2 * self.cap)
+        # the next stretch is scheduled ahead about as far as this one ran (and
+        # twice as far each time that runs out)
+        self.cap = min(MAX_MICRO_BATCHES, max(MIN_AHEAD, 2 * begun))
