@@ -18,9 +18,11 @@ waits on an event of its own: a lane with a micro-batch still in flight
 completes it at its end as stepping does, a lane out of the pipeline queues for
 the first stage. A change from outside ends the stretch at that instant: the
 micro-batches begun by then stay, and the lanes plan the next ones as stepping
-does. The steps take their blocks with no event, so under a sleeping tick that
-watches the free blocks (:mod:`twin.sim.control`) a stretch keeps short of the
-watched threshold, and stepping crosses it.
+does (a KV hand-off reserving blocks that are free past what the stretch takes
+changes none of it, and leaves it going: :meth:`PipeForward.keeps`). The
+steps take their blocks with no event, so under a sleeping tick that watches
+the free blocks (:mod:`twin.sim.control`) a stretch keeps short of the watched
+threshold, and stepping crosses it.
 
 Results are bit-identical to stepping (``tests/test_pipeforward.py``), for
 readers and changes at :data:`~twin._clock.ARRIVAL` priority at any instant. A
@@ -54,10 +56,10 @@ if TYPE_CHECKING:
 
 # Micro-batches one stretch covers at most (it then ends as at a finish).
 MAX_MICRO_BATCHES = 4096
-# The micro-batches priced and scheduled ahead at once: after a cut at least
-# this many, or twice what the cut one had begun; each time the schedule runs
-# out while nothing has changed, twice as many again (one event each time).
-# Pricing is cheap next to an event, and what is scheduled past a cut is lost.
+# The micro-batches priced and scheduled ahead at once: twice what the last
+# stretch had begun, at least this many; each time the schedule runs out while
+# nothing has changed, twice as many again (one event each time). Pricing is
+# cheap next to an event, and what is scheduled past a cut is lost.
 MIN_AHEAD = 32
 
 
