@@ -152,8 +152,9 @@ def test_a_pipelined_stretch_is_priced_to_the_last_bit_as_stage_by_stage(pp):
 
 
 def test_pipelined_decodes_take_a_few_events_a_stretch():
-    """Four lanes of long decodes: stepping takes an event or two per micro-batch,
-    fast-forward a few per stretch (one per lane at its end), with the same result."""
+    """Four lanes of long decodes: stepping takes an event or two per micro-batch;
+    fast-forward goes on past each finish that leaves its lane decoding (the
+    other lanes' schedule stands), with the same result."""
     pp, m = 4, 8
     reqs = [Request(i, 0.0, 64, 400 + 7 * i) for i in range(pp * m)]
     cfg = EngineConfig(max_num_seqs=m, fast_forward=False)
@@ -166,8 +167,8 @@ def test_pipelined_decodes_take_a_few_events_a_stretch():
     n_jumped = _events(reqs, 10_000, dataclasses.replace(cfg, fast_forward=True), perf)
     micro_batches = stepped["counters"][0]
     assert n_stepped >= micro_batches  # at least one event per micro-batch
-    # 32 finishes end a stretch each; each costs about one event per lane
-    assert n_jumped <= 8 * (pp * m) + 50
+    # 32 finishes, about two events each (where a stretch ended at each, five)
+    assert n_jumped <= 3 * (pp * m)
     assert n_jumped * 10 < n_stepped
 
 

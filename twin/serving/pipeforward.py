@@ -88,7 +88,7 @@ class PipeStretch:
     __slots__ = ("order", "lanes", "step0", "counts", "ctx0", "fin", "starts", "ends",
                  "firsts", "frees", "taken", "ended", "event", "wake", "resume", "settled",
                  "free", "out", "firsts_of", "laters_of", "j", "p", "i", "s", "end_at",
-                 "end_s", "ahead", "room", "floor")  # fmt: skip
+                 "end_s", "ahead", "room", "floor", "base")  # fmt: skip
 
     def __init__(
         self,
@@ -132,6 +132,9 @@ class PipeStretch:
         # threshold a watching tick must not see crossed (see _blocks_free)
         self.room = 0
         self.floor: float | None = None
+        # each lane's micro-batch (from 0) whose context sum is ctx0 (a finish
+        # inside the stretch starts its lane's pricing again from there)
+        self.base = [0] * len(order)
 
 
 def _next_finish(heap: list) -> int | None:
@@ -191,8 +194,66 @@ class PipeForward:
         return ev
 
     def _ended(self, st: PipeStretch) -> None:
-        if self.stretch is st:
+        if self.stretch is st and not self._go_on(st):
             self._settle(st, self.engine.env.now)
+
+    def _go_on(self, st: PipeStretch) -> bool:
+        """At the end of the micro-batch that ends ``st``: complete it as stepping
+        does (its sequences that finish end now), and, where that changed
+        nothing but its lane's batch (nothing to admit, the lane still
+        decoding), go on with that lane's new batch: the other lanes' schedule
+        stands. True when handled (gone on, or ended by what the end set off)."""
+        eng = self.engine
+        now = eng.env.now
+        n_lanes = len(st.order)
+        k = st.end_at
+        if len(st.starts) >= MAX_MICRO_BATCHES or st.ends[k] != now:
+            return False
+        p = k % n_lanes
+        lane = st.order[p]
+        self._take(st, len(st.starts))
+        self._end(st, k)
+        st.ended = k + 1
+        eng._use_lane(lane)
+        eng.iterations += 1
+        eng.busy_s += st.firsts[k]
+        eng._complete([], True)  # the lane's own loop waits on: it is still in the stretch
+        if self.stretch is not st:
+            return True  # what the finish set off ended the stretch
+        if eng.prefilling or eng._landed or (eng.waiting and not self._nothing_admits()):
+            return False
+        fin = _next_finish(eng._finish_heap) if eng.decode_count else None
+        if fin is None:
+            return False  # the lane has nothing left to decode
+        nxt = k // n_lanes + 1  # the lane's next micro-batch
+        st.fin[p] = fin - st.step0[p]
+        st.counts[p] = eng.decode_count
+        st.ctx0[p] = eng.decode_ctx_sum
+        st.base[p] = nxt
+        del st.firsts_of[p][nxt:], st.laters_of[p][nxt:]
+        rounds = MAX_MICRO_BATCHES // n_lanes
+        st.end_at = min(min(x, rounds) * n_lanes + q for q, x in enumerate(st.fin))
+        if st.end_at <= k:
+            return False
+        if st.j == k + n_lanes:  # the schedule stopped before this lane's next
+            st.p += 1
+            if st.p == n_lanes:
+                st.p = 0
+                st.i += 1
+            f0 = st.free[0]
+            if st.out[st.p] >= f0:
+                st.s = st.out[st.p]
+            elif f0 in st.out:
+                return False  # a lane out at the instant the first stage frees
+            else:
+                st.s = f0
+        st.end_s = st.ends[st.end_at] if st.end_at < st.j else float("inf")
+        if st.j > st.end_at and st.s == st.end_s:
+            return False
+        if not self._ahead(st):
+            return False
+        self._next_event(st)
+        return True
 
     # -- making a stretch ------------------------------------------------------------
     def plan(self, leader: int) -> bool:
@@ -292,7 +353,8 @@ class PipeForward:
             have = len(st.firsts_of[p])
             want = min((limit - 1 - p) // n_lanes + 1, st.fin[p] + 1)  # no lane passes its finish
             if want > have:
-                a, b = price(st.counts[p], st.ctx0[p] + st.counts[p] * have, want - have)
+                ctx = st.ctx0[p] + st.counts[p] * (have - st.base[p])
+                a, b = price(st.counts[p], ctx, want - have)
                 if not (min(a) > 0.0 and min(b) > 0.0):
                     return False
                 st.firsts_of[p] += a
