@@ -709,14 +709,16 @@ class Engine:
                 yield pf.wait(st, lane)
                 if self.life != life:
                     return
-                resumed = st.resume.get(lane)
+                del st.wake[lane]
+                resumed = st.resume.pop(lane, None)
                 if resumed is not None:  # its micro-batch in flight has just ended
-                    first = resumed[1]
                     self._flight[lane] = None
                     self._use_lane(lane)
                     self.iterations += 1
-                    self.busy_s += first
+                    self.busy_s += resumed[1]
                     self._complete([], True)
+                    if not st.settled and pf.went(st, lane):
+                        continue  # the stretch goes on with this lane's new batch
                 continue
             if free[0] > env.now:  # the first stage holds the micro-batch before
                 yield at(env, free[0])

@@ -88,7 +88,7 @@ class PipeStretch:
     __slots__ = ("order", "lanes", "step0", "counts", "ctx0", "fin", "starts", "ends",
                  "firsts", "frees", "taken", "ended", "event", "wake", "resume", "settled",
                  "free", "out", "firsts_of", "laters_of", "j", "p", "i", "s", "end_at",
-                 "end_s", "ahead", "room", "floor", "base")  # fmt: skip
+                 "end_s", "ahead", "room", "floor", "base", "begun_at")  # fmt: skip
 
     def __init__(
         self,
@@ -135,6 +135,18 @@ class PipeStretch:
         # each lane's micro-batch (from 0) whose context sum is ctx0 (a finish
         # inside the stretch starts its lane's pricing again from there)
         self.base = [0] * len(order)
+        # (an instant, micro-batches begun by then): a lane that went on at that
+        # instant planned its next micro-batch then, before what followed
+        self.begun_at = (-1.0, 0)
+
+
+def _begun(st: PipeStretch, now: float) -> int:
+    """The micro-batches of ``st`` begun by ``now``: those started before it (a
+    start at ``now`` itself comes after what an arrival then sees), the first
+    always, and one a lane planned at ``now`` as it went on."""
+    begun = max(1, bisect_left(st.starts, now))
+    at, then = st.begun_at
+    return then if at == now and then > begun else begun
 
 
 def _next_finish(heap: list) -> int | None:
@@ -178,7 +190,7 @@ class PipeForward:
         st = self.stretch
         if st is not None:
             now = self.engine.env.now
-            self._take(st, max(1, bisect_left(st.starts, now)))
+            self._take(st, _begun(st, now))
             self._end(st, bisect_left(st.ends, now))
 
     def sync_blocks(self) -> None:
@@ -186,7 +198,7 @@ class PipeForward:
         free blocks only."""
         st = self.stretch
         if st is not None:
-            self._take(st, max(1, bisect_left(st.starts, self.engine.env.now)))
+            self._take(st, _begun(st, self.engine.env.now))
 
     def wait(self, st: PipeStretch, lane: int) -> simpy.Event:
         """The event ``lane`` waits on inside ``st`` (see :class:`PipeStretch`)."""
@@ -194,38 +206,59 @@ class PipeForward:
         return ev
 
     def _ended(self, st: PipeStretch) -> None:
-        if self.stretch is st and not self._go_on(st):
-            self._settle(st, self.engine.env.now)
+        """At the end of the micro-batch that ends ``st``: its lane completes it
+        now, in its own loop, as stepping does (then :meth:`went`); the stretch
+        stays under way meanwhile, with everything before it applied."""
+        if self.stretch is not st:
+            return
+        eng = self.engine
+        now = eng.env.now
+        k = st.end_at
+        lane = st.order[k % len(st.order)]
+        if len(st.starts) >= MAX_MICRO_BATCHES or st.ends[k] != now or lane not in st.wake:
+            self._settle(st, now)
+            return
+        self._take(st, len(st.starts))
+        self._end(st, k)
+        st.ended = k + 1  # its lane applies it
+        st.resume[lane] = (now, st.firsts[k])
+        arm(eng.env, st.wake[lane], now)
 
-    def _go_on(self, st: PipeStretch) -> bool:
-        """At the end of the micro-batch that ends ``st``: complete it as stepping
-        does (its sequences that finish end now), and, where that changed
-        nothing but its lane's batch (nothing to admit, the lane still
-        decoding), go on with that lane's new batch: the other lanes' schedule
-        stands. True when handled (gone on, or ended by what the end set off)."""
+    def went(self, st: PipeStretch, lane: int) -> bool:
+        """``lane`` has just completed the micro-batch that ended ``st`` (its
+        sequences that finish have ended). Where that changed nothing but its
+        batch (nothing to admit, the lane still decoding), go on with the
+        lane's new batch, the other lanes' schedule standing: True, and the
+        lane waits in the stretch again. Otherwise end the stretch now: False,
+        and the lane plans its next micro-batch at once, as stepping does."""
+        if self.stretch is not st:
+            return False  # what the finish set off ended it
         eng = self.engine
         now = eng.env.now
         n_lanes = len(st.order)
         k = st.end_at
-        if len(st.starts) >= MAX_MICRO_BATCHES or st.ends[k] != now:
-            return False
         p = k % n_lanes
-        lane = st.order[p]
-        self._take(st, len(st.starts))
-        self._end(st, k)
-        st.ended = k + 1
-        eng._use_lane(lane)
-        eng.iterations += 1
-        eng.busy_s += st.firsts[k]
-        eng._complete([], True)  # the lane's own loop waits on: it is still in the stretch
-        if self.stretch is not st:
-            return True  # what the finish set off ended the stretch
+        if self._goes_on(st, k, p):
+            nxt = k + n_lanes  # the lane's next micro-batch, planned now if it starts now
+            if nxt < len(st.starts) and st.starts[nxt] == now:
+                st.begun_at = (now, nxt + 1)
+                self._take(st, nxt + 1)
+            self._next_event(st)
+            return True
+        self._settle(st, now)
+        return False
+
+    def _goes_on(self, st: PipeStretch, k: int, p: int) -> bool:
+        """Price position ``p``'s lane (the engine's) again from its batch after
+        micro-batch ``k`` and schedule on; False where it cannot go on."""
+        eng = self.engine
+        n_lanes = len(st.order)
         if eng.prefilling or eng._landed or (eng.waiting and not self._nothing_admits()):
             return False
         fin = _next_finish(eng._finish_heap) if eng.decode_count else None
         if fin is None:
             return False  # the lane has nothing left to decode
-        nxt = k // n_lanes + 1  # the lane's next micro-batch
+        nxt = k // n_lanes + 1  # the lane's next micro-batch, from 0
         st.fin[p] = fin - st.step0[p]
         st.counts[p] = eng.decode_count
         st.ctx0[p] = eng.decode_ctx_sum
@@ -234,7 +267,7 @@ class PipeForward:
         rounds = MAX_MICRO_BATCHES // n_lanes
         st.end_at = min(min(x, rounds) * n_lanes + q for q, x in enumerate(st.fin))
         if st.end_at <= k:
-            return False
+            return False  # the cap
         if st.j == k + n_lanes:  # the schedule stopped before this lane's next
             st.p += 1
             if st.p == n_lanes:
@@ -250,10 +283,7 @@ class PipeForward:
         st.end_s = st.ends[st.end_at] if st.end_at < st.j else float("inf")
         if st.j > st.end_at and st.s == st.end_s:
             return False
-        if not self._ahead(st):
-            return False
-        self._next_event(st)
-        return True
+        return self._ahead(st)
 
     # -- making a stretch ------------------------------------------------------------
     def plan(self, leader: int) -> bool:
@@ -541,7 +571,7 @@ class PipeForward:
         has begun, leave the stages as its last begun micro-batch left them, and
         wake each lane waiting (see :class:`PipeStretch`)."""
         eng = self.engine
-        begun = max(1, bisect_left(st.starts, now))
+        begun = _begun(st, now)
         self._take(st, begun)
         self._end(st, bisect_left(st.ends, now))
         j = begun - 1
