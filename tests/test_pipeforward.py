@@ -38,10 +38,10 @@ class Staged(Linear):
         return first, (t - first) / (self.pp - 1)
 
 
-def serving(reqs, blocks, cfg, perf, done: list[Sequence]):
-    """An engine in a new environment, ``reqs`` arriving at it (not yet run)."""
-    env = simpy.Environment()
-    eng = Engine(env, 0, perf, BlockManager(blocks, cfg.block_size), cfg, observing(done))
+def serving(reqs, blocks, cfg, perf, observer, env=None):
+    """An engine in a (new) environment, ``reqs`` arriving at it (not yet run)."""
+    env = env or simpy.Environment()
+    eng = Engine(env, 0, perf, BlockManager(blocks, cfg.block_size), cfg, observer)
 
     def arrive():
         for r in reqs:
@@ -58,7 +58,7 @@ def engine_run(reqs, blocks, cfg, perf, *, probe_every=0.0037):
     ``probe_every`` s, before same-instant events, as an arrival reads), every
     request's timestamps, and the engine's counters."""
     done: list[Sequence] = []
-    env, eng = serving(reqs, blocks, cfg, perf, done)
+    env, eng = serving(reqs, blocks, cfg, perf, observing(done))
     probe: list[tuple] = []
 
     def observe():
@@ -81,7 +81,7 @@ def engine_run(reqs, blocks, cfg, perf, *, probe_every=0.0037):
 
 
 def _events(reqs, blocks, cfg, perf) -> int:
-    env, _ = serving(reqs, blocks, cfg, perf, [])
+    env, _ = serving(reqs, blocks, cfg, perf, observing([]))
     n = 0
     while env.peek() < float("inf"):
         env.step()
@@ -183,7 +183,7 @@ def test_readers_and_a_failure_inside_a_pipelined_stretch_see_what_stepping_show
     def readings(ff: bool) -> list[tuple]:
         done: list[Sequence] = []
         cfg = EngineConfig(max_num_seqs=3, fast_forward=ff)
-        env, eng = serving(reqs, 5000, cfg, perf, done)
+        env, eng = serving(reqs, 5000, cfg, perf, observing(done))
         seen: list[tuple] = []
 
         def read():
@@ -337,15 +337,7 @@ def _reacting(reqs, blocks, cfg, perf, mode: str) -> dict:
 
             env.process(react())
 
-    eng = Engine(env, 0, perf, BlockManager(blocks, cfg.block_size), cfg, Reacting())
-
-    def arrive():
-        for r in reqs:
-            if r.arrival_s > env.now:
-                yield Arrival(env, r.arrival_s - env.now)
-            eng.submit(Sequence(r, env.now))
-
-    env.process(arrive())
+    _, eng = serving(reqs, blocks, cfg, perf, Reacting(), env)
     env.run()
     per_request = sorted((s.req.id, s.t_scheduled, s.t_first_token, s.t_finish, s.max_gap)
                          for s in done)  # fmt: skip

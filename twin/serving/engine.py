@@ -240,10 +240,10 @@ class Engine:
         self._lane = 0
         self._lanes: list[list] = [[0, 0, 0, [], [], [], [], [], -1.0] for _ in range(self.pp)]
         self._stage_free = [0.0] * self.pp
-        # ... each lane's micro-batch in flight (its end, first-stage time, and
-        # whether it carries prompts), and the order the lanes last took the first
-        # stage in (a count at each take)
-        self._flight: list[tuple[float, float, bool] | None] = [None] * self.pp
+        # ... and, for their fast-forward, each lane's micro-batch in flight (its
+        # end, and whether it carries prompts) and the order the lanes last took
+        # the first stage in (a count at each take)
+        self._flight: list[tuple[float, bool] | None] = [None] * self.pp
         self._claim_no = [0] * self.pp
         self._claims = 0
         ff = config.fast_forward and self._iter_observer is None
@@ -261,13 +261,7 @@ class Engine:
         self.up = True
         self.life = 0
         self.speed = 1.0
-        # Seconds one iteration of a batch takes here, at the instance's speed:
-        # the perf model's own method at speed 1 (no wrapper on the hot path).
-        self.iteration_time: Callable[[Batch], float] = perf.iteration_time
-        # ... and of a stretch of decode-only steps of one batch, in one call
-        self.decode_steps: DecodeSteps = decode_steps(perf)
-        # ... and, pipelined, the stage times of such micro-batches of one lane
-        self.stage_steps: StageSteps | None = stage_steps(perf) if self.pp > 1 else None
+        self._price_at(1.0)
         self.on_lost: Callable[[Sequence], None] | None = None
         # Scaling: starting | serving | draining | stopped (twin.scheduler.
         # INSTANCE_STATES), and who is told when a draining instance may be empty.
@@ -332,17 +326,27 @@ class Engine:
         (the one in progress keeps its length); 1 is nominal."""
         self._interrupt()
         self.speed = speed
+        self._price_at(speed)
+
+    def _price_at(self, speed: float) -> None:
+        """Seconds one iteration of a batch takes here at ``speed``: the perf
+        model's own methods at speed 1 (no wrapper on the hot path); of a
+        stretch of decode-only steps of one batch, in one call; and, pipelined,
+        the stage times of such micro-batches of one lane."""
         timed = self.perf.iteration_time
-        self.iteration_time = timed if speed == 1.0 else (lambda batch: timed(batch) / speed)
+        self.iteration_time: Callable[[Batch], float] = (
+            timed if speed == 1.0 else (lambda batch: timed(batch) / speed)
+        )
         steps = decode_steps(self.perf)
-        self.decode_steps = (
+        self.decode_steps: DecodeSteps = (
             steps if speed == 1.0 else (lambda c, x, n: [d / speed for d in steps(c, x, n)])
         )
-        if self.pp > 1:
-            staged = stage_steps(self.perf)
-            self.stage_steps = (
-                staged if speed == 1.0 else (lambda c, x, n: _slowed(staged(c, x, n), speed))
-            )
+        staged = stage_steps(self.perf) if self.pp > 1 else None
+        self.stage_steps: StageSteps | None = (
+            staged
+            if staged is None or speed == 1.0
+            else (lambda c, x, n: _slowed(staged(c, x, n), speed))
+        )
 
     def held(self) -> list[Sequence]:
         """Every sequence this instance holds: queued, admitted (any phase) and
@@ -734,7 +738,7 @@ class Engine:
                     return
                 continue
             if planned is None and pf is not None and pf.plan(lane):
-                continue  # a stretch covers it: wait for its end with the other lanes
+                continue  # a stretch covers it: wait in it with the other lanes
             first, later = perf.stage_times(batch)
             if self.speed != 1.0:
                 first, later = first / self.speed, later / self.speed
@@ -750,9 +754,10 @@ class Engine:
                 free[k] = t
             dt = t - env.now  # this micro-batch's latency through the pipeline
             obs = self._iter_observer
-            self._claims += 1
-            self._claim_no[lane] = self._claims
-            self._flight[lane] = (t, first, bool(chunks))
+            if pf is not None:
+                self._claims += 1
+                self._claim_no[lane] = self._claims
+                self._flight[lane] = (t, bool(chunks))
             self._started(batch, chunks, dt)
             yield at(env, t)
             if self.life != life:

@@ -70,20 +70,21 @@ class PipeStretch:
     the first stage at ``starts[j]`` for ``firsts[j]`` seconds and leaves the
     last at ``ends[j]``; ``frees[j]`` is when each stage is done with it (kept
     past two stages; with two they are ``starts[j] + firsts[j]`` and ``ends[j]``).
-    ``begun`` (blocks taken) and ``ended`` (applied) count micro-batches so far,
-    ``taken[p]`` the last step whose blocks position ``p``'s lane holds.
+    ``ended`` counts the micro-batches applied so far, ``taken[p]`` is the last
+    step whose blocks position ``p``'s lane holds.
 
     The schedule is made ahead a part at a time: the recurrence's state (the
     next micro-batch ``j``, its position ``p``, round ``i`` and start ``s``,
     the stages' frees and each lane's time out) carries over, and ``event``
     fires at the next micro-batch's start to schedule more, or, once the
     micro-batch that ends the stretch (``end_at``, ending at ``end_s``) and
-    those starting before its end are scheduled, at that end, to settle the
-    stretch. No lane waits on ``event``: each waits on its own ``wake``
-    event, scheduled when the stretch is settled: at its micro-batch in
-    flight's end (``resume`` gives that end and its first-stage time), or, for
-    a lane out and waiting, when the first stage frees, in the order the lanes
-    came out (as they would have queued for it stepping)."""
+    those starting before its end are scheduled, at that end, to wake its
+    lane, which completes it and goes on or settles the stretch
+    (:meth:`PipeForward.went`). No lane waits on ``event``: each waits on its
+    own ``wake`` event, scheduled when the stretch is settled: at its
+    micro-batch in flight's end (``resume`` gives that end and its first-stage
+    time), or, for a lane out and waiting, when the first stage frees, in the
+    order the lanes came out (as they would have queued for it stepping)."""
 
     __slots__ = ("order", "lanes", "step0", "counts", "ctx0", "fin", "starts", "ends",
                  "firsts", "frees", "taken", "ended", "event", "wake", "resume", "settled",
@@ -147,6 +148,13 @@ def _begun(st: PipeStretch, now: float) -> int:
     begun = max(1, bisect_left(st.starts, now))
     at, then = st.begun_at
     return then if at == now and then > begun else begun
+
+
+def _end_at(fin: list[int], n_lanes: int) -> int:
+    """The micro-batch that ends a stretch: the first in which its lane finishes
+    a sequence (``fin``: each position's, from 0), or reaches the cap."""
+    rounds = MAX_MICRO_BATCHES // n_lanes
+    return min(min(x, rounds) * n_lanes + p for p, x in enumerate(fin))
 
 
 def _next_finish(heap: list) -> int | None:
@@ -222,6 +230,7 @@ class PipeForward:
         self._end(st, k)
         st.ended = k + 1  # its lane applies it
         st.resume[lane] = (now, st.firsts[k])
+        eng._flight[lane] = (now, False)
         arm(eng.env, st.wake[lane], now)
 
     def went(self, st: PipeStretch, lane: int) -> bool:
@@ -253,7 +262,7 @@ class PipeForward:
         micro-batch ``k`` and schedule on; False where it cannot go on."""
         eng = self.engine
         n_lanes = len(st.order)
-        if eng.prefilling or eng._landed or (eng.waiting and not self._nothing_admits()):
+        if not self._nothing_to_admit():
             return False
         fin = _next_finish(eng._finish_heap) if eng.decode_count else None
         if fin is None:
@@ -264,8 +273,7 @@ class PipeForward:
         st.ctx0[p] = eng.decode_ctx_sum
         st.base[p] = nxt
         del st.firsts_of[p][nxt:], st.laters_of[p][nxt:]
-        rounds = MAX_MICRO_BATCHES // n_lanes
-        st.end_at = min(min(x, rounds) * n_lanes + q for q, x in enumerate(st.fin))
+        st.end_at = _end_at(st.fin, n_lanes)
         if st.end_at <= k:
             return False  # the cap
         if st.j == k + n_lanes:  # the schedule stopped before this lane's next
@@ -296,9 +304,7 @@ class PipeForward:
             self.skip -= 1
             return False
         eng = self.engine
-        if eng._preempted or eng.prefilling or eng._landed:
-            return False
-        if eng.waiting and not self._nothing_admits():
+        if eng._preempted or not self._nothing_to_admit():
             return False
         now = eng.env.now
         # position 0: the leader, whose micro-batch starts now
@@ -321,7 +327,7 @@ class PipeForward:
                     return False
                 out_at, step0 = now, steps + 1
             else:
-                end, _, prompts = fl
+                end, prompts = fl
                 if prompts:
                     return False
                 out_at, step0, ctx = end, steps + 2, ctx + count
@@ -336,11 +342,9 @@ class PipeForward:
         last = [x[6] - x[3] for x in lanes]  # each lane's finishing micro-batch, from 0
         if min(last) < 1 or any(b < a for a, b in zip(ready[1:], ready[2:], strict=False)):
             return False
-        n_lanes = len(order)
-        rounds = MAX_MICRO_BATCHES // n_lanes
-        end_at = min(min(x, rounds) * n_lanes + p for p, x in enumerate(last))
         st = PipeStretch(order, step0, [x[4] for x in lanes], [x[5] for x in lanes],
-                         last, list(eng._stage_free), ready, now, end_at)  # fmt: skip
+                         last, list(eng._stage_free), ready, now,
+                         _end_at(last, len(order)))  # fmt: skip
         st.ahead = self.cap
         if not self._ahead(st):
             self.backoff = min(64, 2 * self.backoff or 1)
@@ -455,11 +459,16 @@ class PipeForward:
         st.j, st.p, st.i, st.s, st.end_s = j, p, i, s, end_s
         return True
 
-    def _nothing_admits(self) -> bool:
-        """Whether no lane can admit the head of the queue before a change: the
-        running limit is reached, or (no prefix cache) its blocks are not free,
-        and the stretch only takes more."""
+    def _nothing_to_admit(self) -> bool:
+        """Whether no lane has a prompt to compute before a change: none being
+        computed, no KV landed to join, and the head of the queue, if any, not
+        admissible: the running limit is reached, or (no prefix cache) its
+        blocks are not free, and the stretch only takes more."""
         eng = self.engine
+        if eng.prefilling or eng._landed:
+            return False
+        if not eng.waiting:
+            return True
         if eng.running_requests >= eng.config.max_num_seqs * eng.pp:
             return True
         if eng.cache is not None:
@@ -583,7 +592,7 @@ class PipeForward:
             lasts.append((j, lane))
             if j >= st.ended:  # still in flight
                 st.resume[lane] = (st.ends[j], st.firsts[j])
-                eng._flight[lane] = (st.ends[j], st.firsts[j], False)
+                eng._flight[lane] = (st.ends[j], False)
         for _, lane in sorted(lasts):  # the order they took the first stage
             eng._claims += 1
             eng._claim_no[lane] = eng._claims
