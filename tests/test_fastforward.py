@@ -20,6 +20,7 @@ from twin.perf.roofline import Roofline
 from twin.perf.tables import DistServeFit, ProfileTable
 from twin.request import Request
 from twin.serving.engine import Engine, EngineConfig
+from twin.serving.fastforward import FastForward
 from twin.serving.kvcache import BlockManager
 from twin.serving.observer import Observer
 from twin.serving.sequence import Sequence
@@ -231,3 +232,20 @@ def test_a_stretch_across_the_bound_or_the_knee_is_priced_as_step_by_step(offset
         got = perf.decode_steps(count, ctx, n)
         want = [perf.iteration_time(Batch((), count, ctx + k * count)) for k in range(n)]
         assert got == want, (n, offset, knee)
+
+
+def test_a_reservation_the_stretch_has_room_for_leaves_it_going(monkeypatch):
+    """On a decode instance, a hand-off reserving blocks that are free past what
+    the stretch's steps take does not end the stretch (only the landing, which
+    joins the batch, does): fewer events, and every result as when each
+    reservation ends it, and as stepping."""
+    data = {"engine": {"fast_forward": True}, "scheduler": "splitwise",
+            "workload": {"lengths": "azure-conv", "max_requests": 150,
+                         "arrival": {"process": "poisson", "rate": 8.0}}}  # fmt: skip
+    kept, n_kept = outcome("split", data, True)
+    with monkeypatch.context() as m:
+        m.setattr(FastForward, "keeps", lambda self, blocks: False)
+        cut, n_cut = outcome("split", data, True)
+    stepped, _ = outcome("split", data, False)
+    assert kept == cut == stepped
+    assert n_kept < n_cut

@@ -493,12 +493,16 @@ class Engine:
         need = blocks_for(seq.prefill_len, kv.block_size) - shared
         if not self._fits(hits, need):
             return False
-        pf = self._pf
-        if pf is None or not pf.keeps(need):  # a pipelined stretch may go on (nothing joins)
+        ff, pf = self._ff, self._pf
+        # a stretch may go on (nothing joins it) if its steps still find their blocks
+        kept = ff.keeps(need) if ff is not None else pf is not None and pf.keeps(need)
+        if not kept:
             self._interrupt()
         if not self._make_room(hits, need):
             return False  # the rest is being written down: tried again when it is
         kv.allocate(need)
+        if kept and ff is not None and kv.watch is not None:
+            kv.watch.stretch(self, ff.stretch)  # its steps now cross a threshold sooner
         self.reserved[seq.req.id] = (need, list(hits))
         return True
 

@@ -47,17 +47,20 @@ class Stretch:
     stretch is made). ``begun`` and ``ended`` count the steps applied so far;
     the first is planned (begun) before the stretch is made. ``stop`` is the
     number of steps it runs (fewer than planned once cut), ``event`` the one
-    event that fires at the end of step ``stop - 1``."""
+    event that fires at the end of step ``stop - 1``. ``room`` is a lower bound
+    on the blocks still free once every step has taken its own: blocks taken
+    from outside within it (:meth:`FastForward.keeps`) leave the steps as they are."""
 
-    __slots__ = ("dts", "ends", "begun", "ended", "stop", "event")
+    __slots__ = ("dts", "ends", "begun", "ended", "stop", "event", "room")
 
-    def __init__(self, dts: list[float], ends: list[float]) -> None:
+    def __init__(self, dts: list[float], ends: list[float], room: int) -> None:
         self.dts = dts
         self.ends = ends
         self.begun = 1
         self.ended = 0
         self.stop = len(ends)
         self.event: simpy.Event | None = None
+        self.room = room
 
 
 class FastForward:
@@ -87,6 +90,20 @@ class FastForward:
             st.stop = k + 1
             assert st.event is not None
             move(env, st.event, ends[k])
+
+    def keeps(self, blocks: int) -> bool:
+        """Whether the stretch under way can go on while ``blocks`` more are
+        taken now from outside (a KV hand-off reserving them): with no prefix
+        cache, they are free past what its steps take, so no step runs short
+        and nothing it decides changes (what waits to be admitted needs blocks
+        or a seat, and has fewer of both); they are counted off its room. A
+        tick watching the blocks is told of the stretch again once they are
+        taken (:meth:`Engine.reserve`)."""
+        st = self.stretch
+        if st is None or blocks > st.room or self.engine.cache is not None:
+            return False
+        st.room -= blocks
+        return True
 
     def cut(self) -> None:
         """A change from outside that reads none of the decode state (a prompt
@@ -141,20 +158,22 @@ class FastForward:
         if last - first < MIN_STRETCH - 1:
             return None
         bs = eng.kv.block_size
+        free = eng.kv.free
         # Each sequence takes at most one block per block_size steps; count
         # exactly only when that bound does not fit.
-        if eng.decode_count * ((last - first) // bs + 1) > eng.kv.free:
+        need = eng.decode_count * ((last - first) // bs + 1)
+        if need > free:
             need = 0
             for s in eng.running.values():
                 if s.state == DECODE:
                     need += max(0, blocks_for(s.length_at(last), bs) - s.held_blocks)
-            if need > eng.kv.free:
+            if need > free:
                 return None
         dts = eng.decode_steps(eng.decode_count, eng.decode_ctx_sum, last - first + 1)
         # the same float sums stepping makes: now + dt, then one step at a time
         ends = list(accumulate(dts, initial=eng.env.now))
         del ends[0]
-        return Stretch(dts, ends)
+        return Stretch(dts, ends, free - need)
 
     def run(self, st: Stretch):  # noqa: ANN201 - part of the engine's serve process
         eng = self.engine
