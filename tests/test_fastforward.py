@@ -159,13 +159,13 @@ def test_a_cut_stretch_leaves_no_stale_event():
     while env.peek() < float("inf"):
         popped.append(env.peek())
         env.step()
-    # t=0: the two processes start, r0 arrives, the idle engine wakes. r0's
-    # prompt runs to 0.02, then one stretch of its 49 decode steps of 11 ms; r1
+    # t=0: the two processes start, r0 arrives, the idle engine wakes. One
+    # stretch covers r0's prompt (to 0.02) and its 49 decode steps of 11 ms; r1
     # arrives at 0.1055 (its process ends there) in the step 0.097-0.108, which
-    # the stretch's event is moved to. r1's prompt runs to 0.128; a stretch of
-    # two 12 ms steps of both ends with r1's finish at 0.152; r0's last 39 steps
-    # end at 0.581.
-    want = [0.0] * 4 + [0.02, 0.1055, 0.1055, 0.108, 0.128, 0.152, 0.581]
+    # the stretch's event is moved to. One stretch covers r1's prompt (to 0.128)
+    # and two 12 ms steps of both, ending with r1's finish at 0.152; r0's last
+    # 39 steps end at 0.581.
+    want = [0.0] * 4 + [0.1055, 0.1055, 0.108, 0.152, 0.581]
     assert popped == pytest.approx(want, abs=1e-12)
     assert eng.iterations == 2 + 49  # two prompts; r1 rides in two of r0's steps
 
@@ -249,3 +249,22 @@ def test_a_reservation_the_stretch_has_room_for_leaves_it_going(monkeypatch):
     stepped, _ = outcome("split", data, False)
     assert kept == cut == stepped
     assert n_kept < n_cut
+
+
+def test_a_step_of_prompts_heads_the_stretch_after_it(monkeypatch):
+    """A step of prompts only that stepping would follow with decode steps of
+    the batch they join is the first step of one stretch with them: one event
+    fewer per such step, and every result as when the prompts' step is an
+    event of its own, and as stepping (with a topology, so the hand-off hooks
+    are there, as in every networked colocated run)."""
+    data = {"engine": {"fast_forward": True},
+            "cluster": {"instances": 2, "tp": 1, "topology": "dgx-h100-ib400", "nodes": 1},
+            "workload": {"lengths": "azure-conv", "max_requests": 150,
+                         "arrival": {"process": "poisson", "rate": 4.0}}}  # fmt: skip
+    headed, n_headed = outcome("colocated", data, True)
+    with monkeypatch.context() as m:
+        m.setattr(FastForward, "plan_head", lambda self, chunks, dt: None)
+        apart, n_apart = outcome("colocated", data, True)
+    stepped, _ = outcome("colocated", data, False)
+    assert headed == apart == stepped
+    assert n_headed < n_apart - 100  # most of the 150 prompts' steps head a stretch

@@ -679,6 +679,13 @@ class Engine:
             obs = self._iter_observer
             if obs is not None or chunks and self.hooks is not None:
                 self._started(batch, chunks, dt)
+            if not decoding and self._ff is not None:  # prompts only: they may head a stretch
+                stretch = self._ff.plan_head(chunks, dt)
+                if stretch is not None:
+                    yield from self._ff.run(stretch)
+                    if self.life != life:
+                        return
+                    continue
             yield env.timeout(dt)
             if self.life != life:
                 return  # it failed during the iteration: its work is lost
@@ -986,8 +993,13 @@ class Engine:
         self.observer.preempted(self.env.now, self.id, s.req)
 
     # -- applying an iteration -------------------------------------------------------
-    def _complete(self, chunks: list[tuple[Sequence, int]], decoded: bool) -> None:
-        now = self.env.now
+    def _complete(
+        self, chunks: list[tuple[Sequence, int]], decoded: bool, now: float | None = None
+    ) -> None:
+        """Apply the iteration that has just ended (at ``now``, by default the
+        present; a stretch applies its prompts' step later, at the instant it ended)."""
+        if now is None:
+            now = self.env.now
         if decoded:
             self._complete_decode_step(now)
         for s, n in chunks:

@@ -28,10 +28,11 @@ import simpy
 
 from twin._clock import at, move
 from twin.serving.kvcache import blocks_for
-from twin.serving.sequence import DECODE
+from twin.serving.sequence import DECODE, PREFILL
 
 if TYPE_CHECKING:
     from twin.serving.engine import Engine
+    from twin.serving.sequence import Sequence
 
 MIN_STRETCH = 2  # steps; a single step is stepped
 MAX_STRETCH = 4096
@@ -49,11 +50,21 @@ class Stretch:
     number of steps it runs (fewer than planned once cut), ``event`` the one
     event that fires at the end of step ``stop - 1``. ``room`` is a lower bound
     on the blocks still free once every step has taken its own: blocks taken
-    from outside within it (:meth:`FastForward.keeps`) leave the steps as they are."""
+    from outside within it (:meth:`FastForward.keeps`) leave the steps as they are.
 
-    __slots__ = ("dts", "ends", "begun", "ended", "stop", "event", "room")
+    A stretch may be headed by a step of prompts only (``head``, its prefill
+    chunks, every one completing in it): step 0 is that step and the decode
+    steps start at ``first`` = 1; the prompts join the batch as it ends."""
 
-    def __init__(self, dts: list[float], ends: list[float], room: int) -> None:
+    __slots__ = ("dts", "ends", "begun", "ended", "stop", "event", "room", "head", "first")
+
+    def __init__(
+        self,
+        dts: list[float],
+        ends: list[float],
+        room: int,
+        head: list[tuple[Sequence, int]] | None = None,
+    ) -> None:
         self.dts = dts
         self.ends = ends
         self.begun = 1
@@ -61,6 +72,8 @@ class Stretch:
         self.stop = len(ends)
         self.event: simpy.Event | None = None
         self.room = room
+        self.head = head
+        self.first = 0 if head is None else 1
 
 
 class FastForward:
@@ -175,6 +188,68 @@ class FastForward:
         del ends[0]
         return Stretch(dts, ends, free - need)
 
+    def plan_head(self, chunks: list[tuple[Sequence, int]], dt: float) -> Stretch | None:
+        """A stretch headed by the step of prompts just planned (``chunks``,
+        lasting ``dt``), then the decode steps of the batch they join up to and
+        including the next step in which a sequence finishes, when stepping
+        would run exactly those: every prompt completes in the step, none
+        finishes there or moves away, nothing else waits to be admitted when it
+        ends (the next step's budget could take it), and every block the decode
+        steps need is free. Nothing outside reads the prompts' completion
+        before the stretch applies it: no prefix cache or prompt hook sees it,
+        and a reader syncs first. Saves the event of the prompts' step."""
+        eng = self.engine
+        if eng._preempted or eng.waiting or eng.cache is not None or eng.on_prompt is not None:
+            return None
+        if len(eng.prefilling) != len(chunks):
+            return None
+        joined = 0
+        new_ctx = 0
+        first = eng.steps + 1
+        end = first + self.cap - 2  # the stretch's length is capped head included
+        for s, n in chunks:
+            if s.prefilled + n < s.prefill_len or s.handoff or s.landed:
+                return None
+            if s.state != PREFILL:
+                return None
+            left = s.req.output_tokens - s.generated - 1  # tokens after the prompt's
+            if left <= 0:
+                return None  # it finishes in the step (an event stepping shows then)
+            # _join_decode at the step's end: it finishes at decode step first + left - 1
+            if first + left - 1 < end:
+                end = first + left - 1
+            joined += 1
+            new_ctx += s.prefill_len + 1  # its length_at(first)
+        for s in eng._first_gap:
+            if s.landed:
+                return None  # its decode start is noted as the next step is planned
+        heap = eng._finish_heap
+        while heap and (heap[0][2] != heap[0][3].epoch or heap[0][3].state != DECODE):
+            heapq.heappop(heap)
+        if heap and heap[0][0] < end:
+            end = heap[0][0]
+        if end < first:
+            return None
+        count = eng.decode_count + joined
+        bs = eng.kv.block_size
+        free = eng.kv.free
+        need = count * ((end - first) // bs + 1)
+        if need > free:
+            need = 0
+            for s in eng.running.values():
+                if s.state == DECODE:
+                    need += max(0, blocks_for(s.length_at(end), bs) - s.held_blocks)
+            for s, _ in chunks:
+                length = s.prefill_len + 1 + (end - first)
+                need += max(0, blocks_for(length, bs) - s.held_blocks)
+            if need > free:
+                return None
+        dts = [dt]
+        dts += eng.decode_steps(count, eng.decode_ctx_sum + new_ctx, end - first + 1)
+        ends = list(accumulate(dts, initial=eng.env.now))
+        del ends[0]
+        return Stretch(dts, ends, free - need, chunks)
+
     def run(self, st: Stretch):  # noqa: ANN201 - part of the engine's serve process
         eng = self.engine
         env = eng.env
@@ -220,6 +295,8 @@ class FastForward:
         st = self.stretch
         assert st is not None
         if begin_to > st.begun:
+            if st.ended < st.first:  # the prompts join the batch before its first step
+                self._end(st.first)
             take_blocks(self.engine, self.engine.steps + 1 + (begin_to - 1 - st.ended))
             st.begun = begin_to
 
@@ -234,21 +311,30 @@ class FastForward:
             return
         ends = st.ends
         k0 = st.ended
-        if k0 > 0:
-            gaps = list(map(sub, ends[k0:end_to], ends[k0 - 1 : end_to - 1]))
-        elif eng._first_gap or eng._last_decode_end < 0.0:
-            # The first step as stepping completes it: sequences that joined
-            # the batch measure their first gap in it.
+        if k0 < st.first:
+            # The prompts' step as stepping completes it: they join the batch.
+            assert st.head is not None
             eng.iterations += 1
             eng.busy_s += st.dts[0]
-            eng._complete_decode_step(ends[0])
+            eng._complete(st.head, False, ends[0])
             st.ended = k0 = 1
             if end_to <= 1:
                 return
-            gaps = list(map(sub, ends[1:end_to], ends[: end_to - 1]))
-        else:  # nothing joined: the first step is one more of the bulk
-            gaps = [ends[0] - eng._last_decode_end]
-            gaps += map(sub, ends[1:end_to], ends[: end_to - 1])
+        if k0 > st.first:
+            gaps = list(map(sub, ends[k0:end_to], ends[k0 - 1 : end_to - 1]))
+        elif eng._first_gap or eng._last_decode_end < 0.0:
+            # The first decode step as stepping completes it: sequences that
+            # joined the batch measure their first gap in it.
+            eng.iterations += 1
+            eng.busy_s += st.dts[k0]
+            eng._complete_decode_step(ends[k0])
+            st.ended = k0 = k0 + 1
+            if end_to <= k0:
+                return
+            gaps = list(map(sub, ends[k0:end_to], ends[k0 - 1 : end_to - 1]))
+        else:  # nothing joined: the first decode step is one more of the bulk
+            gaps = [ends[k0] - eng._last_decode_end]
+            gaps += map(sub, ends[k0 + 1 : end_to], ends[k0 : end_to - 1])
         n = end_to - k0
         step = eng.steps
         push_gaps(eng, step + 1, gaps)
