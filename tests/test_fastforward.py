@@ -268,3 +268,21 @@ def test_a_step_of_prompts_heads_the_stretch_after_it(monkeypatch):
     stepped, _ = outcome("colocated", data, False)
     assert headed == apart == stepped
     assert n_headed < n_apart - 100  # most of the 150 prompts' steps head a stretch
+
+
+def test_a_landing_joins_the_stretch_under_way(monkeypatch):
+    """On a decode instance, a KV landing in the middle of a stretch joins the
+    batch at the next step inside the stretch (its steps from there priced
+    again with it), instead of ending the stretch: fewer events, and every
+    result (first decode times and inter-token gaps included) as when each
+    landing ends the stretch, and as stepping."""
+    data = {"engine": {"fast_forward": True}, "scheduler": "splitwise",
+            "workload": {"lengths": "azure-conv", "max_requests": 150,
+                         "arrival": {"process": "poisson", "rate": 8.0}}}  # fmt: skip
+    joined, n_joined = outcome("split", data, True)
+    with monkeypatch.context() as m:
+        m.setattr(FastForward, "lands", lambda self, seq: False)
+        cut, n_cut = outcome("split", data, True)
+    stepped, _ = outcome("split", data, False)
+    assert joined == cut == stepped
+    assert n_joined < n_cut - 75  # most of the 150 landings join a stretch

@@ -539,8 +539,12 @@ class Engine:
         """Decode side: ``seq``'s KV has landed in its reserved blocks; it
         decodes from the next step. With prefix caching, its whole prefix
         units are kept for later requests (as a prefill instance keeps the
-        prompts it computes)."""
-        self._interrupt()
+        prompts it computes). A decode stretch under way takes it in where
+        it can (:meth:`FastForward.lands`); otherwise it ends here."""
+        ff = self._ff
+        joins = ff is not None and ff.stretch is not None and self.cache is None
+        if not joins:
+            self._interrupt()
         blocks, units = self.reserved.pop(seq.req.id)
         seq.blocks = blocks
         seq.units = units
@@ -552,7 +556,10 @@ class Engine:
         seq.state = INCOMING
         seq.epoch += 1
         self.running[seq.req.id] = seq
-        self._landed.append(seq)  # joins at the next step boundary
+        if not joins or ff is None or not ff.lands(seq):
+            if joins:
+                self._interrupt()
+            self._landed.append(seq)  # joins at the next step boundary
         self._poke()
 
     def keep(self, seq: Sequence) -> None:

@@ -54,9 +54,15 @@ class Stretch:
 
     A stretch may be headed by a step of prompts only (``head``, its prefill
     chunks, every one completing in it): step 0 is that step and the decode
-    steps start at ``first`` = 1; the prompts join the batch as it ends."""
+    steps start at ``first`` = 1; the prompts join the batch as it ends.
+    Sequences whose KV landed during step ``join - 1`` (``joining``) join the
+    batch at step ``join`` (0: none), as stepping joins them when it plans
+    that step; the steps from there are priced with them."""
 
-    __slots__ = ("dts", "ends", "begun", "ended", "stop", "event", "room", "head", "first")
+    __slots__ = (
+        "dts", "ends", "begun", "ended", "stop", "event", "room", "head", "first", "join",
+        "joining",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -74,6 +80,8 @@ class Stretch:
         self.room = room
         self.head = head
         self.first = 0 if head is None else 1
+        self.join = 0
+        self.joining: list[Sequence] = []
 
 
 class FastForward:
@@ -100,9 +108,66 @@ class FastForward:
         self._begin(k + 1 if k < stop else stop)
         self._end(k if k < stop else stop)
         if k + 1 < stop:
-            st.stop = k + 1
-            assert st.event is not None
-            move(env, st.event, ends[k])
+            self._shorten(st, k)
+
+    def _shorten(self, st: Stretch, k: int) -> None:
+        """End ``st`` with its step ``k``: its one event moves to that step's
+        end; sequences landed to join it later join at the next step the
+        engine plans, as stepping joins them."""
+        st.stop = k + 1
+        assert st.event is not None
+        move(self.engine.env, st.event, st.ends[k])
+        if st.join > k:
+            self.engine._landed[:0] = st.joining
+            st.join = 0
+            st.joining = []
+
+    def lands(self, seq: Sequence) -> bool:
+        """Whether the stretch under way takes in ``seq``, whose KV has landed
+        now (its blocks held, itself running): it joins the batch at the step
+        after the one in progress, as stepping joins it, and the steps from
+        there are priced again with it (up to its own finish, if sooner), when
+        the blocks they take are free past what the stretch's steps take (its
+        room). Landed in the stretch's last step, it joins as the engine plans
+        the next, outside the stretch. False: the stretch must end (the
+        engine interrupts it)."""
+        st = self.stretch
+        eng = self.engine
+        if st is None or st.ended < st.first or eng.cache is not None:
+            return False
+        now = eng.env.now
+        k = bisect_left(st.ends, now)  # the step in progress (or ending now)
+        if k >= st.stop - 1:
+            eng._landed.append(seq)  # the stretch ends with this step
+            return True
+        j = k + 1
+        if st.join and st.join != j:
+            self.advance(now, inclusive=False)  # the earlier join is behind: apply it
+        left = seq.req.output_tokens - seq.generated - 1  # its finish: `left` steps after j
+        last = min(st.stop - 1, j + left)
+        bs = eng.kv.block_size
+        need = max(0, blocks_for(seq.prefill_len + 1 + (last - j), bs) - seq.held_blocks)
+        if need > st.room:
+            return False
+        st.room -= need
+        st.join = j
+        st.joining.append(seq)
+        count = eng.decode_count
+        ctx = eng.decode_ctx_sum + count * (j - st.ended)
+        for s in st.joining:
+            count += 1
+            ctx += s.prefill_len + 1  # its length_at(the step it joins in)
+        dts = eng.decode_steps(count, ctx, last - j + 1)
+        ends = list(accumulate(dts, initial=st.ends[j - 1]))
+        del ends[0]
+        st.dts = st.dts[:j] + dts
+        st.ends = st.ends[:j] + ends
+        st.stop = last + 1
+        assert st.event is not None
+        move(eng.env, st.event, ends[-1])
+        if eng.kv.watch is not None:
+            eng.kv.watch.stretch(eng, st)  # its steps are others now
+        return True
 
     def keeps(self, blocks: int) -> bool:
         """Whether the stretch under way can go on while ``blocks`` more are
@@ -133,9 +198,7 @@ class FastForward:
             return
         k = bisect_left(st.ends, env.now)  # the step in progress (or ending now)
         if k + 1 < st.stop:
-            st.stop = k + 1
-            assert st.event is not None
-            move(env, st.event, st.ends[k])
+            self._shorten(st, k)
 
     def sync(self) -> None:
         """Bring the engine up to now inside a stretch, so that a reader sees
@@ -297,6 +360,8 @@ class FastForward:
         if begin_to > st.begun:
             if st.ended < st.first:  # the prompts join the batch before its first step
                 self._end(st.first)
+            if st.join and begin_to > st.join:  # the landed join before their first step
+                self._end(st.join)
             take_blocks(self.engine, self.engine.steps + 1 + (begin_to - 1 - st.ended))
             st.begun = begin_to
 
@@ -309,6 +374,20 @@ class FastForward:
         assert st is not None
         if end_to <= st.ended:
             return
+        j = st.join
+        if j and end_to >= j:
+            # Up to the step the landed join, then they join as stepping plans it.
+            st.join = 0
+            if j > st.ended:
+                self._end(j)
+            now = st.ends[j - 1]
+            for s in st.joining:
+                eng._join_decode(s)
+                if s.landed and s.t_decode_start < 0:
+                    s.t_decode_start = now
+            st.joining = []
+            if end_to == j:
+                return
         ends = st.ends
         k0 = st.ended
         if k0 < st.first:
@@ -320,7 +399,7 @@ class FastForward:
             st.ended = k0 = 1
             if end_to <= 1:
                 return
-        if k0 > st.first:
+        if k0 > st.first and not eng._first_gap:
             gaps = list(map(sub, ends[k0:end_to], ends[k0 - 1 : end_to - 1]))
         elif eng._first_gap or eng._last_decode_end < 0.0:
             # The first decode step as stepping completes it: sequences that
