@@ -234,55 +234,43 @@ def test_a_stretch_across_the_bound_or_the_knee_is_priced_as_step_by_step(offset
         assert got == want, (n, offset, knee)
 
 
-def test_a_reservation_the_stretch_has_room_for_leaves_it_going(monkeypatch):
-    """On a decode instance, a hand-off reserving blocks that are free past what
-    the stretch's steps take does not end the stretch (only the landing, which
-    joins the batch, does): fewer events, and every result as when each
-    reservation ends it, and as stepping."""
-    data = {"engine": {"fast_forward": True}, "scheduler": "splitwise",
-            "workload": {"lengths": "azure-conv", "max_requests": 150,
-                         "arrival": {"process": "poisson", "rate": 8.0}}}  # fmt: skip
-    kept, n_kept = outcome("split", data, True)
+_SPLIT = {"engine": {"fast_forward": True}, "scheduler": "splitwise",
+          "workload": {"lengths": "azure-conv", "max_requests": 150,
+                       "arrival": {"process": "poisson", "rate": 8.0}}}  # fmt: skip
+# with a topology, so the hand-off hooks are there, as in every networked colocated run
+_COLOCATED = {"engine": {"fast_forward": True},
+              "cluster": {"instances": 2, "tp": 1, "topology": "dgx-h100-ib400", "nodes": 1},
+              "workload": {"lengths": "azure-conv", "max_requests": 150,
+                           "arrival": {"process": "poisson", "rate": 4.0}}}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kind", "data", "method", "refuse", "fewer"),
+    [
+        # On a decode instance, a hand-off reserving blocks free past what the
+        # stretch's steps take leaves the stretch going.
+        ("split", _SPLIT, "keeps", lambda self, blocks: False, 1),
+        # A step of prompts only that stepping would follow with decode steps
+        # of the batch they join is the first step of one stretch with them:
+        # one event fewer for most of the 150 prompts.
+        ("colocated", _COLOCATED, "plan_head", lambda self, chunks, dt: None, 100),
+        # On a decode instance, a KV landing in the middle of a stretch joins
+        # the batch at the next step inside the stretch (its steps from there
+        # priced again with it): one event fewer for most of the 150 landings.
+        ("split", _SPLIT, "lands", lambda self, seq: False, 75),
+    ],
+    ids=["a reservation", "a step of prompts", "a landing"],
+)
+def test_a_change_the_stretch_takes_in_leaves_it_going(
+    monkeypatch, kind, data, method, refuse, fewer
+):
+    """A change the stretch under way can take in (instead of ending there)
+    costs fewer events, and every result (first decode times and inter-token
+    gaps included) is as when it ends the stretch, and as stepping."""
+    going, n_going = outcome(kind, data, True)
     with monkeypatch.context() as m:
-        m.setattr(FastForward, "keeps", lambda self, blocks: False)
-        cut, n_cut = outcome("split", data, True)
-    stepped, _ = outcome("split", data, False)
-    assert kept == cut == stepped
-    assert n_kept < n_cut
-
-
-def test_a_step_of_prompts_heads_the_stretch_after_it(monkeypatch):
-    """A step of prompts only that stepping would follow with decode steps of
-    the batch they join is the first step of one stretch with them: one event
-    fewer per such step, and every result as when the prompts' step is an
-    event of its own, and as stepping (with a topology, so the hand-off hooks
-    are there, as in every networked colocated run)."""
-    data = {"engine": {"fast_forward": True},
-            "cluster": {"instances": 2, "tp": 1, "topology": "dgx-h100-ib400", "nodes": 1},
-            "workload": {"lengths": "azure-conv", "max_requests": 150,
-                         "arrival": {"process": "poisson", "rate": 4.0}}}  # fmt: skip
-    headed, n_headed = outcome("colocated", data, True)
-    with monkeypatch.context() as m:
-        m.setattr(FastForward, "plan_head", lambda self, chunks, dt: None)
-        apart, n_apart = outcome("colocated", data, True)
-    stepped, _ = outcome("colocated", data, False)
-    assert headed == apart == stepped
-    assert n_headed < n_apart - 100  # most of the 150 prompts' steps head a stretch
-
-
-def test_a_landing_joins_the_stretch_under_way(monkeypatch):
-    """On a decode instance, a KV landing in the middle of a stretch joins the
-    batch at the next step inside the stretch (its steps from there priced
-    again with it), instead of ending the stretch: fewer events, and every
-    result (first decode times and inter-token gaps included) as when each
-    landing ends the stretch, and as stepping."""
-    data = {"engine": {"fast_forward": True}, "scheduler": "splitwise",
-            "workload": {"lengths": "azure-conv", "max_requests": 150,
-                         "arrival": {"process": "poisson", "rate": 8.0}}}  # fmt: skip
-    joined, n_joined = outcome("split", data, True)
-    with monkeypatch.context() as m:
-        m.setattr(FastForward, "lands", lambda self, seq: False)
-        cut, n_cut = outcome("split", data, True)
-    stepped, _ = outcome("split", data, False)
-    assert joined == cut == stepped
-    assert n_joined < n_cut - 75  # most of the 150 landings join a stretch
+        m.setattr(FastForward, method, refuse)
+        ended, n_ended = outcome(kind, data, True)
+    stepped, _ = outcome(kind, data, False)
+    assert going == ended == stepped
+    assert n_going <= n_ended - fewer
