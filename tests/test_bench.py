@@ -189,3 +189,37 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
     _, err = capsys.readouterr()
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("twin: error: ") and message in err
+
+
+@pytest.mark.parametrize(("given", "want"), [(None, "1 -"), ("3", "3 3")])
+def test_a_twin_process_asks_for_one_blas_thread_unless_told(given, want):
+    """Before numpy loads, a twin process asks OpenBLAS for one thread (its
+    pool only spins in a run); a count in the user's environment stands, and
+    :func:`user_env` gives the environment as the user gave it."""
+    import os
+    import subprocess
+
+    code = (
+        "import os; from twin._threads import one_blas_thread, user_env; one_blas_thread(); "
+        "import numpy; one_blas_thread(); "
+        "print(os.environ['OPENBLAS_NUM_THREADS'], user_env().get('OPENBLAS_NUM_THREADS', '-'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    if given is not None:
+        env["OPENBLAS_NUM_THREADS"] = given
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    assert out.split() == want.split()
+
+
+def test_vs_runs_in_the_environment_the_user_gave(monkeypatch):
+    """The one-thread setting is the twin's own: the other command does not get it."""
+    import twin._threads
+
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
+    monkeypatch.setattr(twin._threads, "_set_here", True)
+    check = "import os, sys; sys.exit(5 if 'OPENBLAS_NUM_THREADS' in os.environ else 0)"
+    cmd = f"{shlex.quote(sys.executable)} -c {shlex.quote(check)}"
+    code = main(["bench", "--sizes", "50", "--config", "colocated", "--repeat", "1", "--vs", cmd])
+    assert code == 0  # a command that fails is an error (exit 2)

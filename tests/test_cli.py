@@ -204,8 +204,8 @@ def test_the_cli_starts_lean(tmp_path):
     # the parser alone pulls in no simulation layer
     twin_modules = set(_modules_after("import twin.cli; twin.cli.build_parser()", "twin"))
     assert twin_modules <= {
-        "twin", "twin._io", "twin._version", "twin.cli", "twin.errors", "twin.units", "twin.sim",
-        "twin.sim.summary", "twin.studies", "twin.studies.samples",
+        "twin", "twin._io", "twin._threads", "twin._version", "twin.cli", "twin.errors",
+        "twin.units", "twin.sim", "twin.sim.summary", "twin.studies", "twin.studies.samples",
     }, twin_modules  # fmt: skip
     # a good spec (twin spec resolves it: scheduler built, topology loaded) may
     # need networkx, never the numerics and plotting libraries

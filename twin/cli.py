@@ -16,6 +16,7 @@ from typing import IO, Any
 
 from twin import _version
 from twin._io import AtomicFile
+from twin._threads import one_blas_thread
 from twin.errors import TwinError
 from twin.sim.summary import format_summary
 from twin.units import format_bytes, parse_duration
@@ -1279,6 +1280,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command: 0 done, 2 bad input (one ``twin: error:`` line),
     130 interrupted (Ctrl-C: one ``twin: interrupted`` line)."""
+    one_blas_thread()
     try:
         parser = build_parser()
         args = parser.parse_args(argv)

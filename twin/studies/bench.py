@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from twin._progress import Progress
+from twin._threads import one_blas_thread, user_env
 from twin.errors import TwinError
 
 if TYPE_CHECKING:
@@ -262,7 +263,7 @@ def vs_command(template: str, requests_csv: Path, n: int, config: str) -> str:
 
 def measure_command(command: str) -> dict[str, Any]:
     """One run of a shell command line; its output is not kept."""
-    u = _measure(["/bin/sh", "-c", command], None, f"--vs: {command!r}")
+    u = _measure(["/bin/sh", "-c", command], user_env(), f"--vs: {command!r}")
     return {"cpu_s": u.cpu_s, "wall_s": u.wall_s, "rss_mib": u.rss_mib}
 
 
@@ -398,6 +399,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
 
 
 def _main(argv: list[str]) -> int:
+    one_blas_thread()  # as ``twin run`` does
     if len(argv) != 2:
         print("usage: python -m twin.studies.bench CONFIG N", file=sys.stderr)
         return 2
