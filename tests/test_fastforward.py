@@ -242,6 +242,7 @@ _COLOCATED = {"engine": {"fast_forward": True},
               "cluster": {"instances": 2, "tp": 1, "topology": "dgx-h100-ib400", "nodes": 1},
               "workload": {"lengths": "azure-conv", "max_requests": 150,
                            "arrival": {"process": "poisson", "rate": 4.0}}}  # fmt: skip
+_CHUNKED = _COLOCATED | {"engine": {"fast_forward": True, "chunked_prefill": True}}
 
 
 @pytest.mark.parametrize(
@@ -253,13 +254,16 @@ _COLOCATED = {"engine": {"fast_forward": True},
         # A step of prompts only that stepping would follow with decode steps
         # of the batch they join is the first step of one stretch with them:
         # one event fewer for most of the 150 prompts.
-        ("colocated", _COLOCATED, "plan_head", lambda self, chunks, dt: None, 100),
+        ("colocated", _COLOCATED, "plan_head", lambda self, chunks, dt, mixed: None, 100),
+        # ... and with chunked prefill, a step whose prompt chunks complete
+        # beside the batch's decodes.
+        ("colocated", _CHUNKED, "plan_head", lambda self, chunks, dt, mixed: None, 100),
         # On a decode instance, a KV landing in the middle of a stretch joins
         # the batch at the next step inside the stretch (its steps from there
         # priced again with it): one event fewer for most of the 150 landings.
         ("split", _SPLIT, "lands", lambda self, seq: False, 75),
     ],
-    ids=["a reservation", "a step of prompts", "a landing"],
+    ids=["a reservation", "a step of prompts", "a mixed step", "a landing"],
 )
 def test_a_change_the_stretch_takes_in_leaves_it_going(
     monkeypatch, kind, data, method, refuse, fewer

@@ -52,16 +52,18 @@ class Stretch:
     on the blocks still free once every step has taken its own: blocks taken
     from outside within it (:meth:`FastForward.keeps`) leave the steps as they are.
 
-    A stretch may be headed by a step of prompts only (``head``, its prefill
-    chunks, every one completing in it): step 0 is that step and the decode
-    steps start at ``first`` = 1; the prompts join the batch as it ends.
+    A stretch may be headed by a step that completes prompts (``head``, its
+    prefill chunks, every one completing in it; with chunked prefill the
+    batch's decodes ride along, ``mixed``): step 0 is that step, the steps of
+    the batch they join start at ``first`` = 1, and the prompts join as step 0
+    ends.
     Sequences whose KV landed during step ``join - 1`` (``joining``) join the
     batch at step ``join`` (0: none), as stepping joins them when it plans
     that step; the steps from there are priced with them."""
 
     __slots__ = (
-        "dts", "ends", "begun", "ended", "stop", "event", "room", "head", "first", "join",
-        "joining",
+        "dts", "ends", "begun", "ended", "stop", "event", "room", "head", "mixed", "first",
+        "join", "joining",
     )  # fmt: skip
 
     def __init__(
@@ -70,6 +72,7 @@ class Stretch:
         ends: list[float],
         room: int,
         head: list[tuple[Sequence, int]] | None = None,
+        mixed: bool = False,
     ) -> None:
         self.dts = dts
         self.ends = ends
@@ -79,6 +82,7 @@ class Stretch:
         self.event: simpy.Event | None = None
         self.room = room
         self.head = head
+        self.mixed = mixed
         self.first = 0 if head is None else 1
         self.join = 0
         self.joining: list[Sequence] = []
@@ -251,13 +255,16 @@ class FastForward:
         del ends[0]
         return Stretch(dts, ends, free - need)
 
-    def plan_head(self, chunks: list[tuple[Sequence, int]], dt: float) -> Stretch | None:
-        """A stretch headed by the step of prompts just planned (``chunks``,
-        lasting ``dt``), then the decode steps of the batch they join up to and
-        including the next step in which a sequence finishes, when stepping
-        would run exactly those: every prompt completes in the step, none
-        finishes there or moves away, nothing else waits to be admitted when it
-        ends (the next step's budget could take it), and every block the decode
+    def plan_head(
+        self, chunks: list[tuple[Sequence, int]], dt: float, mixed: bool
+    ) -> Stretch | None:
+        """A stretch headed by the step just planned (prompt ``chunks``, and the
+        batch's decodes if ``mixed``, lasting ``dt``), then the decode steps of
+        the batch the prompts join up to and including the next step in which
+        a sequence finishes, when stepping would run exactly those: every
+        prompt completes in the step, none finishes there or moves away, no
+        decode finishes there, nothing else waits to be admitted when it ends
+        (the next step's budget could take it), and every block the decode
         steps need is free. Nothing outside reads the prompts' completion
         before the stretch applies it: no prefix cache or prompt hook sees it,
         and a reader syncs first. Saves the event of the prompts' step."""
@@ -268,7 +275,7 @@ class FastForward:
             return None
         joined = 0
         new_ctx = 0
-        first = eng.steps + 1
+        first = eng.steps + 1 + mixed  # the decode step after the head
         end = first + self.cap - 2  # the stretch's length is capped head included
         for s, n in chunks:
             if s.prefilled + n < s.prefill_len or s.handoff or s.landed:
@@ -292,7 +299,7 @@ class FastForward:
         if heap and heap[0][0] < end:
             end = heap[0][0]
         if end < first:
-            return None
+            return None  # a sequence finishes in the head or none is left to decode
         count = eng.decode_count + joined
         bs = eng.kv.block_size
         free = eng.kv.free
@@ -307,11 +314,12 @@ class FastForward:
                 need += max(0, blocks_for(length, bs) - s.held_blocks)
             if need > free:
                 return None
+        ctx = eng.decode_ctx_sum + (eng.decode_count if mixed else 0) + new_ctx
         dts = [dt]
-        dts += eng.decode_steps(count, eng.decode_ctx_sum + new_ctx, end - first + 1)
+        dts += eng.decode_steps(count, ctx, end - first + 1)
         ends = list(accumulate(dts, initial=eng.env.now))
         del ends[0]
-        return Stretch(dts, ends, free - need, chunks)
+        return Stretch(dts, ends, free - need, chunks, mixed)
 
     def run(self, st: Stretch):  # noqa: ANN201 - part of the engine's serve process
         eng = self.engine
@@ -395,7 +403,7 @@ class FastForward:
             assert st.head is not None
             eng.iterations += 1
             eng.busy_s += st.dts[0]
-            eng._complete(st.head, False, ends[0])
+            eng._complete(st.head, st.mixed, ends[0])
             st.ended = k0 = 1
             if end_to <= 1:
                 return
