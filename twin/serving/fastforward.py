@@ -10,9 +10,13 @@ steps in bulk (block allocations, inter-token gaps, counters) exactly as
 stepping would, the last step (where the batch changes) as stepping does. A
 change from outside cuts the stretch at the step in progress: the same event is
 moved forward to that step's end (:func:`twin._clock.move`), so a stretch costs
-one event whether it runs to its end or not. The results are bit-identical to
-stepping (``tests/test_engine.py`` and ``tests/test_fastforward.py`` hold the two
-side by side).
+one event whether it runs to its end or not. Two changes need no cut: the step
+that completes the prompts joining the batch may head the stretch
+(:meth:`FastForward.plan_head`), and a KV landing mid-stretch joins the batch
+at the next step inside it, the steps from there priced again
+(:meth:`FastForward.lands`). The results are bit-identical to stepping
+(``tests/test_engine.py`` and ``tests/test_fastforward.py`` hold the two side by
+side).
 """
 
 from __future__ import annotations
