@@ -542,9 +542,9 @@ class Engine:
         prompts it computes). A decode stretch under way takes it in where
         it can (:meth:`FastForward.lands`); otherwise it ends here."""
         ff = self._ff
-        joins = ff is not None and ff.stretch is not None and self.cache is None
-        if not joins:
+        if ff is None or ff.stretch is None or self.cache is not None:
             self._interrupt()
+            ff = None  # nothing takes it in: it joins at the next step boundary
         blocks, units = self.reserved.pop(seq.req.id)
         seq.blocks = blocks
         seq.units = units
@@ -556,8 +556,8 @@ class Engine:
         seq.state = INCOMING
         seq.epoch += 1
         self.running[seq.req.id] = seq
-        if not joins or ff is None or not ff.lands(seq):
-            if joins:
+        if ff is None or not ff.lands(seq):
+            if ff is not None:
                 self._interrupt()
             self._landed.append(seq)  # joins at the next step boundary
         self._poke()
@@ -845,9 +845,13 @@ class Engine:
             return Batch(prefill, self.decode_count, self.decode_ctx_sum), chunks, True
         return Batch(prefill), chunks, False
 
-    def _note_decode_start(self, chunks: list[tuple[Sequence, int]], decoding: bool) -> None:
-        """A landed sequence's first iteration here that produces a token starts now."""
-        now = self.env.now
+    def _note_decode_start(
+        self, chunks: list[tuple[Sequence, int]], decoding: bool, now: float | None = None
+    ) -> None:
+        """A landed sequence's first iteration here that produces a token starts
+        now (or at ``now``: a stretch notes it for the step it joins in)."""
+        if now is None:
+            now = self.env.now
         for s, n in chunks:  # landed, then preempted before its first decode step
             if s.landed and s.t_decode_start < 0 and s.prefilled + n >= s.prefill_len:
                 s.t_decode_start = now

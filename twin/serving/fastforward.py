@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, bisect_right
+from collections.abc import Sequence as Sequence_
 from functools import reduce
 from itertools import accumulate
 from operator import add, sub
@@ -232,27 +233,17 @@ class FastForward:
         eng = self.engine
         if eng._preempted:
             return None  # the preempted may be admitted again at the next step
-        heap = eng._finish_heap
-        while heap and (heap[0][2] != heap[0][3].epoch or heap[0][3].state != DECODE):
-            heapq.heappop(heap)
-        if not heap:
+        finish = self._next_finish()
+        if finish is None:
             return None
         first = eng.steps + 1
-        last = min(heap[0][0], first + self.cap - 1)
+        last = min(finish, first + self.cap - 1)
         if last - first < MIN_STRETCH - 1:
             return None
-        bs = eng.kv.block_size
         free = eng.kv.free
-        # Each sequence takes at most one block per block_size steps; count
-        # exactly only when that bound does not fit.
-        need = eng.decode_count * ((last - first) // bs + 1)
+        need = self._need(first, last, ())
         if need > free:
-            need = 0
-            for s in eng.running.values():
-                if s.state == DECODE:
-                    need += max(0, blocks_for(s.length_at(last), bs) - s.held_blocks)
-            if need > free:
-                return None
+            return None
         dts = eng.decode_steps(eng.decode_count, eng.decode_ctx_sum, last - first + 1)
         # the same float sums stepping makes: now + dt, then one step at a time
         ends = list(accumulate(dts, initial=eng.env.now))
@@ -297,33 +288,48 @@ class FastForward:
         for s in eng._first_gap:
             if s.landed:
                 return None  # its decode start is noted as the next step is planned
-        heap = eng._finish_heap
-        while heap and (heap[0][2] != heap[0][3].epoch or heap[0][3].state != DECODE):
-            heapq.heappop(heap)
-        if heap and heap[0][0] < end:
-            end = heap[0][0]
+        finish = self._next_finish()
+        if finish is not None and finish < end:
+            end = finish
         if end < first:
             return None  # a sequence finishes in the head or none is left to decode
         count = eng.decode_count + joined
-        bs = eng.kv.block_size
         free = eng.kv.free
-        need = count * ((end - first) // bs + 1)
+        need = self._need(first, end, [s for s, _ in chunks])
         if need > free:
-            need = 0
-            for s in eng.running.values():
-                if s.state == DECODE:
-                    need += max(0, blocks_for(s.length_at(end), bs) - s.held_blocks)
-            for s, _ in chunks:
-                length = s.prefill_len + 1 + (end - first)
-                need += max(0, blocks_for(length, bs) - s.held_blocks)
-            if need > free:
-                return None
+            return None
         ctx = eng.decode_ctx_sum + (eng.decode_count if mixed else 0) + new_ctx
         dts = [dt]
         dts += eng.decode_steps(count, ctx, end - first + 1)
         ends = list(accumulate(dts, initial=eng.env.now))
         del ends[0]
         return Stretch(dts, ends, free - need, chunks, mixed)
+
+    def _next_finish(self) -> int | None:
+        """The decode step in which the next running sequence finishes (None:
+        none decodes); stale entries of the finish heap are dropped."""
+        heap = self.engine._finish_heap
+        while heap and (heap[0][2] != heap[0][3].epoch or heap[0][3].state != DECODE):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
+    def _need(self, first: int, last: int, joining: Sequence_[Sequence]) -> int:
+        """Blocks the decode steps ``first`` to ``last`` take: of the decoding
+        sequences, and of ``joining``, which join the batch at ``first``. Each
+        takes at most one block per block_size steps; counted exactly only
+        when that bound is more than is free."""
+        eng = self.engine
+        bs = eng.kv.block_size
+        need = (eng.decode_count + len(joining)) * ((last - first) // bs + 1)
+        if need <= eng.kv.free:
+            return need
+        need = 0
+        for s in eng.running.values():
+            if s.state == DECODE:
+                need += max(0, blocks_for(s.length_at(last), bs) - s.held_blocks)
+        for s in joining:
+            need += max(0, blocks_for(s.prefill_len + 1 + (last - first), bs) - s.held_blocks)
+        return need
 
     def run(self, st: Stretch):  # noqa: ANN201 - part of the engine's serve process
         eng = self.engine
@@ -392,11 +398,9 @@ class FastForward:
             st.join = 0
             if j > st.ended:
                 self._end(j)
-            now = st.ends[j - 1]
             for s in st.joining:
                 eng._join_decode(s)
-                if s.landed and s.t_decode_start < 0:
-                    s.t_decode_start = now
+            eng._note_decode_start([], True, st.ends[j - 1])
             st.joining = []
             if end_to == j:
                 return
