@@ -154,8 +154,7 @@ class FastForward:
             self.advance(now, inclusive=False)  # the earlier join is behind: apply it
         left = seq.req.output_tokens - seq.generated - 1  # its finish: `left` steps after j
         last = min(st.stop - 1, j + left)
-        bs = eng.kv.block_size
-        need = max(0, blocks_for(seq.prefill_len + 1 + (last - j), bs) - seq.held_blocks)
+        need = _joiner_need(seq, last - j, eng.kv.block_size)
         if need > st.room:
             return False
         st.room -= need
@@ -328,7 +327,7 @@ class FastForward:
             if s.state == DECODE:
                 need += max(0, blocks_for(s.length_at(last), bs) - s.held_blocks)
         for s in joining:
-            need += max(0, blocks_for(s.prefill_len + 1 + (last - first), bs) - s.held_blocks)
+            need += _joiner_need(s, last - first, bs)
         return need
 
     def run(self, st: Stretch):  # noqa: ANN201 - part of the engine's serve process
@@ -394,7 +393,7 @@ class FastForward:
             return
         j = st.join
         if j and end_to >= j:
-            # Up to the step the landed join, then they join as stepping plans it.
+            # Up to the step the landed join in, then they join as stepping plans it.
             st.join = 0
             if j > st.ended:
                 self._end(j)
@@ -442,6 +441,13 @@ class FastForward:
         st.ended = end_to
         if len(eng._gap_steps) > 4096:
             eng._prune_gaps(step)
+
+
+def _joiner_need(s: Sequence, steps: int, block_size: int) -> int:
+    """Blocks ``s``, joining the batch, takes in its first ``steps + 1``
+    decode steps, beyond those it holds (its length in the first is
+    ``prefill_len + 1``)."""
+    return max(0, blocks_for(s.prefill_len + 1 + steps, block_size) - s.held_blocks)
 
 
 def push_gaps(eng: Engine, step: int, gaps: list[float]) -> None:
