@@ -686,7 +686,7 @@ class Engine:
             obs = self._iter_observer
             if obs is not None or chunks and self.hooks is not None:
                 self._started(batch, chunks, dt)
-            if self._ff is not None:  # prompts completing here may head a stretch
+            if chunks and self._ff is not None:  # prompts completing here may head a stretch
                 stretch = self._ff.plan_head(chunks, dt, decoding)
                 if stretch is not None:
                     yield from self._ff.run(stretch)
