@@ -2,10 +2,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import small_spec
 from hypothesis import given
 from hypothesis import strategies as st
 
+from twin.request import Request
 from twin.sim.metrics import Distribution
+from twin.sim.simulation import Simulation
 
 
 @given(st.lists(st.floats(min_value=0.0, max_value=1e4, allow_nan=False), min_size=1, max_size=200))
@@ -77,3 +80,22 @@ def test_quantiles_are_numpys_to_the_last_bit_short_or_long(n, kind):
             want = float(np.quantile(xs, q))
             got = d.quantile(q)
         assert (got == want and str(got) == str(want)) or (got != got and want != want)
+
+
+def test_preemptions_of_requests_that_end_failed_count_in_the_summary():
+    # Two small-memory instances preempt long outputs; instance 0 fails at
+    # 3 s with no retry, so requests it had preempted end failed (4
+    # preemptions among them). Every preemption counts once in the summary,
+    # in the per-request rows and in the instance counters alike.
+    reqs = [Request(i, 0.02 * i, 200 + 37 * (i % 13), 150 + 23 * (i % 11)) for i in range(60)]
+    spec = small_spec(
+        engine={"gpu_memory_utilization": 0.22}, cluster={"instances": 2, "tp": 1},
+        events=[{"at": 3.0, "action": "fail", "instance": 0}], retry={"max_attempts": 1},
+    )  # fmt: skip
+    rows: list[dict] = []
+    result = Simulation(spec, requests=reqs, on_row=rows.append).run()
+    failed = [r for r in rows if r["status"] == "failed"]
+    assert failed and sum(r["preemptions"] for r in failed) > 0
+    per_request = sum(r["preemptions"] for r in rows)
+    assert result.summary["preemptions"] == per_request == 17
+    assert per_request == sum(i["preemptions"] for i in result.instance_rows)

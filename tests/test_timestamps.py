@@ -11,8 +11,11 @@ from hypothesis import strategies as st
 from test_disagg import run, split_spec
 from test_engine import Auditing, run_engine
 
+import schedulers.splitwise  # noqa: F401 - registers the policy when not installed
 from twin.request import Request
 from twin.serving.engine import EngineConfig
+from twin.serving.sequence import Sequence
+from twin.sim.spec import load_spec
 
 DURATIONS = (
     "queue_s", "prefill_s", "transfer_wait_s", "transfer_s", "first_decode_s",
@@ -93,3 +96,140 @@ def test_timestamps_are_ordered_under_preemption(items, split, fast_forward, tra
     assert sorted(rows) == list(range(len(reqs)))
     check_rows(rows, result.summary)
     assert not math.isnan(result.summary["simulated_s"])
+
+
+# Splitwise on 2 DGX H100 nodes: 2 prompt + 1 token machine of Llama-2-7B TP2,
+# little KV memory, a 100 ms role change; a machine turns mixed under load,
+# so a request may decode where it was prefilled, be lost, and be retried
+# through a hand-off (or the other way round).
+RETRIED_SPLITWISE = """\
+name: retried-splitwise
+seed: 936
+model: llama-2-7b
+cluster:
+  topology: dgx-h100-ib400
+  nodes: 2
+  prefill: {instances: 2, tp: 2}
+  decode: {instances: 1, tp: 2}
+  placement: packed
+transfer: {mode: layerwise, handoff: push}
+engine: {gpu_memory_utilization: 0.25}
+scheduler: {name: splitwise, move_cost: 100 ms}
+workload:
+  lengths: azure-conv
+  arrival: {process: poisson, rate: 72.0}
+  max_requests: 600
+events:
+  - {at: 3.570 s, action: fail, gpu: 0}
+  - {at: 3.654 s, action: recover, gpu: 0}
+"""
+
+
+def retried_splitwise(tmp_path, *overrides: str):
+    path = tmp_path / "retried-splitwise.yaml"
+    path.write_text(RETRIED_SPLITWISE)
+    return load_spec(str(path), overrides)
+
+
+@pytest.mark.parametrize("fast_forward", [True, False])
+def test_a_retry_handed_off_after_decoding_colocated_has_no_hand_off(tmp_path, fast_forward):
+    # Request 133 decodes 80 tokens on the mixed machine (token 1 at 2.325 s,
+    # its first decode step at 2.339 s) until GPU 0 fails under it; its retry
+    # goes through a prompt machine and a hand-off at 11.39 s. The client saw
+    # its token 1 at 2.325 s: that is its TTFT, and the later hand-off (a
+    # relocation) is not its hand-off: no transfer, no first_decode_s of
+    # -9 s from attempt 1's first decode step against attempt 2's landing.
+    spec = retried_splitwise(tmp_path, f"engine.fast_forward={str(fast_forward).lower()}")
+    _, result, rows = run(spec)
+    r = rows[133]
+    assert r["status"] == "completed" and r["attempts"] == 2
+    assert r["prefill_instance"] == 1 and r["decode_instance"] == 2  # attempt 2 moved
+    assert r["first_token_s"] == r["prefill_done_s"] == pytest.approx(2.3248630)
+    assert r["ttft_s"] == pytest.approx(2.3248630 - r["arrival_s"])
+    assert r["transfer_s"] == r["first_decode_s"] == r["kv_bytes_moved"] == ""
+    assert result.summary["retries"] > 0
+    check_rows(rows, result.summary)
+
+
+def test_a_retry_of_a_request_landed_but_not_taken_up_starts_where_it_decodes(tmp_path):
+    # Request 124's KV lands on the mixed machine (1.977 s), whose node fails
+    # (1.979 s) before it is taken up; once the node is back (2.558 s) the
+    # retry decodes it colocated on the same machine (and a third attempt
+    # after the node's second failure). The client's token 1 comes with the
+    # retry's first iteration (2.929 s): its decode start, not -1 (a TTFT of
+    # -2.9 s before).
+    events = (
+        "events=[{at: 1.979, action: fail, node: 0}, {at: 2.558, action: recover, node: 0},"
+        " {at: 3.808, action: fail, node: 0}, {at: 5.275, action: recover, node: 0}]"
+    )
+    spec = retried_splitwise(
+        tmp_path, "seed=12", events, "transfer.mode=serialized", "workload.max_requests=300"
+    )
+    _, result, rows = run(spec)
+    r = rows[124]
+    assert r["status"] == "completed" and r["attempts"] == 3
+    assert r["transfer_s"] != ""  # its first attempt's hand-off is its own
+    assert r["prefill_done_s"] + r["transfer_s"] <= r["first_token_s"] <= r["finish_s"]
+    assert r["first_token_s"] == pytest.approx(2.9293048)  # the retry's, after node 0 is back
+    check_rows(rows, result.summary)
+
+
+_FAULT = st.tuples(
+    st.floats(0.5, 6.0), st.sampled_from(["gpu", "instance", "node"]), st.integers(0, 5),
+    st.floats(0.01, 1.5),
+)  # fmt: skip
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    st.lists(_FAULT, min_size=1, max_size=4),
+    st.sampled_from([("push", "layerwise"), ("push", "serialized"), ("pull", "serialized")]),
+    st.booleans(),
+    st.integers(0, 2**16),
+)
+def test_retried_requests_keep_ordered_timestamps_on_every_path(
+    tmp_path_factory, faults, transfer, fast_forward, seed
+):
+    # Failures and repairs under splitwise's mixed machines: requests are
+    # retried colocated after a hand-off and through one after decoding.
+    events = []
+    for t, target, k, repair in faults:
+        name = k % {"gpu": 6, "instance": 3, "node": 1}[target]
+        events.append(f"{{at: {t:.3f}, action: fail, {target}: {name}}}")
+        events.append(f"{{at: {t + repair:.3f}, action: recover, {target}: {name}}}")
+    spec = retried_splitwise(
+        tmp_path_factory.mktemp("spec"), f"seed={seed}", f"events=[{', '.join(events)}]",
+        f"transfer.handoff={transfer[0]}", f"transfer.mode={transfer[1]}",
+        f"engine.fast_forward={str(fast_forward).lower()}", "workload.max_requests=200",
+    )  # fmt: skip
+    _, result, rows = run(spec)
+    assert len(rows) == 200
+    check_rows(rows, result.summary)
+
+
+def test_a_timestamp_is_marked_once_and_a_hand_off_only_on_the_path_of_token_1():
+    def seq(handoff: bool) -> Sequence:
+        s = Sequence(Request(0, 0.0, 10, 5), 0.0)
+        s.handoff = handoff
+        return s
+
+    s = seq(True)
+    assert s.mark("t_transfer_start", 0.5)  # a layer-wise stream, before token 1
+    assert s.mark("t_first_token", 1.0) and s.moves
+    assert not s.mark("t_first_token", 2.0) and s.t_first_token == 1.0  # a recompute's
+    assert s.mark("t_transfer_end", 1.5) and not s.mark("t_transfer_end", 3.0)
+    assert s.t_transfer_end == 1.5
+    # token 1 produced colocated: a retry's hand-off is a relocation
+    s = seq(False)
+    s.mark("t_first_token", 1.0)
+    r = s.retry(2.0)
+    r.handoff = True
+    assert not r.moves and not r.mark("t_transfer_start", 3.0) and r.t_transfer_start == -1.0
+    # handed off, but decoded where it was (its decode side failed) before a retry moved it
+    s = seq(True)
+    s.mark("t_first_token", 1.0)
+    s.handoff = False
+    s.mark("t_first_decode", 1.2)
+    r = s.retry(2.0)
+    r.handoff = True
+    assert not r.mark("t_transfer_end", 3.0) and not r.mark("t_decode_start", 3.1)

@@ -453,7 +453,7 @@ class Engine:
             return
         seq.instance = self.id
         seq.prefill_instance = self.id
-        seq.t_arrival = self.env.now
+        seq.mark("t_arrival", self.env.now)
         if self._ff is not None:
             self._ff.cut()
         elif self._pf is not None:
@@ -852,14 +852,14 @@ class Engine:
         now (or at ``now``: a stretch notes it for the step it joins in)."""
         if now is None:
             now = self.env.now
-        for s, n in chunks:  # landed, then preempted before its first decode step
-            if s.landed and s.t_decode_start < 0 and s.prefilled + n >= s.prefill_len:
-                s.t_decode_start = now
+        for s, n in chunks:  # landed, then preempted (or retried) before its first decode step
+            if s.landed and not s.handoff and s.prefilled + n >= s.prefill_len:
+                s.mark("t_decode_start", now)
         if decoding:
             step = self.steps + 1
             for s in self._first_gap:
-                if s.landed and s.t_decode_start < 0 and s.state == DECODE and s.d_join == step:
-                    s.t_decode_start = now
+                if s.landed and s.state == DECODE and s.d_join == step:
+                    s.mark("t_decode_start", now)
 
     def _take_chunks(self, budget: int, *, chunked: bool) -> list[tuple[Sequence, int]]:
         """Prefill work for this iteration: continue partial prompts, then admit FCFS."""
@@ -902,8 +902,7 @@ class Engine:
             s.units = list(hits)
             s.shared_blocks = shared
             s.prefilled = cached
-            if s.t_scheduled < 0:
-                s.t_scheduled = now
+            if s.mark("t_scheduled", now):
                 s.cached_tokens = cached
             s.state = PREFILL
             s.lane = lane
@@ -1024,15 +1023,13 @@ class Engine:
                 self._cache_prompt(s)
             if self.on_prompt is not None:
                 self.on_prompt(self, s)
-            if s.t_prefill_done < 0:  # a recompute after a preemption keeps the first
-                s.t_prefill_done = now
+            s.mark("t_prefill_done", now)  # a recompute (preempted, retried) keeps the first
             s.generated += 1
-            if s.t_first_token < 0:
-                s.t_first_token = now
-            elif s.landed:
-                self._first_after_landing(s, now)
-            elif now - s.t_last_token > s.max_gap:
-                s.max_gap = now - s.t_last_token  # the stall of a recompute
+            if not s.mark("t_first_token", now):  # a recompute's token: a gap before it
+                if s.landed:
+                    self._first_after_landing(s, now)
+                elif now - s.t_last_token > s.max_gap:
+                    s.max_gap = now - s.t_last_token  # the stall of a recompute
             s.t_last_token = now
             if s.generated >= s.req.output_tokens:
                 self._finish(s, now)
@@ -1048,8 +1045,9 @@ class Engine:
         this side took it up does not; which one the client sees as an
         inter-token gap depends on where TTFT ends (the metrics decide)."""
         s.landed = False
-        s.landing_gap = now - s.t_last_token
-        s.decode_gap = now - (s.t_decode_start if s.t_decode_start >= 0 else now)
+        # the largest over its landings (a retry may move it again)
+        s.landing_gap = max(s.landing_gap, now - s.t_last_token)
+        s.decode_gap = max(s.decode_gap, now - (s.t_decode_start if s.t_decode_start >= 0 else now))
 
     def _hand_off(self, s: Sequence) -> None:
         del self.running[s.req.id]
@@ -1073,8 +1071,7 @@ class Engine:
         self._last_decode_end = now
         for s in self._first_gap:
             if s.state == DECODE and s.d_join == step:
-                if s.t_first_decode < 0:
-                    s.t_first_decode = now
+                s.mark("t_first_decode", now)
                 gap = now - s.t_last_token
                 if s.landed:
                     self._first_after_landing(s, now)
@@ -1111,7 +1108,7 @@ class Engine:
 
     def _finish(self, s: Sequence, now: float) -> None:
         s.state = DONE
-        s.t_finish = now
+        s.mark("t_finish", now)
         s.t_last_token = now
         del self.running[s.req.id]
         self._drop_blocks(s)

@@ -462,9 +462,11 @@ class KVHandoff:
             costs = handoff_costs(config, n, self.layers, layer_s)
             got = self._costs[n, layer_s] = (costs, costs.before_s, costs.after_s)
         costs, before_s, after_s = got
-        first = seq.t_transfer_start < 0  # each timestamp keeps its first occurrence
-        if first:
-            seq.t_transfer_start = now
+        # Layer l's KV exists after l/L of the iteration: a stream starts one
+        # layer late (or once the control round trip and registration are
+        # done, when later).
+        lead = 0.0 if stream_s is None else max(layer_s, before_s)
+        if seq.mark("t_transfer_start", now + lead):  # the request's (first) hand-off
             seq.handoff_costs = costs
             seq.kv_moved_bytes = kv_bytes
             seq.kv_saved_bytes = saved
@@ -476,15 +478,10 @@ class KVHandoff:
             # it (the network takes the delay with the transfer, one event).
             self._send(seq, src, dst, flows, delay_s=before_s)
             return
-        # Layer l's KV exists after l/L of the iteration: the stream starts one
-        # layer late (or once the control round trip and registration are
-        # done, when later), each shard capped at the rate the prefill makes it.
+        # Each shard is capped at the rate the prefill makes it.
         capped = [FlowSpec(f.path, f.size_bytes, f.size_bytes / stream_s) for f in flows]
         stream = _Stream()
         seq.transfer = stream
-        lead = max(layer_s, before_s)
-        if first:
-            seq.t_transfer_start = now + lead
 
         def begin(_ev: object) -> None:
             if stream.cancelled:
@@ -534,8 +531,7 @@ class KVHandoff:
     def _landed(self, seq: Sequence, src: int, dst: int) -> None:
         if seq.state == LOST or not self.engines[dst].up or seq.decode_instance != dst:
             return  # lost, or its decode side failed, during the fixed costs after the last byte
-        if seq.t_transfer_end < 0:
-            seq.t_transfer_end = self.env.now
+        seq.mark("t_transfer_end", self.env.now)
         seq.transfer = None
         seq.landed = True
         self.engines[src].release(seq)

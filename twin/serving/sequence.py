@@ -23,10 +23,17 @@ class Sequence:
 
     A request may run a phase more than once: a preempted sequence is
     recomputed (its prompt and the tokens it had produced are prefilled again,
-    on the instance that preempted it). Every timestamp keeps its FIRST
-    occurrence (DESIGN.md, Conservation), so they stay ordered,
-    ``arrival <= scheduled <= prefill_done <= first_token <= finish``, and no
-    duration built from them is negative:
+    on the instance that preempted it), and a request whose instance fails is
+    retried (:meth:`retry`), perhaps along another path (colocated after a
+    hand-off, or the other way round). Every timestamp keeps its FIRST
+    occurrence (DESIGN.md, Conservation), and each is written through
+    :meth:`mark`, which holds the one rule: a timestamp is set once, and the
+    hand-off's (``t_transfer_start``, ``t_transfer_end``, ``t_decode_start``)
+    only on the request's own path: when its token 1 was (or, before it exists,
+    is to be) handed off, and before its first decode step. So they stay
+    ordered, ``arrival <= scheduled <= prefill_done <= first_token <= finish``
+    and ``transfer_end <= decode_start <= first_decode``, and no duration built
+    from them is negative:
 
     - ``t_arrival``: the prefilling instance received it (after any KV-pool load).
     - ``t_scheduled``: first admitted into a batch; a readmission after a
@@ -44,10 +51,19 @@ class Sequence:
     - ``t_finish``: the last token was produced (once).
 
     A request whose instance fails goes on in a new Sequence (:meth:`retry`),
-    which keeps these timestamps and the tokens the client has seen.
+    which keeps these timestamps and the tokens the client has seen. A
+    request whose token 1 was produced where it stays (colocated) has no
+    hand-off even if a retry later moves its KV; nor has one whose decode
+    steps began before a retry's hand-off (the hand-off is then a relocation,
+    not the path of its first tokens). ``moves`` records the path: whether
+    its token 1 was produced for a hand-off. A request lost after its KV
+    landed and before a token came of it keeps ``landed``: its retry's first
+    iteration that produces a token where it stays is its decode start.
 
-    ``t_last_token`` is not a phase's timestamp but a running value: when the
-    latest token was produced, from which the next inter-token gap is measured.
+    ``t_last_token`` and ``t_attempt`` (when this attempt was dispatched) are
+    not phases' timestamps but running values: when the latest token was
+    produced, from which the next inter-token gap is measured, and where the
+    time an attempt ran before it was lost is measured from.
     """
 
     __slots__ = (
@@ -77,6 +93,7 @@ class Sequence:
         "t_transfer_end",
         "t_first_decode",
         "t_decode_start",
+        "moves",
         "landed",
         "landing_gap",
         "decode_gap",
@@ -103,7 +120,7 @@ class Sequence:
         self.prefilled = 0
         self.generated = 0
         self.blocks = 0
-        self.t_arrival = now
+        self.t_arrival = -1.0
         self.t_scheduled = -1.0
         self.t_prefill_done = -1.0
         self.t_first_token = -1.0
@@ -125,6 +142,7 @@ class Sequence:
         self.t_transfer_end = -1.0
         self.t_first_decode = -1.0
         self.t_decode_start = -1.0
+        self.moves = False  # its token 1 was produced for a hand-off (set with t_first_token)
         # Set when the KV lands, cleared by the first token the decode side
         # produces for it (its first decode step's, or a recompute's), which
         # records apart the gap since token 1 (across the hand-off) and the
@@ -166,6 +184,21 @@ class Sequence:
         s.prefill_len = self.req.prompt_tokens + self.generated
         return s
 
+    def mark(self, name: str, now: float) -> bool:
+        """Timestamp ``name`` (``"t_scheduled"``, ...) is ``now``, if this is
+        its first occurrence on the request's path (the class docstring);
+        whether it was set."""
+        if getattr(self, name) >= 0.0:
+            return False  # a repeat (a recompute, a retry): the first stays
+        if name in _HANDOFF_TIMES:
+            on_path = self.moves if self.t_first_token >= 0.0 else self.handoff
+            if not on_path or self.t_first_decode >= 0.0:
+                return False
+        setattr(self, name, now)
+        if name == "t_first_token":
+            self.moves = self.handoff
+        return True
+
     @property
     def held_blocks(self) -> int:
         """Blocks whose KV this sequence reads: its own and the cached ones it shares."""
@@ -176,10 +209,13 @@ class Sequence:
         return self.prefill_len + 1 + (step - self.d_join)
 
 
+# The hand-off's timestamps: only on a path whose token 1 is handed off (Sequence.mark).
+_HANDOFF_TIMES = frozenset(("t_transfer_start", "t_transfer_end", "t_decode_start"))
+
 # What a retry keeps of the attempt before it (Sequence.retry).
 _KEPT = (
     "generated", "t_arrival", "t_scheduled", "t_prefill_done", "t_first_token", "t_last_token",
     "max_gap", "preemptions", "t_transfer_start", "t_transfer_end", "t_first_decode",
-    "t_decode_start", "landing_gap", "decode_gap", "cached_tokens", "handoff_costs",
-    "kv_moved_bytes", "kv_saved_bytes", "attempt", "lost_tokens", "lost_s",
+    "t_decode_start", "moves", "landed", "landing_gap", "decode_gap", "cached_tokens",
+    "handoff_costs", "kv_moved_bytes", "kv_saved_bytes", "attempt", "lost_tokens", "lost_s",
 )  # fmt: skip

@@ -13,6 +13,15 @@ dst"``, a directed link of the topology by its vertex names):
   next iteration; an instance runs at its slowest GPU), or a link (it carries
   factor x its capacity; the flows on it are re-shared at once).
 
+Events that overlap compose (:mod:`twin.sim.health`): each changes only its
+target's own state, and an instance is up only when it, its GPUs and their
+nodes are, a link only when it and the NICs at its ends are; a speed or
+bandwidth is the product of the degradations in force on them. A repair of
+one part never heals another (recovering a NIC leaves a link that failed on
+its own down; restoring a node leaves its GPU's own degradation in force;
+recovering an instance on a node still down leaves it down), and an instance
+added while the run goes (scaling) takes on the state of the parts it runs on.
+
 A request whose attempt is lost is retried per ``retry:``: after
 ``backoff x backoff_factor^(attempt - 1)`` it goes back to the scheduler, which
 routes it again, and its prompt and the tokens it had produced are prefilled
@@ -51,6 +60,7 @@ from twin._declare import (
 )
 from twin.errors import SpecError
 from twin.scheduler import FaultEvent, event_hook
+from twin.sim.health import Health, Part
 
 if TYPE_CHECKING:
     import numpy as np
@@ -240,7 +250,7 @@ class Faults:
         self.sim = sim
         self.events = sorted(events, key=lambda e: (e.at_s, e.index))
         self.where = f"{sim.spec.source}: events"
-        self.gpu_factor: dict[int, float] = {}
+        self.health = Health()
         self.applied: list[FaultEvent] = []
         spec = sim.spec
         self.random = spec.failures
@@ -366,36 +376,84 @@ class Faults:
         return ()
 
     def apply(self, e: Event) -> None:
+        """``e`` changes its target's own state; every instance and link whose
+        state, derived from the parts it depends on (twin.sim.health),
+        changes with it fails, recovers or changes speed."""
         sim = self.sim
-        ids = self.instances_of(e)
-        if e.target in ("link", "nic"):
-            net = sim.network
-            assert net is not None
-            for src, dst in self.links_of(e):
-                if e.action == "fail":
-                    net.fail_link(src, dst)
-                elif e.action == "recover":
-                    net.recover_link(src, dst)
-                else:
-                    net.scale_link(src, dst, e.factor if e.action == "degrade" else 1.0)
-            if e.action == "fail" and sim.handoff is not None:
-                sim.link_failed()  # a wait for the repair ends at the retry deadline
-        elif e.action == "fail":
-            for i in ids:
+        covered = self.instances_of(e)
+        links = self.links_of(e) if e.target in ("link", "nic") else []
+        was = [self.instance_state(i) for i in covered]
+        was_links = [self.link_state(src, dst) for src, dst in links]
+        self.health.apply(e.action, (e.target, e.name), e.factor)
+        changed = []
+        for i, (was_up, was_speed) in zip(covered, was, strict=True):
+            up, speed = self.instance_state(i)
+            if speed != was_speed:
+                sim.engines[i].set_speed(speed)
+            if was_up and not up:
                 sim.fail_instance(i)
-            if e.target == "node" and sim.pools is not None:
-                sim.pools.fail_node(int(e.name))  # host memory goes with the node
-        elif e.action == "recover":
-            for i in ids:
+            elif up and not was_up:
                 sim.recover_instance(i)
-        else:
-            self._set_speed(e)
-        event = FaultEvent(sim.env.now, e.action, e.target, e.name, e.factor, ids)
+            if (up, speed) != (was_up, was_speed):
+                changed.append(i)
+        if e.target == "node" and e.action == "fail" and sim.pools is not None:
+            sim.pools.fail_node(int(e.name))  # host memory goes with the node
+        if links:
+            self._apply_links(links, was_links)
+        event = FaultEvent(sim.env.now, e.action, e.target, e.name, e.factor, tuple(changed))
         self.applied.append(event)
         sim.observer.fault_event(event.time_s, event)
         hook = event_hook(sim.scheduler)
         if hook is not None:
             hook.on_event(event, sim.view)
+
+    def _apply_links(self, links: list[tuple[str, str]], was: list[tuple[bool, float]]) -> None:
+        """The network takes the links' new derived states."""
+        sim = self.sim
+        net = sim.network
+        assert net is not None
+        failed = False
+        for (src, dst), (was_up, was_factor) in zip(links, was, strict=True):
+            up, factor = self.link_state(src, dst)
+            if factor != was_factor:
+                net.scale_link(src, dst, factor)
+            if was_up and not up:
+                net.fail_link(src, dst)
+                failed = True
+            elif up and not was_up:
+                net.recover_link(src, dst)
+        if failed and sim.handoff is not None:
+            sim.link_failed()  # a wait for the repair ends at the retry deadline
+
+    def instance_state(self, i: int) -> tuple[bool, float]:
+        """Whether instance ``i`` is up (it, each of its GPUs and their nodes
+        are), and its speed: its own degradation times its slowest GPU's,
+        each GPU's the product of its own and its node's (tensor- and
+        pipeline-parallel ranks step together)."""
+        p = self.sim.placements[i]
+        topo = self.sim.spec.topology
+        me: Part = ("instance", i)
+        gpus = [(("gpu", g), ("node", topo.node_of(g) if topo else p.node)) for g in p.gpus]
+        h = self.health
+        up = h.up([me, *(part for pair in gpus for part in pair)])
+        return up, h.factor([me]) * min((h.factor(pair) for pair in gpus), default=1.0)
+
+    def link_state(self, src: str, dst: str) -> tuple[bool, float]:
+        """Whether link ``src -> dst`` is up (it and the NICs at its ends are),
+        and the share of its capacity it carries (their degradations' product)."""
+        nodes = self.sim.spec.topology.graph.nodes
+        parts: list[Part] = [("link", f"{src} -> {dst}")]
+        parts += [("nic", v) for v in (src, dst) if nodes[v].get("type") == "nic"]
+        return self.health.up(parts), self.health.factor(parts)
+
+    def placed(self, i: int) -> None:
+        """Instance ``i`` was added (scaling): it takes on the state of the
+        parts it runs on (it comes up failed on a failed node, say)."""
+        up, speed = self.instance_state(i)
+        if speed != 1.0:
+            self.sim.engines[i].set_speed(speed)
+        if not up:
+            self.sim.fail_instance(i)
 
     def links_of(self, e: Event) -> list[tuple[str, str]]:
         """The directed links a link or NIC target names."""
@@ -404,21 +462,3 @@ class Faults:
             return [(src, dst)]
         g = self.sim.spec.topology.graph
         return sorted({(u, v) for u, v in g.in_edges(e.name)} | set(g.out_edges(e.name)))
-
-    def _set_speed(self, e: Event) -> None:
-        """A GPU's (or an instance's or a node's GPUs') speed; an instance runs
-        at its slowest GPU's (tensor- and pipeline-parallel ranks step together)."""
-        sim = self.sim
-        if e.target == "gpu":
-            gpus: tuple[int, ...] = (int(e.name),)
-        else:
-            gpus = tuple(g for i in self.instances_of(e) for g in sim.placements[i].gpus)
-        for g in gpus:
-            if e.action == "degrade":
-                self.gpu_factor[g] = e.factor
-            else:
-                self.gpu_factor.pop(g, None)
-        for p in sim.placements:
-            if set(p.gpus) & set(gpus):
-                speed = min((self.gpu_factor.get(g, 1.0) for g in p.gpus), default=1.0)
-                sim.engines[p.instance].set_speed(speed)

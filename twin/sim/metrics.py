@@ -391,7 +391,6 @@ class Metrics(Observer):
         self.reused_tokens += s.cached_tokens
         if not (ttft_ok and tpot_ok):
             self.wasted_prefill_tokens += req.prompt_tokens - s.cached_tokens
-        self.preemptions += s.preemptions
         if s.t_finish > self.last_end_s:
             self.last_end_s = s.t_finish
         if self.timeline is not None:
@@ -448,18 +447,21 @@ class Metrics(Observer):
                     **_hit_cells(s),
                 }
             )
-        self._attempts(s)
+        self._tally(s)
 
-    def _attempts(self, s: Sequence) -> None:
+    def _tally(self, s: Sequence) -> None:
+        """What a request that ran adds to the totals, completed or failed:
+        its retries, the KV tokens its lost attempts held, its preemptions."""
         self.retries += max(0, s.attempt - 1)
         self.lost_tokens += s.lost_tokens
+        self.preemptions += s.preemptions
 
     def fail(self, s: Sequence, reason: str, now: float) -> None:
         """``s``'s request ended failed: its instance failed under it and it
         was not (or could no more be) retried."""
         self.failed += 1
         self.fail_reasons[reason] += 1
-        self._attempts(s)
+        self._tally(s)
         self._unserved(
             s.req, "failed", reason, now, "failed",
             preemptions=s.preemptions, attempts=s.attempt, lost_tokens=s.lost_tokens,

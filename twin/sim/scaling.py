@@ -190,6 +190,7 @@ class Scaler:
         eng = sim.add_engine(placement, a.role, tp, pp, ep, dp)
         eng.up = False
         eng.state = "starting"
+        sim.faults.placed(eng.id)  # on a failed node, say, it comes up failed
         self.scaled = True
         self.alloc[eng.id] = [now, None, len(placement.gpus)]
         cost = self.startup_s(placement)
