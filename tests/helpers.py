@@ -24,3 +24,17 @@ def small_spec(*, rate: float = 4.0, requests: int = 200, **over: Any) -> Experi
     }
     data.update(over)
     return resolve_spec(data, "test.yaml", Path.cwd())
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``, from /proc (Linux)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d.name))
+    return out
