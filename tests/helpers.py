@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -38,3 +40,19 @@ def child_pids(pid: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                 out.append(int(d.name))
     return out
+
+
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+
+
+def own_policies() -> list[str]:
+    """The policies this project ships, sorted: the ``twin.schedulers`` entry
+    points its pyproject.toml declares, each module imported (so registered).
+    The entry points installed in the environment are not loaded: a user's
+    plugin is not this suite's to hold to the contract, and one that fails
+    to load must not stop the suite from being collected."""
+    doc = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))
+    declared = doc["project"]["entry-points"]["twin.schedulers"]
+    for target in declared.values():
+        importlib.import_module(target.partition(":")[0])
+    return sorted(declared)
