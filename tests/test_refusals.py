@@ -162,3 +162,22 @@ def test_reading_a_profile_table_leaves_no_file_open(tmp_path):
         build_perf_model({"kind": "profile", "path": str(table)}, TINY, get_gpu("h100"), 1)
         gc.collect()
     assert [w for w in seen if issubclass(w.category, ResourceWarning)] == []
+
+
+def test_run_warnings_name_what_ended_the_requests():
+    from twin.sim.summary import run_warnings
+
+    base = {"requests": 10, "completed": 0, "rejected_by_reason": {}}
+    assert run_warnings({**base, "requests": 0}) == [
+        "no request arrived: the workload ended before its first request"
+    ]
+    assert run_warnings({**base, "completed": 1}) == []
+    mixed = {**base, "rejected_by_reason": {"context_length": 4},
+             "failed_by_reason": {"max_attempts": 6}}  # fmt: skip
+    assert run_warnings(mixed) == [
+        "no request completed: of 10 requests, context_length 4, failed: max_attempts 6"
+    ]
+    kv = {**base, "rejected_by_reason": {"exceeds_kv_capacity": 10}}
+    assert run_warnings(kv) == [
+        "no request completed: every one of the 10 requests is more KV than an instance holds"
+    ]
