@@ -71,6 +71,7 @@ Tracking Mechanisms").
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from twin.errors import SpecError
@@ -122,8 +123,8 @@ class KVRouter(Scheduler, PicksDecode):
             raise ValueError(f"mode: {self.mode!r}; expected one of {', '.join(MODES)}")
         for name in WEIGHTS:
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
-                raise ValueError(f"{name}: {v!r} must be a number >= 0")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+                raise ValueError(f"{name}: {v!r} must be a finite number >= 0")
             if is_int(v):
                 setattr(self, name, float(v))
 

@@ -33,7 +33,9 @@ Without a split (only mixed instances) it sizes one pool to the larger of
 the two needs. Routing is DistServe's (shortest-queue prefill, least-loaded
 decode), or least-loaded on mixed instances. Added instances take the shape
 (TP, PP) of the pool's first instance; removed ones are the newest idle-most.
-The budget ``max_gpus`` defaults to the GPUs the cluster starts with.
+The budget ``max_gpus`` defaults to the GPUs the cluster starts with, and
+may not be below them; ``adjustment_interval`` is at least 100 ms
+(``MIN_ADJUSTMENT_INTERVAL_S``).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from dataclasses import dataclass, field
 
 from schedulers.colocated import Colocated
 from schedulers.distserve import DistServe
+from twin.errors import SpecError
 from twin.request import Request
 from twin.scheduler import (
     Action,
@@ -65,6 +68,15 @@ from twin.scheduler import (
 PREDICTORS = ("constant", "moving-average", "seasonal")
 MAX_PREFILL_BATCH = 64  # prompts per prefill batch tried when sizing the pool
 MAX_DECODE_BATCH = 4096  # sequences per decode step tried when sizing the pool
+# The shortest adjustment_interval taken (an argued bound, not a sourced one).
+# Dynamo's planner averages each interval's TTFT, ITL, request count and
+# lengths from Prometheus ("Planner Design", step 1); an interval shorter than
+# an engine step under load (10-100 ms in the measured profiles of
+# ../shared/data/profiles) holds 0 or 1 requests, so the pools are sized on
+# noise, while the ticks (about 0.2 ms of CPU each here) cost more than the
+# simulation: twin run of a 2 min split at 20 req/s took 1.9 s at 100 ms and
+# 4.1 s at 10 ms on the development machine; 1 us would take hours.
+MIN_ADJUSTMENT_INTERVAL_S = 0.1
 
 
 @register("sla-planner")
@@ -99,6 +111,12 @@ class SlaPlanner(Scheduler, PicksDecode, Ticks):
 
     def __post_init__(self) -> None:
         self.tick_s = duration_s(self.adjustment_interval, "adjustment_interval", positive=True)
+        if self.tick_s < MIN_ADJUSTMENT_INTERVAL_S:
+            raise ValueError(
+                f"adjustment_interval: {self.adjustment_interval!r} is below "
+                f"{MIN_ADJUSTMENT_INTERVAL_S * 1e3:g} ms, shorter than an engine step: "
+                "the planner would size its pools on intervals that see no request"
+            )
         if self.predictor not in PREDICTORS:
             raise ValueError(
                 f"predictor: {self.predictor!r}; expected one of {', '.join(PREDICTORS)}"
@@ -126,7 +144,13 @@ class SlaPlanner(Scheduler, PicksDecode, Ticks):
             self._router.setup(cluster)
         else:
             self._mixed.setup(cluster)
-        self._budget = self.max_gpus or sum(len(i.gpus) for i in cluster.instances)
+        start = sum(len(i.gpus) for i in cluster.instances)
+        if self.max_gpus is not None and self.max_gpus < start:
+            raise SpecError(
+                f"scheduler.max_gpus: {self.max_gpus} is below the {start} GPUs the cluster "
+                "starts with; raise it or start with fewer instances"
+            )
+        self._budget = self.max_gpus or start
         self._history.clear()
         self._seen.clear()
         self._count = self._isl = self._osl = 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -24,3 +26,33 @@ def small_spec(*, rate: float = 4.0, requests: int = 200, **over: Any) -> Experi
     }
     data.update(over)
     return resolve_spec(data, "test.yaml", Path.cwd())
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``, from /proc (Linux)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d.name))
+    return out
+
+
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+
+
+def own_policies() -> list[str]:
+    """The policies this project ships, sorted: the ``twin.schedulers`` entry
+    points its pyproject.toml declares, each module imported (so registered).
+    The entry points installed in the environment are not loaded: a user's
+    plugin is not this suite's to hold to the contract, and one that fails
+    to load must not stop the suite from being collected."""
+    doc = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))
+    declared = doc["project"]["entry-points"]["twin.schedulers"]
+    for target in declared.values():
+        importlib.import_module(target.partition(":")[0])
+    return sorted(declared)

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import own_policies
 
 import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
 import schedulers.disagg  # noqa: F401
 import schedulers.distserve  # noqa: F401
 import schedulers.splitwise  # noqa: F401
 from twin.cli import main
-from twin.scheduler import scheduler_names
 from twin.sim.spec import parse_yaml, read_spec_text
 from twin.studies.compare import compare_entries, compare_specs, run_compare
 
@@ -197,7 +197,7 @@ def test_bundled_compare_specs_list_all_four_policies(name):
     synthetic = (
         "workload={lengths: azure-conv, max_requests: 5, arrival: {process: poisson, rate: 1}}"
     )
-    only = [p for p in POLICIES if p in scheduler_names()]
+    only = [p for p in POLICIES if p in own_policies()]
     _, specs = compare_specs(data, where, REPO, [synthetic], only=only)
     gpus = {sum(g.count * g.tp * g.pp for g in s.groups) for s in specs.values()}
     assert gpus == {32}
@@ -209,7 +209,7 @@ def test_bundled_compare_specs_run_on_a_slice_of_the_trace(shared_data, name):
     data = parse_yaml(text, where)
     sets = [f"workload.trace={shared_data / BUNDLED[name]}", "workload.max_requests=60"]
     # `mooncake` is registered by its own module; until then the other three run
-    only = [p for p in POLICIES if p in scheduler_names()]
+    only = [p for p in POLICIES if p in own_policies()]
     result = run_compare(data, where, REPO, sets, only=only)
     assert list(result.runs) == only and len(only) >= 3
     assert {r.summary["requests"] for r in result.runs.values()} == {60}

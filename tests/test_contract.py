@@ -1,10 +1,12 @@
-"""The contract every registered scheduler keeps, and the public testing helpers."""
+"""The contract every policy this project ships keeps (not the plugins installed beside
+it: helpers.own_policies), and the public testing helpers."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import pytest
+from helpers import own_policies
 
 import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
 import schedulers.disagg  # noqa: F401
@@ -14,11 +16,11 @@ import schedulers.mooncake  # noqa: F401
 import schedulers.splitwise  # noqa: F401
 from twin.errors import SpecError
 from twin.request import Request
-from twin.scheduler import Plan, Reject, Route, scheduler_names
+from twin.scheduler import Plan, Reject, Route
 from twin.testing import check_scheduler, instance, make_view
 
 
-@pytest.mark.parametrize("name", scheduler_names())
+@pytest.mark.parametrize("name", own_policies())
 def test_every_registered_scheduler_keeps_the_contract(name):
     kind = check_scheduler(name)
     assert kind in ("colocated", "split", "both")  # sla-planner serves both

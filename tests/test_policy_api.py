@@ -31,7 +31,6 @@ from twin.scheduler import (
     duration_s,
     get_scheduler,
     require_split,
-    scheduler_names,
     tick_hook,
 )
 from twin.sim.simulation import Simulation
@@ -43,7 +42,7 @@ SPLIT = ("disagg", "distserve", "mooncake", "splitwise")
 
 
 # -- the hook Protocols --------------------------------------------------------------
-@pytest.mark.parametrize("name", scheduler_names())
+@pytest.mark.parametrize("name", helpers.own_policies())
 def test_every_registered_policy_is_a_scheduler_and_names_its_optional_hooks(name):
     cls = get_scheduler(name)
     policy = build_scheduler(name, {})

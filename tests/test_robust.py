@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import child_pids
 
 from twin import yamlio
 from twin._io import AtomicFile, atomic_write, not_utf8, read_text
@@ -128,19 +129,6 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys, tmp_path):
     assert list(tmp_path.iterdir()) == []  # no partial CSV, no temporary file
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(d.name))
-    return out
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 def test_sigint_stops_a_parallel_sweep_and_its_workers(tmp_path):
     import yaml
@@ -159,10 +147,10 @@ def test_sigint_stops_a_parallel_sweep_and_its_workers(tmp_path):
     runs = tmp_path / "o" / "runs"
     workers: list[int] = []
     while p.poll() is None and not (runs.is_dir() and any(runs.glob("*.json"))):
-        workers = _children(p.pid) or workers
+        workers = child_pids(p.pid) or workers
         time.sleep(0.02)
     assert p.poll() is None, "the sweep ended before it could be interrupted"
-    workers = _children(p.pid) or workers
+    workers = child_pids(p.pid) or workers
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and err == "twin: interrupted\n"

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
+import helpers
 import pytest
 
 import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
@@ -159,6 +163,51 @@ def test_a_broken_plugin_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(sched, "entry_points", lambda group: broken)
     with pytest.raises(PluginError, match=r"'oops' \(fake:oops\) failed to load: ImportError"):
         scheduler_names()
+
+
+@dataclass
+class BreaksTheContract:
+    """An installed plugin that loads but routes to an instance that is not there."""
+
+    def setup(self, cluster):
+        return Plan()
+
+    def route(self, req, view):
+        return Route(99, 99)
+
+
+SUITES = ("test_contract.py", "test_policy_api.py")
+
+
+def _parametrized_names(path: Path, monkeypatch) -> set[str]:
+    """The ``name`` values a freshly loaded test module parametrizes over."""
+    mod_spec = importlib.util.spec_from_file_location(f"fresh_{path.stem}", path)
+    assert mod_spec is not None and mod_spec.loader is not None
+    mod = importlib.util.module_from_spec(mod_spec)
+    monkeypatch.setitem(sys.modules, mod_spec.name, mod)  # its dataclasses look it up
+    mod_spec.loader.exec_module(mod)
+    names: set[str] = set()
+    for fn in vars(mod).values():
+        for mark in getattr(fn, "pytestmark", []):
+            if mark.name == "parametrize" and mark.args[0] == "name":
+                names.update(mark.args[1])
+    return names
+
+
+def test_policy_suites_hold_this_projects_policies_not_installed_plugins(monkeypatch):
+    import twin.scheduler as sched
+
+    monkeypatch.setattr(sched, "_registry", dict(sched._registry))
+    monkeypatch.setattr(sched, "_entry_points_loaded", False)
+    plugins = [FakeEntryPoint("a-users-plugin", BreaksTheContract),
+               FakeEntryPoint("oops", ImportError("no module named 'nowhere'"))]  # fmt: skip
+    monkeypatch.setattr(sched, "entry_points", lambda group: plugins)
+    own = set(helpers.own_policies())
+    assert {"colocated", "disagg", "sla-planner", "kv-router"} <= own
+    for suite in SUITES:
+        names = _parametrized_names(Path(__file__).with_name(suite), monkeypatch)
+        assert names == own, suite
+    assert not sched._entry_points_loaded  # collecting the suites loaded no plugin
 
 
 def test_a_snapshot_reports_a_remote_tier_below_its_local_ones():

@@ -14,6 +14,7 @@ CSV or JSON under the name of a finished one.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -158,3 +159,42 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (True where that cannot be told
+    without harm: off POSIX, ``os.kill`` would end the process)."""
+    if os.name != "posix":
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # there, but not ours to signal
+        return True
+    return True
+
+
+# The temporary names of AtomicFile (.NAME.PID.tmp) and atomic_path (.STEM.PID.tmpSUFFIX).
+_TMP_NAME = re.compile(r"^\..+\.(\d+)\.tmp(\.[^.]+)?$")
+
+
+def remove_stale_tmp(folder: str | Path) -> list[Path]:
+    """Remove from ``folder`` the temporary files of :func:`atomic_write` and
+    :func:`atomic_path` whose writer is no longer running (a process killed
+    outright runs no clean-up); returns them. Those of live processes, this
+    one's included, stay."""
+    gone: list[Path] = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:  # no folder yet: nothing left in it
+        return gone
+    for p in sorted(entries):
+        m = _TMP_NAME.match(p.name)
+        if m is None or not p.is_file():
+            continue
+        pid = int(m.group(1))
+        if pid != os.getpid() and not pid_alive(pid):
+            p.unlink(missing_ok=True)
+            gone.append(p)
+    return gone

@@ -102,3 +102,16 @@ def data_path(value: str, where: str) -> Path:
     if not path.is_file():
         raise SpecError(f"{where}: {value!r}: no such file {path} (data folder {source}); {fix}")
     return path
+
+
+def spec_file(value: object, where: str, base_dir: Path | None) -> Path:
+    """The file a spec key names (``workload.trace``, ``perf.path``, ...): a
+    ``data:REL`` path in the data folder (:func:`data_path`, which must exist),
+    else the path with ``~`` expanded, relative to ``base_dir`` (the spec's
+    folder) unless absolute. ``where`` is the key, for the messages."""
+    if not isinstance(value, str | Path) or not str(value).strip():
+        raise SpecError(f"{where}: {value!r} is not a file path")
+    if is_data_path(value):
+        return data_path(str(value), where)
+    p = Path(value).expanduser()
+    return p if p.is_absolute() or base_dir is None else base_dir / p

@@ -187,6 +187,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         _write_json(args.json, result)
     if not args.quiet:
         print(format_summary(result), file=_human(args))
+    if args.quiet or _human(args) is not sys.stderr:  # else the summary above said it there
+        for w in result["summary"].get("warnings", ()):
+            print(f"twin: warning: {w}", file=sys.stderr)
     return 0
 
 

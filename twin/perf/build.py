@@ -30,6 +30,7 @@ from twin._declare import (
     seconds,
     string,
 )
+from twin.bundled import spec_file
 from twin.errors import SpecError, UnknownNameError
 from twin.perf.gpus import GPUSpec
 from twin.perf.iteration import PerfModel
@@ -155,8 +156,9 @@ class ProfileKeys:
 
     kind: str = declared("profile", choice("profile"), "profile")
     path: str | None = declared(
-        None, _PATH, "the table (relative to the spec's folder)", required="expected a file path"
-    )
+        None, _PATH, "the table (relative to the spec's folder, or data:PATH)",
+        required="expected a file path",
+    )  # fmt: skip
     format: str = declared(
         "auto", choice("auto", "splitwise", "native"), "auto | splitwise | native"
     )
@@ -171,7 +173,7 @@ class DistServeKeys:
 
     kind: str = declared("distserve", choice("distserve"), "distserve")
     path: str | None = declared(
-        None, _PATH, "the profiler JSON (relative to the spec's folder)",
+        None, _PATH, "the profiler JSON (relative to the spec's folder, or data:PATH)",
         required="expected a file path",
     )  # fmt: skip
     model: str | None = declared(None, TEXT, "the model's entry (default: the spec's)")
@@ -232,9 +234,7 @@ def read_perf(spec: object, where: str = "", base_dir: Path | None = None) -> An
             )
     perf: Any = read(cls, dict(spec), w).value
     if kind != "roofline":
-        path = Path(perf.path)
-        if not path.is_absolute() and base_dir is not None:
-            path = base_dir / path
+        path = spec_file(perf.path, f"{w}.path", base_dir)
         if not path.is_file():
             raise SpecError(f"{w}.path: {str(path)!r} is not a file")
         perf = dataclasses.replace(perf, path=str(path))
@@ -304,7 +304,8 @@ def build_perf_model(
         )  # fmt: skip
     fmt = perf.format
     if fmt == "auto":
-        head = path.open("rb").readline()
+        with path.open("rb") as f:
+            head = f.readline()
         fmt = "splitwise" if b"tensor_parallel" in head else "native"
     if fmt == "native":
         return ProfileTable.from_native(path, where=f"{w}: {path}", pp=pp)

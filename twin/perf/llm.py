@@ -749,6 +749,11 @@ def get_model(name_or_mapping: str | Mapping[str, object], where: str = "") -> M
     if m.get("max_context") is not None:
         ctx = positive_int(m["max_context"], entry(where, "max_context"))
     extra = {k: _nonneg_int(m[k], entry(where, k)) for k in _OPTIONAL[4:] if k in m}
+    if extra.get("weight_dtype_bytes") == 0:  # 0 is the class's "as dtype_bytes", not a width
+        raise SpecError(
+            f"{entry(where, 'weight_dtype_bytes')}: 0; expected 1, 2 or 4 "
+            "(leave it out for weights as wide as dtype_bytes)"
+        )
     try:
         return ModelSpec(name=m["name"], dtype_bytes=b, mlp=str(mlp), max_context=ctx, **ints,
                          **extra)  # fmt: skip

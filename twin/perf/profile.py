@@ -346,27 +346,30 @@ def profile(
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
 ) -> ProfileResult:
-    """Measure the table of ``model`` at ``tp`` on ``device`` over ``grid`` (see the module)."""
-    try:
-        import torch
-    except ImportError:
-        raise TwinError("twin profile: needs PyTorch (pip install 'pd-twin[profile]')") from None
+    """Measure the table of ``model`` at ``tp`` on ``device`` over ``grid`` (see the module).
+
+    The arguments are checked before PyTorch is looked for, so a mistyped
+    option is told as such on a machine without it too."""
     _check_shapes(model, tp)
     if device not in ("cuda", "cpu"):
         raise TwinError(f"twin profile: --device {device!r}; expected cuda or cpu")
     cuda = device == "cuda"
-    if cuda and not torch.cuda.is_available():
-        raise TwinError("twin profile: --device cuda: no CUDA device visible to PyTorch")
     dtype = dtype or ("bf16" if cuda else "fp32")
     if dtype not in _DTYPES:
         raise TwinError(f"twin profile: --dtype {dtype!r}; expected one of {', '.join(_DTYPES)}")
-    tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     n_layers = model.layers if layers is None else layers
     if not 1 <= n_layers <= model.layers:
         raise TwinError(f"twin profile: --layers {n_layers}: expected 1..{model.layers}")
     for label, v in (("warmup", warmup), ("repeats", repeats)):
         if v < (0 if label == "warmup" else 1):
             raise TwinError(f"twin profile: --{label} {v} is too small")
+    try:
+        import torch
+    except ImportError:
+        raise TwinError("twin profile: needs PyTorch (pip install 'pd-twin[profile]')") from None
+    if cuda and not torch.cuda.is_available():
+        raise TwinError("twin profile: --device cuda: no CUDA device visible to PyTorch")
+    tdtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
     dev = torch.device(device)
     pre, dec = grid.prefill_points(), grid.decode_points()
     max_pos = max([p for _, p in pre] + [c for _, c in dec] + [m[0] for m in grid.mixed]

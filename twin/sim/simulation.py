@@ -57,6 +57,7 @@ from twin.sim.frames import flatten
 from twin.sim.metrics import Metrics
 from twin.sim.scaling import Scaler, ScalingKeys
 from twin.sim.spec import ExperimentSpec, apply_overrides, load_spec, resolve_spec
+from twin.sim.summary import run_warnings
 from twin.sim.timeline import Timeline
 from twin.sim.trace import EventLog, TraceRecorder
 from twin.workload.stream import file_sha256, iter_requests
@@ -856,6 +857,9 @@ class Simulation:
             for name, series in occupancy.items():
                 for row, mean in zip(timeline, series["mean_bytes"], strict=True):
                     row[f"{name}_bytes"] = mean
+        warnings = run_warnings(summary)
+        if warnings:  # only then: a run that went as meant reads as before
+            summary["warnings"] = warnings
         fault_log = self.faults.log() if self.spec.events or self.spec.failures else None
         return Result(
             self._header(), summary, self._instance_stats(), links, timeline, fault_log,

@@ -521,12 +521,27 @@ def _cluster(data: Any, where: str, base_dir: Path) -> _Cluster:
     return _Cluster(cl, tuple(groups), topology, out)
 
 
-def _engine(data: Any, where: str) -> tuple[EngineConfig, dict[str, Any]]:
+def _engine(data: Any, where: str, model: ModelSpec) -> tuple[EngineConfig, dict[str, Any]]:
     r = read(EngineConfig, data, f"{where}: engine")
     engine, out = r.value, r.written
     if "max_batched_tokens" not in r.given and engine.chunked_prefill:
         engine = dataclasses.replace(engine, max_batched_tokens=CHUNKED_MAX_BATCHED_TOKENS)
         out["max_batched_tokens"] = CHUNKED_MAX_BATCHED_TOKENS
+    # vLLM refuses a token budget below the context without chunked prefill
+    # (SchedulerConfig._verify_args, vllm/config/scheduler.py): such an engine
+    # could never take a prompt longer than the budget in one iteration.
+    # NOTE: the default budget stays allowed (a resolved spec writes it out, so
+    # "given" cannot tell it apart): a longer prompt then runs alone, as under
+    # vLLM's own default budget, max(max_model_len, 2048).
+    mml = engine.max_model_len or model.max_context
+    default = EngineConfig.__dataclass_fields__["max_batched_tokens"].default
+    if engine.max_batched_tokens != default and not engine.chunked_prefill and mml is not None:
+        if engine.max_batched_tokens < mml:
+            raise SpecError(
+                f"{where}: engine.max_batched_tokens: {engine.max_batched_tokens} is below "
+                f"max_model_len {mml:,} without chunked prefill, which vLLM refuses: "
+                "set engine.chunked_prefill: true, raise it, or lower engine.max_model_len"
+            )
     return engine, out
 
 
@@ -642,7 +657,7 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
     tr = read(TransferConfig, top.transfer, f"{where}: transfer")
     out["transfer"] = tr.written
 
-    engine, out["engine"] = _engine(top.engine, where)
+    engine, out["engine"] = _engine(top.engine, where, model)
     _check_limits(model, engine, cluster, where)
 
     if top.perf is not None:

@@ -36,6 +36,30 @@ def _topology_text(topo: Any) -> str:
     return str(topo)
 
 
+# Rejections that say the requests can never be served as the spec stands.
+_LIMITS = {
+    "context_length": "longer than the context (engine.max_model_len or the model's)",
+    "exceeds_kv_capacity": "more KV than an instance holds",
+}
+
+
+def run_warnings(summary: dict[str, Any]) -> list[str]:
+    """What made a run degenerate, in words (DESIGN: every run states what
+    shaped it): no request arrived, or none completed, with what ended them."""
+    n, done = summary["requests"], summary["completed"]
+    if n == 0:
+        return ["no request arrived: the workload ended before its first request"]
+    if done:
+        return []
+    why = dict(summary["rejected_by_reason"])
+    why.update({f"failed: {k}": v for k, v in summary.get("failed_by_reason", {}).items()})
+    for reason, words in _LIMITS.items():
+        if why.get(reason) == n:
+            return [f"no request completed: every one of the {n:,} requests is {words}"]
+    ends = ", ".join(f"{k} {v:,}" for k, v in why.items())
+    return [f"no request completed: of {n:,} requests, " + (ends or "none ended served")]
+
+
 def header_line(result: dict[str, Any]) -> str:
     """The first line of the summary: version, name, model, cluster, scheduler, perf model."""
     h = result["header"]
@@ -102,4 +126,5 @@ def format_summary(result: dict[str, Any]) -> str:
             f"failures: {s['retries']:,} retries, {s['lost_tokens']:,} KV tokens lost; "
             f"failed {s['failed']:,}" + (f" ({reasons})" if reasons else "")
         )
+    lines += [f"warning: {w}" for w in s.get("warnings", ())]
     return "\n".join(lines)

@@ -50,7 +50,9 @@ to a temporary name in its folder, renamed once complete
 (:func:`twin._io.atomic_write`), runs.csv once every run has finished, so a
 sweep that fails or is interrupted leaves no partial file that looks finished.
 Interrupted (Ctrl-C, SIGTERM), a local pool stops its workers before the
-command exits.
+command exits; killed outright (SIGKILL), its workers end with it
+(:mod:`twin.studies.workers`) and the next sweep into ``DIR`` removes the
+temporary files it left.
 Each run is deterministic, so the files are byte-identical whichever executor
 and how many workers ran them.
 """
@@ -71,7 +73,7 @@ from typing import IO, Any
 import yaml
 
 from twin import _version
-from twin._io import atomic_write, write_text
+from twin._io import atomic_write, remove_stale_tmp, write_text
 from twin._progress import Progress
 from twin.errors import SpecError, TwinError
 from twin.sim.frames import flatten
@@ -342,14 +344,6 @@ def parse_jobs(value: str | int | None) -> int | None:
     return n
 
 
-def _worker_ignores_interrupts() -> None:
-    """A pool worker leaves Ctrl-C to its parent, which stops it (no traceback
-    per worker)."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 def _on_term(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
@@ -424,8 +418,10 @@ class Executor:
         elif self.workers > 1:
             from concurrent.futures import ProcessPoolExecutor
 
+            from twin.studies.workers import init_worker
+
             self._pool = ProcessPoolExecutor(
-                max_workers=self.workers, initializer=_worker_ignores_interrupts
+                max_workers=self.workers, initializer=init_worker, initargs=(os.getpid(),)
             )
             self._term = _terminate_raises()
         return self
@@ -579,6 +575,8 @@ def run_sweep(
     parquet = have_pyarrow()
     try:
         (out / "runs").mkdir(parents=True, exist_ok=True)
+        for d in (out, out / "runs", out / "requests", out / "traces"):
+            remove_stale_tmp(d)  # of a sweep killed outright (SIGKILL) before this one
         _write_whole(out / "spec.yaml", yaml.safe_dump(dict(data), sort_keys=False))
         (out / "runs.parquet").unlink(missing_ok=True)  # rewritten once runs.csv is whole
     except OSError as e:

@@ -70,7 +70,7 @@ from twin._declare import (
     keys,
     seconds,
 )
-from twin.bundled import data_path, is_data_path
+from twin.bundled import spec_file
 from twin.errors import SpecError, TraceError
 from twin.request import Request
 from twin.units import parse_duration
@@ -264,7 +264,7 @@ class WorkloadSpec:
         kw: dict[str, object] = {}
         try:
             if "trace" in m:
-                kw["trace"] = _path(m["trace"], f"{where}.trace", base_dir)
+                kw["trace"] = spec_file(m["trace"], f"{where}.trace", base_dir)
             if "format" in m:
                 kw["format"] = m["format"]
             if "arrival" in m:
@@ -345,15 +345,6 @@ def _no_unknown(m: Mapping[str, object], keys: tuple[str, ...], where: str) -> N
     check_keys(m, where, (), keys)
 
 
-def _path(value: object, where: str, base_dir: Path | None) -> Path:
-    if not isinstance(value, str | Path) or not str(value).strip():
-        raise SpecError(f"{where}: {value!r} is not a file path")
-    if is_data_path(value):
-        return data_path(str(value), where)
-    p = Path(value).expanduser()
-    return p if p.is_absolute() or base_dir is None else base_dir / p
-
-
 def _arrival(value: object, where: str) -> ArrivalProcess:
     if not isinstance(value, Mapping):
         raise SpecError(f"{where}: {value!r} is not a mapping; expected {{process: poisson, rate}}")
@@ -391,7 +382,8 @@ def _lengths(value: object, where: str, base_dir: Path | None) -> Lengths:
             raise SpecError(
                 f"{where}.format: {fmt!r} unknown; expected one of {', '.join(_FORMATS)}"
             )
-        return EmpiricalFile(_path(value["empirical"], f"{where}.empirical", base_dir), str(fmt))
+        path = spec_file(value["empirical"], f"{where}.empirical", base_dir)
+        return EmpiricalFile(path, str(fmt))
     _no_unknown(value, ("prompt", "output"), where)
     return IndependentLengths(
         _scoped(_marginal, _required(value, "prompt", where), f"{where}.prompt"),
@@ -603,10 +595,13 @@ def iter_requests(spec: WorkloadSpec, rng: np.random.Generator) -> Iterator[Requ
 
     t0 = 0.0
     if spec.skip:
-        rows = itertools.islice(rows, spec.skip, None)
+        skipped = sum(1 for _ in itertools.islice(rows, spec.skip))
         first = next(rows, None)
-        if first is None:
-            return
+        if first is None:  # only a finite trace ends; a run of no request is no run
+            raise SpecError(
+                f"workload.skip: {spec.skip:,} is past the end of the trace {spec.trace}, "
+                f"which holds {skipped:,} requests"
+            )
         t0 = first[0]  # type: ignore[assignment]  # every row is timed by now
         rows = itertools.chain((first,), rows)
     limit = spec.max_requests
