@@ -272,3 +272,16 @@ def test_an_instance_that_splits_unevenly_over_nodes_is_refused():
     dep = _wide_ep(decode=Role(1, 1, 1, ep=12, dp=12))
     with pytest.raises(TwinError, match="12 GPUs .* nodes of 8"):
         dynamo_yaml(dep)
+
+
+def test_a_failed_plan_leaves_no_export_file(tmp_path, capsys):
+    """The export files are written once the plan exists, never opened before."""
+    spec = yaml.safe_load((Path(__file__).parents[1] / "experiments" / "disagg.yaml").read_text())
+    del spec["slo"]  # the plan stops: goodput needs an SLO
+    path = tmp_path / "noslo.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    dyn, llmd = tmp_path / "dynamo.yaml", tmp_path / "values.yaml"
+    argv = ["plan", str(path), "--export-dynamo", str(dyn), "--export-llm-d", str(llmd)]
+    assert main(argv) == 2
+    assert "slo: no ttft or tpot given" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["noslo.yaml"]

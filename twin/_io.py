@@ -8,13 +8,16 @@ dropped) and turns an unreadable file or bytes that are not UTF-8 into one
 Writing: :func:`atomic_write` writes to a temporary name in the target's
 folder and renames it over the target only when the block ends without an
 error, so a run that fails or is interrupted part-way never leaves a partial
-CSV or JSON under the name of a finished one.
+CSV or JSON under the name of a finished one. :func:`check_outputs` finds a
+bad output path (a folder, a file in a missing or unwritable folder, two
+outputs naming one file, an output naming an input) before any work, and
+leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -80,6 +83,73 @@ def decode_text(data: bytes, where: str, error: type[TwinError] = TwinError) -> 
     return text[1:] if text.startswith(_BOM) else text
 
 
+def _file_problem(path: str | Path) -> str | None:
+    """Why ``path`` cannot name an output file (it names a folder), or None."""
+    text = str(path)
+    if text.endswith(("/", os.sep)) or Path(text).name in ("", ".", ".."):
+        return "names a folder; expected a file name"
+    if Path(text).is_dir():
+        return "is a folder; expected a file name"
+    return None
+
+
+def _folder_problem(path: str | Path) -> str | None:
+    """Why ``path`` cannot be (or become) an output folder, or None."""
+    p = Path(path)
+    for up in (p, *p.parents):
+        if up.is_dir():
+            if not os.access(up, os.W_OK | os.X_OK):
+                return f"cannot write: {str(up)!r} is not writable"
+            return None
+        if up.exists():
+            where = "" if up == p else f"is inside {str(up)!r}, which "
+            return f"{where}is a file; expected a folder"
+    return None
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    return os.path.normcase(os.path.realpath(a)) == os.path.normcase(os.path.realpath(b))
+
+
+def check_outputs(
+    files: Iterable[tuple[str, str | None]],
+    folders: Iterable[tuple[str, str | None]] = (),
+    inputs: Iterable[tuple[str, str]] = (),
+) -> None:
+    """Refuse, before any work, output paths that the writers would fail on
+    or that would lose data: ``files`` and ``folders`` are ``(flag, path)``
+    (``None`` or ``-``, stdout: skipped), ``inputs`` ``(what, path)`` of the
+    files the command reads. One :class:`~twin.errors.TwinError` line names
+    the flag and the path. A file output must name a file in a writable
+    folder (tried by creating and removing a temporary file beside it, so a
+    refused or later failing command leaves no file), differ from every other
+    output and from every input; a folder output must be a folder, or be
+    creatable."""
+    seen: list[tuple[str, str]] = []
+    for flag, path in files:
+        if path is None or path == "-":
+            continue
+        problem = _file_problem(path)
+        if problem:
+            raise TwinError(f"{flag}: {path!r} {problem}")
+        for other, earlier in seen:
+            if _same_file(path, earlier):
+                raise TwinError(f"{flag}: {path!r} is also {other}'s file; give each its own")
+        for what, source in inputs:
+            if _same_file(path, source):
+                raise TwinError(f"{flag}: {path!r} is the input {what}; an output cannot be it")
+        try:
+            AtomicFile(path).discard()
+        except TwinError as e:
+            raise TwinError(f"{flag}: {e}") from None
+        seen.append((flag, path))
+    for flag, path in folders:
+        if path is not None:
+            problem = _folder_problem(path)
+            if problem:
+                raise TwinError(f"{flag}: {path!r} {problem}")
+
+
 class AtomicFile:
     """A file open under a temporary name beside ``path``: :meth:`close` (or a
     clean exit from ``with``) renames it to ``path``; :meth:`discard` (or an
@@ -90,6 +160,9 @@ class AtomicFile:
     :class:`~twin.errors.TwinError` naming ``path``."""
 
     def __init__(self, path: str | Path, mode: str = "w", **kwargs: Any) -> None:
+        problem = _file_problem(path)
+        if problem:
+            raise TwinError(f"{path}: {problem}")
         self.path = Path(path)
         self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         if "b" not in mode:
@@ -150,6 +223,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path beside ``path`` for a writer that takes a file name
     (``savefig``); renamed to ``path`` on a clean exit, removed otherwise. The
     temporary name keeps ``path``'s suffix, from which such writers pick a format."""
+    problem = _file_problem(path)
+    if problem:
+        raise TwinError(f"{path}: {problem}")
     path = Path(path)
     tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
     try:
