@@ -190,7 +190,7 @@ def test_twin_provision_exports_its_best_split(tmp_path, capsys):
         (["plan", "disagg", "--convergence", "250,500", "--export-dynamo", "x.yaml"],
          "twin plan: --export-*: exports one deployment; not with --convergence"),
         (["provision", "disagg", "--export-llm-d", "/nonexistent/dir/v.yaml"],
-         "/nonexistent/dir/v.yaml: cannot write"),
+         "--export-llm-d: '/nonexistent/dir/v.yaml': no folder '/nonexistent/dir'"),
     ],
 )  # fmt: skip
 def test_bad_exports_fail_before_the_search(capsys, argv, message):

@@ -65,7 +65,7 @@ def _refused(capsys, argv: list[str], message: str) -> None:
         (".", "'.' names a folder; expected a file name"),
         ("sub", "'sub' is a folder; expected a file name"),
         ("newdir/", "'newdir/' names a folder; expected a file name"),
-        ("missing/x.out", "missing/x.out: cannot write: No such file or directory"),
+        ("missing/x.out", "'missing/x.out': no folder 'missing'; create it first"),
     ],
 )
 def test_a_bad_output_file_is_refused_before_the_command(no_work, capsys, cmd, flag, path, why):
@@ -138,7 +138,7 @@ def test_the_writers_refuse_a_folder_in_one_line(tmp_path):
 
 
 def test_an_unwritable_json_is_found_before_the_simulation(no_work, capsys):
-    _refused(capsys, ["run", "quickstart", "--json", "nowhere/out.json"], "--json: nowhere/out")
+    _refused(capsys, ["run", "quickstart", "--json", "nowhere/out.json"], "no folder 'nowhere'")
 
 
 def test_an_output_in_an_existing_folder_is_written(tmp_path, capsys):

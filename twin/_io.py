@@ -1,9 +1,12 @@
 """Reading and writing files the way every command does.
 
-Reading: :func:`read_text` decodes UTF-8 (a leading byte-order mark is
-dropped) and turns an unreadable file or bytes that are not UTF-8 into one
-:class:`~twin.errors.TwinError` line naming the file, the line and the byte.
-:func:`not_utf8` gives that message for a reader that streams a file itself.
+Reading: every reader of the project (CSV, JSON, JSONL, YAML) reads through
+here: :func:`read_text` (a whole file), :func:`decode_text` (bytes already
+read), :func:`open_text` (streamed) and :func:`read_csv` (a table). All
+decode :data:`ENCODING`, UTF-8 with a leading byte-order mark dropped, and
+turn an unreadable file or bytes that are not UTF-8 into one
+:class:`~twin.errors.TwinError` line naming the file, the line and the byte
+(:func:`not_utf8` gives that message).
 
 Writing: :func:`atomic_write` writes to a temporary name in the target's
 folder and renames it over the target only when the block ends without an
@@ -16,6 +19,8 @@ leaves nothing behind.
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -24,7 +29,9 @@ from typing import IO, Any
 
 from twin.errors import TwinError
 
-_BOM = "\ufeff"
+ENCODING = "utf-8-sig"
+"""How every file is read: UTF-8, a leading byte-order mark (which spreadsheet
+programs and Windows editors write) dropped; written files carry none."""
 
 
 def not_utf8(path: str | Path) -> str:
@@ -67,20 +74,62 @@ def read_text(path: str | Path, what: str = "file", error: type[TwinError] = Twi
     except OSError as e:
         raise error(f"{path}: cannot read {what}: {e.strerror}") from None
     try:
-        text = data.decode("utf-8")
+        return data.decode(ENCODING)
     except UnicodeDecodeError:
         raise error(not_utf8(path)) from None
-    return text[1:] if text.startswith(_BOM) else text
 
 
 def decode_text(data: bytes, where: str, error: type[TwinError] = TwinError) -> str:
     """:func:`read_text` for bytes already read from ``where``."""
     try:
-        text = data.decode("utf-8")
+        return data.decode(ENCODING)
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise error(f"{where}: line {line}: {_bad_byte(data, e.start)}") from None
-    return text[1:] if text.startswith(_BOM) else text
+
+
+@contextmanager
+def open_text(
+    path: str | Path, what: str = "file", error: type[TwinError] = TwinError
+) -> Iterator[IO[str]]:
+    """``path`` open for reading a line at a time, as :func:`read_text` reads
+    it (lines end as in the file: ``newline=""``, what the csv module wants);
+    ``error`` when it cannot be opened or, while read, holds bytes that are not
+    UTF-8."""
+    try:
+        f = open(path, encoding=ENCODING, newline="")  # noqa: SIM115 - closed below
+    except OSError as e:
+        raise error(f"{path}: cannot read {what}: {e.strerror}") from None
+    with f:
+        try:
+            yield f
+        except UnicodeDecodeError:
+            raise error(not_utf8(path)) from None
+
+
+def read_csv(
+    path: str | Path, what: str = "CSV", error: type[TwinError] = TwinError
+) -> tuple[list[str], list[list[str]]]:
+    """The header and the rows of a CSV file (blank lines skipped); ``error``
+    naming the file and the line for an empty file, a row with more or fewer
+    cells than the header, or text the csv module refuses."""
+    reader = csv.reader(io.StringIO(read_text(path, what, error), newline=""))
+    rows = []
+    try:
+        header = next(reader, None)
+        if header is None:
+            raise error(f"{path}: empty; expected a {what} with a header line")
+        for row in reader:
+            if row and len(row) != len(header):
+                raise error(
+                    f"{path}: line {reader.line_num}: {len(row)} cells; the header "
+                    f"(line 1) has {len(header)}"
+                )
+            if row:
+                rows.append(row)
+    except csv.Error as e:
+        raise error(f"{path}: line {reader.line_num}: not valid CSV ({e})") from None
+    return header, rows
 
 
 def _file_problem(path: str | Path) -> str | None:
@@ -138,6 +187,9 @@ def check_outputs(
         for what, source in inputs:
             if _same_file(path, source):
                 raise TwinError(f"{flag}: {path!r} is the input {what}; an output cannot be it")
+        folder = Path(path).parent
+        if not folder.is_dir():
+            raise TwinError(f"{flag}: {path!r}: no folder {str(folder)!r}; create it first")
         try:
             AtomicFile(path).discard()
         except TwinError as e:
