@@ -297,7 +297,7 @@ def _native_int(where: str, line: int, row: dict[str, str], col: str, low: int) 
     raw = row[col]
     try:
         value = int(raw)
-    except (TypeError, ValueError):
+    except ValueError:
         raise ProfileError(
             f"{where}: line {line}: column {col}: {raw!r} is not an integer; expected >= {low}"
         ) from None
@@ -306,9 +306,9 @@ def _native_int(where: str, line: int, row: dict[str, str], col: str, low: int) 
     return value
 
 
-def _native_time(where: str, line: int, raw: str | None) -> float:
+def _native_time(where: str, line: int, raw: str) -> float:
     try:
-        value = float(raw) if raw is not None else math.nan  # None: a short row
+        value = float(raw)
     except ValueError:
         value = math.nan
     if not 0 < value < math.inf:
@@ -341,6 +341,9 @@ def read_native(
     if not rows:
         raise ProfileError(f"{where}: no rows; expected a prefill or decode time per line")
     for line, r in rows:
+        if None in r or None in r.values():  # DictReader: cells past the header, or short of it
+            cells = len(cols) + len(r.get(None) or ()) - sum(v is None for v in r.values())
+            raise ProfileError(f"{where}: line {line}: {cells} cells; the header has {len(cols)}")
         b, n, c = (_native_int(where, line, r, col, low) for col, low in _NATIVE_INTS)
         t = _native_time(where, line, r["time_s"])
         if r["phase"] == "prefill":
