@@ -181,7 +181,10 @@ def test_vs_command_quotes_the_path():
         (["--repeat", "0"], "--repeat: 0 must be >= 1"),
         (["--sizes", "10", "--vs", " "], "--vs: the command is empty"),
         (["--sizes", "10", "--vs", "exit 3", "--config", "colocated"], "exited with status 3"),
-        (["--json", "/nonexistent/dir/x.json"], "/nonexistent/dir/x.json: cannot write"),
+        (
+            ["--json", "/nonexistent/dir/x.json"],
+            "'/nonexistent/dir/x.json': no folder '/nonexistent/dir'",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(capsys, args, message):

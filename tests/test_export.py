@@ -190,7 +190,7 @@ def test_twin_provision_exports_its_best_split(tmp_path, capsys):
         (["plan", "disagg", "--convergence", "250,500", "--export-dynamo", "x.yaml"],
          "twin plan: --export-*: exports one deployment; not with --convergence"),
         (["provision", "disagg", "--export-llm-d", "/nonexistent/dir/v.yaml"],
-         "/nonexistent/dir/v.yaml: cannot write"),
+         "--export-llm-d: '/nonexistent/dir/v.yaml': no folder '/nonexistent/dir'"),
     ],
 )  # fmt: skip
 def test_bad_exports_fail_before_the_search(capsys, argv, message):
@@ -272,3 +272,16 @@ def test_an_instance_that_splits_unevenly_over_nodes_is_refused():
     dep = _wide_ep(decode=Role(1, 1, 1, ep=12, dp=12))
     with pytest.raises(TwinError, match="12 GPUs .* nodes of 8"):
         dynamo_yaml(dep)
+
+
+def test_a_failed_plan_leaves_no_export_file(tmp_path, capsys):
+    """The export files are written once the plan exists, never opened before."""
+    spec = yaml.safe_load((Path(__file__).parents[1] / "experiments" / "disagg.yaml").read_text())
+    del spec["slo"]  # the plan stops: goodput needs an SLO
+    path = tmp_path / "noslo.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    dyn, llmd = tmp_path / "dynamo.yaml", tmp_path / "values.yaml"
+    argv = ["plan", str(path), "--export-dynamo", str(dyn), "--export-llm-d", str(llmd)]
+    assert main(argv) == 2
+    assert "slo: no ttft or tpot given" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["noslo.yaml"]

@@ -231,7 +231,7 @@ def test_requests_parquet_errors_are_one_line(tmp_path, capsys):
     good = tmp_path / "r.parquet"
     bad_csv = str(tmp_path / "no" / "r.csv")
     assert main(["run", spec, "--requests-parquet", str(good), "--requests-csv", bad_csv]) == 2
-    assert "r.csv: cannot write" in capsys.readouterr().err and not good.exists()
+    assert "r.csv': no folder" in capsys.readouterr().err and not good.exists()
 
 
 SWEEP = {

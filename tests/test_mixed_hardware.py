@@ -113,3 +113,31 @@ def test_a_topology_names_the_template_of_each_node():
     assert topo.templates == ("h100", "pcap")
     single = load_topology("dgx-h100-ib400", nodes=2)
     assert single.templates == ("node",) and single.template_of(1) == "node"
+
+
+def _twin_templates() -> dict[str, Any]:
+    """Two node templates of the same GPU (700 W each): a power budget of
+    700 W x N is a budget of N GPUs."""
+    data = mixed_data({"instances": 1, "template": "h100"}, {"instances": 1, "template": "pcap"})
+    data["cluster"]["topology"]["templates"]["pcap"]["gpu"] = "h100-sxm"
+    return data
+
+
+def test_a_power_and_a_gpu_budget_skip_the_same_splits():
+    data, gpus = _twin_templates(), 16  # 1:3 and 3:1 do not fit a template's 8 GPUs
+    by_gpus = provision(data, "mixed.yaml", Path.cwd(), gpus=gpus, sample=40, replicates=1)
+    by_power = provision(data, "mixed.yaml", Path.cwd(), power_w=700 * gpus, sample=40,
+                         replicates=1)  # fmt: skip
+    assert by_power.left_out == by_gpus.left_out != []
+    assert [(c.prefill, c.decode) for c in by_power.candidates] == [
+        (c.prefill, c.decode) for c in by_gpus.candidates
+    ]
+
+
+@pytest.mark.parametrize("budget", [{"gpus": 24}, {"power_w": 700 * 24}])
+def test_a_budget_no_split_of_which_fits_says_so(budget):
+    with pytest.raises(SpecError) as e:
+        provision(_twin_templates(), "mixed.yaml", Path.cwd(), sample=40, replicates=1, **budget)
+    msg = str(e.value)
+    assert msg.startswith("a budget of ") and "none of its 5 splits fits the topology" in msg
+    assert "1:5: mixed.yaml: cluster.decode.template: 5 decode instances" in msg

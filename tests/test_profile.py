@@ -191,3 +191,46 @@ def test_calibrate_bad_input(tmp_path, capsys):
         assert main(["calibrate", *args]) == 2
         err = capsys.readouterr().err
         assert err.startswith("twin: error: ") and msg in err and err.count("\n") == 1, err
+
+
+GOOD_ROWS = [
+    "prefill,1,512,0,0.050", "prefill,1,1024,0,0.090", "prefill,4,512,0,0.160",
+    "decode,1,1,512,0.020", "decode,1,1,2048,0.024", "decode,8,1,512,0.022",
+    "decode,8,1,2048,0.030",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([*GOOD_ROWS, "prefill,1,256,0,0"], "line 9: column time_s: '0'; expected a time"),
+        ([*GOOD_ROWS, "prefill,1,256,0,-0.01"], "line 9: column time_s: '-0.01'; expected"),
+        ([*GOOD_ROWS, "prefill,1,256,0,nan"], "line 9: column time_s: 'nan'; expected"),
+        ([*GOOD_ROWS, "decode,1,1,256,inf"], "line 9: column time_s: 'inf'; expected"),
+        ([*GOOD_ROWS, "decode,1,1,256"], "line 9: 4 cells; the header has 5"),
+        ([*GOOD_ROWS, "decode,1,1,256,0.1,9"], "line 9: 6 cells; the header has 5"),
+        ([*GOOD_ROWS, "prefill,0,256,0,0.01"], "line 9: column batch_size: 0 must be >= 1"),
+        (["prefill,1,-256,0,0.01", *GOOD_ROWS], "line 2: column tokens: -256 must be >= 1"),
+        ([*GOOD_ROWS, "decode,1,1,-5,0.01"], "line 9: column context: -5 must be >= 0"),
+        ([*GOOD_ROWS, "decode,1,x,5,0.01"], "line 9: column tokens: 'x' is not an integer"),
+        ([], "no rows; expected a prefill or decode time per line"),
+        (["prefill,1,512,0,0.05"], "1 point(s) for 5 terms"),
+        (GOOD_ROWS[:5], "5 point(s) for 5 terms"),
+    ],
+)  # fmt: skip
+def test_calibrate_refuses_a_bad_table_in_one_line(tmp_path, capsys, rows, message):
+    path = tmp_path / "t.csv"
+    path.write_text("".join(f"{r}\n" for r in ["phase,batch_size,tokens,context,time_s", *rows]))
+    assert main(["calibrate", "--profile", str(path), "--model", "llama-3.1-8b",
+                 "--gpu", "h100-sxm"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert err.startswith("twin: error: ") and err.count("\n") == 1, err
+    assert str(path.name) in err and message in err, err
+
+
+def test_calibrate_fits_as_few_points_as_it_fits_terms_plus_one(tmp_path, capsys):
+    path = tmp_path / "t.csv"
+    path.write_text("phase,batch_size,tokens,context,time_s\n" + "\n".join(GOOD_ROWS[:2]) + "\n")
+    argv = ["calibrate", "--profile", str(path), "--model", "llama-3.1-8b", "--gpu", "h100-sxm"]
+    assert main([*argv, "--fit", "mfu"]) == 0
+    assert "mfu" in capsys.readouterr().out

@@ -220,3 +220,28 @@ def test_the_report_renders_in_chromium_and_its_tables_sort(sweep, tmp_path):
     ids = [r[0] for r in page.tables["runs"][1]]
     assert ids == sorted((r["run_id"] for r in rows), reverse=True)
     assert page.attrs_of["runs"]["data-sorted"] == "run_id:desc"
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda lines: [lines[0], lines[1] + ",extra", *lines[2:]],
+         "runs.csv: line 2: {n1} cells; the header (line 1) has {n}"),
+        (lambda lines: [*lines[:3], lines[3].rsplit(",", 2)[0], *lines[4:]],
+         "runs.csv: line 4: {n2} cells; the header (line 1) has {n}"),
+        (lambda lines: [], "runs.csv: empty; expected a CSV with a header line"),
+        (lambda lines: lines[:1], "runs.csv: a header and no runs"),
+    ],
+)  # fmt: skip
+def test_a_ragged_or_empty_runs_csv_is_one_error_naming_the_line(
+    sweep, tmp_path, capsys, edit, message
+):
+    d, _ = sweep
+    lines = (d / "runs.csv").read_text().splitlines()
+    n = len(lines[0].split(","))
+    (tmp_path / "runs.csv").write_text("".join(f"{x}\n" for x in edit(lines)))
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"twin: error: {tmp_path / 'runs.csv'}: ")
+    assert message.format(n=n, n1=n + 1, n2=n - 2) in err, err
+    assert not (tmp_path / "report.html").exists()

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from twin import _version
-from twin._io import AtomicFile
+from twin._io import AtomicFile, check_outputs
 from twin._threads import one_blas_thread
 from twin.errors import TwinError
 from twin.sim.summary import format_summary
@@ -51,10 +51,41 @@ def _write_json(path: str, doc: dict[str, Any]) -> None:
         f.write("\n")
 
 
-def _json_first(args: argparse.Namespace) -> None:
-    """Fail on an unwritable ``--json PATH`` before the work, not after it."""
-    if getattr(args, "json", None) not in (None, "-"):
-        _open_out(args.json).discard()
+# The flags naming a file a command writes (each command has some of them).
+_OUTPUT_FILES = (
+    ("json", "--json"), ("requests_csv", "--requests-csv"),
+    ("requests_parquet", "--requests-parquet"), ("links_csv", "--links-csv"),
+    ("trace_out", "--trace-out"), ("timeline_csv", "--timeline-csv"),
+    ("export_dynamo", "--export-dynamo"), ("export_llm_d", "--export-llm-d"), ("png", "--png"),
+)  # fmt: skip
+# --out names a folder for these commands, a file for the others (report, profile).
+_OUT_FOLDER = frozenset({"sweep", "goodput", "plot"})
+# The arguments naming files a command reads: an output may not overwrite one.
+_INPUTS = (
+    ("spec", "SPEC"), ("against", "--against"), ("profile", "--profile"),
+    ("requests", "--requests"), ("trace", "--trace"), ("timeline", "--timeline"),
+    ("compare", "--compare"), ("topology", "NAME|PATH"), ("model", "MODEL"),
+    ("model_opt", "--model"), ("workload", "--workload"),
+)  # fmt: skip
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every output path of the command, checked before it runs (see
+    :func:`twin._io.check_outputs`): one line naming the flag, not a
+    traceback or an error after the work."""
+    files = [(flag, getattr(args, dest, None)) for dest, flag in _OUTPUT_FILES]
+    files = [(flag, v) for flag, v in files if isinstance(v, str)]  # validate: --json is a switch
+    folders: list[tuple[str, str | None]] = []
+    out = getattr(args, "out", None)
+    if isinstance(out, str):
+        (folders if args.command in _OUT_FOLDER else files).append(("--out", out))
+    inputs: list[tuple[str, str]] = []
+    for dest, what in _INPUTS:
+        value = getattr(args, dest, None)
+        for path in value if isinstance(value, list) else [value]:
+            if isinstance(path, str) and Path(path).is_file():
+                inputs.append((what, path))
+    check_outputs(files, folders, inputs)
 
 
 def _json_option(p: argparse.ArgumentParser, what: str) -> None:
@@ -126,10 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.trace_out:
         from twin.sim.trace import TraceRecorder
 
-        _open_out(args.trace_out).discard()  # fail before the run, not after it
         recorder = TraceRecorder()
-    if args.timeline_csv:
-        _open_out(args.timeline_csv).discard()  # fail before the run, not after it
     # The simulation's modules load once the spec is known to be good.
     from twin.sim.metrics import REQUEST_COLUMNS
     from twin.sim.simulation import Simulation
@@ -390,7 +418,6 @@ def cmd_provision(args: argparse.Namespace) -> int:
         if not 0 < args.gpus <= MAX_GPUS:
             raise TwinError(f"twin provision: --gpus: {args.gpus}; expected 1 to {MAX_GPUS:,}")
     _sample_args(args, "provision")
-    _json_first(args)
     executor = _executor(args)
 
     def one(n: int) -> Any:
@@ -437,14 +464,10 @@ def _export_options(p: argparse.ArgumentParser) -> None:
 
 
 def _export_args_check(args: argparse.Namespace, cmd: str) -> None:
-    """Refuse an export with --convergence, and unwritable files, before the search."""
-    if not (args.export_dynamo or args.export_llm_d):
-        return
-    if args.convergence:
+    """Refuse an export with --convergence before the search (the files were
+    checked with every output, by _check_outputs)."""
+    if (args.export_dynamo or args.export_llm_d) and args.convergence:
         raise TwinError(f"twin {cmd}: --export-*: exports one deployment; not with --convergence")
-    from twin.studies.export import check_writable
-
-    check_writable(args.export_dynamo, args.export_llm_d)
 
 
 def _sample_args(args: argparse.Namespace, cmd: str) -> None:
@@ -489,7 +512,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _sample_args(args, "plan")
     if args.target_rate is not None and not args.target_rate > 0:
         raise TwinError(f"twin plan: --target-rate: {args.target_rate} must be > 0")
-    _json_first(args)
     executor = _executor(args)
     text, where, base_dir = read_spec_text(args.spec)
     data = parse_yaml(text, where)
@@ -734,7 +756,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     repeat = args.repeat if args.repeat is not None else (3 if args.vs is not None else 1)
     if repeat < 1:
         raise TwinError(f"--repeat: {repeat} must be >= 1")
-    _json_first(args)  # fail before the runs, not after them
     rows = bench(sizes, configs, repeat, vs=args.vs)
     if args.json:
         _write_json(args.json, {"rows": rows})
@@ -749,8 +770,6 @@ def cmd_topo(args: argparse.Namespace) -> int:
 
     if args.nodes is not None and args.nodes <= 0:
         raise TwinError(f"twin topo: --nodes: {args.nodes} must be a positive integer")
-    if args.png:
-        _open_out(args.png).discard()  # fail before the drawing, not after it
     topo = load_topology(args.topology, nodes=args.nodes)
     if args.json:
         from twin.net.report import describe
@@ -1287,6 +1306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = build_parser()
         args = parser.parse_args(argv)
+        _check_outputs(args)
         return int(args.func(args))
     except TwinError as e:
         msg = " ".join(str(e).split("\n"))

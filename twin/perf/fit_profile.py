@@ -192,6 +192,14 @@ def fit_tables(tables: Sequence[Table], fit: Sequence[str] = DEFAULT_FIT) -> Fit
     """Fit ``fit`` to ``tables``; in-sample and leave-one-out errors (see the module)."""
     if not tables:
         raise TwinError("twin calibrate --profile: no table")
+    terms, points = _check_fit(fit), sum(len(t.source.points) for t in tables)
+    if points <= len(terms):  # a fit leaving a point out still has one per term
+        raise TwinError(
+            f"twin calibrate --profile: {'; '.join(t.source.name for t in tables)}: {points} "
+            f"point(s) for {len(terms)} terms ({', '.join(terms)}); the fit and its leave-one-out "
+            f"check need at least {len(terms) + 1}: measure more (twin profile) or fit fewer "
+            "(--fit)"
+        )
     f = _Fitter(tables, fit)
     x = f.run()
     p = f.params(x)

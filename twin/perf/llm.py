@@ -39,6 +39,7 @@ from types import MappingProxyType
 from typing import Any
 
 from twin._check import check_keys, entry, is_int, positive_int
+from twin._io import read_text
 from twin.errors import SpecError, UnknownNameError
 
 _DTYPE_BYTES: Mapping[str, int] = MappingProxyType(
@@ -781,12 +782,12 @@ def model_from_arg(value: str, where: str) -> ModelSpec:
         doc = yamlio.load_text(text, where_map)
     elif text.endswith((".yaml", ".yml")) or Path(text).is_file():
         where_map = f"{where} {text}"
+        if not Path(text).exists():
+            raise SpecError(f"{where}: {text}: no such model file")
         try:
-            raw = Path(text).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise SpecError(f"{where}: {text}: no such model file") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise SpecError(f"{where}: {text}: cannot read: {e}") from None
+            raw = read_text(text, "model file", SpecError)
+        except SpecError as e:
+            raise SpecError(f"{where}: {e}") from None
         doc = yamlio.load_text(raw, where_map)
         if isinstance(doc, Mapping) and set(doc) >= {"model"} and "layers" not in doc:
             doc, where_map = doc["model"], f"{where_map}: model"  # a spec with an inline model

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twin._io import read_text
 from twin.errors import TwinError
 from twin.perf.iteration import Batch
 from twin.perf.llm import ModelSpec
@@ -505,8 +506,8 @@ def read_sidecar(table: Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
+        doc = json.loads(read_text(path, "profile sidecar"))
+    except ValueError as e:
         raise TwinError(f"{path}: not a profile sidecar ({e})") from None
     if not isinstance(doc, dict):
         raise TwinError(f"{path}: not a profile sidecar (a JSON object expected)")

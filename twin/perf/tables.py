@@ -288,6 +288,37 @@ class ProfileTable:
         return cls(f"profile:{Path(path).name}", sha, prefill, decode, pp=pp)
 
 
+# The integer columns of a native table and their least values: a batch holds
+# a sequence or more, a row times a token or more, a context is never negative.
+_NATIVE_INTS = (("batch_size", 1), ("tokens", 1), ("context", 0))
+
+
+def _native_int(where: str, line: int, row: dict[str, str], col: str, low: int) -> int:
+    raw = row[col]
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ProfileError(
+            f"{where}: line {line}: column {col}: {raw!r} is not an integer; expected >= {low}"
+        ) from None
+    if value < low:
+        raise ProfileError(f"{where}: line {line}: column {col}: {value} must be >= {low}")
+    return value
+
+
+def _native_time(where: str, line: int, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise ProfileError(
+            f"{where}: line {line}: column time_s: {raw!r}; expected a time in seconds, "
+            "finite and > 0"
+        )
+    return value
+
+
 def read_native(
     path: Path, *, where: str = ""
 ) -> tuple[dict[tuple[int, int], float], dict[tuple[int, int], float], str]:
@@ -298,19 +329,23 @@ def read_native(
     cols = ["phase", "batch_size", "tokens", "context", "time_s"]
     prefill: dict[tuple[int, int], list[float]] = {}
     decode: dict[tuple[int, int], list[float]] = {}
-    reader = csv.DictReader(io.StringIO(decode_text(data, where, ProfileError)))
+    reader = csv.DictReader(io.StringIO(decode_text(data, where, ProfileError), newline=""))
+    rows = []
     try:
-        rows = list(reader)
+        for r in reader:
+            rows.append((reader.line_num, r))
     except csv.Error as e:
         raise ProfileError(f"{where}: line {reader.line_num}: not valid CSV ({e})") from None
     if reader.fieldnames is None or list(reader.fieldnames) != cols:
         raise ProfileError(f"{where}: header {reader.fieldnames!r}; expected {','.join(cols)}")
-    for line, r in enumerate(rows, start=2):
-        try:
-            b, n, c, t = (int(r["batch_size"]), int(r["tokens"]), int(r["context"]),
-                          float(r["time_s"]))  # fmt: skip
-        except (ValueError, TypeError):
-            raise ProfileError(f"{where}: line {line}: bad number in {r!r}") from None
+    if not rows:
+        raise ProfileError(f"{where}: no rows; expected a prefill or decode time per line")
+    for line, r in rows:
+        if None in r or None in r.values():  # DictReader: cells past the header, or short of it
+            cells = len(cols) + len(r.get(None) or ()) - sum(v is None for v in r.values())
+            raise ProfileError(f"{where}: line {line}: {cells} cells; the header has {len(cols)}")
+        b, n, c = (_native_int(where, line, r, col, low) for col, low in _NATIVE_INTS)
+        t = _native_time(where, line, r["time_s"])
         if r["phase"] == "prefill":
             prefill.setdefault((b, n), []).append(t)
         elif r["phase"] == "decode":

@@ -45,6 +45,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from twin._io import read_text
 from twin._progress import Progress
 from twin._threads import one_blas_thread, user_env
 from twin.errors import TwinError
@@ -225,7 +226,7 @@ def _measure(argv: list[str], env: dict[str, str] | None, what: str) -> Usage:
         if rc != 0 or not report.is_file():
             tail = stderr.strip().splitlines()[-1:]
             raise TwinError(f"{what}: could not be started: {tail[0] if tail else rc}")
-        u = json.loads(report.read_text(encoding="utf-8"))
+        u = json.loads(read_text(report))
     if u["status"] != 0:
         tail = stderr.strip().splitlines()[-1:]
         why = tail[0] if tail else "no message"

@@ -55,6 +55,7 @@ from typing import Any
 import yaml
 
 from twin import _version
+from twin._io import write_text
 from twin.errors import TwinError
 from twin.perf.llm import HF_IDS
 from twin.request import Request
@@ -447,25 +448,12 @@ def llm_d_yaml(d: Deployment) -> str:
     return header(d, "llm-d ModelService Helm values (helm install -f)") + _dump(doc)
 
 
-def check_writable(*paths: str | None) -> None:
-    """Fail before a long search, not after it, on a file that cannot be written."""
-    for path in paths:
-        if path:
-            try:
-                with open(path, "a", encoding="utf-8"):
-                    pass
-            except OSError as e:
-                raise TwinError(f"{path}: cannot write: {e.strerror}") from None
-
-
 def write_exports(d: Deployment, dynamo: str | None, llm_d: str | None) -> list[str]:
-    """Write the asked-for files; their paths."""
-    written = []
-    for path, text in ((dynamo, dynamo_yaml), (llm_d, llm_d_yaml)):
-        if path:
-            try:
-                Path(path).write_text(text(d), encoding="utf-8")
-            except OSError as e:
-                raise TwinError(f"{path}: cannot write: {e.strerror}") from None
-            written.append(path)
-    return written
+    """Write the asked-for files, each through :func:`twin._io.write_text`
+    once both are rendered (a deployment that cannot be exported leaves no
+    file); their paths."""
+    texts = [(path, render(d)) for path, render in ((dynamo, dynamo_yaml), (llm_d, llm_d_yaml))
+             if path]  # fmt: skip
+    for path, text in texts:
+        write_text(path, text)
+    return [path for path, _ in texts]

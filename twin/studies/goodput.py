@@ -44,9 +44,9 @@ from typing import Any
 import numpy as np
 
 from twin import _version
-from twin._io import atomic_write, write_text
+from twin._io import atomic_write, read_text, write_text
 from twin._progress import Progress
-from twin.errors import SpecError
+from twin.errors import SpecError, TwinError
 from twin.request import Request
 from twin.sim.spec import ExperimentSpec, resolve_spec
 from twin.studies.compare import _set_path
@@ -159,9 +159,9 @@ class ProbeStore:
         if self.dir is None:
             return None
         try:
-            doc = json.loads((self.dir / f"{key}.json").read_text(encoding="utf-8"))
+            doc = json.loads(read_text(self.dir / f"{key}.json"))
             value = doc["attainment"]
-        except (OSError, ValueError, KeyError, TypeError):
+        except (TwinError, ValueError, KeyError, TypeError):
             return None  # absent, or not whole: run it again
         return float(value) if isinstance(value, int | float) else None
 

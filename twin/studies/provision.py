@@ -442,8 +442,12 @@ def provision(
                 decode_group=ld,
             )
         )
-    if not out:
-        raise SpecError(left_out[0][2])
+    if not out:  # every split of the budget left out: say so, not as if the first one ended it
+        n_p, n_d, why = left_out[0]
+        raise SpecError(
+            f"a budget of {label}: none of its {len(left_out)} splits fits the topology, so "
+            f"none was searched (give a budget the topology holds); {n_p}:{n_d}: {why}"
+        )
     best = max(out, key=lambda c: (c.goodput_rps, -c.power_w, -c.prefill))
     warnings = sample_warnings(
         asked=sample, got=len(samples[0]), target=base.slo.target, replicates_asked=replicates,

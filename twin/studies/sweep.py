@@ -73,7 +73,7 @@ from typing import IO, Any
 import yaml
 
 from twin import _version
-from twin._io import atomic_write, remove_stale_tmp, write_text
+from twin._io import atomic_write, read_text, remove_stale_tmp, write_text
 from twin._progress import Progress
 from twin.errors import SpecError, TwinError
 from twin.sim.frames import flatten
@@ -492,8 +492,8 @@ def _done(path: Path, sha: str) -> dict[str, Any] | None:
     """The stored result at ``path`` if it is whole, of the spec ``sha`` and
     made by this very code (a changed model must not reuse old results)."""
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        doc = json.loads(read_text(path))
+    except (TwinError, ValueError):
         return None
     if not isinstance(doc, dict):
         return None

@@ -17,21 +17,9 @@ import io
 from pathlib import Path
 from typing import Any
 
+from twin._io import read_csv
 from twin.errors import TwinError
 from twin.sim import frames
-
-
-def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
-    try:
-        with open(path, encoding="utf-8", newline="") as f:
-            rows = list(csv.reader(f))
-    except OSError as e:
-        raise TwinError(f"{path}: cannot read: {e.strerror}") from None
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise TwinError(f"{path}: not a CSV file this tool wrote: {e}") from None
-    if not rows:
-        raise TwinError(f"{path}: empty (no header)")
-    return rows[0], rows[1:]
 
 
 def runs_columns(d: Path) -> tuple[dict[str, list[Any]], dict[str, str]]:
@@ -39,7 +27,7 @@ def runs_columns(d: Path) -> tuple[dict[str, list[Any]], dict[str, str]]:
     path = d / "runs.csv"
     if not path.is_file():
         raise TwinError(f"{d}: no runs.csv; not a sweep folder (twin sweep SPEC --out DIR)")
-    header, rows = _read_csv(path)
+    header, rows = read_csv(path, "runs.csv")
     return frames.parse_csv_columns(header, rows, text=("run_id", "label"))
 
 
@@ -68,7 +56,7 @@ def _request_rows(d: Path, run_id: str) -> dict[str, list[Any]] | None:
     csv_path = d / "requests" / f"{run_id}.csv"
     if not csv_path.is_file():
         return None
-    header, rows = _read_csv(csv_path)
+    header, rows = read_csv(csv_path, "per-request CSV")
     return frames.request_columns(dict(zip(header, r, strict=False)) for r in rows)
 
 

@@ -36,7 +36,6 @@ Agg canvas, so no display is needed and pyplot's global state is untouched.
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
 import sys
@@ -45,7 +44,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from twin._io import atomic_path, read_text
+from twin._io import atomic_path, read_csv, read_text
 from twin.errors import TwinError
 from twin.viz.style import PALETTE, PlotOptions, Styler, figure, grid, wrap
 
@@ -101,11 +100,8 @@ def _float(x: Any) -> float | None:
 
 
 def _read_csv(path: str | Path) -> list[dict[str, str]]:
-    text = read_text(path, "CSV")
-    try:
-        return list(csv.DictReader(io.StringIO(text, newline="")))
-    except csv.Error as e:
-        raise TwinError(f"{path}: not valid CSV ({e})") from None
+    header, rows = read_csv(path)
+    return [dict(zip(header, row, strict=True)) for row in rows]
 
 
 def _figure(width: float, height: float, opts: PlotOptions | None = None) -> Figure:
@@ -899,8 +895,8 @@ def _spec_slo(d: Path) -> dict[str, Any]:
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        data = yaml.safe_load(read_text(path, "spec")) or {}
+    except (TwinError, yaml.YAMLError):
         return {}
     slo = data.get("slo") if isinstance(data, dict) else None
     return slo if isinstance(slo, dict) else {}
@@ -1193,9 +1189,7 @@ def plot_kv_tier_occupancy(compare_json: str | Path, out_base: str | Path) -> li
 
 def _compare_runs(compare_json: str | Path) -> dict[str, Any]:
     try:
-        doc = json.loads(Path(compare_json).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise TwinError(f"{compare_json}: cannot read: {e.strerror}") from None
+        doc = json.loads(read_text(compare_json, "compare --json file"))
     except ValueError as e:
         raise TwinError(f"{compare_json}: not JSON: {e}") from None
     runs = doc.get("runs") if isinstance(doc, dict) else None

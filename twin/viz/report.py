@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from twin._io import read_text
 from twin.errors import TwinError
 from twin.viz.plots import (
     DEFAULT_TARGET,
@@ -175,8 +176,8 @@ def _run_docs(
         rid = r.get("run_id") or ""
         path = d / "runs" / f"{rid}.json"
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError):
+            doc = json.loads(read_text(path))
+        except (TwinError, ValueError):
             missing += 1
             continue
         header = doc.get("header") if isinstance(doc, dict) else None
@@ -217,6 +218,10 @@ def build_report(
     runs_csv, goodput_csv = d / "runs.csv", d / "goodput.csv"
     if not runs_csv.is_file() and not goodput_csv.is_file():
         raise TwinError(f"{d}: no runs.csv or goodput.csv; is it a twin sweep or goodput folder?")
+    rows = _read_csv(runs_csv) if runs_csv.is_file() else []
+    if runs_csv.is_file() and not rows:
+        raise TwinError(f"{runs_csv}: a header and no runs; expected a row per run (twin sweep)")
+    gp_rows = _read_csv(goodput_csv) if goodput_csv.is_file() else []
     opts = opts or PlotOptions()
     notes: list[str] = []
 
@@ -229,9 +234,9 @@ def build_report(
     spec: dict[str, Any] = {}
     if (d / "spec.yaml").is_file():
         try:
-            spec_text = (d / "spec.yaml").read_text(encoding="utf-8")
+            spec_text = read_text(d / "spec.yaml", "sweep spec")
             loaded = yaml.safe_load(spec_text)
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        except yaml.YAMLError as e:
             raise TwinError(f"{d / 'spec.yaml'}: cannot read: {e}") from None
         spec = loaded if isinstance(loaded, dict) else {}
     else:
@@ -239,8 +244,6 @@ def build_report(
     slo = spec.get("slo")
     slo = slo if isinstance(slo, dict) else {}
     target = _float(slo.get("target")) or DEFAULT_TARGET
-    rows = _read_csv(runs_csv) if runs_csv.is_file() else []
-    gp_rows = _read_csv(goodput_csv) if goodput_csv.is_file() else []
     figs = sweep_figures(d, opts, say)
     images = {name: _png(fig, opts) for name, fig in figs.items()}
     headers = _run_docs(d, rows, say) if rows else {}

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from twin._check import is_int
+from twin._io import read_text
 from twin.errors import SpecError, TraceError, UnknownNameError
 from twin.workload.traces import file_sha256, iter_trace, read_trace
 
@@ -230,7 +231,7 @@ class LengthTable:
         path = Path(path)
         meta: dict[str, str] = {}
         rows: list[tuple[float, float, float]] = []
-        for n, text in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        for n, text in enumerate(read_text(path, "length table", TraceError).splitlines(), 1):
             if text.startswith("#"):
                 key, _, value = text[1:].partition(":")
                 meta[key.strip()] = value.strip()

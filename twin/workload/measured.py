@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twin._io import decode_text
 from twin.errors import TraceError
 from twin.request import Request
 
@@ -99,7 +100,7 @@ def read_vllm(path: str | Path) -> MeasuredRun:
     p = Path(path)
     data = _bytes(p)
     try:
-        doc = json.loads(data)
+        doc = json.loads(decode_text(data, str(p), TraceError))
     except ValueError as e:
         raise TraceError(f"{p}: not one JSON object ({e}); an --append-result file holds "
                          "several: keep one") from None  # fmt: skip
@@ -167,7 +168,7 @@ def read_aiperf(path: str | Path) -> MeasuredRun:
     rows = []
     failed = 0
     starts: list[int] = []
-    for line_no, line in enumerate(data.decode(errors="replace").splitlines(), start=1):
+    for line_no, line in enumerate(decode_text(data, str(p), TraceError).splitlines(), start=1):
         if not line.strip():
             continue
         w = f"{p}: line {line_no}"
@@ -234,7 +235,7 @@ def detect(path: str | Path) -> str:
     """``aiperf`` when the first record is an object with ``metadata`` (and no vLLM lists),
     ``vllm`` for any other JSON object."""
     p = Path(path)
-    text = _bytes(p).decode(errors="replace").lstrip()
+    text = decode_text(_bytes(p), str(p), TraceError).lstrip()
     first = text.split("\n", 1)[0]
     try:
         doc = json.loads(first)

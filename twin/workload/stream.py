@@ -70,6 +70,7 @@ from twin._declare import (
     keys,
     seconds,
 )
+from twin._io import read_text
 from twin.bundled import spec_file
 from twin.errors import SpecError, TraceError
 from twin.request import Request
@@ -299,7 +300,7 @@ class WorkloadSpec:
     def from_yaml(cls, path: str | Path) -> WorkloadSpec:
         """Read the ``workload:`` mapping of a YAML file; paths relative to its folder."""
         path = Path(path)
-        doc = yamlio.load(path.read_text(encoding="utf-8"))
+        doc = yamlio.load(read_text(path, "workload", SpecError))
         if not isinstance(doc, Mapping) or "workload" not in doc:
             raise SpecError(f"{path}: expected a top-level 'workload:' mapping")
         return cls.from_mapping(doc["workload"], f"{path}: workload", path.parent)

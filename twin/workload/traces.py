@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from twin._check import is_int, is_number
-from twin._io import not_utf8
+from twin._io import open_text
 from twin.errors import TraceError, UnknownNameError
 
 MOONCAKE_BLOCK_TOKENS = 512
@@ -209,16 +209,10 @@ def _csv_rows(
     ``required``, in that order) for each data row; checks header and widths.
     Bytes that are not UTF-8 and rows the csv module refuses (a cell over its
     field limit, an unclosed quote at the end) are :class:`TraceError`."""
-    try:
-        f = open(path, newline="", encoding="utf-8-sig")
-    except OSError as e:
-        raise TraceError(f"{path}: cannot read trace: {e.strerror}") from None
-    with f:
+    with open_text(path, "trace", TraceError) as f:
         reader = csv.reader(f)
         try:
             yield from _csv_body(path, reader, required, take)
-        except UnicodeDecodeError:
-            raise TraceError(not_utf8(path)) from None
         except csv.Error as e:
             raise TraceError(
                 f"{path}: line {reader.line_num}: not a CSV row the reader accepts ({e}); "
@@ -341,16 +335,8 @@ def iter_mooncake(
     """Mooncake JSONL; ``timestamp`` ms -> s; ``hash_ids`` -> ``prefix_hashes``."""
     path = Path(path)
     mono = _Monotone(path, "timestamp")
-    try:
-        # utf-8-sig: a leading byte-order mark is dropped, as the CSV readers do
-        f = open(path, encoding="utf-8-sig")
-    except OSError as e:
-        raise TraceError(f"{path}: cannot read trace: {e.strerror}") from None
-    with f:
-        try:
-            yield from _mooncake_body(path, f, block_tokens, mono)
-        except UnicodeDecodeError:
-            raise TraceError(not_utf8(path)) from None
+    with open_text(path, "trace", TraceError) as f:
+        yield from _mooncake_body(path, f, block_tokens, mono)
 
 
 def _mooncake_body(path: Path, f: Any, block_tokens: int, mono: _Monotone) -> Iterator[TraceRecord]:
@@ -446,13 +432,8 @@ TIMED_FORMATS = frozenset({"azure", "mooncake", "splitwise", "vidur"})
 def detect_format(path: str | Path) -> str:
     """The format of a trace file, from its extension and first line."""
     path = Path(path)
-    try:
-        with open(path, encoding="utf-8-sig") as f:
-            first = f.readline(1 << 16).strip()  # a header, not a whole file without newlines
-    except OSError as e:
-        raise TraceError(f"{path}: cannot read trace: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise TraceError(not_utf8(path)) from None
+    with open_text(path, "trace", TraceError) as f:
+        first = f.readline(1 << 16).strip()  # a header, not a whole file without newlines
     if path.suffix in (".jsonl", ".json") or first.startswith("{"):
         return "mooncake"
     if not first:
