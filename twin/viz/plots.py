@@ -898,8 +898,10 @@ def _spec_slo(d: Path) -> dict[str, Any]:
         return {}
     import yaml
 
+    from twin import yamlio
+
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yamlio.load(path.read_text(encoding="utf-8")) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return {}
     slo = data.get("slo") if isinstance(data, dict) else None

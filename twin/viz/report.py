@@ -211,6 +211,8 @@ def build_report(
     what could not be drawn or read (the page lists it too)."""
     import yaml
 
+    from twin import yamlio
+
     d = Path(d)
     if not d.is_dir():
         raise TwinError(f"{d}: not a folder")
@@ -230,7 +232,7 @@ def build_report(
     if (d / "spec.yaml").is_file():
         try:
             spec_text = (d / "spec.yaml").read_text(encoding="utf-8")
-            loaded = yaml.safe_load(spec_text)
+            loaded = yamlio.load(spec_text)
         except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
             raise TwinError(f"{d / 'spec.yaml'}: cannot read: {e}") from None
         spec = loaded if isinstance(loaded, dict) else {}
