@@ -843,15 +843,18 @@ class Simulation:
             summary["kv_bytes_copied"] = self.pools.bytes_copied
             summary["kv_pool"] = self.pools.summary(self.metrics.prompt_tokens)  # per pool tier
         occupancy = None
+        timeline = self.metrics.timeline_rows()
         if self.tiers is not None:
             summary["kv_tiers"] = self.tiers.summary(self.metrics.prompt_tokens)
-            occupancy = self.tiers.occupancy(self.spec.window_s, self.metrics.last_end_s)
+            occupancy = self.tiers.occupancy(
+                self.spec.window_s, self.metrics.last_end_s,
+                [(r["start_s"], r["end_s"]) for r in timeline] or None,
+            )  # fmt: skip
             for name, series in occupancy.items():  # per timeline window
                 summary["kv_tiers"][name]["occupancy"] = {"window_s": self.spec.window_s, **series}
         if self.scaler.scaled or spec_scales(self.spec):
             summary["gpu_seconds"] = self.scaler.gpu_seconds(self.metrics.last_end_s)
         links = self.network.link_stats() if self.network is not None else []
-        timeline = self.metrics.timeline_rows()
         if occupancy is not None and timeline:  # the same windows: up to the last end
             for name, series in occupancy.items():
                 for row, mean in zip(timeline, series["mean_bytes"], strict=True):
