@@ -52,7 +52,6 @@ from typing import Any
 import simpy
 
 from twin._declare import BANDWIDTH, NONNEG_INT, choice, declared, nbytes, seconds, section
-from twin.errors import SpecError
 from twin.net.flows import Network
 from twin.net.topology import Topology
 from twin.serving.handoff import shard_flows
@@ -635,14 +634,11 @@ def build_chain(
 
 
 def build_remote(
-    keys: RemoteKeys, *, block_bytes: float, network: Network, topology: Topology, where: str
+    keys: RemoteKeys, *, block_bytes: float, network: Network, topology: Topology
 ) -> Tier:
     """The remote store tier of ``keys`` on ``topology``, shared by every
-    instance (blocks of ``block_bytes``); its bandwidths are the network's."""
-    if not 0 <= keys.node < topology.num_nodes:
-        raise SpecError(
-            f"{where}: node {keys.node!r}: the topology has nodes 0..{topology.num_nodes - 1}"
-        )
+    instance (blocks of ``block_bytes``); its bandwidths are the network's
+    (its node checked as the spec resolved: ``twin.sim.layout``)."""
     tier = Tier("remote", int(keys.capacity_bytes // block_bytes), math.inf, math.inf,
                 keys.latency_s)  # fmt: skip
     tier.store = RemoteStore(network, topology, keys.node)
