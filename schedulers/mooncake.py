@@ -90,8 +90,6 @@ class Mooncake(Scheduler, PicksDecode):
     )
 
     def __post_init__(self) -> None:
-        if self.early_rejection is False:  # YAML 1.1 reads a bare `off` as false
-            self.early_rejection = "off"
         if self.early_rejection not in EARLY_REJECTION:
             raise ValueError(
                 f"early_rejection: {self.early_rejection!r}; "

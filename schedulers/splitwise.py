@@ -75,6 +75,7 @@ while the cluster is idle are skipped, with the same decisions.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 from twin.request import Request
@@ -114,11 +115,9 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
     tick_on_change: bool = field(default=True, init=False, repr=False)
     _home: dict[int, Role] = field(default_factory=dict, init=False, repr=False)
     _moving: dict[int, Role] = field(default_factory=dict, init=False, repr=False)
-    # Token machine -> (when its KV is expected to land, blocks) of each request
-    # sent there whose blocks the machine may not have reserved yet.
-    _inflight: dict[int, list[tuple[float, int]]] = field(
-        default_factory=dict, init=False, repr=False
-    )
+    # Token machine -> the requests sent there whose blocks the machine may not
+    # have reserved yet.
+    _inflight: dict[int, _OnWay] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("prompt_token_limit", "mixed_threshold_tokens"):
@@ -166,7 +165,10 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
         now = view.now
         decode = self._pick_decode(need, now, pools)
         due = now + best.estimate_queue_s() + best.estimate_prefill_s(req.prompt_tokens)
-        self._inflight.setdefault(decode, []).append((due, need))
+        on_way = self._inflight.get(decode)
+        if on_way is None:
+            on_way = self._inflight[decode] = _OnWay()
+        on_way.add(due, need)
         return Route(best.id, decode)
 
     def _prompt_machine(
@@ -197,15 +199,7 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
     ) -> int:
         inflight = self._inflight
         for i, sent in list(inflight.items()):
-            for s in sent:
-                if s[0] <= now:
-                    break
-            else:
-                continue  # nothing of it has landed yet (most often)
-            kept = [s for s in sent if s[0] > now]
-            if kept:
-                inflight[i] = kept
-            else:
+            if not sent.land(now):
                 del inflight[i]
 
         _, token, mixed = pools
@@ -220,10 +214,9 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
                 free = inst.free_blocks
                 pending = inst.running_requests + inst.queue_requests
                 on_way = inflight.get(iid)
-                if on_way:
-                    pending += len(on_way)
-                    for _, b in on_way:
-                        free -= b
+                if on_way is not None:
+                    pending += len(on_way.due)
+                    free -= on_way.blocks
                 got = loads[iid] = (-free, pending, iid)
                 if free >= need and (best_load is None or got < best_load):
                     best_load = got
@@ -290,6 +283,30 @@ class Splitwise(Scheduler, PicksDecode, Ticks):
 
     def _out_of_memory(self, inst: InstanceView) -> bool:
         return inst.free_blocks <= self.token_free_threshold * inst.total_blocks
+
+
+class _OnWay:
+    """The requests sent to one token machine whose KV is still expected: the
+    time each is expected to land, soonest first (a heap), with its blocks;
+    and their blocks in all. Kept as requests are sent and land, so that a
+    pick costs the same however many are on their way."""
+
+    __slots__ = ("due", "blocks")
+
+    def __init__(self) -> None:
+        self.due: list[tuple[float, int]] = []
+        self.blocks = 0
+
+    def add(self, due: float, blocks: int) -> None:
+        heapq.heappush(self.due, (due, blocks))
+        self.blocks += blocks
+
+    def land(self, now: float) -> bool:
+        """Forget those expected by ``now``; whether any is still on its way."""
+        due = self.due
+        while due and due[0][0] <= now:
+            self.blocks -= heapq.heappop(due)[1]
+        return bool(due)
 
 
 def _pools(view: ClusterView) -> tuple[tuple[InstanceView, ...], ...]:

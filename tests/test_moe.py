@@ -276,7 +276,7 @@ def test_the_planner_prefers_expert_parallel_decode_for_deepseek():
             "no_overlap": 0.73,
         },  # fmt: skip
     }
-    spec = resolve_spec(data, "plan.yaml", Path.cwd())
+    spec = resolve_spec(data, "plan.yaml", Path.cwd(), place=False)  # the planner's template
     pl = _Planner(spec, replicate_samples(spec, 24, 1)[0], 8, 3, 200)
     # every layout of the node: only TP8 and the EP8 ones hold the weights
     dense = {(tp, pp): note for tp, pp, note in pl.configs()}
@@ -367,7 +367,7 @@ def _wide_plan_spec(nodes: int, tpot: str):
         },  # fmt: skip
         "slo": {"ttft": "30 s", "tpot": tpot},
     }
-    return resolve_spec(data, "plan.yaml", Path.cwd())
+    return resolve_spec(data, "plan.yaml", Path.cwd(), place=False)  # the planner's template
 
 
 def test_the_planner_takes_a_wide_ep_decode_where_no_node_holds_deepseek(monkeypatch):

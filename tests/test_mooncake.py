@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import schedulers.mooncake  # noqa: F401 - registers the policy when not installed
+from twin import yamlio
 from twin.request import Request
 from twin.scheduler import ClusterView, InstanceSnapshot, Objectives, Route, build_scheduler
 from twin.sim.simulation import Simulation
@@ -104,7 +105,10 @@ def test_the_queue_estimate_of_a_hand_built_instance():
 def test_parameters_are_checked():
     with pytest.raises(Exception, match="early_rejection: 'sometimes'"):
         policy(early_rejection="sometimes")
-    assert policy(early_rejection=False).early_rejection == "off"  # YAML's bare `off`
+    with pytest.raises(Exception, match="early_rejection: False"):
+        policy(early_rejection=False)
+    # a bare `off` in a spec is the string (specs are read with YAML 1.2 booleans)
+    assert policy(**yamlio.load("early_rejection: off")).early_rejection == "off"
 
 
 def spec(**over):

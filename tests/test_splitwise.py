@@ -287,3 +287,23 @@ def test_ticks_asleep_on_their_thresholds_decide_as_ticking_every_interval(sched
     assert watched.role_changes == every.role_changes
     assert every.role_changes and {i for _, i, _, _ in every.role_changes} <= set(lent)
     assert watched.control.tick_calls < every.control.tick_calls
+
+
+def test_what_is_on_its_way_to_a_token_machine_lands_as_a_list_would_say():
+    import random
+
+    from schedulers.splitwise import _OnWay
+
+    rng = random.Random(7)
+    way, plain = _OnWay(), []
+    now = 0.0
+    for _ in range(2000):
+        if rng.random() < 0.6:
+            due, blocks = now + rng.choice([0.0, rng.random()]), rng.randint(1, 50)
+            way.add(due, blocks)
+            plain.append((due, blocks))
+        else:
+            now += rng.random() * 0.3
+            plain = [s for s in plain if s[0] > now]
+            assert way.land(now) == bool(plain)
+            assert (len(way.due), way.blocks) == (len(plain), sum(b for _, b in plain))

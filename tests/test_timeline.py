@@ -139,7 +139,7 @@ def test_sealed_windows_give_the_rows_of_unsealed_ones(seed):
                             decode_start=a + 0.03, transfer=0.01 + i * 1e-4)  # fmt: skip
             else:
                 t.ended(a, float(time), str(kinds[i]))
-    windows = sealed._windows
+    windows = list(sealed._windows.values())
     assert sum(w.quantiles is not None for w in windows) >= len(windows) - 3
     assert sealed.rows(float(ends.max())) == plain.rows(float(ends.max()))
 
@@ -152,7 +152,7 @@ def test_a_run_seals_its_windows():
     # every window before the last arrival's is sealed: its requests all ended
     last = timeline._arriving
     assert last > 5 and len(rows) > last
-    assert all(w.quantiles is not None for w in timeline._windows[:last])
+    assert all(w.quantiles is not None for k, w in timeline._windows.items() if k < last)
 
 
 def test_a_bad_window_is_refused():

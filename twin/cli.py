@@ -517,7 +517,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     data = parse_yaml(text, where)
     apply_overrides(data, args.set or [])
     _compare_base(data, where, "plan")
-    spec = resolve_spec(data, where, base_dir)
+    spec = resolve_spec(data, where, base_dir, place=False)  # a template: its layout is searched
     _export_args_check(args, "plan")
     from twin.studies.goodput import require_slo
 

@@ -1,8 +1,13 @@
-"""YAML reading with YAML 1.2 numbers and no duplicate keys.
+"""YAML reading with YAML 1.2 numbers and booleans and no duplicate keys.
 
 PyYAML follows YAML 1.1, where ``8e9`` and ``1.5e9`` are strings (an exponent
 needs a dot and a sign there). People write them as numbers, so the loader
-here reads every YAML 1.2 float as a float.
+here reads every YAML 1.2 float as a float. YAML 1.1 also reads ``on``,
+``off``, ``yes``, ``no``, ``y`` and ``n`` as booleans, so a mapping with the
+keys ``on:`` and ``off:`` (a ``bursts`` rate schedule) would have the keys
+``True`` and ``False``; here, as in YAML 1.2, only ``true`` and ``false``
+(also ``True``, ``TRUE``, ``False``, ``FALSE``) are booleans, and the rest
+are strings.
 
 A mapping that gives one key twice is an error (YAML 1.2 requires unique
 keys; PyYAML would silently keep the last), so a spec never runs with a value
@@ -19,8 +24,9 @@ import yaml
 
 
 class Loader(yaml.SafeLoader):
-    """A safe loader that also reads ``8e9``, ``1.5e9`` and ``1e-4`` as floats
-    and refuses a key given twice in one mapping."""
+    """A safe loader that also reads ``8e9``, ``1.5e9`` and ``1e-4`` as floats,
+    takes only ``true``/``false`` as booleans and refuses a key given twice in
+    one mapping. Every YAML the project reads goes through it (:func:`load`)."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         if isinstance(node, yaml.MappingNode):
@@ -56,6 +62,18 @@ Loader.add_implicit_resolver(
         re.X,
     ),
     list("-+0123456789."),
+)
+
+
+_BOOL = "tag:yaml.org,2002:bool"
+# YAML 1.1's booleans out (in a table of this class's own) ...
+Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != _BOOL]
+    for first, resolvers in Loader.yaml_implicit_resolvers.items()
+}
+# ... and YAML 1.2's core schema booleans in.
+Loader.add_implicit_resolver(
+    _BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
 )
 
 

@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from twin.errors import SpecError, UnknownNameError
-from twin.perf.iteration import Batch, PerfModel
+from twin.perf.iteration import Batch
 from twin.request import Request
 from twin.serving.engine import Engine
+from twin.serving.queuecost import QueueCost
 from twin.serving.tiers import KVTiers
 
 
@@ -145,58 +146,10 @@ def placement_order(roles: Sequence[str], how: str) -> list[int]:
     return out + rest
 
 
-QUEUE_HORIZON_ITERATIONS = 256
-"""How many iterations' worth of queued tokens an instance view's queue
-estimate batches and prices one by one; the rest it prices at their rate."""
-
-
-def queue_iterations_s(
-    perf: PerfModel,
-    work: Sequence[tuple[int, int]],
-    max_batched_tokens: int,
-    *,
-    chunked: bool = False,
-    decode_count: int = 0,
-    decode_context_sum: int = 0,
-) -> list[float]:
-    """The time of each iteration that computes ``work``, one ``(new tokens,
-    cached tokens)`` pair per prompt in first-come order, batched as
-    :class:`~twin.serving.engine.Engine` batches prefills: without chunking,
-    whole prompts while they fit in ``max_batched_tokens`` (a longer one runs
-    alone); with ``chunked``, a budget of ``max_batched_tokens`` less the
-    ``decode_count`` running decodes, which ride along in every iteration.
-
-    NOTE: KV blocks and ``max_num_seqs`` are taken to admit every prompt as
-    its turn comes, and the decodes to stay as they are; a queue held back by
-    a full KV cache takes longer than this.
-    """
-    left = [list(w) for w in work]
-    decodes = decode_count if chunked else 0
-    out: list[float] = []
-    k = 0
-    while k < len(left):
-        budget = max(max_batched_tokens - decodes, 1)
-        chunks: list[tuple[int, int]] = []
-        while k < len(left) and budget > 0:
-            need, cached = left[k]
-            if not chunked and chunks and need > budget:
-                break
-            take = min(need, budget) if chunked else need
-            chunks.append((take, cached))
-            budget -= take
-            if take < need:  # the rest of this prompt leads the next iteration
-                left[k] = [need - take, cached + take]
-                break
-            k += 1
-        batch = Batch(tuple(chunks), decodes, decode_context_sum if decodes else 0)
-        out.append(perf.iteration_time(batch))
-    return out
-
-
 class EngineView:
     """The live, read-only :class:`twin.scheduler.InstanceView` of an engine."""
 
-    __slots__ = ("_engine", "_placement", "_fetch", "_tiers")
+    __slots__ = ("_engine", "_placement", "_fetch", "_tiers", "_queue")
 
     def __init__(
         self,
@@ -209,6 +162,7 @@ class EngineView:
         self._placement = placement
         self._fetch = fetch  # (instance, node, tokens, request) -> seconds
         self._tiers = tiers
+        self._queue = QueueCost()  # the queue estimate, kept as requests join
 
     @property
     def role(self) -> str:
@@ -281,42 +235,7 @@ class EngineView:
         return self._engine.perf.iteration_time(Batch((), count, context_sum))
 
     def estimate_queue_s(self) -> float:
-        e = self._engine
-        if not e.waiting and not e.prefilling:
-            return 0.0
-        e.sync()  # the decodes riding along, as stepping would show them now
-        cfg = e.config
-        work = [(s.prefill_len - s.prefilled, s.prefilled) for s in e.prefilling]
-        horizon = QUEUE_HORIZON_ITERATIONS * cfg.max_batched_tokens
-        new = sum(n for n, _ in work)
-        raw = computed = 0  # prompt tokens of the waiting ones priced, and of them to compute
-        for s in e.waiting:
-            if new >= horizon:
-                break
-            hit = max(e.cached_prefix_tokens(s.req), s.preloaded_tokens)
-            cached = min(hit, s.prefill_len - 1)
-            work.append((s.prefill_len - cached, cached))
-            new += s.prefill_len - cached
-            raw += s.prefill_len
-            computed += s.prefill_len - cached
-        decode_count, decode_context_sum = e.decode_load()
-        times = queue_iterations_s(
-            e.perf, work, cfg.max_batched_tokens, chunked=cfg.chunked_prefill,
-            decode_count=decode_count, decode_context_sum=decode_context_sum,
-        )  # fmt: skip
-        if e.prefilling:
-            # NOTE: the prompts being computed are in an iteration already under
-            # way; the view does not know since when, so it counts half of it
-            # (what an arrival at a random moment finds left on average).
-            times[0] /= 2
-        total = sum(times)
-        tail = e.waiting_tokens - raw  # prompt tokens past the horizon
-        if tail > 0 and raw > 0 and new > 0:
-            # NOTE: past the horizon the queue is priced at the priced part's
-            # seconds per computed token and share of tokens to compute, which
-            # keeps a long queue's estimate at O(horizon) work per call.
-            total += tail * (computed / raw) * (total / new)
-        return total
+        return self._queue.estimate_s(self._engine)
 
     def cached_prefix_tokens(self, req: Request) -> int:
         return self._engine.cached_prefix_tokens(req)

@@ -221,6 +221,9 @@ class Engine:
         self.on_prompt = on_prompt
         self.waiting: deque[Sequence] = deque()
         self.waiting_tokens = 0
+        # bumped by every change to the queue and the prompts being computed but
+        # a request joining the queue's back (what a queue estimate may keep)
+        self.queue_changes = 0
         # Every admitted sequence, in admission order (the last is the first victim).
         self.running: dict[int, Sequence] = {}
         self.prefilling: list[Sequence] = []  # admitted, prompt not fully computed
@@ -377,6 +380,7 @@ class Engine:
             self.watch.changed(self)
         self.life += 1
         self._wake = None  # the loops of this life wait for it: they never wake
+        self.queue_changes += 1
         self.waiting.clear()
         self.waiting_tokens = 0
         self.running.clear()
@@ -418,6 +422,7 @@ class Engine:
         KV waiting to move; everything it holds is freed."""
         rid = seq.req.id
         self._interrupt()
+        self.queue_changes += 1
         if rid in self.handoff:
             _, blocks, units = self.handoff.pop(rid)
             self.kv.release(blocks)
@@ -896,6 +901,7 @@ class Engine:
             if not self._fits(hits, need_blocks) or not self._make_room(hits, need_blocks):
                 break  # (evicted blocks still being written: tried again when they are)
             self.waiting.popleft()
+            self.queue_changes += 1
             self._waiting_moved(-s.prefill_len)
             kv.allocate(need_blocks)
             s.blocks = need_blocks
@@ -998,6 +1004,7 @@ class Engine:
         self._preempted = True
         s.prefill_len = s.req.prompt_tokens + s.generated
         s.prefilled = 0
+        self.queue_changes += 1
         self.waiting.appendleft(s)
         self._waiting_moved(s.prefill_len)
         self.observer.preempted(self.env.now, self.id, s.req)
@@ -1012,6 +1019,8 @@ class Engine:
             now = self.env.now
         if decoded:
             self._complete_decode_step(now)
+        if chunks:
+            self.queue_changes += 1  # the prompts computed moved on
         for s, n in chunks:
             if s.state == LOST:  # dropped during the iteration (its decode side failed)
                 continue

@@ -142,7 +142,7 @@ class PrefixCache:
 
     __slots__ = (
         "kv", "units", "cached_blocks", "evictable_blocks", "tiers", "writing_blocks",
-        "on_freed",
+        "on_freed", "changes",
     )  # fmt: skip
 
     def __init__(self, kv: BlockManager, tiers: TierChain | None = None) -> None:
@@ -155,6 +155,7 @@ class PrefixCache:
         self.evictable_blocks = 0
         self.writing_blocks = 0  # evicted, held until their write down ends
         self.on_freed: Any = None  # releases blocks held for a write, once it has ended
+        self.changes = 0  # units kept or evicted so far (what a match may have read)
 
     def match(self, hashes: Sequence[int]) -> int:
         """How many of ``hashes``, from the first, are cached."""
@@ -189,6 +190,7 @@ class PrefixCache:
             self.tiers.discard(h)
         self.units[h] = [1, blocks]
         self.cached_blocks += blocks
+        self.changes += 1
         return True
 
     def evict(self, free_target: int, *, hold: bool = True) -> None:
@@ -210,6 +212,7 @@ class PrefixCache:
         pending = 0  # this batch's blocks, held until written
         for h in [h for h, u in units.items() if u[0] == 0]:
             blocks = units.pop(h)[1]
+            self.changes += 1
             self.cached_blocks -= blocks
             self.evictable_blocks -= blocks
             gone.append((h, blocks))

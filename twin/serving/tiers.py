@@ -52,7 +52,6 @@ from typing import Any
 import simpy
 
 from twin._declare import BANDWIDTH, NONNEG_INT, choice, declared, nbytes, seconds, section
-from twin.errors import SpecError
 from twin.net.flows import Network
 from twin.net.topology import Topology
 from twin.serving.handoff import shard_flows
@@ -520,12 +519,20 @@ class KVTiers:
                     out.append(t)
         return out
 
-    def occupancy(self, window_s: float, end_s: float) -> dict[str, dict[str, list[float]]]:
+    def occupancy(
+        self, window_s: float, end_s: float, windows: Sequence[tuple[float, float]] | None = None
+    ) -> dict[str, dict[str, list[float]]]:
         """Per tier (DRAM, SSD), the bytes it holds summed over instances, per
         window ``[k window_s, (k+1) window_s)`` up to ``end_s`` (the last one
-        ends there, as the timeline's): ``mean_bytes`` (averaged over the
-        window's time) and ``peak_bytes`` (the most held at any instant of it)."""
-        n = max(1, math.ceil(end_s / window_s))
+        ends there, as the timeline's), or per ``(start, end)`` of ``windows``
+        (one after the other from 0 to ``end_s``: the timeline's rows):
+        ``mean_bytes`` (averaged over the window's time) and ``peak_bytes``
+        (the most held at any instant of it)."""
+        if windows is None:
+            n = max(1, math.ceil(end_s / window_s))
+            windows = [(k * window_s, end_s if k == n - 1 else (k + 1) * window_s)
+                       for k in range(n)]  # fmt: skip
+        n = len(windows)
         out: dict[str, dict[str, list[float]]] = {}
         for name in TIER_NAMES[1:]:
             tiers = self._named(name)
@@ -542,9 +549,7 @@ class KVTiers:
             area = [0.0] * n
             peak = [0] * n
             level, since, i = 0, 0.0, 0
-            for k in range(n):
-                start = k * window_s
-                end = end_s if k == n - 1 else (k + 1) * window_s
+            for k, (start, end) in enumerate(windows):
                 peak[k] = level
                 while i < len(steps) and (steps[i][0] < end or (k == n - 1 and steps[i][0] <= end)):
                     at = steps[i][0]
@@ -629,14 +634,11 @@ def build_chain(
 
 
 def build_remote(
-    keys: RemoteKeys, *, block_bytes: float, network: Network, topology: Topology, where: str
+    keys: RemoteKeys, *, block_bytes: float, network: Network, topology: Topology
 ) -> Tier:
     """The remote store tier of ``keys`` on ``topology``, shared by every
-    instance (blocks of ``block_bytes``); its bandwidths are the network's."""
-    if not 0 <= keys.node < topology.num_nodes:
-        raise SpecError(
-            f"{where}: node {keys.node!r}: the topology has nodes 0..{topology.num_nodes - 1}"
-        )
+    instance (blocks of ``block_bytes``); its bandwidths are the network's
+    (its node checked as the spec resolved: ``twin.sim.layout``)."""
     tier = Tier("remote", int(keys.capacity_bytes // block_bytes), math.inf, math.inf,
                 keys.latency_s)  # fmt: skip
     tier.store = RemoteStore(network, topology, keys.node)

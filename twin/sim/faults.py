@@ -244,7 +244,8 @@ def read_events(value: Any, where: str) -> tuple[tuple[Event, ...], list[dict[st
 
 class Faults:
     """Carries out a simulation's ``events:``: each at its time, in list order
-    for the same time; checks every target against the cluster when made."""
+    for the same time (their targets checked as the spec resolved:
+    :mod:`twin.sim.layout`)."""
 
     def __init__(self, sim: Simulation, events: Sequence[Event]) -> None:
         self.sim = sim
@@ -255,36 +256,6 @@ class Faults:
         spec = sim.spec
         self.random = spec.failures
         self.seed = spec.seed if spec.failure_seed is None else spec.failure_seed
-        gpus = sorted(g for p in sim.placements for g in p.gpus)
-        nodes = sorted({k for p in sim.placements for k in self.nodes_of(p)})
-        topo = sim.spec.topology
-        for ci, c in enumerate(self.random):
-            if c.component in ("nic", "link") and topo is None:
-                raise SpecError(
-                    f"{spec.source}: failures.random[{ci}].component: {c.component!r} needs "
-                    "cluster.topology"
-                )
-        for e in self.events:
-            key = f"{self.where}[{e.index}].{e.target}"
-            if e.target == "instance" and not e.name < len(sim.engines):  # type: ignore[operator]
-                raise SpecError(f"{key}: {e.name}; instances are 0..{len(sim.engines) - 1}")
-            if e.target == "node" and e.name not in nodes:
-                raise SpecError(f"{key}: {e.name}; instances run on nodes {nodes}")
-            if e.target == "gpu" and e.name not in gpus:
-                raise SpecError(f"{key}: {e.name}; instances run on GPUs {gpus[0]}..{gpus[-1]}")
-            if e.target == "nic":
-                if topo is None or topo.graph.nodes.get(e.name, {}).get("type") != "nic":
-                    raise SpecError(
-                        f"{key}: {e.name!r} is not a NIC of the topology (twin topo names them)"
-                    )
-            if e.target == "link":
-                if topo is None:
-                    raise SpecError(f"{key}: {e.name!r}; a link needs cluster.topology")
-                src, _, dst = str(e.name).partition(" -> ")
-                try:
-                    topo.link(src, dst)
-                except KeyError as err:
-                    raise SpecError(f"{key}: {e.name!r}: {err.args[0]}") from None
 
     def start(self) -> None:
         env = self.sim.env

@@ -37,16 +37,10 @@ from twin.scheduler import (
     build_scheduler,
     decode_hook,
 )
-from twin.serving.cluster import (
-    EngineView,
-    Placement,
-    place_instances,
-    place_on_topology,
-    placement_order,
-)
+from twin.serving.cluster import EngineView, Placement
 from twin.serving.engine import Engine
 from twin.serving.handoff import KVHandoff, pick_decode_with, rerouter
-from twin.serving.kvcache import BlockManager, blocks_for, kv_capacity_blocks
+from twin.serving.kvcache import BlockManager, blocks_for
 from twin.serving.kvpool import KVPools
 from twin.serving.observer import InstanceInfo, Observer, broadcast
 from twin.serving.sequence import DECODE, HANDOFF, INCOMING, LOST, PREFILL, Sequence
@@ -54,6 +48,7 @@ from twin.serving.tiers import KVTiers, Tier, build_chain, build_remote
 from twin.sim.control import ControlLoop, apply_plan
 from twin.sim.faults import Faults
 from twin.sim.frames import flatten
+from twin.sim.layout import instance_gpu, kv_blocks
 from twin.sim.metrics import Metrics
 from twin.sim.scaling import Scaler, ScalingKeys
 from twin.sim.spec import ExperimentSpec, apply_overrides, load_spec, resolve_spec
@@ -312,23 +307,17 @@ class Simulation:
         each wired to the others as it is made, and the router's view of them."""
         spec = self.spec
         roles = [g.role for g in spec.groups for _ in range(g.count)]
-        sizes = [g.gpus for g in spec.groups for _ in range(g.count)]
         shapes = [(g.tp, g.pp) for g in spec.groups for _ in range(g.count)]
         experts = [(g.ep, g.dp) for g in spec.groups for _ in range(g.count)]
         topo = spec.topology
+        # placed, and checked against the placement, as the spec resolved
+        placements = list(spec.placements)
+        assert len(placements) == len(roles), "a spec resolved without its placement"
+        gpus = [instance_gpu(topo, spec.gpu, p) for p in placements]
         if topo is not None:
-            order = placement_order(roles, spec.placement)
-            placements = place_on_topology(
-                topo, sizes, order, where=f"{spec.source}: cluster", roles=roles,
-                templates=[g.template for g in spec.groups for _ in range(g.count)],
-                span=[ep > 1 for ep, _ in experts],
-            )  # fmt: skip
-            gpus = [get_gpu(topo.gpu_type(p.gpus[0])) for p in placements]
             self.network: Network | None = Network(self.env, link_series_s, self.observer)
             self.network.reroute = rerouter(topo)
         else:
-            placements = place_instances(len(roles), sizes[0], spec.gpus_per_node)
-            gpus = [spec.gpu] * len(roles)
             self.network = None
         self.placements = placements
         kv_token = spec.model.kv_bytes_per_token()
@@ -340,18 +329,6 @@ class Simulation:
             )  # fmt: skip
         self.tiers: KVTiers | None = KVTiers(self.env) if spec.kv_tiers is not None else None
         self._remote: Tier | None = None  # the KV tiers' remote store, made with the first engine
-        if spec.kv_tiers is not None and spec.kv_tiers.remote is not None:
-            at = f"{spec.source}: kv_tiers.remote"
-            if topo is None or self.network is None:
-                raise SpecError(
-                    f"{at}: the store is reached over the network; give a cluster.topology"
-                )
-            node = spec.kv_tiers.remote.node
-            if any(topo.node_of(g) == node for p in placements for g in p.gpus):
-                raise SpecError(
-                    f"{at}: node {node} holds an instance; the store needs a node of its own "
-                    "(add one: cluster.nodes)"
-                )
         self.engines: list[Engine] = []  # by id; complete before the run starts
         views: list[EngineView] = []
         self.handoff: KVHandoff | None = None
@@ -397,30 +374,7 @@ class Simulation:
                 spec.perf, spec.model, gpu, tp, pp,
                 where=f"{spec.source}: perf", base_dir=spec.base_dir, ep=ep, dp=dp, a2a=a2a,
             )  # fmt: skip
-        weights: float = spec.model.weight_bytes
-        if ep > 1:  # dense weights on each TP group, the experts split ep ways
-            weights = spec.model.weight_bytes_per_gpu(tp, pp, ep) * tp * pp
-        try:
-            blocks = dp * kv_capacity_blocks(
-                gpu_memory_bytes=gpu.memory_bytes,
-                memory_utilization=spec.memory_utilization,
-                weight_bytes=weights,
-                activation_reserve_bytes=spec.activation_reserve_bytes,
-                kv_bytes_per_token=spec.model.kv_bytes_per_token_tp(tp),  # KV heads replicated
-                tp=tp,
-                pp=pp,
-                block_size=spec.engine.block_size,
-            )
-        except CapacityError:
-            if ep == 1:
-                raise
-            usable = gpu.memory_bytes * spec.memory_utilization / 2**30
-            raise CapacityError(
-                f"no memory left for the KV cache: each GPU of the {role} instance (EP{ep}, "
-                f"DP{dp} x TP{tp} x PP{pp}) has {usable:.1f} GiB usable and its weights take"
-                f" {weights / (tp * pp) / 2**30:.1f} GiB"
-                f" (the experts over {ep} GPUs); raise ep or use a larger GPU"
-            ) from None
+        blocks = kv_blocks(spec.model, spec.engine, gpu, role, tp, pp, ep, dp)
         watermark = int(spec.engine.watermark * blocks)
         kv = BlockManager(blocks, spec.engine.block_size, watermark)
         eng = Engine(
@@ -436,7 +390,7 @@ class Simulation:
                 assert spec.topology is not None and self.network is not None
                 self._remote = build_remote(
                     remote, block_bytes=block_bytes, network=self.network,
-                    topology=spec.topology, where=f"{spec.source}: kv_tiers.remote",
+                    topology=spec.topology,
                 )  # fmt: skip
             eng.cache.tiers = build_chain(
                 self.env, spec.kv_tiers,
@@ -844,15 +798,18 @@ class Simulation:
             summary["kv_bytes_copied"] = self.pools.bytes_copied
             summary["kv_pool"] = self.pools.summary(self.metrics.prompt_tokens)  # per pool tier
         occupancy = None
+        timeline = self.metrics.timeline_rows()
         if self.tiers is not None:
             summary["kv_tiers"] = self.tiers.summary(self.metrics.prompt_tokens)
-            occupancy = self.tiers.occupancy(self.spec.window_s, self.metrics.last_end_s)
+            occupancy = self.tiers.occupancy(
+                self.spec.window_s, self.metrics.last_end_s,
+                [(r["start_s"], r["end_s"]) for r in timeline] or None,
+            )  # fmt: skip
             for name, series in occupancy.items():  # per timeline window
                 summary["kv_tiers"][name]["occupancy"] = {"window_s": self.spec.window_s, **series}
         if self.scaler.scaled or spec_scales(self.spec):
             summary["gpu_seconds"] = self.scaler.gpu_seconds(self.metrics.last_end_s)
         links = self.network.link_stats() if self.network is not None else []
-        timeline = self.metrics.timeline_rows()
         if occupancy is not None and timeline:  # the same windows: up to the last end
             for name, series in occupancy.items():
                 for row, mean in zip(timeline, series["mean_bytes"], strict=True):

@@ -59,10 +59,12 @@ from twin.perf.build import perf_schema, read_perf
 from twin.perf.gpus import GPUSpec, get_gpu
 from twin.perf.llm import ModelSpec, get_model
 from twin.scheduler import build_scheduler, scheduler_names
+from twin.serving.cluster import Placement
 from twin.serving.engine import EngineConfig
 from twin.serving.handoff import TransferConfig
 from twin.serving.kvpool import PoolSSD
 from twin.serving.tiers import RemoteKeys, TierKeys
+from twin.sim import layout
 from twin.sim.faults import (
     Event,
     EventKeys,
@@ -314,6 +316,8 @@ class ExperimentSpec:
     scaling: ScalingKeys | None = None  # given: runs report gpu_seconds
     kv_tiers: TierKeys | None = None  # given: KV tiers below HBM, runs report kv_tiers
     kv_pool_ssd: PoolSSD | None = None  # an SSD below each node's KV pool, or None
+    # where each instance runs, by id (twin.sim.layout; empty until placed)
+    placements: tuple[Placement, ...] = field(default=(), repr=False)
 
     @property
     def sha256(self) -> str:
@@ -622,8 +626,23 @@ def _policy(data: Any, given_as: Any, where: str) -> tuple[str, dict[str, Any]]:
     return name, params
 
 
-def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> ExperimentSpec:
-    """Validate ``data`` (a parsed YAML mapping) into an :class:`ExperimentSpec`."""
+def placed(spec: ExperimentSpec) -> ExperimentSpec:
+    """``spec`` with its instances placed, and every check that needs to know
+    where they run done (:mod:`twin.sim.layout`)."""
+    where = spec.source
+    topo = spec.topology
+    placements = layout.place(spec.groups, topo, spec.placement, spec.gpus_per_node, where)
+    layout.check_memory(spec.model, spec.engine, spec.gpu, spec.groups, topo, placements, where)
+    layout.check_targets(spec.events, spec.failures, spec.kv_tiers, topo, placements, where)
+    return dataclasses.replace(spec, placements=tuple(placements))
+
+
+def resolve_spec(
+    data: Mapping[str, Any], where: str, base_dir: Path, *, place: bool = True
+) -> ExperimentSpec:
+    """Validate ``data`` (a parsed YAML mapping) into an :class:`ExperimentSpec`,
+    its instances placed (:func:`placed`; with ``place`` false, not yet: a
+    search that grows the topology until they fit places them itself)."""
     data = copy.deepcopy(dict(data))
     top_read = read(TopKeys, data, where, sep=": ")
     top = top_read.value
@@ -708,7 +727,7 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
     if "output" in top_read.given:
         out["output"] = output.written
 
-    return ExperimentSpec(
+    spec = ExperimentSpec(
         name=name,
         seed=top.seed,
         model=model,
@@ -747,3 +766,4 @@ def resolve_spec(data: Mapping[str, Any], where: str, base_dir: Path) -> Experim
             cluster.keys.kv_pool_ssd_latency_s,
         ),
     )
+    return placed(spec) if place else spec

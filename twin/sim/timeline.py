@@ -10,6 +10,16 @@ them any more), so a long run keeps about 300 bytes a window. Windows are ``[k W
 from time 0; the last one ends at the run's end (the last request's end) and
 includes it, so it may be shorter than ``W``.
 
+Only the windows in which something happens are kept: a request arrived,
+began its prefill, landed or joined a decode batch, or ended, or an instance
+changed. Between two of them, every window shows the same figures (nothing
+arrived or ended there; the queues and instances held what they held across
+it), so one record stands for them all, and a long span (a retry's backoff
+of hours, a GPU slowed a million-fold, a window of a nanosecond) costs
+memory and time by what happened in it, not by its length. A stretch of up
+to :data:`GAP_ROWS` such windows gets its row each, as every other window; a
+longer one gets one row from its start to its end.
+
 A row (:data:`TIMELINE_COLUMNS`, in this order in ``--timeline-csv``):
 
 - ``start_s``, ``end_s``: the window.
@@ -46,6 +56,7 @@ from __future__ import annotations
 import csv
 import math
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +73,9 @@ from twin.sim.metrics import Distribution
 DEFAULT_WINDOW_S = 10.0
 # Latencies kept exactly per window before folding into buckets (memory bound).
 WINDOW_EXACT = 256
+# Windows in which nothing happened, in a row, that still get a row each (1,000 s
+# at the default window: any lull of a trace); more are one row (see above).
+GAP_ROWS = 100
 
 TIMELINE_COLUMNS = (
     "start_s",
@@ -94,9 +108,11 @@ _AREAS = _GPUS + 1
 class _Window:
     """One window's counters, time integrals and latency sketches; ``pending``
     counts the requests that arrived in it and have not ended; ``quantiles``,
-    once it is sealed, holds what the sketches gave (and they are gone)."""
+    once it is sealed, holds what the sketches gave (and they are gone);
+    ``gap`` the time integrals of each window after it up to the next one
+    kept (the same in all of them)."""
 
-    __slots__ = ("counts", "ttft", "tpot", "transfer", "area", "pending", "quantiles")
+    __slots__ = ("counts", "ttft", "tpot", "transfer", "area", "pending", "quantiles", "gap")
 
     def __init__(self) -> None:
         # arrived, completed, rejected, failed, slo_met, finished
@@ -107,6 +123,7 @@ class _Window:
         self.area = array("d", bytes(8 * _AREAS))  # _AREAS zeros
         self.pending = 0
         self.quantiles: tuple[float | None, ...] | None = None
+        self.gap = array("d", bytes(8 * _AREAS))
 
     def seal(self) -> None:
         """Take the quantiles; no request can add to the sketches any more."""
@@ -143,7 +160,9 @@ class Timeline:
         if not (window_s > 0 and math.isfinite(window_s)):
             raise ValueError(f"window {window_s!r} s must be > 0")
         self.window_s = float(window_s)
-        self._windows: list[_Window] = []
+        # the windows kept, by index, and their indices in order
+        self._windows: dict[int, _Window] = {}
+        self._keys: list[int] = []
         # instance -> [role, GPUs, up]; the step functions' last change
         self._instances: dict[int, list[Any]] = {}
         self._since = 0.0
@@ -152,11 +171,26 @@ class Timeline:
 
     # -- windows ---------------------------------------------------------------------
     def _window(self, t: float) -> _Window:
-        k = int(t // self.window_s)
-        wins = self._windows
-        while len(wins) <= k:
-            wins.append(_Window())
-        return wins[k]
+        return self._at(int(t // self.window_s))
+
+    def _at(self, k: int) -> _Window:
+        """Window ``k``, kept from now on: inside a stretch between two kept
+        windows it starts with what that stretch's windows hold."""
+        win = self._windows.get(k)
+        if win is not None:
+            return win
+        keys = self._keys
+        i = bisect_left(keys, k)
+        win = _Window()
+        if 0 < i < len(keys):
+            held = self._windows[keys[i - 1]].gap
+            win.area = array("d", held)
+            win.gap = array("d", held)
+        if k < self._arriving:  # past the arrivals: no request will arrive in it
+            win.seal()
+        keys.insert(i, k)
+        self._windows[k] = win
+        return win
 
     def _spread(self, a: float, b: float, slot: int, level: float) -> None:
         """Add ``level`` x the overlap of ``[a, b]`` with each window to its ``slot``."""
@@ -164,15 +198,20 @@ class Timeline:
             return
         w = self.window_s
         first, last = int(a // w), int(b // w)
-        self._window(b)
         wins = self._windows
         if first == last:
-            wins[first].area[slot] += level * (b - a)
+            self._at(first).area[slot] += level * (b - a)
             return
-        wins[first].area[slot] += level * ((first + 1) * w - a)
-        for k in range(first + 1, last):
-            wins[k].area[slot] += level * w
-        wins[last].area[slot] += level * (b - last * w)
+        self._at(first).area[slot] += level * ((first + 1) * w - a)
+        self._at(last).area[slot] += level * (b - last * w)
+        keys = self._keys
+        i = bisect_left(keys, first)
+        full = level * w
+        wins[first].gap[slot] += full  # the windows after it, up to the next kept one
+        for k in keys[i + 1 : bisect_left(keys, last, i)]:
+            win = wins[k]
+            win.area[slot] += full
+            win.gap[slot] += full
 
     # -- requests --------------------------------------------------------------------
     def arrived(self, arrival: float) -> None:
@@ -183,9 +222,11 @@ class Timeline:
         win.pending += 1
         k = int(arrival // self.window_s)
         if k > self._arriving:
-            for j in range(self._arriving, k):
-                if self._windows[j].pending == 0 and self._windows[j].quantiles is None:
-                    self._windows[j].seal()
+            keys = self._keys
+            for j in keys[bisect_left(keys, self._arriving) : bisect_left(keys, k)]:
+                past = self._windows[j]
+                if past.pending == 0 and past.quantiles is None:
+                    past.seal()
             self._arriving = k
 
     def _left(self, arrival: float, win: _Window) -> None:
@@ -287,41 +328,62 @@ class Timeline:
         self._advance(end_s)
         n = max(1, math.ceil(end_s / w))
         self._window(end_s)
-        wins = self._windows
-        while len(wins) > n:  # what ended exactly at the end belongs to the last window
-            extra = wins.pop()
-            wins[-1].merge(extra)
+        self._at(0)
+        keys, wins = self._keys, self._windows
+        while keys[-1] >= n:  # what ended exactly at the end belongs to the last window
+            into = self._at(keys[-1] - 1)
+            into.merge(wins.pop(keys.pop()))
         out = []
-        for k, win in enumerate(wins):
-            start = k * w
+        nothing = (0, 0, 0, 0, 0, 0)
+        for i, k in enumerate(keys):
+            win = wins[k]
             end = end_s if k == n - 1 else (k + 1) * w
-            dur = end - start
-            arrived, completed, rejected, failed, met, finished = win.counts
-            ttft_p50, ttft_p99, tpot_p50, tpot_p99, transfer_p50 = win._quantiles()
-            row: dict[str, Any] = {
-                "start_s": start,
-                "end_s": end,
-                "arrived": arrived,
-                "completed": completed,
-                "rejected": rejected,
-                "failed": failed,
-                "slo_met": met,
-                "slo_attainment": met / arrived if arrived else None,
-                "ttft_p50_s": ttft_p50,
-                "ttft_p99_s": ttft_p99,
-                "tpot_p50_s": tpot_p50,
-                "tpot_p99_s": tpot_p99,
-                "finished": finished,
-            }
-            area = win.area
-            row["queued"] = area[_QUEUED] / dur if dur > 0 else 0.0
-            row["decode_queued"] = area[_DECODE_QUEUED] / dur if dur > 0 else 0.0
-            for r in ROLES:
-                row[f"instances_{r}"] = area[_ROLE[r]] / dur if dur > 0 else levels[_ROLE[r]]
-            row["gpus_up"] = area[_GPUS] / dur if dur > 0 else levels[_GPUS]
-            row["transfer_p50_s"] = transfer_p50
-            out.append(row)
+            out.append(
+                _row(k * w, end, end - k * w, win.counts, win._quantiles(), win.area, levels)
+            )
+            after = keys[i + 1] if i + 1 < len(keys) else n
+            if after - k - 1 > GAP_ROWS:  # one row for the stretch, each window's figures
+                out.append(_row((k + 1) * w, after * w, w, nothing, _NONE, win.gap, levels))
+                continue
+            for j in range(k + 1, after):
+                out.append(_row(j * w, (j + 1) * w, w, nothing, _NONE, win.gap, levels))
         return out
+
+
+_NONE = (None,) * 5  # the quantiles of a window without latencies
+
+
+def _row(
+    start: float, end: float, dur: float, counts: Sequence[int],
+    quantiles: Sequence[float | None], area: Sequence[float], levels: Sequence[float],
+) -> dict[str, Any]:  # fmt: skip
+    """A timeline row from ``start`` to ``end``: ``counts`` and ``quantiles`` as
+    a window keeps them; the time integrals ``area`` over ``dur`` seconds (the
+    levels held at the end where ``dur`` is 0)."""
+    arrived, completed, rejected, failed, met, finished = counts
+    ttft_p50, ttft_p99, tpot_p50, tpot_p99, transfer_p50 = quantiles
+    row: dict[str, Any] = {
+        "start_s": start,
+        "end_s": end,
+        "arrived": arrived,
+        "completed": completed,
+        "rejected": rejected,
+        "failed": failed,
+        "slo_met": met,
+        "slo_attainment": met / arrived if arrived else None,
+        "ttft_p50_s": ttft_p50,
+        "ttft_p99_s": ttft_p99,
+        "tpot_p50_s": tpot_p50,
+        "tpot_p99_s": tpot_p99,
+        "finished": finished,
+    }
+    row["queued"] = area[_QUEUED] / dur if dur > 0 else 0.0
+    row["decode_queued"] = area[_DECODE_QUEUED] / dur if dur > 0 else 0.0
+    for r in ROLES:
+        row[f"instances_{r}"] = area[_ROLE[r]] / dur if dur > 0 else levels[_ROLE[r]]
+    row["gpus_up"] = area[_GPUS] / dur if dur > 0 else levels[_GPUS]
+    row["transfer_p50_s"] = transfer_p50
+    return row
 
 
 def _q(d: Distribution, q: float) -> float | None:

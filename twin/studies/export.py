@@ -260,7 +260,7 @@ def from_provision(data: Mapping[str, Any], where: str, base_dir: Path, prov: An
     spec ``data``, its figures from a run at its goodput."""
     from twin.studies.provision import _candidate_spec
 
-    spec = resolve_spec(data, where, base_dir)
+    spec = resolve_spec(data, where, base_dir, place=False)  # the template searched
     b = prov.best
     pg, dg = b.prefill_group or prov.prefill_group, b.decode_group or prov.decode_group
     run = _candidate_spec(data, where, base_dir, pg, dg, b.prefill, b.decode)

@@ -64,9 +64,10 @@ from twin._progress import Progress
 from twin.errors import CapacityError, SpecError
 from twin.perf.gpus import GPUSpec, get_gpu
 from twin.request import Request
-from twin.serving.cluster import Placement, place_on_topology, placement_order
+from twin.serving.cluster import Placement
 from twin.serving.kvcache import kv_capacity_blocks
-from twin.sim.spec import ExperimentSpec, InstanceGroup, resolve_spec
+from twin.sim.layout import place
+from twin.sim.spec import ExperimentSpec, InstanceGroup, placed, resolve_spec
 from twin.studies.samples import (
     DEFAULT_REPLICATES,
     DEFAULT_SAMPLE,
@@ -182,13 +183,8 @@ def _instances(spec: ExperimentSpec) -> tuple[list[str], list[int], list[str | N
 
 
 def _place(spec: ExperimentSpec) -> list[Placement]:
-    """Where the run puts the spec's instances (as :class:`Simulation` does)."""
-    roles, sizes, templates = _instances(spec)
-    return place_on_topology(
-        spec.topology, sizes, placement_order(roles, spec.placement),
-        where=f"{spec.source}: cluster", templates=templates, roles=roles,
-        span=[g.ep > 1 for g in spec.groups for _ in range(g.count)],
-    )  # fmt: skip
+    """Where the run puts the spec's instances (as the spec resolves them)."""
+    return place(spec.groups, spec.topology, spec.placement, spec.gpus_per_node, spec.source)
 
 
 def placed_power_w(spec: ExperimentSpec) -> float:
@@ -332,7 +328,7 @@ def _candidate_spec(
         if g.template is not None:
             cl[role]["template"] = g.template
     d["cluster"] = cl
-    spec = resolve_spec(d, where, base_dir)
+    spec = resolve_spec(d, where, base_dir, place=False)
     # A topology too small for the split grows a node at a time; one that
     # cannot (several node groups, or the explicit form) says the split does
     # not fit.
@@ -345,10 +341,10 @@ def _candidate_spec(
         except SpecError as e:
             cl["nodes"] = spec.topology.num_nodes + 1
             try:
-                spec = resolve_spec(d, where, base_dir)
+                spec = resolve_spec(d, where, base_dir, place=False)
             except SpecError:
                 raise e from None
-    return spec
+    return placed(spec)
 
 
 def provision(
@@ -369,7 +365,7 @@ def provision(
     ``executor`` runs the goodput searches, one per split and sample, as
     parallel jobs (default: one after the other, here); the result is the
     same on any executor."""
-    base = resolve_spec(data, where, base_dir)
+    base = resolve_spec(data, where, base_dir, place=False)  # its groups, as a template
     pg, dg = _groups(base)
     if power_w is not None and gpus is not None:
         raise SpecError("give a power budget or a GPU budget, not both")

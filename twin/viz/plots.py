@@ -894,8 +894,10 @@ def _spec_slo(d: Path) -> dict[str, Any]:
         return {}
     import yaml
 
+    from twin import yamlio
+
     try:
-        data = yaml.safe_load(read_text(path, "spec")) or {}
+        data = yamlio.load(read_text(path, "spec")) or {}
     except (TwinError, yaml.YAMLError):
         return {}
     slo = data.get("slo") if isinstance(data, dict) else None

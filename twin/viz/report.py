@@ -212,6 +212,8 @@ def build_report(
     what could not be drawn or read (the page lists it too)."""
     import yaml
 
+    from twin import yamlio
+
     d = Path(d)
     if not d.is_dir():
         raise TwinError(f"{d}: not a folder")
@@ -235,7 +237,7 @@ def build_report(
     if (d / "spec.yaml").is_file():
         try:
             spec_text = read_text(d / "spec.yaml", "sweep spec")
-            loaded = yaml.safe_load(spec_text)
+            loaded = yamlio.load(spec_text)
         except yaml.YAMLError as e:
             raise TwinError(f"{d / 'spec.yaml'}: cannot read: {e}") from None
         spec = loaded if isinstance(loaded, dict) else {}
