@@ -219,3 +219,48 @@ def test_validate_run_prints_the_table_for_a_traced_run(realruns, capsys):
                  "--json"]) == 0  # fmt: skip
     doc = json.loads(capsys.readouterr().out)
     assert doc["replayed"] == 120 and all(math.isfinite(s["mape"]) for s in doc["scores"])
+
+
+# --------------------------------------------------------------------------- over runs
+
+
+def _scored(key: str, e2e_signed: float, *, overloaded: bool = False):
+    from twin.studies.realrun import Score
+    from twin.studies.validate_realrun import RunScore
+
+    a = 1.0
+    p = a * (1 + e2e_signed / 100)
+    s = {(-1, "e2e_mean"): Score(p, a, abs(e2e_signed), e2e_signed)}
+    return RunScore(key, overloaded, 10, 10, None, s)
+
+
+def test_summarize_gives_mean_median_signed_and_the_worst_run():
+    from twin.studies.validate_realrun import format_summary, summarize
+
+    results = [_scored("a", 10.0), _scored("b", -30.0), _scored("c", 20.0),
+               _scored("x", 900.0, overloaded=True)]  # fmt: skip
+    (row,) = summarize(results)
+    assert (row.stage, row.metric, row.runs) == (-1, "e2e_mean", 3)
+    assert row.mean == pytest.approx(20.0) and row.median == pytest.approx(20.0)
+    assert row.signed_mean == pytest.approx(0.0)
+    assert (row.worst, row.worst_mape) == ("b", pytest.approx(30.0))
+    (every,) = summarize(results, include_overloaded=True)
+    assert every.runs == 4 and every.worst == "x"
+    text = format_summary([row], 3, 1)
+    assert "3 runs scored (1 overloaded runs left out)" in text and "b (30.0%)" in text
+
+
+def test_validate_runs_replays_every_run_folder_and_prints_one_table(tmp_path, capsys):
+    make_run_folder(tmp_path)
+    assert main(["validate", "runs", str(tmp_path), "--gpu", "h100-sxm", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["key"] for r in doc["runs"]] == ["run-a"] and doc["runs"][0]["replayed"] == 3
+    pairs = {(r["stage"], r["metric"]) for r in doc["summary"]}
+    assert pairs >= {(-1, "e2e_mean"), (1, "itl_mean")}
+    assert main(["validate", "runs", str(tmp_path), "--gpu", "h100-sxm"]) == 0
+    assert "1 runs scored" in capsys.readouterr().out
+    assert main(["validate", "runs", str(tmp_path)]) == 2
+    assert "--gpu" in capsys.readouterr().err
+    assert main(["validate", "run", str(tmp_path / "run-a"), "--gpu", "h100-sxm",
+                 "--stage-requests", "0"]) == 2  # fmt: skip
+    assert "--stage-requests: 0; expected an integer >= 1" in capsys.readouterr().err

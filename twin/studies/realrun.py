@@ -169,7 +169,7 @@ def _manifest_run(data: Path, row: Mapping[str, str], gpu: str | None) -> RealRu
     if gpu_name is None:
         raise TwinError(f"{where}: gpu: {row['gpu']!r} unknown; expected one of {', '.join(GPUS)}")
     fp8 = row.get("precision", "").upper() == "FP8"
-    model = _model(row["model"], data / "models", where, fp8)
+    model = _model(row["model"], (data / "models" / _config_name(row["model"]),), where, fp8)
     engine = {
         "max_num_seqs": _int(_number(row, "max_num_seqs", where)),
         "max_batched_tokens": _int(_number(row, "max_num_batched_tokens", where)),
@@ -202,6 +202,11 @@ def _actuals(data: Path, key: str) -> dict[int, dict[str, float]]:
     return out
 
 
+def _config_name(hf_id: str) -> str:
+    """``org/name`` -> ``org__name.json`` (the realruns layout's ``models/``)."""
+    return hf_id.replace("/", "__") + ".json"
+
+
 def _stages(raw: object, where: str) -> tuple[tuple[float, float], ...]:
     out = []
     if isinstance(raw, list):
@@ -221,20 +226,21 @@ def _stages(raw: object, where: str) -> tuple[tuple[float, float], ...]:
     return tuple(out)
 
 
-def _model(hf_id: str, models: Path, where: str, fp8: bool) -> str | dict[str, Any]:
+def _model(hf_id: str, configs: tuple[Path, ...], where: str, fp8: bool) -> str | dict[str, Any]:
     """The catalog name of ``hf_id`` (as given: the catalog resolves Hugging Face ids),
-    else the inline mapping of ``models/<org>__<name>.json``."""
+    else the inline mapping of the first of ``configs`` (its ``config.json``) that
+    exists. An FP8 checkpoint always takes the inline form (8-bit weights)."""
     if not fp8:
         try:
             get_model(hf_id)
             return hf_id
         except UnknownNameError:
             pass
-    path = models / (hf_id.replace("/", "__") + ".json")
-    if not path.is_file():
+    path = next((p for p in configs if p.is_file()), None)
+    if path is None:
         raise TwinError(
-            f"{where}: model {hf_id!r} is not in the catalog and {path} does not exist "
-            "(its config.json)"
+            f"{where}: model {hf_id!r} is not in the catalog and none of "
+            f"{', '.join(str(p) for p in configs)} exists (its config.json)"
         )
     config = json.loads(path.read_text(encoding="utf-8"))
     return model_mapping(config, hf_id, str(path), fp8)
@@ -323,7 +329,8 @@ def _folder_run(folder: Path, gpu: str | None) -> RealRun:
     if args.get("block_size", VLLM_BLOCK_TOKENS) != VLLM_BLOCK_TOKENS:
         engine["block_size"] = args["block_size"]
     offload = float(args["kv_offloading_size"]) * 2**30 if args.get("kv_offloading_size") else None
-    model = _model(str(args["model"]), folder, where, False)
+    hf_id = str(args["model"])
+    model = _model(hf_id, (folder / "config.json", folder / _config_name(hf_id)), where, False)
     trace = _find(folder, "per_request_lifecycle_metrics.json")
     spec = _spec(folder.name, model, gpu, int(args.get("tensor_parallelism", 1)), engine,
                  offload, stages, sp, trace)  # fmt: skip

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twin.errors import TwinError
 from twin.studies.realrun import (
     METRICS,
     WHOLE,
@@ -78,6 +79,8 @@ def replay(
     from twin.sim.spec import apply_overrides, resolve_spec
     from twin.workload.stream import iter_requests
 
+    if stage_requests is not None and stage_requests < 1:
+        raise TwinError(f"--stage-requests: {stage_requests}; expected an integer >= 1")
     data = copy.deepcopy(run.spec)
     apply_overrides(data, overrides)
     loaded = resolve_spec(data, run.key, Path.cwd())
