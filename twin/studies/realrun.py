@@ -432,8 +432,13 @@ def _spec(
 
 
 def _rows(result: Any) -> Iterable[Mapping[str, Any]]:
-    rows = getattr(result, "requests", result)
-    return rows() if callable(rows) else rows
+    """The request rows of a :class:`twin.Result` (kept by ``twin.run``), or ``result``
+    itself when it is the rows."""
+    if not hasattr(result, "request_rows"):
+        return result  # type: ignore[no-any-return]
+    if result.request_rows is None:
+        raise TwinError("twin_metrics: the result kept no request rows (keep_requests=True)")
+    return result.request_rows  # type: ignore[no-any-return]
 
 
 def stage_of(t: float, stages: tuple[tuple[float, float], ...]) -> int:
