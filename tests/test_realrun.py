@@ -264,3 +264,20 @@ def test_validate_runs_replays_every_run_folder_and_prints_one_table(tmp_path, c
     assert main(["validate", "run", str(tmp_path / "run-a"), "--gpu", "h100-sxm",
                  "--stage-requests", "0"]) == 2  # fmt: skip
     assert "--stage-requests: 0; expected an integer >= 1" in capsys.readouterr().err
+
+
+def test_newer_records_nest_their_counts_and_without_ignore_eos_keep_the_recorded_output(
+    tmp_path,
+):
+    rec = {
+        "start_time": 10.0, "end_time": 12.0, "request": json.dumps({"max_tokens": 50}),
+        "info": {"request_metrics": {"text": {"input_tokens": 33}},
+                 "response_metrics": {"output_tokens": 41, "output_token_times": [10.5, 11.0]}},
+        "error": None,
+    }  # fmt: skip
+    p = tmp_path / "per_request_lifecycle_metrics.json"
+    p.write_text(json.dumps([rec]))
+    (r,) = read_records(p)
+    assert (r.send_s, r.prompt_tokens, r.output_tokens, r.failed) == (0.0, 33, 41, False)
+    assert (r.ttft_s, r.e2e_s) == (0.5, 2.0)
+    assert detect_format(p) == "inference-perf"
