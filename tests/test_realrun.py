@@ -281,3 +281,18 @@ def test_newer_records_nest_their_counts_and_without_ignore_eos_keep_the_recorde
     assert (r.send_s, r.prompt_tokens, r.output_tokens, r.failed) == (0.0, 33, 41, False)
     assert (r.ttft_s, r.e2e_s) == (0.5, 2.0)
     assert detect_format(p) == "inference-perf"
+
+
+def test_a_bad_manifest_is_a_one_line_error(tmp_path, capsys):
+    cols = ("key,model,gpu,tp,max_num_seqs,max_num_batched_tokens,system_prompt_len,"
+            "question_len,output_len,stages")  # fmt: skip
+    (tmp_path / "manifest.csv").write_text(f"{cols}\nk1,llama-2-7b,H100,1,8,64,16,16,4,[[1 2]]\n")
+    assert main(["validate", "run", str(tmp_path / "k1")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("twin: error: ") and "manifest.csv: k1: stages: '[[1 2]]'" in err
+    (tmp_path / "manifest.csv").write_text("key,model\nk1,llama-2-7b\n")
+    assert main(["validate", "runs", str(tmp_path)]) == 2
+    assert "manifest.csv: line 1: missing column(s) gpu, tp" in capsys.readouterr().err
+    (tmp_path / "manifest.csv").write_text(f'{cols}\nk1,llama-2-7b,TPU,1,8,64,16,16,4,"[[1, 2]]"\n')
+    assert main(["validate", "run", str(tmp_path / "k1")]) == 2
+    assert "gpu: 'TPU' unknown" in capsys.readouterr().err

@@ -101,7 +101,7 @@ def read_run(path: str | Path, *, gpu: str | None = None) -> RealRun:
         if (data / "manifest.csv").is_file():
             rows = _manifest(data)
             row = rows.get(key) or next(
-                (r for r in rows.values() if r["training_run"] == key), None
+                (r for r in rows.values() if r.get("training_run") == key), None
             )
             if row is not None:
                 return _manifest_run(data, row, gpu)
@@ -126,9 +126,21 @@ def read_runs(folder: str | Path, *, gpu: str | None = None) -> list[RealRun]:
     return runs
 
 
+_MANIFEST_COLUMNS = ("key", "model", "gpu", "tp", "max_num_seqs", "max_num_batched_tokens",
+                     "system_prompt_len", "question_len", "output_len", "stages")  # fmt: skip
+
+
 def _manifest(data: Path) -> dict[str, dict[str, str]]:
-    with open(data / "manifest.csv", newline="", encoding="utf-8") as fh:
-        return {r["key"]: r for r in csv.DictReader(fh)}
+    path = data / "manifest.csv"
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in _MANIFEST_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise TwinError(
+                f"{path}: line 1: missing column(s) {', '.join(missing)}; expected at least "
+                f"{', '.join(_MANIFEST_COLUMNS)}"
+            )
+        return {r["key"]: r for r in reader}
 
 
 def _number(row: Mapping[str, str], key: str, where: str) -> float | None:
@@ -148,7 +160,13 @@ def _int(value: float | None) -> int | None:
 def _manifest_run(data: Path, row: Mapping[str, str], gpu: str | None) -> RealRun:
     key = row["key"]
     where = f"{data / 'manifest.csv'}: {key}"
-    stages = _stages(json.loads(row["stages"]), where)
+    try:
+        raw_stages = json.loads(row["stages"])
+    except json.JSONDecodeError:
+        raise TwinError(
+            f"{where}: stages: {row['stages']!r} is not JSON [[rate, duration], ...]"
+        ) from None
+    stages = _stages(raw_stages, where)
     folder = data / "runs" / row["training_run"] if row.get("training_run") else None
     resolved = _read_profile(folder) if folder is not None and folder.is_dir() else None
     sp = _shared_prefix(resolved, where) if resolved is not None else None
