@@ -85,8 +85,10 @@ def _record(start: float, prompt: int, out: int, *, error: bool = False) -> dict
     }  # fmt: skip
 
 
-def make_run_folder(root: Path, *, with_records: bool = True) -> Path:
-    d = root / "run-a"
+def make_run_folder(
+    root: Path, *, with_records: bool = True, name: str = "run-a", failed: int = 0
+) -> Path:
+    d = root / name
     (d / "results").mkdir(parents=True)
     (d / "exp-config.yaml").write_text(
         "model: meta-llama/Llama-2-7b-hf\ntensor_parallelism: 1\nmax_model_len: 4096\n"
@@ -102,7 +104,8 @@ def make_run_folder(root: Path, *, with_records: bool = True) -> Path:
     }  # fmt: skip
     (d / "profile.yaml").write_text(json.dumps(profile))
     res = d / "results"
-    (res / "summary_lifecycle_metrics.json").write_text(json.dumps(_lifecycle(1.0, 0.1, 7.0)))
+    summary = _lifecycle(1.0, 0.1, 7.0, bad=failed)
+    (res / "summary_lifecycle_metrics.json").write_text(json.dumps(summary))
     (res / "stage_0_lifecycle_metrics.json").write_text(json.dumps(_lifecycle(0.8, 0.05, 7.0)))
     (res / "stage_1_lifecycle_metrics.json").write_text(json.dumps(_lifecycle(1.2, 0.15, 7.0)))
     if with_records:  # completion order, not send order
@@ -247,7 +250,8 @@ def test_summarize_gives_mean_median_signed_and_the_worst_run():
     (every,) = summarize(results, include_overloaded=True)
     assert every.runs == 4 and every.worst == "x"
     text = format_summary([row], 3, 1)
-    assert "3 runs scored (1 overloaded runs left out)" in text and "b (30.0%)" in text
+    assert "3 runs scored (1 overloaded runs left out; --all adds them)" in text
+    assert "b (30.0%)" in text
 
 
 def test_validate_runs_replays_every_run_folder_and_prints_one_table(tmp_path, capsys):
@@ -257,8 +261,12 @@ def test_validate_runs_replays_every_run_folder_and_prints_one_table(tmp_path, c
     assert [r["key"] for r in doc["runs"]] == ["run-a"] and doc["runs"][0]["replayed"] == 3
     pairs = {(r["stage"], r["metric"]) for r in doc["summary"]}
     assert pairs >= {(-1, "e2e_mean"), (1, "itl_mean")}
+    make_run_folder(tmp_path, name="run-b", failed=1)  # 1 of 4 failed: overloaded
+    assert read_run(tmp_path / "run-b", gpu="h100-sxm").overloaded
     assert main(["validate", "runs", str(tmp_path), "--gpu", "h100-sxm"]) == 0
-    assert "1 runs scored" in capsys.readouterr().out
+    assert "1 runs scored (1 overloaded runs left out; --all adds them)" in capsys.readouterr().out
+    assert main(["validate", "runs", str(tmp_path), "--gpu", "h100-sxm", "--all", "--json"]) == 0
+    assert [r["key"] for r in json.loads(capsys.readouterr().out)["runs"]] == ["run-a", "run-b"]
     assert main(["validate", "runs", str(tmp_path)]) == 2
     assert "--gpu" in capsys.readouterr().err
     assert main(["validate", "run", str(tmp_path / "run-a"), "--gpu", "h100-sxm",

@@ -154,7 +154,8 @@ def format_summary(rows: Sequence[MetricSummary], n_runs: int, left_out: int) ->
     """One table over runs: per stage and metric the mean and median MAPE, the mean
     signed error, the worst run."""
     lines = [
-        f"{n_runs} runs scored" + (f" ({left_out} overloaded runs left out)" if left_out else ""),
+        f"{n_runs} runs scored"
+        + (f" ({left_out} overloaded runs left out; --all adds them)" if left_out else ""),
         f"{'stage':<8} {'metric':<10} {'runs':>4} {'mean':>8} {'median':>8} {'signed':>8}"
         "  worst run",
     ]
