@@ -304,3 +304,28 @@ def test_a_bad_manifest_is_a_one_line_error(tmp_path, capsys):
     (tmp_path / "manifest.csv").write_text(f'{cols}\nk1,llama-2-7b,TPU,1,8,64,16,16,4,"[[1, 2]]"\n')
     assert main(["validate", "run", str(tmp_path / "k1")]) == 2
     assert "gpu: 'TPU' unknown" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "billions"),
+    [
+        # parameter counts of the Hugging Face model pages (safetensors metadata)
+        ("01-ai__Yi-34B", 34.39),
+        ("Qwen__Qwen2.5-7B-Instruct", 7.62),
+        ("codellama__CodeLlama-34b-Instruct-hf", 33.74),
+        ("mistralai__Mistral-Nemo-Instruct-2407", 12.25),
+        # 109B with its vision encoder; the language model alone is 107.8B
+        ("RedHatAI__Llama-4-Scout-17B-16E-Instruct-FP8-dynamic", 107.8),
+    ],
+)
+def test_inline_models_from_config_json_count_their_parameters(realruns, name, billions):
+    from twin.perf.llm import get_model
+    from twin.studies.hfconfig import model_mapping
+
+    config = json.loads((realruns / "models" / f"{name}.json").read_text())
+    m = model_mapping(config, name, name, fp8="FP8" in name)
+    assert m["params"] / 1e9 == pytest.approx(billions, rel=0.005)
+    spec = get_model(m)
+    assert spec.layers == config.get("text_config", config)["num_hidden_layers"]
+    if "FP8" in name:
+        assert spec.weight_dtype_bytes == 1 and spec.experts == 16 and spec.shared_experts == 1
