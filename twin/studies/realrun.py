@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from twin import yamlio
+from twin._io import open_text, read_text
 from twin.errors import TwinError, UnknownNameError
 from twin.perf.llm import get_model
 from twin.studies.hfconfig import model_mapping
@@ -132,7 +133,7 @@ _MANIFEST_COLUMNS = ("key", "model", "gpu", "tp", "max_num_seqs", "max_num_batch
 
 def _manifest(data: Path) -> dict[str, dict[str, str]]:
     path = data / "manifest.csv"
-    with open(path, newline="", encoding="utf-8") as fh:
+    with open_text(path, "manifest") as fh:
         reader = csv.DictReader(fh)
         missing = [c for c in _MANIFEST_COLUMNS if c not in (reader.fieldnames or ())]
         if missing:
@@ -205,7 +206,7 @@ def _actuals(data: Path, key: str) -> dict[int, dict[str, float]]:
     path = data / "actuals.csv"
     if not path.is_file():
         return out
-    with open(path, newline="", encoding="utf-8") as fh:
+    with open_text(path, "actuals") as fh:
         for r in csv.DictReader(fh):
             if r["key"] == key and r["metric_name"] in METRICS:
                 out.setdefault(int(r["stage_index"]), {})[r["metric_name"]] = (
@@ -254,7 +255,7 @@ def _model(hf_id: str, configs: tuple[Path, ...], where: str, fp8: bool) -> str 
             f"{where}: model {hf_id!r} is not in the catalog and none of "
             f"{', '.join(str(p) for p in configs)} exists (its config.json)"
         )
-    config = json.loads(path.read_text(encoding="utf-8"))
+    config = json.loads(read_text(path, "config.json"))
     return model_mapping(config, hf_id, str(path), fp8)
 
 
@@ -283,7 +284,7 @@ def _read_profile(folder: Path) -> dict[str, Any] | None:
     """The resolved config (what the load generator ran), else ``profile.yaml``."""
     for p in (_find(folder, "config.yaml"), folder / "profile.yaml"):
         if p is not None and p.is_file():
-            doc = yamlio.load_text(p.read_text(encoding="utf-8"), str(p))
+            doc = yamlio.load_text(read_text(p, "profile"), str(p))
             if isinstance(doc, Mapping):
                 return dict(doc)
     return None
@@ -318,7 +319,7 @@ def _folder_run(folder: Path, gpu: str | None) -> RealRun:
     exp = folder / "exp-config.yaml"
     if not exp.is_file():
         raise TwinError(f"{folder}: no exp-config.yaml (the vLLM arguments)")
-    args = yamlio.load_text(exp.read_text(encoding="utf-8"), str(exp))
+    args = yamlio.load_text(read_text(exp, "vLLM arguments"), str(exp))
     profile = _read_profile(folder)
     if not isinstance(args, Mapping) or profile is None:
         raise TwinError(f"{folder}: exp-config.yaml or the profile is not a mapping")
@@ -360,7 +361,7 @@ def _lifecycle(folder: Path, stages: int) -> tuple[dict[int, dict[str, float]], 
         p = _find(folder, name)
         if p is None:
             continue
-        doc = json.loads(p.read_text(encoding="utf-8"))
+        doc = json.loads(read_text(p, "lifecycle report"))
         ok = doc.get("successes") or {}
         lat = ok.get("latency") or {}
         e2e, ttft = lat.get("request_latency") or {}, lat.get("time_to_first_token") or {}

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from twin._check import is_int, is_number
+from twin._io import read_text
 from twin.errors import TraceError
 from twin.workload.traces import TraceRecord, _parse_seconds, _parse_tokens
 
@@ -78,7 +79,7 @@ def _open_text(path: Path) -> io.TextIOBase:
             gz = f.read(2) == b"\x1f\x8b"
         if gz:
             return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
-        return open(path, encoding="utf-8-sig", newline="")  # noqa: SIM115 (returned)
+        return io.StringIO(read_text(path, "trace", TraceError), newline="")
     except OSError as e:
         raise TraceError(f"{path}: cannot read trace: {e.strerror}") from None
 
