@@ -30,6 +30,7 @@ from twin._declare import (
     seconds,
     string,
 )
+from twin.bundled import data_path, is_data_path
 from twin.errors import SpecError, UnknownNameError
 from twin.perf.gpus import GPUSpec
 from twin.perf.iteration import PerfModel
@@ -155,7 +156,10 @@ class ProfileKeys:
 
     kind: str = declared("profile", choice("profile"), "profile")
     path: str | None = declared(
-        None, _PATH, "the table (relative to the spec's folder)", required="expected a file path"
+        None,
+        _PATH,
+        "the table (relative to the spec's folder, or data:REL)",
+        required="expected a file path",
     )
     format: str = declared(
         "auto", choice("auto", "splitwise", "native"), "auto | splitwise | native"
@@ -171,7 +175,7 @@ class DistServeKeys:
 
     kind: str = declared("distserve", choice("distserve"), "distserve")
     path: str | None = declared(
-        None, _PATH, "the profiler JSON (relative to the spec's folder)",
+        None, _PATH, "the profiler JSON (relative to the spec's folder, or data:REL)",
         required="expected a file path",
     )  # fmt: skip
     model: str | None = declared(None, TEXT, "the model's entry (default: the spec's)")
@@ -233,7 +237,9 @@ def read_perf(spec: object, where: str = "", base_dir: Path | None = None) -> An
     perf: Any = read(cls, dict(spec), w).value
     if kind != "roofline":
         path = Path(perf.path)
-        if not path.is_absolute() and base_dir is not None:
+        if is_data_path(perf.path):  # data:REL, in the public data folder
+            path = data_path(perf.path, f"{w}.path")
+        elif not path.is_absolute() and base_dir is not None:
             path = base_dir / path
         if not path.is_file():
             raise SpecError(f"{w}.path: {str(path)!r} is not a file")
