@@ -1,6 +1,7 @@
-"""The seed papers on their own setups: DistServe's (OSDI 2024, section 6,
-Fig. 8 chatbot) KV memory and its OPT-13B comparison with vLLM, as the bundled
-``distserve-chatbot`` experiment states them (see README, Fidelity)."""
+"""The seed papers on their own setups (README, Fidelity): DistServe's (OSDI
+2024, section 6, Fig. 8 chatbot) KV memory and its OPT-13B comparison with
+vLLM in the bundled ``distserve-chatbot``; Splitwise's (ISCA 2024, section VI)
+token stalls in the bundled ``splitwise-isopower``."""
 
 from __future__ import annotations
 
