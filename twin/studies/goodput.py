@@ -299,7 +299,14 @@ def _config_axes(axes: Sequence[Axis], drop: set[str]) -> list[Axis]:
         keep = [i for i, k in enumerate(a.keys) if k not in drop]
         if not keep:
             continue
-        rows = list(dict.fromkeys(tuple(row[i] for i in keep) for row in a.rows))
+        # distinct rows, first seen first; a value may be a mapping or a list
+        # (cluster.prefill: {instances: 1, tp: 2}), so rows are told apart by
+        # their JSON text, not hashed
+        seen: dict[str, tuple[Any, ...]] = {}
+        for row in a.rows:
+            kept = tuple(row[i] for i in keep)
+            seen.setdefault(json.dumps(kept, sort_keys=True, default=str), kept)
+        rows = list(seen.values())
         out.append(Axis(tuple(a.keys[i] for i in keep), tuple(rows), a.zipped))
     return out
 

@@ -28,6 +28,7 @@ YAML (the mapping under ``workload:``)::
     #  {prompt: {dist: lognormal, median: 1020, sigma: 1.0, min: 2, max: 14050},
     #   output: {dist: fixed, value: 128}}         # lognormal: median|mean, sigma|cv
     #  {empirical: path.csv, format: auto}         # rows drawn with replacement
+    #  {empirical: path.csv, max_total_tokens: 2047}  # rows of prompt + output <= 2047 only
     rate_scale: 1.0               # arrival times divided by it (2.0 = twice the rate)
     rate_schedule: {kind: steps, points: [[0 s, 1.0], [10 min, 2.0]]}  # m(t) on the rate
     #  {kind: linear, points: [[0 s, 0.5], [30 min, 2.0]]}   # straight between points
@@ -137,6 +138,8 @@ class EmpiricalFile:
 
     path: Path
     format: str = "auto"
+    # rows whose prompt + output exceeds it are left out (None: every row)
+    max_total_tokens: int | None = None
 
 
 Lengths = str | IndependentLengths | EmpiricalFile | SharedPrefix
@@ -169,7 +172,8 @@ LENGTHS_SCHEMA = {
         {"type": "object", "required": ["prompt", "output"], "additionalProperties": False,
          "properties": {"prompt": _MARGINAL, "output": _MARGINAL}},
         {"type": "object", "required": ["empirical"], "additionalProperties": False,
-         "properties": {"empirical": {"type": "string"}, "format": {"enum": list(_FORMATS)}}},
+         "properties": {"empirical": {"type": "string"}, "format": {"enum": list(_FORMATS)},
+                        "max_total_tokens": {"type": "integer", "minimum": 1}}},
         {"type": "object", "required": ["shared_prefix"], "additionalProperties": False,
          "properties": {"shared_prefix": SHARED_PREFIX_SCHEMA}},
     ]
@@ -417,14 +421,17 @@ def _lengths(value: object, where: str, base_dir: Path | None) -> Lengths:
         _no_unknown(value, ("shared_prefix",), where)
         return SharedPrefix.from_mapping(value["shared_prefix"], f"{where}.shared_prefix")
     if "empirical" in value:
-        _no_unknown(value, ("empirical", "format"), where)
+        _no_unknown(value, ("empirical", "format", "max_total_tokens"), where)
         fmt = value.get("format", "auto")
         if fmt not in _FORMATS:
             raise SpecError(
                 f"{where}.format: {fmt!r} unknown; expected one of {', '.join(_FORMATS)}"
             )
-        path = spec_file(value["empirical"], f"{where}.empirical", base_dir)
-        return EmpiricalFile(path, str(fmt))
+        return EmpiricalFile(
+            spec_file(value["empirical"], f"{where}.empirical", base_dir),
+            str(fmt),
+            _int_tokens(value, "max_total_tokens", where, None),
+        )
     _no_unknown(value, ("prompt", "output"), where)
     return IndependentLengths(
         _scoped(_marginal, _required(value, "prompt", where), f"{where}.prompt"),
@@ -479,7 +486,7 @@ def _sampler(lengths: str | IndependentLengths | EmpiricalFile) -> LengthSampler
     if isinstance(lengths, str):
         return bundled_table(lengths)
     if isinstance(lengths, EmpiricalFile):
-        return EmpiricalLengths.from_file(lengths.path, lengths.format)
+        return EmpiricalLengths.from_file(lengths.path, lengths.format, lengths.max_total_tokens)
     return lengths
 
 
