@@ -160,7 +160,7 @@ def queue_iterations_s(
     decode_context_sum: int = 0,
 ) -> list[float]:
     """The time of each iteration that computes ``work``, one ``(new tokens,
-    cached tokens)`` pair per prompt in first-come order, batched as
+    cached tokens)`` pair per prompt in the order the queue serves them, batched as
     :class:`~twin.serving.engine.Engine` batches prefills: without chunking,
     whole prompts while they fit in ``max_batched_tokens`` (a longer one runs
     alone); with ``chunked``, a budget of ``max_batched_tokens`` less the
