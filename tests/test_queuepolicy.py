@@ -202,6 +202,24 @@ def test_a_queue_of_equal_keys_is_the_engines_deque(ops):
             assert q[0] == d[0]
 
 
+def test_a_preempted_request_rejoins_by_its_key_then_ahead_of_its_equals():
+    """Under ``priority`` a preempted request of low priority waits behind the
+    higher-priority ones queued, and ahead of an equal one that arrived at the
+    same instant; under FCFS it goes to the front."""
+
+    def item(rid: int, priority: int) -> Sequence:
+        return Sequence(Request(rid, 0.5, 10, 1, priority=priority), 0.5)
+
+    a, b, c, back = item(0, 0), item(1, 2), item(2, 2), item(3, 2)
+    for name, want in [("priority", [a, back, b, c]), ("fcfs", [back, a, b, c])]:
+        q = PolicyQueue(build_queue_policy(name))
+        for s in (a, b, c):
+            q.append(s)
+        q.appendleft(back)  # preempted: rejoins
+        assert list(q) == want, name
+        assert [q.popleft() for _ in range(4)] == want
+
+
 # -- the queue estimate -----------------------------------------------------------------
 def test_the_queue_estimate_prices_the_queue_in_the_policys_order():
     """Without chunking, a prompt that does not fit the iteration's token
