@@ -17,6 +17,7 @@ from twin.request import Request
 from twin.serving.engine import Engine, EngineConfig
 from twin.serving.kvcache import BlockManager, blocks_for
 from twin.serving.observer import Observer, broadcast
+from twin.serving.queuepolicy import QueuePolicyChoice
 from twin.serving.sequence import Sequence
 from twin.sim.trace import EventLog
 
@@ -210,6 +211,9 @@ def test_m_d_1_mean_wait_matches_theory():
     assert all(s.t_finish - s.t_scheduled == pytest.approx(service) for s in done[:100])
 
 
+QUEUE_POLICIES = ("fcfs", "priority", "shortest-prompt-first")
+
+
 @st.composite
 def scenarios(draw):
     n = draw(st.integers(1, 25))
@@ -224,7 +228,8 @@ def scenarios(draw):
         hashes = tuple(draw(st.lists(st.integers(0, 2), min_size=-(-prompt // 16),
                                      max_size=-(-prompt // 16))))  # fmt: skip
         chain = tuple(hash(hashes[: k + 1]) for k in range(len(hashes)))
-        reqs.append(Request(i, t, prompt, draw(st.integers(1, 40)), chain, 16))
+        priority = draw(st.integers(0, 2))
+        reqs.append(Request(i, t, prompt, draw(st.integers(1, 40)), chain, 16, priority))
     longest = max(blocks_for(r.prompt_tokens + r.output_tokens - 1, block) for r in reqs)
     blocks = draw(st.integers(longest, longest * 4))
     cfg = EngineConfig(
@@ -235,6 +240,7 @@ def scenarios(draw):
         watermark=0.0,
         fast_forward=False,
         prefix_caching=caching,
+        queue_policy=QueuePolicyChoice(draw(st.sampled_from(QUEUE_POLICIES))),
     )
     return reqs, blocks, cfg
 

@@ -10,7 +10,7 @@ from helpers import small_spec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_disagg import split_spec
-from test_engine import Linear, largest_relative_difference
+from test_engine import QUEUE_POLICIES, Linear, largest_relative_difference
 
 from twin._clock import Arrival
 from twin.perf.gpus import get_gpu
@@ -78,17 +78,20 @@ def test_a_stretch_is_priced_to_the_last_bit_as_step_by_step(name, count, mean_c
 
 
 @st.composite
-def runs(draw):
-    """A small cluster, colocated or split, under a random fault timeline."""
+def runs(draw, policy: str | None = None):
+    """A small cluster, colocated or split, under a random fault timeline, its
+    instances admitting in the order of queue ``policy`` (drawn when None)."""
     layout = draw(st.sampled_from(["colocated", "split", "splitwise"]))
     engine = {
         "chunked_prefill": draw(st.booleans()),
         "gpu_memory_utilization": draw(st.sampled_from([0.22, 0.9])),  # 0.22: preemptions
+        "queue_policy": policy or draw(st.sampled_from(QUEUE_POLICIES)),
     }
     workload = {
         "lengths": "azure-conv",
         "arrival": {"process": "gamma", "rate": draw(st.sampled_from([2.0, 8.0])), "cv": 2},
         "max_requests": draw(st.integers(5, 60)),
+        "priority": {0: 1, 1: 1, 2: 1},
     }
     events = []
     for _ in range(draw(st.integers(0, 3))):
@@ -125,13 +128,14 @@ def outcome(kind: str, data: dict, ff: bool, perf=None):
     return {"result": res, "rows": sorted(rows, key=lambda r: r["id"])}, sim.events
 
 
+@pytest.mark.parametrize("policy", QUEUE_POLICIES)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(run=runs(), model=st.sampled_from(["spec", "profile", "distserve"]))
-def test_whole_runs_fast_forwarded_are_those_stepped(run, model):
+@given(data=st.data(), model=st.sampled_from(["spec", "profile", "distserve"]))
+def test_whole_runs_fast_forwarded_are_those_stepped(policy, data, model):
     """Every timestamp, counter and summary of a run, colocated or split, with
     preemptions, chunked prefill, failures and throttled GPUs, is the same to
-    the last bit with fast-forward as stepping."""
-    kind, data = run
+    the last bit with fast-forward as stepping, under each queue policy."""
+    kind, data = data.draw(runs(policy))
     perf = {"spec": None, "profile": table(), "distserve": fit()}[model]
     stepped, n_stepped = outcome(kind, data, False, perf)
     jumped, n_jumped = outcome(kind, data, True, perf)
