@@ -19,8 +19,9 @@ from test_engine import Auditing, run_engine
 import twin
 from twin.errors import DuplicateRegistrationError, SpecError, TwinError, UnknownNameError
 from twin.request import Request
-from twin.serving.cluster import EngineView, queue_iterations_s
+from twin.serving.cluster import EngineView
 from twin.serving.engine import EngineConfig
+from twin.serving.queuecost import queue_iterations_s
 from twin.serving.queuepolicy import (
     PolicyQueue,
     QueuePolicyChoice,

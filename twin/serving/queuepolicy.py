@@ -228,19 +228,22 @@ class PolicyQueue:
     ``appendleft`` (a preempted request, ahead of its equals), the head
     ``[0]`` and ``popleft``, ``remove``, ``clear``, and iteration in order."""
 
-    __slots__ = ("_heap", "_key", "_back", "_front")
+    __slots__ = ("_heap", "_key", "_back", "_front", "changes")
 
     def __init__(self, policy: QueuePolicy) -> None:
         self._heap: list[tuple[Any, int, Any]] = []
+        self.changes = 0  # every change of the queue (a join may land anywhere in it)
         self._key = policy.key
         self._back = 0  # the next arrival's place among equal keys
         self._front = 0  # ... and the next preempted one's, ahead of all before it
 
     def append(self, item: Any) -> None:
+        self.changes += 1
         heapq.heappush(self._heap, (self._key(item), self._back, item))
         self._back += 1
 
     def appendleft(self, item: Any) -> None:
+        self.changes += 1
         self._front -= 1
         heapq.heappush(self._heap, (self._key(item), self._front, item))
 
@@ -250,9 +253,11 @@ class PolicyQueue:
         return self._heap[0][2]
 
     def popleft(self) -> Any:
+        self.changes += 1
         return heapq.heappop(self._heap)[2]
 
     def remove(self, item: Any) -> None:
+        self.changes += 1
         heap = self._heap
         i = next(k for k, e in enumerate(heap) if e[2] is item)
         heap[i] = heap[-1]
@@ -260,6 +265,7 @@ class PolicyQueue:
         heapq.heapify(heap)
 
     def clear(self) -> None:
+        self.changes += 1
         self._heap.clear()
 
     def __len__(self) -> int:
