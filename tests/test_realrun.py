@@ -85,8 +85,10 @@ def _record(start: float, prompt: int, out: int, *, error: bool = False) -> dict
     }  # fmt: skip
 
 
-def make_run_folder(root: Path, *, with_records: bool = True) -> Path:
-    d = root / "run-a"
+def make_run_folder(
+    root: Path, *, with_records: bool = True, name: str = "run-a", failed: int = 0
+) -> Path:
+    d = root / name
     (d / "results").mkdir(parents=True)
     (d / "exp-config.yaml").write_text(
         "model: meta-llama/Llama-2-7b-hf\ntensor_parallelism: 1\nmax_model_len: 4096\n"
@@ -102,7 +104,8 @@ def make_run_folder(root: Path, *, with_records: bool = True) -> Path:
     }  # fmt: skip
     (d / "profile.yaml").write_text(json.dumps(profile))
     res = d / "results"
-    (res / "summary_lifecycle_metrics.json").write_text(json.dumps(_lifecycle(1.0, 0.1, 7.0)))
+    summary = _lifecycle(1.0, 0.1, 7.0, bad=failed)
+    (res / "summary_lifecycle_metrics.json").write_text(json.dumps(summary))
     (res / "stage_0_lifecycle_metrics.json").write_text(json.dumps(_lifecycle(0.8, 0.05, 7.0)))
     (res / "stage_1_lifecycle_metrics.json").write_text(json.dumps(_lifecycle(1.2, 0.15, 7.0)))
     if with_records:  # completion order, not send order
@@ -219,3 +222,110 @@ def test_validate_run_prints_the_table_for_a_traced_run(realruns, capsys):
                  "--json"]) == 0  # fmt: skip
     doc = json.loads(capsys.readouterr().out)
     assert doc["replayed"] == 120 and all(math.isfinite(s["mape"]) for s in doc["scores"])
+
+
+# --------------------------------------------------------------------------- over runs
+
+
+def _scored(key: str, e2e_signed: float, *, overloaded: bool = False):
+    from twin.studies.realrun import Score
+    from twin.studies.validate_realrun import RunScore
+
+    a = 1.0
+    p = a * (1 + e2e_signed / 100)
+    s = {(-1, "e2e_mean"): Score(p, a, abs(e2e_signed), e2e_signed)}
+    return RunScore(key, overloaded, 10, 10, None, s)
+
+
+def test_summarize_gives_mean_median_signed_and_the_worst_run():
+    from twin.studies.validate_realrun import format_summary, summarize
+
+    results = [_scored("a", 10.0), _scored("b", -30.0), _scored("c", 20.0),
+               _scored("x", 900.0, overloaded=True)]  # fmt: skip
+    (row,) = summarize(results)
+    assert (row.stage, row.metric, row.runs) == (-1, "e2e_mean", 3)
+    assert row.mean == pytest.approx(20.0) and row.median == pytest.approx(20.0)
+    assert row.signed_mean == pytest.approx(0.0)
+    assert (row.worst, row.worst_mape) == ("b", pytest.approx(30.0))
+    (every,) = summarize(results, include_overloaded=True)
+    assert every.runs == 4 and every.worst == "x"
+    text = format_summary([row], 3, 1)
+    assert "3 runs scored (1 overloaded runs left out; --all adds them)" in text
+    assert "b (30.0%)" in text
+
+
+def test_validate_runs_replays_every_run_folder_and_prints_one_table(tmp_path, capsys):
+    make_run_folder(tmp_path)
+    assert main(["validate", "runs", str(tmp_path), "--gpu", "h100-sxm", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["key"] for r in doc["runs"]] == ["run-a"] and doc["runs"][0]["replayed"] == 3
+    pairs = {(r["stage"], r["metric"]) for r in doc["summary"]}
+    assert pairs >= {(-1, "e2e_mean"), (1, "itl_mean")}
+    make_run_folder(tmp_path, name="run-b", failed=1)  # 1 of 4 failed: overloaded
+    assert read_run(tmp_path / "run-b", gpu="h100-sxm").overloaded
+    assert main(["validate", "runs", str(tmp_path), "--gpu", "h100-sxm"]) == 0
+    assert "1 runs scored (1 overloaded runs left out; --all adds them)" in capsys.readouterr().out
+    assert main(["validate", "runs", str(tmp_path), "--gpu", "h100-sxm", "--all", "--json"]) == 0
+    assert [r["key"] for r in json.loads(capsys.readouterr().out)["runs"]] == ["run-a", "run-b"]
+    assert main(["validate", "runs", str(tmp_path)]) == 2
+    assert "--gpu" in capsys.readouterr().err
+    assert main(["validate", "run", str(tmp_path / "run-a"), "--gpu", "h100-sxm",
+                 "--stage-requests", "0"]) == 2  # fmt: skip
+    assert "--stage-requests: 0; expected an integer >= 1" in capsys.readouterr().err
+
+
+def test_newer_records_nest_their_counts_and_without_ignore_eos_keep_the_recorded_output(
+    tmp_path,
+):
+    rec = {
+        "start_time": 10.0, "end_time": 12.0, "request": json.dumps({"max_tokens": 50}),
+        "info": {"request_metrics": {"text": {"input_tokens": 33}},
+                 "response_metrics": {"output_tokens": 41, "output_token_times": [10.5, 11.0]}},
+        "error": None,
+    }  # fmt: skip
+    p = tmp_path / "per_request_lifecycle_metrics.json"
+    p.write_text(json.dumps([rec]))
+    (r,) = read_records(p)
+    assert (r.send_s, r.prompt_tokens, r.output_tokens, r.failed) == (0.0, 33, 41, False)
+    assert (r.ttft_s, r.e2e_s) == (0.5, 2.0)
+    assert detect_format(p) == "inference-perf"
+
+
+def test_a_bad_manifest_is_a_one_line_error(tmp_path, capsys):
+    cols = ("key,model,gpu,tp,max_num_seqs,max_num_batched_tokens,system_prompt_len,"
+            "question_len,output_len,stages")  # fmt: skip
+    (tmp_path / "manifest.csv").write_text(f"{cols}\nk1,llama-2-7b,H100,1,8,64,16,16,4,[[1 2]]\n")
+    assert main(["validate", "run", str(tmp_path / "k1")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("twin: error: ") and "manifest.csv: k1: stages: '[[1 2]]'" in err
+    (tmp_path / "manifest.csv").write_text("key,model\nk1,llama-2-7b\n")
+    assert main(["validate", "runs", str(tmp_path)]) == 2
+    assert "manifest.csv: line 1: missing column(s) gpu, tp" in capsys.readouterr().err
+    (tmp_path / "manifest.csv").write_text(f'{cols}\nk1,llama-2-7b,TPU,1,8,64,16,16,4,"[[1, 2]]"\n')
+    assert main(["validate", "run", str(tmp_path / "k1")]) == 2
+    assert "gpu: 'TPU' unknown" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "billions"),
+    [
+        # parameter counts of the Hugging Face model pages (safetensors metadata)
+        ("01-ai__Yi-34B", 34.39),
+        ("Qwen__Qwen2.5-7B-Instruct", 7.62),
+        ("codellama__CodeLlama-34b-Instruct-hf", 33.74),
+        ("mistralai__Mistral-Nemo-Instruct-2407", 12.25),
+        # 109B with its vision encoder; the language model alone is 107.8B
+        ("RedHatAI__Llama-4-Scout-17B-16E-Instruct-FP8-dynamic", 107.8),
+    ],
+)
+def test_inline_models_from_config_json_count_their_parameters(realruns, name, billions):
+    from twin.perf.llm import get_model
+    from twin.studies.hfconfig import model_mapping
+
+    config = json.loads((realruns / "models" / f"{name}.json").read_text())
+    m = model_mapping(config, name, name, fp8="FP8" in name)
+    assert m["params"] / 1e9 == pytest.approx(billions, rel=0.005)
+    spec = get_model(m)
+    assert spec.layers == config.get("text_config", config)["num_hidden_layers"]
+    if "FP8" in name:
+        assert spec.weight_dtype_bytes == 1 and spec.experts == 16 and spec.shared_experts == 1

@@ -110,3 +110,35 @@ def test_prefixes_and_output_tokens_belong_to_a_trace():
     sp = {"groups": 1, "users": 1, "system_prompt_len": 1, "question_len": 1, "output_len": 1}
     with pytest.raises(SpecError, match="prefixes applies to trace only"):
         WorkloadSpec.from_mapping({**base, "prefixes": {"shared_prefix": sp}})
+
+
+def test_the_engine_prefix_cache_hits_the_system_prompt_then_the_whole_prompt():
+    import twin
+    from twin.studies.realrun import twin_metrics
+
+    spec = {
+        "model": "llama-2-7b", "gpu": "h100-sxm", "cluster": {"instances": 1, "tp": 1},
+        "engine": {"prefix_caching": True, "chunked_prefill": True, "max_batched_tokens": 2048},
+        "workload": {"lengths": {"shared_prefix": {"groups": 2, "users": 2,
+                                                   "system_prompt_len": 40, "question_len": 30,
+                                                   "output_len": 5}},
+                     "arrival": {"process": "poisson", "rate": 0.5}, "max_requests": 8},
+    }  # fmt: skip
+    result = twin.run(spec)
+    rows = sorted(result.request_rows, key=lambda r: r["id"])
+    w = WorkloadSpec.from_mapping(spec["workload"])
+    reqs = list(iter_requests(w, np.random.default_rng(np.random.SeedSequence(0).spawn(2)[0])))
+    group = [r.prefix_hashes[0] for r in reqs]  # the first block names the group
+    seen: set[tuple[int, ...]] = set()
+    groups_seen: set[int] = set()
+    for row, req in zip(rows, reqs, strict=True):
+        # each request ends before the next arrives (0.5 req/s, tens of ms each), so
+        # a repeat hits its 4 full blocks, a new prompt of a group seen its 2
+        # system-prompt blocks, a new group nothing
+        want = 64 if req.prefix_hashes in seen else 32 if group[req.id] in groups_seen else 0
+        assert row["hbm_hit_tokens"] == want
+        seen.add(req.prefix_hashes)
+        groups_seen.add(group[req.id])
+    assert {r["hbm_hit_tokens"] for r in rows} == {0, 32, 64}
+    m = twin_metrics(result, ((0.5, 100.0),))
+    assert m[0]["e2e_mean"] == pytest.approx(np.mean([r["e2e_s"] for r in rows]))

@@ -322,6 +322,8 @@ def cmd_validate_runs(args: argparse.Namespace) -> int:
     if args.spec is None or args.against is not None:
         raise TwinError("twin validate runs: needs DIR (a folder of measured runs), no --against")
     runs = read_runs(args.spec, gpu=args.gpu)
+    left_out = 0 if args.all else sum(r.overloaded for r in runs)
+    runs = [r for r in runs if args.all or not r.overloaded]
     results = []
     with Progress(len(runs), "runs", desc="replay") as bar:
         for run in runs:
@@ -335,8 +337,7 @@ def cmd_validate_runs(args: argparse.Namespace) -> int:
                "summary": [dataclasses.asdict(r) for r in rows]}  # fmt: skip
         print(json.dumps(doc, indent=2))
         return 0
-    left_out = 0 if args.all else sum(r.overloaded for r in results)
-    print(format_summary(rows, len(results) - left_out, left_out))
+    print(format_summary(rows, len(results), left_out))
     return 0
 
 
@@ -1026,7 +1027,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     v.add_argument(
         "--all", action="store_true",
-        help="runs: count overloaded runs in the summary too (left out by default)",
+        help="runs: replay and count the overloaded runs too (left out by default)",
     )  # fmt: skip
     v.add_argument(
         "--against", metavar="RESULTS",

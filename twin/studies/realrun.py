@@ -21,36 +21,30 @@ and read low. Its prefix hashes are those of the profile's workload, request ``n
 taking the ``n``-th prompt of the load generator's cycle (the traces repeat their
 prompts with the cycle's period).
 
-Metrics (:func:`twin_metrics`, the published definitions of
-``shared/data/realruns/PROVENANCE.md``): per stage (a request belongs to the stage
-during which it was sent; one sent after the last stage's end to the last stage) and
-for the whole run (-1), over completed requests, E2E and TTFT mean, p90 and p99 (numpy's
-linear percentiles, as inference-perf's reports), and ``itl_mean = (E2E mean - TTFT
-mean) / (mean output - 1)``. :func:`score` gives per (stage, metric) the absolute
-percentage error and the signed one.
+The metrics (:func:`twin_metrics`, :func:`score`) are those of
+:mod:`twin.studies.runmetrics`, the published definitions, re-exported here.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import math
-from bisect import bisect_right
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from twin import yamlio
 from twin.errors import TwinError, UnknownNameError
 from twin.perf.llm import get_model
 from twin.studies.hfconfig import model_mapping
+from twin.studies.runmetrics import METRICS, WHOLE, Score, score, stage_of, twin_metrics
 from twin.workload.shared_prefix import VLLM_BLOCK_TOKENS
 
-METRICS = ("e2e_mean", "e2e_p90", "e2e_p99", "ttft_mean", "ttft_p90", "ttft_p99", "itl_mean")
-WHOLE = -1  # the stage index of the whole run
+__all__ = [
+    "METRICS", "WHOLE", "RealRun", "Score", "read_run", "read_runs", "score", "stage_of",
+    "twin_metrics",
+]  # fmt: skip
 
 # GPU names of the measured data (shared/data/realruns/PROVENANCE.md: H100 = H100-80GB
 # SXM; the campaign's other GPUs are A100-80GB and L40S) -> the GPU catalog's.
@@ -107,7 +101,7 @@ def read_run(path: str | Path, *, gpu: str | None = None) -> RealRun:
         if (data / "manifest.csv").is_file():
             rows = _manifest(data)
             row = rows.get(key) or next(
-                (r for r in rows.values() if r["training_run"] == key), None
+                (r for r in rows.values() if r.get("training_run") == key), None
             )
             if row is not None:
                 return _manifest_run(data, row, gpu)
@@ -132,9 +126,21 @@ def read_runs(folder: str | Path, *, gpu: str | None = None) -> list[RealRun]:
     return runs
 
 
+_MANIFEST_COLUMNS = ("key", "model", "gpu", "tp", "max_num_seqs", "max_num_batched_tokens",
+                     "system_prompt_len", "question_len", "output_len", "stages")  # fmt: skip
+
+
 def _manifest(data: Path) -> dict[str, dict[str, str]]:
-    with open(data / "manifest.csv", newline="", encoding="utf-8") as fh:
-        return {r["key"]: r for r in csv.DictReader(fh)}
+    path = data / "manifest.csv"
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in _MANIFEST_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise TwinError(
+                f"{path}: line 1: missing column(s) {', '.join(missing)}; expected at least "
+                f"{', '.join(_MANIFEST_COLUMNS)}"
+            )
+        return {r["key"]: r for r in reader}
 
 
 def _number(row: Mapping[str, str], key: str, where: str) -> float | None:
@@ -154,7 +160,13 @@ def _int(value: float | None) -> int | None:
 def _manifest_run(data: Path, row: Mapping[str, str], gpu: str | None) -> RealRun:
     key = row["key"]
     where = f"{data / 'manifest.csv'}: {key}"
-    stages = _stages(json.loads(row["stages"]), where)
+    try:
+        raw_stages = json.loads(row["stages"])
+    except json.JSONDecodeError:
+        raise TwinError(
+            f"{where}: stages: {row['stages']!r} is not JSON [[rate, duration], ...]"
+        ) from None
+    stages = _stages(raw_stages, where)
     folder = data / "runs" / row["training_run"] if row.get("training_run") else None
     resolved = _read_profile(folder) if folder is not None and folder.is_dir() else None
     sp = _shared_prefix(resolved, where) if resolved is not None else None
@@ -169,7 +181,7 @@ def _manifest_run(data: Path, row: Mapping[str, str], gpu: str | None) -> RealRu
     if gpu_name is None:
         raise TwinError(f"{where}: gpu: {row['gpu']!r} unknown; expected one of {', '.join(GPUS)}")
     fp8 = row.get("precision", "").upper() == "FP8"
-    model = _model(row["model"], data / "models", where, fp8)
+    model = _model(row["model"], (data / "models" / _config_name(row["model"]),), where, fp8)
     engine = {
         "max_num_seqs": _int(_number(row, "max_num_seqs", where)),
         "max_batched_tokens": _int(_number(row, "max_num_batched_tokens", where)),
@@ -202,6 +214,11 @@ def _actuals(data: Path, key: str) -> dict[int, dict[str, float]]:
     return out
 
 
+def _config_name(hf_id: str) -> str:
+    """``org/name`` -> ``org__name.json`` (the realruns layout's ``models/``)."""
+    return hf_id.replace("/", "__") + ".json"
+
+
 def _stages(raw: object, where: str) -> tuple[tuple[float, float], ...]:
     out = []
     if isinstance(raw, list):
@@ -221,20 +238,21 @@ def _stages(raw: object, where: str) -> tuple[tuple[float, float], ...]:
     return tuple(out)
 
 
-def _model(hf_id: str, models: Path, where: str, fp8: bool) -> str | dict[str, Any]:
+def _model(hf_id: str, configs: tuple[Path, ...], where: str, fp8: bool) -> str | dict[str, Any]:
     """The catalog name of ``hf_id`` (as given: the catalog resolves Hugging Face ids),
-    else the inline mapping of ``models/<org>__<name>.json``."""
+    else the inline mapping of the first of ``configs`` (its ``config.json``) that
+    exists. An FP8 checkpoint always takes the inline form (8-bit weights)."""
     if not fp8:
         try:
             get_model(hf_id)
             return hf_id
         except UnknownNameError:
             pass
-    path = models / (hf_id.replace("/", "__") + ".json")
-    if not path.is_file():
+    path = next((p for p in configs if p.is_file()), None)
+    if path is None:
         raise TwinError(
-            f"{where}: model {hf_id!r} is not in the catalog and {path} does not exist "
-            "(its config.json)"
+            f"{where}: model {hf_id!r} is not in the catalog and none of "
+            f"{', '.join(str(p) for p in configs)} exists (its config.json)"
         )
     config = json.loads(path.read_text(encoding="utf-8"))
     return model_mapping(config, hf_id, str(path), fp8)
@@ -323,7 +341,8 @@ def _folder_run(folder: Path, gpu: str | None) -> RealRun:
     if args.get("block_size", VLLM_BLOCK_TOKENS) != VLLM_BLOCK_TOKENS:
         engine["block_size"] = args["block_size"]
     offload = float(args["kv_offloading_size"]) * 2**30 if args.get("kv_offloading_size") else None
-    model = _model(str(args["model"]), folder, where, False)
+    hf_id = str(args["model"])
+    model = _model(hf_id, (folder / "config.json", folder / _config_name(hf_id)), where, False)
     trace = _find(folder, "per_request_lifecycle_metrics.json")
     spec = _spec(folder.name, model, gpu, int(args.get("tensor_parallelism", 1)), engine,
                  offload, stages, sp, trace)  # fmt: skip
@@ -419,82 +438,3 @@ def _spec(
     if offload_bytes:
         spec["kv_tiers"] = {"dram_bytes": f"{offload_bytes:.0f} B"}
     return spec
-
-
-# --------------------------------------------------------------------------- metrics
-
-
-def _rows(result: Any) -> Iterable[Mapping[str, Any]]:
-    rows = getattr(result, "requests", result)
-    return rows() if callable(rows) else rows
-
-
-def stage_of(t: float, stages: tuple[tuple[float, float], ...]) -> int:
-    """The stage during which a request sent at ``t`` s was sent (after the last
-    stage's end: the last stage)."""
-    starts = np.cumsum([0.0] + [d for _, d in stages[:-1]])
-    return max(0, bisect_right(starts.tolist(), t) - 1)
-
-
-def twin_metrics(
-    result: Any,
-    stages: tuple[tuple[float, float], ...],
-    *,
-    output_means: Mapping[int, float] | None = None,
-) -> dict[int, dict[str, float]]:
-    """The metrics of the module over the completed requests of ``result`` (a
-    :class:`twin.Result` with its requests, or an iterable of request rows), per stage
-    of ``stages`` and for the whole run (-1). ``output_means`` (per stage) replaces the
-    twin's own mean output in ``itl_mean``'s denominator: pass the measured run's
-    (:meth:`RealRun.output_means`) so both sides divide by the same count."""
-    groups: dict[int, list[tuple[float, float, int]]] = {WHOLE: []}
-    for r in _rows(result):
-        if r.get("status") != "completed":
-            continue
-        item = (float(r["e2e_s"]), float(r["ttft_s"]), int(r["output_tokens"]))
-        groups[WHOLE].append(item)
-        groups.setdefault(stage_of(float(r["arrival_s"]), stages), []).append(item)
-    out: dict[int, dict[str, float]] = {}
-    for s, items in sorted(groups.items()):
-        if not items:
-            continue
-        a = np.asarray(items, dtype=float)
-        e2e, ttft, outs = a[:, 0], a[:, 1], a[:, 2]
-        m = {
-            "e2e_mean": float(e2e.mean()),
-            "e2e_p90": float(np.percentile(e2e, 90)),
-            "e2e_p99": float(np.percentile(e2e, 99)),
-            "ttft_mean": float(ttft.mean()),
-            "ttft_p90": float(np.percentile(ttft, 90)),
-            "ttft_p99": float(np.percentile(ttft, 99)),
-        }
-        n = (output_means or {}).get(s, float(outs.mean()))
-        if n > 1:
-            m["itl_mean"] = (m["e2e_mean"] - m["ttft_mean"]) / (n - 1)
-        out[s] = m
-    return out
-
-
-@dataclass(frozen=True)
-class Score:
-    """One (stage, metric): the twin's value, the measured one (s), the absolute
-    percentage error ``|p - a| / a x 100`` and the signed one ``(p - a) / a x 100``."""
-
-    predicted: float
-    actual: float
-    mape: float
-    signed: float
-
-
-def score(
-    predicted: Mapping[int, Mapping[str, float]], actual: Mapping[int, Mapping[str, float]]
-) -> dict[tuple[int, str], Score]:
-    """Per (stage, metric) that both sides have (stage order, then :data:`METRICS`)."""
-    out = {}
-    for s in sorted(set(predicted) & set(actual)):
-        for m in METRICS:
-            if m in predicted[s] and m in actual[s]:
-                p, a = predicted[s][m], actual[s][m]
-                signed = (p - a) / a * 100 if a else math.inf
-                out[(s, m)] = Score(p, a, abs(signed), signed)
-    return out

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twin.errors import TwinError
 from twin.studies.realrun import (
     METRICS,
     WHOLE,
@@ -78,6 +79,8 @@ def replay(
     from twin.sim.spec import apply_overrides, resolve_spec
     from twin.workload.stream import iter_requests
 
+    if stage_requests is not None and stage_requests < 1:
+        raise TwinError(f"--stage-requests: {stage_requests}; expected an integer >= 1")
     data = copy.deepcopy(run.spec)
     apply_overrides(data, overrides)
     loaded = resolve_spec(data, run.key, Path.cwd())
@@ -151,7 +154,8 @@ def format_summary(rows: Sequence[MetricSummary], n_runs: int, left_out: int) ->
     """One table over runs: per stage and metric the mean and median MAPE, the mean
     signed error, the worst run."""
     lines = [
-        f"{n_runs} runs scored" + (f" ({left_out} overloaded runs left out)" if left_out else ""),
+        f"{n_runs} runs scored"
+        + (f" ({left_out} overloaded runs left out; --all adds them)" if left_out else ""),
         f"{'stage':<8} {'metric':<10} {'runs':>4} {'mean':>8} {'median':>8} {'signed':>8}"
         "  worst run",
     ]

@@ -6,9 +6,10 @@ asks for ``request_lifecycle.per_request``: a JSON list with one object per requ
 ``start_time`` and ``end_time`` (seconds on the client's monotonic clock), ``request``
 (the HTTP body as a JSON string: ``prompt``, ``max_tokens``, ``ignore_eos``, ...),
 ``info`` (``input_tokens`` and ``output_tokens`` counted by re-tokenising the text,
-``output_token_times``; newer versions nest the input count under
-``request_metrics.text.input_tokens``) and ``error`` (null, or the failure). The
-records are written in completion order; this reader sorts them by send time.
+``output_token_times``; newer versions nest them under
+``request_metrics.text.input_tokens`` and ``response_metrics``) and ``error`` (null,
+or the failure). The records are written in completion order; this reader sorts them
+by send time.
 
 The same records reduced to one CSV row each (``index, arrival_s, input_tokens,
 output_tokens, has_error, ttft_s, e2e_s``; gzipped or not, as in
@@ -194,13 +195,13 @@ def _json_record(path: Path, i: int, r: object) -> Record:
     info = r.get("info") or {}
     if not isinstance(info, Mapping):
         raise TraceError(f"{path}: {where}: info: {info!r} is not an object")
-    nested = info.get("request_metrics", {})
-    text_m = nested.get("text", {}) if isinstance(nested, Mapping) else {}
-    raw_in = info.get(
-        "input_tokens", text_m.get("input_tokens") if isinstance(text_m, Mapping) else 0
-    )
+    # newer inference-perf nests the counts: request_metrics.text.input_tokens,
+    # response_metrics.output_tokens and .output_token_times
+    req_m, resp_m = _sub(info, "request_metrics"), _sub(info, "response_metrics")
+    raw_in = info.get("input_tokens", _sub(req_m, "text").get("input_tokens"))
     prompt = _json_count(path, f"{where}: info.input_tokens", raw_in)
-    output = _json_count(path, f"{where}: info.output_tokens", info.get("output_tokens", 0))
+    raw_out = info.get("output_tokens", resp_m.get("output_tokens"))
+    output = _json_count(path, f"{where}: info.output_tokens", raw_out)
     body = _body(r.get("request"))
     if (
         body.get("ignore_eos") is True
@@ -208,13 +209,18 @@ def _json_record(path: Path, i: int, r: object) -> Record:
         and body["max_tokens"] >= 1
     ):
         output = int(body["max_tokens"])
-    times = info.get("output_token_times") or []
+    times = info.get("output_token_times") or resp_m.get("output_token_times") or []
     ttft = (
         float(times[0]) - start
         if isinstance(times, list) and times and is_number(times[0])
         else math.nan
     )
     return Record(start, prompt, output, r.get("error") is not None, ttft, end - start)
+
+
+def _sub(m: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    v = m.get(key)
+    return v if isinstance(v, Mapping) else {}
 
 
 def _body(raw: Any) -> Mapping[str, Any]:
