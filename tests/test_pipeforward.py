@@ -293,6 +293,8 @@ def test_pipelined_decode_instances_under_a_watching_tick_fast_forward_and_cross
         spec["cluster"]["pp"] = 2
         spec["scheduler"] = {"name": "splitwise", "token_free_threshold": threshold}
         spec["engine"] = {"fast_forward": ff, "gpu_memory_utilization": 0.5}
+        # the rates and thresholds that cross (or not) were chosen with this preset's steps
+        spec["perf"] = {"kind": "roofline", "engine": "distserve"}
         spec["workload"]["arrival"]["rate"] = rate
         rows: list[dict] = []
         woken.clear()
