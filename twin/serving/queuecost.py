@@ -154,9 +154,11 @@ class QueueCost:
         cfg = e.config
         cache = e.cache
         decode_load = e.decode_load() if cfg.chunked_prefill else None
-        key = (e.life, e.queue_changes, id(cache), cache.changes if cache is not None else 0,
-               id(e.perf), cfg.max_batched_tokens, cfg.chunked_prefill, decode_load,
-               QUEUE_HORIZON_ITERATIONS)  # fmt: skip
+        key: tuple[Any, ...] = (
+            e.life, e.queue_changes, id(cache), cache.changes if cache is not None else 0,
+            id(e.perf), cfg.max_batched_tokens, cfg.chunked_prefill, decode_load,
+            QUEUE_HORIZON_ITERATIONS,
+        )  # fmt: skip
         waiting = e.waiting
         if isinstance(waiting, PolicyQueue):
             # NOTE: a queue in a policy's order may take a join anywhere, so any
