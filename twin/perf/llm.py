@@ -752,6 +752,9 @@ MODELS = MappingProxyType(
     }
 )
 HF_IDS = MappingProxyType({**HF_IDS, **{k: r["hf_id"] for k, r in _CONFIGS.items()}})
+_ALIASES = MappingProxyType(
+    {**_ALIASES, **{normal_model_name(r["hf_id"]): k for k, r in _CONFIGS.items()}}
+)
 
 
 def model_names() -> list[str]:
