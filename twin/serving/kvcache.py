@@ -264,8 +264,11 @@ class PrefixCache:
         short = free_target - kv.free - (self.writing_blocks if held else 0)
         idle = self._idle
         while idle and freed < short:
-            _, i, run = heapq.heappop(idle)
-            after = idle[0][0] if idle else -1  # the next run's first stamp
+            _, i, run = idle[0]  # the run at the top stays there while it is taken from
+            m = len(idle)
+            after = idle[1][0] if m > 1 else -1  # the next run's first stamp: a child's
+            if m > 2 and idle[2][0] < after:
+                after = idle[2][0]
             first, n = i, len(run)
             while i < n:
                 stamp, u = run[i]
@@ -283,7 +286,9 @@ class PrefixCache:
                     break
             self._in_runs -= i - first
             if i < n:
-                heapq.heappush(idle, (run[i][0], i, run))
+                heapq.heapreplace(idle, (run[i][0], i, run))
+            else:
+                heapq.heappop(idle)
         self.cached_blocks -= freed
         self.evictable_blocks -= freed
         pending = freed if held else 0
