@@ -222,7 +222,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_kv(args: argparse.Namespace) -> int:
-    from twin.perf.llm import dtype_bytes, kv_facts, kv_report, model_from_arg
+    from twin.perf.kvreport import kv_facts, kv_report
+    from twin.perf.llm import dtype_bytes, model_from_arg
 
     model = model_from_arg(_model_arg(args, "kv"), where="twin kv: MODEL")
     nbytes = dtype_bytes(args.dtype) if args.dtype else None
