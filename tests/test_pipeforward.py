@@ -9,6 +9,7 @@ import pytest
 import simpy
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from test_disagg import split_spec
 from test_engine import Linear, largest_relative_difference, observing, scenarios
 from test_fastforward import fit, outcome, runs
 from test_pipeline import Constant
@@ -21,7 +22,9 @@ from twin.perf.roofline import Roofline
 from twin.request import Request
 from twin.serving.engine import Engine, EngineConfig
 from twin.serving.kvcache import BlockManager
+from twin.serving.pipeforward import PipeForward
 from twin.serving.sequence import Sequence
+from twin.sim.simulation import Simulation
 
 
 class Staged(Linear):
@@ -357,3 +360,55 @@ def test_what_a_finish_sets_off_at_its_instant_sees_what_stepping_shows(scenario
     stepped = _reacting(reqs, blocks, cfg, perf, mode)
     jumped = _reacting(reqs, blocks, dataclasses.replace(cfg, fast_forward=True), perf, mode)
     assert jumped == stepped
+
+
+@pytest.mark.parametrize(
+    ("model", "engine", "n", "prompt", "output"),
+    [
+        # the decode memory full: the hand-off's blocks are not free past what
+        # the stretch takes
+        ("llama-2-7b", {"gpu_memory_utilization": 0.25}, 20, 3000, 100),
+        # a prefix cache on the decode side: a reservation always ends the stretch
+        ("llama-3.1-8b", {"max_num_seqs": 1, "prefix_caching": True}, 3, 500, 40),
+    ],
+    ids=["memory", "prefix-cache"],
+)
+@pytest.mark.parametrize(("handoff", "mode"), [("push", "serialized"), ("pull", "serialized"),
+                                               ("push", "layerwise")])  # fmt: skip
+def test_a_hand_off_reserved_as_a_lane_completes_the_micro_batch_ending_a_stretch(
+    monkeypatch, model, engine, n, prompt, output, handoff, mode
+):
+    """A decode instance of two stages: a finish in the micro-batch that ends a
+    stretch frees blocks, and a queued hand-off reserves them while the lane
+    completes it (the stretch's event has fired; the lane has not gone on).
+    The reservation ends the stretch there, as any change does, with the
+    result of stepping."""
+    inside: list[bool] = []  # an interrupt while the lane completes the micro-batch
+    interrupt = PipeForward.interrupt
+
+    def watched(self):
+        if self.stretch is not None:
+            inside.append(self.stretch.event is None)
+        interrupt(self)
+
+    monkeypatch.setattr(PipeForward, "interrupt", watched)
+    reqs = [Request(i, 0.02 * i, prompt + 37 * (i % 7), output + 11 * (i % 5)) for i in range(n)]
+
+    def result(ff: bool) -> dict:
+        spec = split_spec(
+            model=model,
+            engine=engine | {"fast_forward": ff},
+            cluster={"nodes": 1, "prefill": {"instances": 1, "tp": 1},
+                     "decode": {"instances": 1, "tp": 1, "pp": 2}},
+            transfer={"mode": mode, "handoff": handoff},
+        )  # fmt: skip
+        rows: list[dict] = []
+        res = Simulation(spec, requests=reqs, on_row=rows.append).run().to_dict()
+        del res["header"]
+        return {"result": res, "rows": sorted(rows, key=lambda r: r["id"])}
+
+    stepped = result(False)
+    jumped = result(True)
+    assert any(inside)
+    assert jumped == stepped
+    assert all(r["status"] == "completed" for r in stepped["rows"])
