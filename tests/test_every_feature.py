@@ -117,9 +117,7 @@ def specs(draw) -> dict[str, Any]:
             "max_requests": draw(st.integers(10, 60)),
         },
         "slo": {"ttft": "1 s", "tpot": "50 ms"},
-        # a deadline: a node that fails for good under random NIC failures
-        # otherwise leaves its parked requests waiting, and the run, forever
-        "retry": {"max_attempts": draw(st.integers(1, 3)), "backoff": "50 ms", "deadline": "10 s"},
+        "retry": {"max_attempts": draw(st.integers(1, 3)), "backoff": "50 ms"},
     }
     schedule = draw(st.sampled_from(SCHEDULES))
     if schedule is not None:

@@ -469,6 +469,8 @@ def test_a_hand_off_reserved_as_a_lane_completes_the_micro_batch_ending_a_stretc
             cluster={"nodes": 1, "prefill": {"instances": 1, "tp": 1},
                      "decode": {"instances": 1, "tp": 1, "pp": 2}},
             transfer={"mode": mode, "handoff": handoff},
+            # the arrival gaps and lengths that reach the path were chosen with this preset's steps
+            perf={"kind": "roofline", "engine": "distserve"},
         )  # fmt: skip
         rows: list[dict] = []
         res = Simulation(spec, requests=reqs, on_row=rows.append).run().to_dict()
