@@ -273,6 +273,10 @@ def _add_validate_workload_args(v: argparse.ArgumentParser) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    if args.what == "runs":
+        return cmd_validate_runs(args)
+    if args.what == "run" and args.against is None and _measured_run(args.spec):
+        return cmd_validate_real_run(args)
     if args.what == "run":
         return cmd_validate_run(args)
     if args.what == "replay":
@@ -317,6 +321,54 @@ def cmd_validate_replay(args: argparse.Namespace) -> int:
         raise TwinError("twin validate replay: needs SPEC and takes no --against")
     c = validate_replay(args.spec, args.set or ())
     print(json.dumps(c.to_dict(), indent=2, sort_keys=True) if args.json else format_replay(c))
+    return 0
+
+
+def _measured_run(path: str | None) -> bool:
+    """Whether ``path`` names a measured run (a folder, or DIR/KEY of a folder with a
+    manifest.csv) rather than a spec."""
+    if path is None:
+        return False
+    p = Path(path)
+    return p.is_dir() or (p.parent / "manifest.csv").is_file()
+
+
+def cmd_validate_real_run(args: argparse.Namespace) -> int:
+    from twin.studies.realrun import read_run
+    from twin.studies.validate_realrun import format_run, replay
+
+    run = read_run(args.spec, gpu=args.gpu)
+    r = replay(run, stage_requests=args.stage_requests, overrides=args.set or ())
+    print(json.dumps(r.to_dict(), indent=2) if args.json else format_run(r))
+    return 0
+
+
+def cmd_validate_runs(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from twin._progress import Progress
+    from twin.studies.realrun import read_runs
+    from twin.studies.validate_realrun import format_summary, replay, summarize
+
+    if args.spec is None or args.against is not None:
+        raise TwinError("twin validate runs: needs DIR (a folder of measured runs), no --against")
+    runs = read_runs(args.spec, gpu=args.gpu)
+    left_out = 0 if args.all else sum(r.overloaded for r in runs)
+    runs = [r for r in runs if args.all or not r.overloaded]
+    results = []
+    with Progress(len(runs), "runs", desc="replay") as bar:
+        for run in runs:
+            results.append(
+                replay(run, stage_requests=args.stage_requests, overrides=args.set or ())
+            )
+            bar.update()
+    rows = summarize(results, include_overloaded=args.all)
+    if args.json:
+        doc = {"runs": [r.to_dict() for r in results],
+               "summary": [dataclasses.asdict(r) for r in rows]}  # fmt: skip
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(format_summary(rows, len(results), left_out))
     return 0
 
 
@@ -977,12 +1029,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("validate", help="check the performance model against measured profiles")
     v.add_argument(
-        "what", choices=["perf", "run", "replay"],
+        "what", choices=["perf", "run", "runs", "replay"],
         help="perf: the performance model against measured profiles; run: a spec against a "
-        "real serving run (--against); replay: a spec's measured perf table against each "
-        "roofline preset",
+        "real serving run (--against), or a measured inference-perf run (a run folder, or "
+        "DIR/KEY of a folder with manifest.csv) replayed as its own spec; runs: every "
+        "measured run of DIR; replay: a spec's measured perf table against each roofline "
+        "preset",
     )  # fmt: skip
-    v.add_argument("spec", nargs="?", help="run, replay: the spec (path or bundled name)")
+    v.add_argument(
+        "spec", nargs="?",
+        help="run, replay: the spec (path or bundled name); run: or a measured run; runs: DIR",
+    )  # fmt: skip
+    v.add_argument(
+        "--stage-requests", type=int, metavar="N",
+        help="run RUN, runs: replay only the first N requests sent in each load stage (speed)",
+    )  # fmt: skip
+    v.add_argument(
+        "--gpu", help="run RUN, runs: the GPU (catalog name) where the run's files name none"
+    )
+    v.add_argument(
+        "--all", action="store_true",
+        help="runs: replay and count the overloaded runs too (left out by default)",
+    )  # fmt: skip
     v.add_argument(
         "--against", metavar="RESULTS",
         help="run: a `vllm bench serve --save-detailed` JSON or an AIPerf profile_export.jsonl",
@@ -991,7 +1059,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--format", default="auto", choices=["auto", "vllm", "aiperf"], help="run: RESULTS format"
     )
     v.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="run, replay: override")
-    v.add_argument("--json", action="store_true", help="run, replay: print JSON")
+    v.add_argument("--json", action="store_true", help="run, runs, replay: print JSON")
     v.add_argument(
         "--data", help="the public data folder (default: $TWIN_DATA, ./shared/data, ../shared/data)"
     )
@@ -1255,6 +1323,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "twin validate replay my-profile-spec.yaml",
         "twin validate run my-spec.yaml --against vllm-result.json",
         "twin validate run my-spec.yaml --against artifacts/run/profile_export.jsonl --json",
+        "twin validate run ../shared/data/realruns/runs/20260217-155451-llama-2-7b-tp1-codegen",
+        "twin validate runs ../shared/data/realruns --stage-requests 500 --json",
     ),
     "handoff": (
         "twin handoff llama-3.1-70b --tokens 8000 --topology dgx-h100-ib400 --tp 8",

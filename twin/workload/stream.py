@@ -19,9 +19,12 @@ YAML (the mapping under ``workload:``)::
 
     trace: path/to/trace.csv      # a trace file, or `lengths:` below (exactly one)
     format: auto                  # auto | azure | mooncake | splitwise | vidur | lengths
+    #                               | inference-perf (its per-request records)
     arrival: {process: poisson, rate: 5.0}         # req/s
     #        {process: gamma, rate: 5.0, cv: 2.0}  # cv of inter-arrival gaps
     lengths: azure-conv           # bundled table: azure-conv | azure-code
+    #  {shared_prefix: {groups: 10, users: 10, system_prompt_len: 100, question_len: 447,
+    #                   output_len: 248, multi_turn: false}}   # inference-perf's
     #  {prompt: {dist: lognormal, median: 1020, sigma: 1.0, min: 2, max: 14050},
     #   output: {dist: fixed, value: 128}}         # lognormal: median|mean, sigma|cv
     #  {empirical: path.csv, format: auto}         # rows drawn with replacement
@@ -32,6 +35,8 @@ YAML (the mapping under ``workload:``)::
     #  {kind: bursts, on: 30 s, off: 90 s, high: 4.0, low: 1.0}
     duration: 600 s               # keep arrivals with arrival_s < duration (after scaling)
     max_requests: 1000            # keep at most this many requests
+    output_tokens: 248            # trace only: every output this long (ignore_eos runs)
+    prefixes: {shared_prefix: {...}}  # trace only: prefix hashes from that workload
     repeat: false                 # loop a finite trace until duration/max_requests
     skip: 0                       # start at this request (a later window; it arrives at 0)
     prefix_block_tokens: 512      # tokens per hash id (Mooncake traces; default 512)
@@ -100,6 +105,8 @@ from twin.workload.schedule import (
     RateSchedule,
     parse_rate_schedule,
 )
+from twin.workload.shared_prefix import SCHEMA as SHARED_PREFIX_SCHEMA
+from twin.workload.shared_prefix import SharedPrefix
 from twin.workload.traces import (
     ITERATORS,
     MOONCAKE_BLOCK_TOKENS,
@@ -132,7 +139,7 @@ class EmpiricalFile:
     format: str = "auto"
 
 
-Lengths = str | IndependentLengths | EmpiricalFile
+Lengths = str | IndependentLengths | EmpiricalFile | SharedPrefix
 _FORMATS = ("auto", *READERS)
 _POSITIVE = {"type": "number", "exclusiveMinimum": 0}
 _MARGINAL = {
@@ -163,7 +170,13 @@ LENGTHS_SCHEMA = {
          "properties": {"prompt": _MARGINAL, "output": _MARGINAL}},
         {"type": "object", "required": ["empirical"], "additionalProperties": False,
          "properties": {"empirical": {"type": "string"}, "format": {"enum": list(_FORMATS)}}},
+        {"type": "object", "required": ["shared_prefix"], "additionalProperties": False,
+         "properties": {"shared_prefix": SHARED_PREFIX_SCHEMA}},
     ]
+}  # fmt: skip
+PREFIXES_SCHEMA = {
+    "type": "object", "required": ["shared_prefix"], "additionalProperties": False,
+    "properties": {"shared_prefix": SHARED_PREFIX_SCHEMA},
 }  # fmt: skip
 
 
@@ -188,7 +201,9 @@ class WorkloadSpec:
     )
     lengths: Lengths | None = declared(
         None, anything(LENGTHS_SCHEMA),
-        "instead of trace: a bundled table, {prompt, output} or {empirical: path}",
+        "instead of trace: a bundled table, {prompt, output}, {empirical: path} or "
+        "{shared_prefix: {groups, users, system_prompt_len, question_len, output_len, "
+        "multi_turn}} (inference-perf's, with prefix hashes)",
     )  # fmt: skip
     rate_scale: float = declared(
         1.0, POSITIVE_NUMBER, "arrival times divided by it (2.0 = twice the rate)"
@@ -210,6 +225,16 @@ class WorkloadSpec:
         "a multiplier on the arrival rate over time, by time warping: {kind: "
         + " | ".join(KINDS) + ", ...}",
     )  # fmt: skip
+    output_tokens: int | None = declared(
+        None, POSITIVE_INT,
+        "trace only: every request's output length in place of the trace's (a load "
+        "generator that asks for N tokens with ignore_eos gets exactly N)",
+    )  # fmt: skip
+    prefixes: SharedPrefix | None = declared(
+        None, anything(PREFIXES_SCHEMA),
+        "trace only, for a trace that records no prefixes: {shared_prefix: {...}}; request "
+        "n takes the prefix hashes of that workload's request n (its full blocks that fit)",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if (self.trace is None) == (self.lengths is None):
@@ -220,6 +245,14 @@ class WorkloadSpec:
             )
         if self.trace is None and self.format != "auto":
             raise SpecError("format applies to trace only")
+        if self.prefixes is not None and self.trace is None:
+            raise SpecError("prefixes applies to trace only (lengths: {shared_prefix} has its own)")
+        if self.output_tokens is not None and (
+            self.trace is None or not is_int(self.output_tokens) or self.output_tokens < 1
+        ):
+            raise SpecError(
+                f"output_tokens(={self.output_tokens!r}) must be an integer >= 1, with a trace"
+            )
         if isinstance(self.lengths, str) and self.lengths not in BUNDLED_TABLES:
             raise SpecError(
                 f"lengths {self.lengths!r} unknown; expected one of {', '.join(BUNDLED_TABLES)} "
@@ -285,6 +318,10 @@ class WorkloadSpec:
                     raise SpecError(f"{where}.duration: {e}") from None
             if m.get("max_requests") is not None:
                 kw["max_requests"] = m["max_requests"]
+            if m.get("prefixes") is not None:
+                kw["prefixes"] = _scoped(_prefixes, m["prefixes"], f"{where}.prefixes")
+            if m.get("output_tokens") is not None:
+                kw["output_tokens"] = m["output_tokens"]
             if "repeat" in m:
                 kw["repeat"] = m["repeat"]
             if "skip" in m:
@@ -376,6 +413,9 @@ def _lengths(value: object, where: str, base_dir: Path | None) -> Lengths:
             f"{where}: {value!r} is not a table name or mapping; expected one of "
             f"{', '.join(BUNDLED_TABLES)}, {{prompt: ..., output: ...}} or {{empirical: path}}"
         )
+    if "shared_prefix" in value:
+        _no_unknown(value, ("shared_prefix",), where)
+        return SharedPrefix.from_mapping(value["shared_prefix"], f"{where}.shared_prefix")
     if "empirical" in value:
         _no_unknown(value, ("empirical", "format"), where)
         fmt = value.get("format", "auto")
@@ -390,6 +430,13 @@ def _lengths(value: object, where: str, base_dir: Path | None) -> Lengths:
         _scoped(_marginal, _required(value, "prompt", where), f"{where}.prompt"),
         _scoped(_marginal, _required(value, "output", where), f"{where}.output"),
     )
+
+
+def _prefixes(value: object, where: str) -> SharedPrefix:
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{where}: {value!r} is not a mapping; expected {{shared_prefix: {{...}}}}")
+    check_keys(value, where, ("shared_prefix",))
+    return SharedPrefix.from_mapping(value["shared_prefix"], f"{where}.shared_prefix")
 
 
 def _int_tokens(m: Mapping[str, object], key: str, where: str, default: int | None) -> int | None:
@@ -428,7 +475,7 @@ def _marginal(value: object, where: str) -> Marginal:
     return LogNormalLength.from_mean(_positive("mean", value["mean"]), sigma, lo, hi)
 
 
-def _sampler(lengths: Lengths) -> LengthSampler:
+def _sampler(lengths: str | IndependentLengths | EmpiricalFile) -> LengthSampler:
     if isinstance(lengths, str):
         return bundled_table(lengths)
     if isinstance(lengths, EmpiricalFile):
@@ -540,6 +587,26 @@ def _repeat_period(one: _Pass, path: Path) -> float:
     return (last - first) * len(one) / (len(one) - 1)
 
 
+def _shared_prefix(sp: SharedPrefix, rng: np.random.Generator) -> Iterator[Row]:
+    for p, o, h, b in sp.stream(rng):
+        yield None, p, o, h, b
+
+
+def _with_prefixes(
+    rows: Iterator[Row], sp: SharedPrefix, rng: np.random.Generator
+) -> Iterator[Row]:
+    """``rows`` with request n's prefix hashes those of ``sp``'s request n, cut to
+    the blocks that fit in the row's prompt."""
+    for (t, p, o, _, _), (_, _, h, b) in zip(rows, sp.stream(rng)):  # noqa: B905 (endless)
+        yield t, p, o, h[: p // b], b
+
+
+def _with_output(rows: Iterator[Row], output: int) -> Iterator[Row]:
+    """``rows`` with every output length set to ``output``."""
+    for t, p, _, h, b in rows:
+        yield t, p, output, h, b
+
+
 def _timed(times: Iterator[float], rows: Iterator[Row]) -> Iterator[Row]:
     """``rows`` with their times replaced by ``times`` (an arrival process)."""
     for t, (_, p, o, h, b) in zip(times, rows):  # noqa: B905 (either may end first)
@@ -586,13 +653,20 @@ def iter_requests(spec: WorkloadSpec, rng: np.random.Generator) -> Iterator[Requ
         if spec.repeat and spec.duration_s is None and spec.max_requests is None:
             raise SpecError("repeat: true needs duration or max_requests to end the stream")
         rows = _trace_rows(spec, fmt, own_times=spec.arrival is None)
+        if spec.output_tokens is not None:
+            rows = _with_output(rows, spec.output_tokens)
+        if spec.prefixes is not None:
+            rows = _with_prefixes(rows, spec.prefixes, length_rng)
         if spec.arrival is not None:
             rows = _timed(arrival_times(spec.arrival, arrival_rng), rows)
     else:
         assert spec.lengths is not None and spec.arrival is not None
-        rows = _timed(
-            arrival_times(spec.arrival, arrival_rng), _sampled(_sampler(spec.lengths), length_rng)
+        source = (
+            _shared_prefix(spec.lengths, length_rng)
+            if isinstance(spec.lengths, SharedPrefix)
+            else _sampled(_sampler(spec.lengths), length_rng)
         )
+        rows = _timed(arrival_times(spec.arrival, arrival_rng), source)
 
     t0 = 0.0
     if spec.skip:

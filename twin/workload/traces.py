@@ -27,6 +27,9 @@ Supported formats (``format=`` names):
 ``vidur``
     Vidur processed trace: ``arrived_at`` (s), ``num_prefill_tokens``,
     ``num_decode_tokens``.
+``inference-perf``
+    inference-perf's ``per_request_lifecycle_metrics.json``, or those records
+    reduced to CSV (gzipped or not); see :mod:`twin.workload.inference_perf`.
 ``lengths``
     Length-only CSV (ShareGPT / arXiv samples of Sarathi-Serve and Vidur):
     ``num_prefill_tokens,num_decode_tokens,...``; no times, so
@@ -408,8 +411,21 @@ def read_mooncake(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -
     return list(iter_mooncake(path, block_tokens))
 
 
+def iter_inference_perf(path: str | Path) -> Iterator[TraceRecord]:
+    """inference-perf's per-request records (:mod:`twin.workload.inference_perf`)."""
+    from twin.workload.inference_perf import iter_inference_perf as records
+
+    return records(path)
+
+
+def read_inference_perf(path: str | Path) -> list[TraceRecord]:
+    """:func:`iter_inference_perf`, as a list."""
+    return list(iter_inference_perf(path))
+
+
 ITERATORS: dict[str, Callable[[Path], Iterator[TraceRecord]]] = {
     "azure": iter_azure,
+    "inference-perf": iter_inference_perf,
     "mooncake": iter_mooncake,
     "splitwise": iter_splitwise,
     "vidur": iter_vidur,
@@ -419,6 +435,7 @@ ITERATORS: dict[str, Callable[[Path], Iterator[TraceRecord]]] = {
 
 READERS: dict[str, Callable[[Path], list[TraceRecord]]] = {
     "azure": read_azure,
+    "inference-perf": read_inference_perf,
     "mooncake": read_mooncake,
     "splitwise": read_splitwise,
     "vidur": read_vidur,
@@ -426,12 +443,17 @@ READERS: dict[str, Callable[[Path], list[TraceRecord]]] = {
 }
 """Reader per format name; ``auto`` (see :func:`detect_format`) picks one of these."""
 
-TIMED_FORMATS = frozenset({"azure", "mooncake", "splitwise", "vidur"})
+TIMED_FORMATS = frozenset({"azure", "inference-perf", "mooncake", "splitwise", "vidur"})
 
 
 def detect_format(path: str | Path) -> str:
     """The format of a trace file, from its extension and first line."""
     path = Path(path)
+    from twin.workload.inference_perf import is_records_file
+
+    if path.name.endswith(".gz") or path.name.endswith("per_request_lifecycle_metrics.json"):
+        if is_records_file(path):
+            return "inference-perf"
     with open_text(path, "trace", TraceError) as f:
         first = f.readline(1 << 16).strip()  # a header, not a whole file without newlines
     if path.suffix in (".jsonl", ".json") or first.startswith("{"):
@@ -445,14 +467,17 @@ def detect_format(path: str | Path) -> str:
         return "splitwise"
     if "arrived_at" in cols:
         return "vidur"
+    if is_records_file(path, first):
+        return "inference-perf"
     if {"num_prefill_tokens", "num_decode_tokens"} <= cols:
         return "lengths"
     raise TraceError(
         f"{path}: line 1: cannot tell the trace format from header {first[:120]!r}; expected "
         "the columns of one of azure (TIMESTAMP,ContextTokens,GeneratedTokens), splitwise "
         "(arrival_timestamp,prompt_size,token_size,...), vidur (arrived_at,num_prefill_tokens,"
-        "num_decode_tokens), lengths (num_prefill_tokens,num_decode_tokens), or a .jsonl "
-        "Mooncake trace; or give format: explicitly"
+        "num_decode_tokens), lengths (num_prefill_tokens,num_decode_tokens), inference-perf "
+        "(arrival_s,input_tokens,output_tokens,has_error,...), or a .jsonl Mooncake trace; "
+        "or give format: explicitly"
     )
 
 
