@@ -225,3 +225,46 @@ def test_validate_runs_refuses_a_file_that_is_not_its_output(tmp_path, capsys, b
     assert main(["validate", "runs", str(p)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("twin: error: ") and "x.json" in err and err.count("\n") == 1
+
+
+def test_goodput_interval_searches_at_the_slos_scaled_by_the_residual_bounds(tmp_path):
+    import copy as _copy
+    import csv
+    from pathlib import Path
+
+    from twin.studies.goodput import goodput
+
+    path = _residual_file(tmp_path, ROWS)  # bounds (-0.3, 0.5) at 80%
+    limit = 3.0
+
+    def runner(data, where, base_dir):
+        # attainment meets the target up to a rate proportional to the TTFT SLO (s)
+        ttft = data["slo"]["ttft"]
+        ttft = 1.0 if ttft == "1 s" else ttft
+        return 1.0 if data["workload"]["rate_scale"] <= limit * ttft else 0.5
+
+    data = {
+        "model": "llama-3.1-8b", "cluster": {"instances": 1, "tp": 1},
+        "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 2.0},
+                     "max_requests": 20, "rate_scale": 1.0},
+        "slo": {"ttft": "1 s", "tpot": "50 ms"},
+        "perf": {"kind": "roofline", "residuals": str(path)},
+    }  # fmt: skip
+    g = goodput(_copy.deepcopy(data), "x.yaml", Path.cwd(), seeds=2, rel_tol=0.01, runner=runner)
+    (row,) = g.rows
+    lo, hi = row.interval
+    assert row.coverage == 0.8
+    # offered rps = 2 req/s x rate_scale; each search ends within 1% below its limit
+    assert 2 * limit * math.exp(-0.3) / 1.01 <= lo <= 2 * limit * math.exp(-0.3)
+    assert 2 * limit * math.exp(0.5) / 1.01 <= hi <= 2 * limit * math.exp(0.5)
+    assert lo <= row.mean_rps <= hi
+    assert "80% prediction interval" in g.format_table()
+    g.write_csv(tmp_path / "g.csv")
+    head, first = list(csv.reader((tmp_path / "g.csv").open()))[:2]
+    assert head[-3:] == ["goodput_rps_lo", "goodput_rps_hi", "coverage"]
+    assert float(first[-3]) == lo and float(first[-2]) == hi
+    # without residuals: no interval, no columns, only the point's searches
+    del data["perf"]
+    g0 = goodput(data, "x.yaml", Path.cwd(), seeds=2, rel_tol=0.01, runner=runner)
+    assert g0.rows[0].interval is None and g0.probes < g.probes
+    assert "goodput_rps_lo" not in g0.csv_rows()[0]
