@@ -1324,12 +1324,28 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def _add_calibrate_parser(sub: Any) -> None:
     ca = sub.add_parser(
-        "calibrate", help="fit the roofline's GPU efficiencies and overheads to profile tables"
+        "calibrate",
+        help="fit the roofline's terms to profile tables (--profile) or serving runs (--runs)",
     )
-    ca.add_argument(
-        "--profile", action="append", required=True, metavar="TABLE",
+    src = ca.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--profile", action="append", metavar="TABLE",
         help="a native table (twin profile); repeat for several models on one GPU",
     )  # fmt: skip
+    src.add_argument(
+        "--runs", metavar="DIR",
+        help="measured vLLM runs (inference-perf run folders, or a realruns-style folder):"
+        " fit the vllm preset's free terms and write its perf: block",
+    )  # fmt: skip
+    ca.add_argument(
+        "--stage-requests", type=int, metavar="N",
+        help="--runs: replay only the first N requests sent in each load stage (faster)",
+    )  # fmt: skip
+    ca.add_argument(
+        "--leave-one-out", action="store_true",
+        help="--runs: also score each run with the terms fitted to the others",
+    )  # fmt: skip
+    ca.add_argument("--out", metavar="FILE", help="--runs: write the perf: block (YAML) here")
     ca.add_argument("--model", help="the model measured (default: the table's sidecar)")
     ca.add_argument("--gpu", help="the catalog GPU measured (default: the sidecar)")
     ca.add_argument("--tp", type=int, help="the TP measured (default: the sidecar, else 1)")
@@ -1338,13 +1354,21 @@ def _add_calibrate_parser(sub: Any) -> None:
     )
     ca.add_argument(
         "--fit", metavar="TERM[,TERM...]",
-        help="terms to fit (default mfu,mbu,attn_mfu,overhead_s,seq_overhead_s)",
+        help="terms to fit (--profile default mfu,mbu,attn_mfu,overhead_s,seq_overhead_s;"
+        " --runs default overhead_s,layer_overhead_s,hop_overhead_s,moe_efficiency)",
     )  # fmt: skip
     ca.add_argument("--json", action="store_true", help="print JSON")
     ca.set_defaults(func=cmd_calibrate)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.runs is not None:
+        from twin.studies.calibrate_runs import command as runs_command
+
+        return runs_command(
+            args.runs, gpu=args.gpu, fit_terms=args.fit, stage_requests=args.stage_requests,
+            loo=args.leave_one_out, out=args.out, as_json=args.json,
+        )  # fmt: skip
     from twin.perf.fit_profile import command
 
     return command(
@@ -1403,6 +1427,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "calibrate": (
         "twin calibrate --profile qwen3-8b-h200.csv",
         "twin calibrate --profile qwen3-8b-h200.csv --profile llama-3.1-8b-h200.csv",
+        "twin calibrate --runs ../shared/data/realruns --stage-requests 500 --out perf.yaml",
     ),
     "profile": (
         "twin profile qwen3-8b --gpu h200 --out qwen3-8b-h200.csv",

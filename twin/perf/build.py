@@ -120,6 +120,11 @@ class RooflineKeys:
         None, _AT_LEAST_0, "software latency added to each all-reduce hop (default: the preset)",
         key="hop_overhead",
     )  # fmt: skip
+    moe_efficiency: float | None = declared(
+        None, FRACTION,
+        "MoE: share of mbu the fused experts kernel reaches reading expert weights"
+        " (default: the preset; 1 without one)",
+    )  # fmt: skip
     expert_skew: float | None = declared(
         None, interval(0, 100),
         "MoE: the busiest GPU's routed tokens over the mean, minus 1 (default 0: uniform)",
@@ -267,12 +272,12 @@ def build_perf_model(
 ) -> PerfModel:
     """A perf model from a YAML mapping; ``None`` is the calibrated Roofline.
 
-    ``{kind: roofline, engine: distserve|splitwise-sim, mfu: 0.5, mbu: 0.8, attn_mfu: 0.3,
+    ``{kind: roofline, engine: vllm|distserve|splitwise-sim, mfu: 0.5, mbu: 0.8, attn_mfu: 0.3,
     overhead: "4 ms", layer_overhead, seq_overhead, seq_shard_overhead,
     hop_latency, tp_mfu_exponent, act_traffic, no_overlap, throttle,
-    throttle_knee, l2_speedup, hop_overhead}`` (durations with
+    throttle_knee, l2_speedup, hop_overhead, moe_efficiency}`` (durations with
     units; unset efficiencies default per GPU, unset software terms to the
-    ``engine`` preset, itself ``distserve`` by default);
+    ``engine`` preset, itself ``vllm`` by default);
     ``{kind: profile, path, format: splitwise|native, model, hardware, tp}``
     (``model``/``hardware``/``tp`` select splitwise rows and default to the
     instance's model name, GPU name and TP); ``{kind: distserve, path, model,
