@@ -268,3 +268,83 @@ def test_goodput_interval_searches_at_the_slos_scaled_by_the_residual_bounds(tmp
     g0 = goodput(data, "x.yaml", Path.cwd(), seeds=2, rel_tol=0.01, runner=runner)
     assert g0.rows[0].interval is None and g0.probes < g.probes
     assert "goodput_rps_lo" not in g0.csv_rows()[0]
+
+
+def test_exports_carry_the_predicted_figures_intervals(tmp_path):
+    import copy as _copy
+    from pathlib import Path
+
+    import yaml
+
+    from twin.sim.spec import resolve_spec
+    from twin.studies.export import dynamo_yaml, from_plan, llm_d_yaml
+    from twin.studies.planner import plan_distserve
+
+    data = {
+        "name": "Tiny Plan", "model": "llama-3.1-8b",
+        "cluster": {"topology": "dgx-h100-ib400", "nodes": 1, "prefill": 1, "decode": 1},
+        "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 1},
+                     "max_requests": 40},
+        "engine": {"max_num_seqs": 16}, "slo": {"ttft": "1 s", "tpot": "50 ms"},
+    }  # fmt: skip
+    spec = resolve_spec(data, "plan.yaml", Path.cwd())
+    plan = plan_distserve(spec, replicates=1, max_gpus_per_instance=2, max_decode_requests=100,
+                          iterations=3, sample_size=30)  # fmt: skip
+    assert from_plan(spec, plan).intervals is None
+    with_res = _copy.deepcopy(data)
+    with_res["perf"] = {"kind": "roofline", "residuals": str(_residual_file(tmp_path, ROWS))}
+    dep = from_plan(resolve_spec(with_res, "plan.yaml", Path.cwd()), plan)
+    for text in (dynamo_yaml(dep), llm_d_yaml(dep)):
+        (line,) = [x for x in text.splitlines() if x.startswith("# twin: ")]
+        h = json.loads(line[len("# twin: ") :])
+        iv = h["intervals"]
+        assert iv["coverage"] == 0.8 and iv["runs"] == 9 and iv["source"] == "hand-made"
+        for k in ("ttft_p90_s", "ttft_p99_s", "tpot_p90_s", "tpot_p99_s"):
+            assert iv[k]["lo"] == pytest.approx(h[k] * math.exp(-0.5))
+            assert iv[k]["hi"] == pytest.approx(h[k] * math.exp(0.3))
+        assert iv["slo_attainment"]["lo"] <= h["slo_attainment"] <= iv["slo_attainment"]["hi"]
+        assert "80% prediction intervals" in text
+        yaml.safe_load(text)  # still one YAML document
+
+
+def test_the_goodput_plot_draws_the_interval_when_goodput_csv_has_one(tmp_path):
+    from twin.viz.plots import goodput_figure
+
+    head = "label,goodput_rps_mean,goodput_rps_ci95,goodput_per_gpu,seeds,gpus"
+    rows = [
+        dict(zip(head.split(","), ["a", "4.0", "0.5", "2.0", "2", "2"], strict=True)),
+        dict(zip(head.split(","), ["b", "6.0", "0.2", "3.0", "2", "2"], strict=True)),
+    ]
+    plain = goodput_figure([dict(r) for r in rows])
+    rows[0] |= {"goodput_rps_lo": "3.0", "goodput_rps_hi": "5.5", "coverage": "0.8"}
+    rows[1] |= {"goodput_rps_lo": "4.0", "goodput_rps_hi": "", "coverage": "0.8"}
+    fig = goodput_figure(rows)
+    ax = fig.axes[0]
+    grey = [line for line in ax.get_lines() if line.get_color() == "dimgray"]
+    spans = sorted(tuple(line.get_xdata()) for line in grey if len(line.get_xdata()) == 2)
+    assert spans == [(3.0, 5.5), (4.0, 9.0)]  # an open top drawn to 1.5 x the mean
+    assert not [x for x in plain.axes[0].get_lines() if x.get_color() == "dimgray"]
+    assert any("80% prediction interval" in t.get_text() for t in fig.texts)
+
+
+def test_calibrate_residuals_replay_each_run_with_the_terms_fitted_to_the_others(shared_data):
+    import dataclasses
+
+    from twin.studies.calibrate_runs import PRIOR, perf_block
+    from twin.studies.realrun import read_run
+    from twin.studies.runresiduals import loo_table
+    from twin.studies.validate_realrun import replay
+
+    data = shared_data / "realruns"
+    if not (data / "manifest.csv").is_file():
+        pytest.skip(f"{data}: no realruns data (manifest.csv)")
+    runs = [read_run(data / "runs" / "20260217-162547-llama-2-7b-tp1-roleplay"),
+            read_run(data / "runs" / "20260218-150304-codellama-34b-tp2-general")]  # fmt: skip
+    terms = {runs[0].key: dict(PRIOR), runs[1].key: {**PRIOR, "overhead_s": 3e-3}}
+    table = loo_table(runs, terms, 30, "t")
+    assert table.runs() == sorted(r.key for r in runs)
+    for run in runs:  # each run's rows are its replay with its own held-out terms
+        spec = {**run.spec, "perf": perf_block(terms[run.key])}
+        s = replay(dataclasses.replace(run, spec=spec), stage_requests=30).scores
+        mine = {(r.stage, r.metric): r.log_ratio for r in table.rows if r.run == run.key}
+        assert mine == {k: pytest.approx(math.log(v.predicted / v.actual)) for k, v in s.items()}

@@ -1346,6 +1346,11 @@ def _add_calibrate_parser(sub: Any) -> None:
         help="--runs: also score each run with the terms fitted to the others",
     )  # fmt: skip
     ca.add_argument("--out", metavar="FILE", help="--runs: write the perf: block (YAML) here")
+    ca.add_argument(
+        "--residuals", metavar="FILE",
+        help="--runs: fit leaving each run out and write the held-out residual table here"
+        " (for perf.residuals: prediction intervals)",
+    )  # fmt: skip
     ca.add_argument("--model", help="the model measured (default: the table's sidecar)")
     ca.add_argument("--gpu", help="the catalog GPU measured (default: the sidecar)")
     ca.add_argument("--tp", type=int, help="the TP measured (default: the sidecar, else 1)")
@@ -1363,11 +1368,14 @@ def _add_calibrate_parser(sub: Any) -> None:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.runs is not None:
+        from twin._io import check_outputs
         from twin.studies.calibrate_runs import command as runs_command
+
+        check_outputs([("--residuals", args.residuals)])
 
         return runs_command(
             args.runs, gpu=args.gpu, fit_terms=args.fit, stage_requests=args.stage_requests,
-            loo=args.leave_one_out, out=args.out, as_json=args.json,
+            loo=args.leave_one_out, out=args.out, as_json=args.json, residuals=args.residuals,
         )  # fmt: skip
     from twin.perf.fit_profile import command
 

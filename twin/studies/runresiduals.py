@@ -22,7 +22,7 @@ from typing import Any
 
 from twin._io import read_text
 from twin.errors import TwinError
-from twin.perf.residuals import COVERAGE, Coverage, Residuals, from_pairs
+from twin.perf.residuals import COVERAGE, Coverage, Residuals, from_pairs, loo_coverage
 from twin.studies.validate_realrun import RunScore
 
 
@@ -70,3 +70,33 @@ def write_table(table: Residuals, path: str | Path) -> None:
     from twin._io import write_text
 
     write_text(path, json.dumps(table.to_dict(), indent=1) + "\n")
+
+
+def loo_table(
+    runs: Sequence[Any], held_terms: Mapping[str, Mapping[str, float]],
+    stage_requests: int | None, source: str,
+) -> Residuals:  # fmt: skip
+    """The leave-one-run-out residuals of a fit (``twin calibrate --runs``): each run
+    (:class:`~twin.studies.realrun.RealRun`) replayed with the terms fitted to the
+    others (``held_terms``, by run key)."""
+    import dataclasses
+
+    from twin.studies.calibrate_runs import perf_block
+    from twin.studies.validate_realrun import replay
+
+    scored = []
+    for run in runs:
+        spec = {**run.spec, "perf": perf_block(held_terms[run.key])}
+        scored.append(replay(dataclasses.replace(run, spec=spec), stage_requests=stage_requests))
+    return table_of(scored, source)
+
+
+def report_table(table: Residuals, path: str | Path) -> None:
+    """Write ``table`` to ``path`` and print its held-out coverage on stderr."""
+    import sys
+
+    if len(table.runs()) < 2:
+        raise TwinError(f"{path}: residuals of {len(table.runs())} run bound nothing")
+    write_table(table, path)
+    print(format_coverage(loo_coverage(table), table), file=sys.stderr)
+    print(f"written: {path}", file=sys.stderr)
