@@ -133,6 +133,18 @@ def interval(x: float, r: tuple[float, float]) -> tuple[float, float]:
     return low, x * math.exp(-lo) if lo > -math.inf else math.inf
 
 
+def latency_bounds(table: Residuals) -> dict[str, tuple[float, float]] | None:
+    """Per latency of :data:`SCALES` (``ttft``, ``tpot``) the residual bounds that
+    scale a request's, or ``None`` when the table lacks the scores of either."""
+    out = {}
+    for lat, metric in SCALES.items():
+        scores = table.scores(metric)
+        if not scores:
+            return None
+        out[lat] = bounds(scores, table.coverage)
+    return out
+
+
 @dataclass(frozen=True)
 class Coverage:
     """Over the runs of a table, one metric: how many held-out scores fell inside

@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from twin.perf.residuals import FIGURES, SCALES, Residuals, bounds, interval
+from twin.perf.residuals import FIGURES, Residuals, bounds, interval, latency_bounds
 
 
 def _bound(x: float) -> float | None:
@@ -31,12 +31,9 @@ def _bound(x: float) -> float | None:
 def attainment_scales(table: Residuals) -> tuple[tuple[float, float], tuple[float, float]] | None:
     """The (TTFT, TPOT) factors of the low and of the high attainment, or ``None``
     when the table lacks the scores of either latency."""
-    r = {}
-    for lat, metric in SCALES.items():
-        scores = table.scores(metric)
-        if not scores:
-            return None
-        r[lat] = bounds(scores, table.coverage)
+    r = latency_bounds(table)
+    if r is None:
+        return None
     slow = (math.exp(-r["ttft"][0]), math.exp(-r["tpot"][0]))
     fast = (math.exp(-r["ttft"][1]), math.exp(-r["tpot"][1]))
     return slow, fast

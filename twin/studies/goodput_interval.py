@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from twin.perf.residuals import SCALES, bounds
+from twin.perf.residuals import SCALES, latency_bounds
 from twin.sim.simulation import spec_residuals
 from twin.sim.spec import ExperimentSpec
 
@@ -35,12 +35,9 @@ def slo_sides(spec: ExperimentSpec) -> tuple[dict[str, dict[str, float] | None],
     table = spec_residuals(spec)
     if table is None:
         return {}, None
-    r = {}
-    for lat, metric in SCALES.items():
-        scores = table.scores(metric)
-        if not scores:
-            return {}, None
-        r[lat] = bounds(scores, table.coverage)
+    r = latency_bounds(table)
+    if r is None:
+        return {}, None
     slo = {"ttft": spec.slo.ttft_s, "tpot": spec.slo.tpot_s}
     out: dict[str, dict[str, float] | None] = {}
     for i, side in enumerate(SIDES):
