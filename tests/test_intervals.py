@@ -97,6 +97,7 @@ def test_a_run_with_residuals_carries_intervals_in_json_and_text(tmp_path):
     res = Simulation(spec).run().to_dict()
     iv = res["summary"]["intervals"]
     assert iv["coverage"] == 0.8 and iv["source"] == "hand-made" and iv["runs"] == 9
+    assert iv["sha256"] == read_residuals(str(path), "w").sha256()
     # n = 9 at 80%: bounds are the extremes -0.3 and 0.5
     for key in ("ttft_s", "tpot_s", "e2e_s"):
         for q in ("mean", "p50", "p90", "p99"):

@@ -31,6 +31,8 @@ runs' scores).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -98,6 +100,11 @@ class Residuals:
 
     def runs(self) -> list[str]:
         return sorted({r.run for r in self.rows})
+
+    def sha256(self) -> str:
+        """The rows' digest (as :meth:`to_dict` writes them): ties a result to its table."""
+        rows = json.dumps(self.to_dict()["rows"], sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(rows.encode()).hexdigest()
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -48,6 +48,7 @@ def summary_intervals(
         "coverage": table.coverage,
         "source": table.source,
         "runs": len(table.runs()),
+        "sha256": table.sha256(),
     }
     missing = set()
     for (key, q), metric in FIGURES.items():

@@ -203,7 +203,8 @@ def _predict(
     bounds = {k: iv[key][q] for k, (key, q) in _FIGURES.items() if q in iv.get(key, {})}
     if "slo_attainment" in iv:
         bounds["slo_attainment"] = iv["slo_attainment"]
-    return out, {"coverage": iv["coverage"], "source": iv["source"], "runs": iv["runs"], **bounds}
+    keep = {k: iv[k] for k in ("coverage", "source", "runs", "sha256")}
+    return out, {**keep, **bounds}
 
 
 def _deployment(
