@@ -127,8 +127,10 @@ def l2_tokens(gpu: GPUSpec, model: ModelSpec) -> float:
 
 # Software terms of the Roofline per serving engine: what the serving software adds on top of the
 # GPU's roofline (per-iteration, per-layer and per-sequence CPU/launch costs, activation-sized
-# element-wise memory passes, how much compute and memory time fail to overlap). Fitted jointly
-# with GPU_EFFICIENCY by twin.perf.calibrate.fit_weighted:
+# element-wise memory passes, how much compute and memory time fail to overlap). "vllm" (the
+# default; twin.perf.vllm, each term's source there) is fitted to measured vLLM V1 serving runs
+# by twin calibrate --runs; the other two jointly with GPU_EFFICIENCY by
+# twin.perf.calibrate.fit_weighted:
 # - "splitwise-sim": splitwise-sim's perf_model.csv (llama2-70b on A100-80GB, H100-80GB and the
 #   capped H100 at TP 2, 4, 8, bloom-176b at TP 8). That profiling stack pays ~0.22 ms per
 #   sequence per iteration, several times what current serving engines spend: extrapolated to
@@ -137,7 +139,7 @@ def l2_tokens(gpu: GPUSpec, model: ModelSpec) -> float:
 # - "distserve": DistServe's fitted A100-80GB latency models (OPT-13B at TP 1, 2, 4; OPT-66B at
 #   TP 2, 3, 4, 8), profiled on DistServe's own engine, whose light per-sequence costs match
 #   current engines (Llama-2-70B TP8 H100 at batch 64: 26 ms a step; Llama-3.1-8B on one H100:
-#   18 ms): the default.
+#   18 ms): the bundled experiments' preset.
 # ``seq_overhead_s`` is paid per sequence per iteration whatever the TP; ``seq_shard_overhead_s``
 # per sequence divided by TP (per-sequence work that the TP ranks split).
 ENGINE_TERMS = ("overhead_s", "layer_overhead_s", "seq_overhead_s", "seq_shard_overhead_s",
@@ -336,10 +338,15 @@ class Roofline:
     ``DEFAULT_*``, no throttle and no L2 speed-up. ``overhead_s``,
     ``layer_overhead_s``, ``seq_overhead_s``, ``seq_shard_overhead_s``,
     ``act_traffic``, ``no_overlap`` and ``hop_overhead_s`` are properties of the serving software
-    and default to the preset of ``engine`` (``ENGINE_OVERHEADS``: ``"distserve"``,
-    the default, fitted to DistServe's engine; ``"splitwise-sim"``, fitted to
-    splitwise-sim's profiles). Passing a value overrides either kind, one term at
-    a time; an unknown ``engine`` raises :class:`~twin.errors.UnknownNameError`.
+    and default to the preset of ``engine`` (``ENGINE_OVERHEADS``: ``"vllm"``, the
+    default, fitted to measured vLLM V1 runs, :mod:`twin.perf.vllm`; ``"distserve"``,
+    fitted to DistServe's engine; ``"splitwise-sim"``, fitted to splitwise-sim's
+    profiles); a preset may add ``moe_efficiency`` (:data:`KERNEL_TERMS`), the
+    share of ``mbu`` its fused-MoE kernel reaches reading expert weights (1 when
+    absent). FP8 weights (``weight_dtype_bytes`` 1) run their weight GEMMs at the
+    GPU's FP8 peak where it has one (:func:`fp8_gemm_ratio`). Passing a value
+    overrides either kind, one term at a time; an unknown ``engine`` raises
+    :class:`~twin.errors.UnknownNameError`.
 
     Pipeline parallelism: the ``pp`` stages split the TP-only time evenly,
     and each stage after the first first receives the activations from the one
