@@ -349,3 +349,18 @@ def test_calibrate_residuals_replay_each_run_with_the_terms_fitted_to_the_others
         s = replay(dataclasses.replace(run, spec=spec), stage_requests=30).scores
         mine = {(r.stage, r.metric): r.log_ratio for r in table.rows if r.run == run.key}
         assert mine == {k: pytest.approx(math.log(v.predicted / v.actual)) for k, v in s.items()}
+
+
+def test_the_shipped_vllm_table_holds_the_presets_held_out_residuals():
+    from twin.perf.residuals import METRICS
+
+    t = read_residuals("vllm", "perf.residuals")
+    assert t.source.startswith("twin calibrate --runs") and "leave one run out" in t.source
+    assert len(t.runs()) == 17 and t.coverage == 0.8
+    assert {r.metric for r in t.rows} == set(METRICS)
+    # each run held out: at least the coverage asked of its interval, for every metric
+    assert all(c.share >= 0.8 for c in loo_coverage(t))
+    spec = small_spec(perf={"kind": "roofline", "engine": "vllm", "residuals": "vllm"},
+                      requests=40)  # fmt: skip
+    iv = Simulation(spec).run().to_dict()["summary"]["intervals"]
+    assert iv["runs"] == 17 and iv["sha256"] == t.sha256() and "no_residuals" not in iv

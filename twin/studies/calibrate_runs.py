@@ -272,8 +272,9 @@ def command(
     if residuals is not None:  # the held-out residuals, for perf.residuals
         from twin.studies.runresiduals import loo_table, report_table
 
+        cap = f" --stage-requests {stage_requests}" if stage_requests else ""
         table = loo_table(runs, held_terms, stage_requests,
-                          f"twin calibrate --runs {folder} (leave one run out)")  # fmt: skip
+                          f"twin calibrate --runs {folder}{cap} (leave one run out)")  # fmt: skip
         report_table(table, residuals)
     text = perf_yaml(f.terms)
     if out is not None:
