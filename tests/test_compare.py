@@ -256,3 +256,27 @@ def test_bundled_compare_specs_run_on_a_slice_of_the_trace(shared_data, name):
     assert len(result.header["trace_sha256"]) == 1
     table = result.format_table()
     assert all(re.search(rf"^{p}\s", table, re.M) for p in only)
+
+
+def test_plot_reads_a_compare_file_per_entry_and_draws_no_empty_panel(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    from twin.viz.compare import compare_figure
+
+    spec, doc = write_spec(tmp_path, SMALL), tmp_path / "c.json"
+    only = ["--only", "colocated,splitwise", "--quiet"]
+    assert run_cli(capsys, "run", spec, *only, "--json", str(doc))[0] == 0
+    code, out, err = run_cli(capsys, "plot", "--timeline", str(doc), "--out", str(tmp_path))
+    assert code == 0, err
+    names = {Path(p).name for p in out.split()}
+    assert {"c-colocated-over-time.png", "c-splitwise-over-time.png"} <= names
+    code, out, err = run_cli(capsys, "plot", "--compare", str(doc), "--out", str(tmp_path))
+    assert code == 0, err
+    names = {Path(p).name for p in out.split()}
+    assert "c-compare.png" in names and not any("kv-tiers" in n for n in names)
+    assert "no run reused prompt tokens" in err
+    runs = json.loads(doc.read_text())["runs"]
+    att, ttft, _ = compare_figure(runs).axes[:3]
+    bars = [b.get_height() for b in att.containers[0]]
+    assert bars == [100 * runs[x]["summary"]["slo_attainment"] for x in runs]
+    p99 = [b.get_height() for b in ttft.containers[1]]
+    assert p99 == [runs[x]["summary"]["ttft_s"]["p99"] for x in runs] and min(p99) > 0

@@ -10,14 +10,13 @@ import copy
 import csv
 import json
 import math
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from twin import _version
-from twin._io import AtomicFile, check_outputs
+from twin._io import AtomicFile, check_outputs, with_label
 from twin._threads import one_blas_thread
 from twin.errors import TwinError
 from twin.sim.summary import format_summary
@@ -106,15 +105,6 @@ def _human(args: argparse.Namespace) -> IO[str]:
 _RUN_FILES = ("requests_csv", "requests_parquet", "links_csv", "trace_out", "timeline_csv")
 
 
-def _entry_path(path: str, label: str) -> str:
-    """Entry ``label``'s file of a compare run: ``out/requests.csv`` ->
-    ``out/requests-LABEL.csv`` (characters other than letters, digits, ``.``,
-    ``_`` and ``-`` in the label become ``_``)."""
-    p = Path(path)
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", label)
-    return str(p.with_name(f"{p.stem}-{safe}{p.suffix}"))
-
-
 def _link_bucket(args: argparse.Namespace) -> float | None:
     if not args.links_csv:
         return None
@@ -200,7 +190,8 @@ def cmd_compare(args: argparse.Namespace, data: dict[str, Any], where: str, base
     bucket = _link_bucket(args)
 
     def runner(label: str, spec: Any) -> Any:
-        files = {k: getattr(args, k) and _entry_path(getattr(args, k), label) for k in _RUN_FILES}
+        given = {k: getattr(args, k) for k in _RUN_FILES}
+        files = {k: v and str(with_label(v, label)) for k, v in given.items()}
         return _run_spec(spec, files, bucket)
 
     only = [x.strip() for x in args.only.split(",") if x.strip()] if args.only else None
@@ -862,16 +853,22 @@ def cmd_topo(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from twin.viz.plots import plot_cdfs, plot_dir, plot_kv_tiers, plot_over_time, plot_timeline
+    from twin.viz.plots import plot_cdfs, plot_dir, plot_kv_tiers, plot_timeline
 
     if args.compare:
-        out = Path(args.out) if args.out else Path(".")
-        for path in plot_kv_tiers(args.compare, out / f"{Path(args.compare).stem}-kv-tiers"):
-            print(path)
-        from twin.viz.plots import plot_kv_tier_occupancy
+        from twin.viz.compare import plot_compare, reuses_prompts
+        from twin.viz.plots import _compare_runs, plot_kv_tier_occupancy
 
-        base = out / f"{Path(args.compare).stem}-kv-occupancy"
-        for path in plot_kv_tier_occupancy(args.compare, base):
+        out = Path(args.out) if args.out else Path(".")
+        stem = Path(args.compare).stem
+        drawn = plot_compare(args.compare, out / f"{stem}-compare")
+        if reuses_prompts(_compare_runs(args.compare)):
+            drawn += plot_kv_tiers(args.compare, out / f"{stem}-kv-tiers")
+        else:
+            print(f"twin plot: {args.compare}: no run reused prompt tokens: no kv-tiers figure",
+                  file=sys.stderr)  # fmt: skip
+        drawn += plot_kv_tier_occupancy(args.compare, out / f"{stem}-kv-occupancy")
+        for path in drawn:
             print(path)
         if args.dir is None and not args.requests and not args.trace and not args.timeline:
             return 0
@@ -921,11 +918,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
         written += plot_timeline(
             args.trace, out / f"{stem}-timeline", window_s=window, opts=_plot_options(args, False)
         )
-    if args.timeline:
-        stem = Path(args.timeline).stem
-        written += plot_over_time(
-            args.timeline, out / f"{stem}-over-time", _plot_options(args, False)
-        )
+    if args.timeline:  # a run's file, or each entry's of a compare file
+        from twin.viz.compare import plot_entries_over_time
+
+        written += plot_entries_over_time(args.timeline, out, _plot_options(args, False))
     for path in written:
         print(path)
     return 0
@@ -1225,12 +1221,14 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument(
         "--timeline",
         metavar="FILE",
-        help="attainment and capacity over time of a `twin run --json` or --timeline-csv file",
+        help="attainment and capacity over time of a `twin run --json` or --timeline-csv file "
+        "(of a compare run's --json file, one figure per entry)",
     )
     pt.add_argument(
         "--compare",
         metavar="FILE",
-        help="prompt tokens reused per KV tier and SLO attainment of a compare run's --json file",
+        help="SLO attainment, TTFT and TPOT per entry of a compare run's --json file, and "
+        "prompt tokens reused per KV tier when a run reused any",
     )
     pt.add_argument("--out", metavar="DIR", help="where to write (default: DIR/plots, else .)")
     _add_plot_options(pt)
