@@ -231,6 +231,7 @@ def _styler(
 
 
 KNEE_HANDLE = "knee (last rate at the target)"
+CENSORED_HANDLE = "knee (hollow >: censored)"  # KNEE_HANDLE's place when a knee is censored
 WRAP_BARS, WRAP_CHARS = 24, 28  # goodput labels over 28 wrap when a panel has at most 24 bars
 GROUPED_LEGEND_IN = 2.8  # a grouped legend's width: KNEE_HANDLE at 8 pt and its marker
 
@@ -302,7 +303,7 @@ def attainment_figure(
     unit = RATE_UNIT[rate_col]
     seeds = max(p[4] for pts in series.values() for p in pts)
     nrows, ncols = grid(len(styler.facets))
-    texts = [f"{styler.label(params[lab])} (knee 0.00{unit})" for lab in order]
+    texts = [f"{styler.label(params[lab])} (knee >= 0.00{unit})" for lab in order]
     legend_w = GROUPED_LEGEND_IN if styler.grouped else _text_width_in(texts, 8) + 0.7
     # the axes at least twice as wide as the legend beside them: they fill half the figure
     fig = figure(max(4.6 * ncols, 6.0, 2.2 * legend_w) + legend_w + 0.6, 3.2 * nrows + 1.4, opts)
@@ -321,16 +322,18 @@ def attainment_figure(
         if seeds > 1:
             ax.fill_between(x, [100 * p[2] for p in pts], [100 * p[3] for p in pts],
                             color=c, alpha=0.15 if few else 0.06, lw=0)  # fmt: skip
+        # a knee at the highest rate tried is censored: the true knee lies above it
+        open_ = k is not None and k == max(x)
         if k is not None:
             y = 100 * next(p[1] for p in pts if p[0] == k)
-            ax.plot([k], [y], marker="*", ms=13 if few else 9, color=c, mec="black", mew=0.6,
-                    zorder=5, ls="")  # fmt: skip
-            if few:
+            ax.plot([k], [y], marker=">" if open_ else "*", ms=(13 if few else 9) - 4 * open_,
+                    color="white" if open_ else c, mec=c if open_ else "black",
+                    mew=1.4 if open_ else 0.6, zorder=5, ls="")  # fmt: skip
+            if few and not open_:
                 ax.vlines(k, 0, y, colors=[c], linestyles=":", lw=1.0)
         name = styler.label(cfg)
-        per_config.append(
-            (line, f"{name} (knee {k:g}{unit})" if k is not None else f"{name} (no knee)")
-        )
+        text = f"{name} (no knee)" if k is None else f"{name} (knee {k:g}{unit})"
+        per_config.append((line, f"{name} (knee >= {k:g}{unit})" if open_ else text))
     from matplotlib.lines import Line2D
 
     for i, ax in enumerate(axes):
@@ -347,6 +350,8 @@ def attainment_figure(
         (Line2D([], [], color="0.3", ls="--", lw=1), f"target {100 * target:g}%"),
         (Line2D([], [], color="0.6", marker="*", ms=10, mec="black", mew=0.6, ls=""), KNEE_HANDLE),
     ]
+    if any(" (knee >= " in t for _, t in per_config):  # one entry says both marks
+        extra[1] = (extra[1][0], CENSORED_HANDLE)
     styler.legend(fig, axes, per_config, extra)
     how = f"mean of {seeds} seeds, band min-max" if seeds > 1 else "one seed"
     _title(fig, styler, f"SLO attainment vs load ({how}, {len(order)} configurations)")

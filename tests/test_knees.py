@@ -1,0 +1,53 @@
+"""Censored knees and rejection caps: the sweep report says when a knee is
+censored or a cap binds, and the attainment figure marks a censored knee
+apart from a found one."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from twin.viz.knees import knee_notes
+
+
+def rows(label: str, atts: list[float], rejected: int = 0) -> list[dict[str, str]]:
+    why = json.dumps({"context_length": rejected} if rejected else {})
+    return [
+        {"run_id": f"{label}{i}", "label": label, "workload.rate_scale": str(rate),
+         "slo_attainment": str(a), "requests": "100", "rejected": str(rejected),
+         "rejected_by_reason": why}
+        for i, (rate, a) in enumerate(zip([0.5, 1.0, 2.0], atts, strict=True))
+    ]  # fmt: skip
+
+
+def test_notes_say_when_a_knee_is_censored_or_a_cap_binds():
+    data = rows("found", [1.0, 0.95, 0.5]) + rows("above", [1.0, 1.0, 0.99])
+    data += rows("capped", [0.88, 0.87, 0.6], rejected=12)
+    notes = knee_notes(data, 0.9)
+    assert notes[0].startswith(
+        "1 of 3 configurations met the target at every rate tried: their knee is censored "
+        "(at or above 2x, the highest rate;"
+    ) and notes[0].endswith(": above")
+    assert notes[1].startswith("1 of 3 configurations missed the target at every rate tried")
+    assert notes[1].endswith("(below 0.5x, the lowest rate): capped")
+    assert notes[2].startswith(
+        "capped: a cap binds: at least 12.0% of its requests are rejected at every rate "
+        "(context_length 36 over its runs), more than the 10% the target lets miss"
+    )
+    assert len(notes) == 3
+    assert knee_notes(rows("found", [1.0, 0.95, 0.5]), 0.9) == []
+
+
+def test_the_figure_marks_a_censored_knee_as_censored():
+    pytest.importorskip("matplotlib")
+    from twin.viz.plots import CENSORED_HANDLE, attainment_figure
+
+    fig = attainment_figure(rows("found", [1.0, 0.95, 0.5]) + rows("above", [1.0, 1.0, 1.0]))
+    texts = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    texts += [
+        t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()
+    ]
+    assert any("above (knee >= 2x)" in t for t in texts), texts
+    assert any("found (knee 1x)" in t for t in texts), texts
+    assert CENSORED_HANDLE in texts
