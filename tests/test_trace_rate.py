@@ -95,3 +95,15 @@ def test_a_system_saturated_before_its_failure_is_a_warning(tmp_path):
     (line,) = loaded.summary["warnings"]
     assert line.startswith("the system missed its SLO target before the first failure at 150 s")
     assert json.dumps(line)
+
+
+def test_a_run_some_of_whose_requests_a_limit_rejects_says_so_in_one_line(tmp_path):
+    s = spec(tmp_path)
+    s["engine"] = {"max_model_len": 109}  # prompts of 100 + i tokens and 5 outputs
+    result = run(s)
+    assert result.summary["rejected_by_reason"] == {"context_length": 6}
+    assert result.summary["warnings"] == [
+        "a limit shaped this run: 6 of the 11 requests (54.5%) are longer than the context "
+        "(engine.max_model_len or the model's) and were rejected, so SLO attainment cannot "
+        "exceed 45.5%"
+    ]

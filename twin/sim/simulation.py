@@ -52,7 +52,12 @@ from twin.sim.layout import instance_gpu, kv_blocks
 from twin.sim.metrics import Metrics
 from twin.sim.scaling import Scaler, ScalingKeys
 from twin.sim.spec import ExperimentSpec, apply_overrides, load_spec, resolve_spec
-from twin.sim.summary import run_warnings, saturation_warnings, trace_warnings
+from twin.sim.summary import (
+    limit_warnings,
+    run_warnings,
+    saturation_warnings,
+    trace_warnings,
+)
 from twin.sim.timeline import Timeline
 from twin.sim.trace import EventLog, TraceRecorder
 from twin.workload.stream import file_sha256, iter_requests, own_rate, time_scale
@@ -818,6 +823,7 @@ class Simulation:
         faults = [e.at_s for e in self.spec.events if e.action in ("fail", "degrade")]
         warnings = [
             *run_warnings(summary),
+            *limit_warnings(summary),
             *trace_warnings(self._stream_end.get("ran_out_s"), self.spec.workload.duration_s),
             *saturation_warnings(timeline, min(faults, default=None), self.spec.slo.target),
         ]

@@ -60,6 +60,23 @@ def run_warnings(summary: dict[str, Any]) -> list[str]:
     return [f"no request completed: of {n:,} requests, " + (ends or "none ended served")]
 
 
+def limit_warnings(summary: dict[str, Any]) -> list[str]:
+    """Requests some (not all) of which a limit turned away: the attainment
+    they cap, in one line per limit."""
+    n, done = summary["requests"], summary["completed"]
+    if not n or not done:
+        return []  # run_warnings says it
+    out = []
+    for reason, words in _LIMITS.items():
+        k = summary["rejected_by_reason"].get(reason, 0)
+        if k:
+            out.append(
+                f"a limit shaped this run: {k:,} of the {n:,} requests ({k / n:.1%}) are {words} "
+                f"and were rejected, so SLO attainment cannot exceed {1 - k / n:.1%}"
+            )
+    return out
+
+
 def trace_warnings(ran_out_s: float | None, duration_s: float | None) -> list[str]:
     """A trace that ran out before ``workload.duration``: the run's end saw no arrivals."""
     if ran_out_s is None or duration_s is None or ran_out_s >= duration_s:

@@ -127,6 +127,11 @@ class CompareResult:
                 head,
                 "-" * len(head),
                 *(line(row) for row in rows),
+                *(
+                    f"warning: {label}: {w}"
+                    for label, r in self.runs.items()
+                    for w in r.summary.get("warnings", ())
+                ),
             ]
         )
 
