@@ -4,6 +4,7 @@ apart from a found one."""
 
 from __future__ import annotations
 
+import csv
 import json
 
 import pytest
@@ -51,3 +52,19 @@ def test_the_figure_marks_a_censored_knee_as_censored():
     assert any("above (knee >= 2x)" in t for t in texts), texts
     assert any("found (knee 1x)" in t for t in texts), texts
     assert CENSORED_HANDLE in texts
+
+
+def test_a_wide_goodput_interval_does_not_stretch_the_axis():
+    pytest.importorskip("matplotlib")
+    from twin.viz.plots import GOODPUT_REACH, goodput_figure
+    from twin.viz.style import layout_problems
+
+    head = "label,goodput_rps_mean,goodput_rps_ci95,goodput_per_gpu,seeds,gpus\n"
+    text = head + "a,10,1,1,3,10\nb,8,100,0.8,3,10\n"  # b's interval: +-1,250%
+    fig = goodput_figure(list(csv.DictReader(text.splitlines())))
+    ax = fig.axes[0]
+    assert ax.get_xlim()[1] < 10 * GOODPUT_REACH * 2  # not the 108 the interval reaches
+    texts = [t.get_text() for t in ax.texts]
+    assert any(t.endswith("(CI ±100 cut)") for t in texts), texts
+    assert not any("cut" in t for t in texts if "±100" not in t)
+    assert layout_problems(fig) == []

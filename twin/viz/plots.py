@@ -231,6 +231,7 @@ def _styler(
 
 
 KNEE_HANDLE = "knee (last rate at the target)"
+GOODPUT_REACH = 1.5  # the goodput axis ends at 1.5 x the largest mean (intervals cut there)
 CENSORED_HANDLE = "knee (hollow >: censored)"  # KNEE_HANDLE's place when a knee is censored
 WRAP_BARS, WRAP_CHARS = 24, 28  # goodput labels over 28 wrap when a panel has at most 24 bars
 GROUPED_LEGEND_IN = 2.8  # a grouped legend's width: KNEE_HANDLE at 8 pt and its marker
@@ -420,7 +421,17 @@ def goodput_figure(
     pitch_pt = max(1.0, (height - 1.0) / nrows - 1.0) * 72 / most
     fs = min(9.0, max(3.0, pitch_pt / (1.45 * lines)))
     label_w = _text_width_in(names.values(), fs)
-    note_w = _text_width_in((note(r) for r in rows), 7)
+    # the axis follows the goodputs: an interval reaching past GOODPUT_REACH x the
+    # largest mean is drawn to there, its note giving the whole interval
+    reach = GOODPUT_REACH * max((_float(r.get("goodput_rps_mean")) or 0.0 for r in rows),
+                                default=0.0)  # fmt: skip
+
+    def cut(r: Mapping[str, str]) -> str:
+        m = _float(r.get("goodput_rps_mean")) or 0.0
+        c = _float(r.get("goodput_rps_ci95")) or 0.0
+        return f" (CI ±{c:.3g} cut)" if reach > 0 and m + c > reach else ""
+
+    note_w = _text_width_in((note(r) + cut(r) for r in rows), 7)
     # the bars get at least as much width as their labels: the axes fill half the figure
     panel_w = max(label_w + note_w + 2.8, 2 * label_w + 0.6)
     legend_w = 1.8 if styler.grouped else 0.0
@@ -432,14 +443,16 @@ def goodput_figure(
         mine = by_facet[f]
         means = [_float(r.get("goodput_rps_mean")) or 0.0 for r in mine]
         cis = [_float(r.get("goodput_rps_ci95")) or 0.0 for r in mine]
+        shown = [min(c, reach - m) if reach > 0 else c for m, c in zip(means, cis, strict=True)]
         y = list(range(len(mine)))
-        ax.barh(y, means, xerr=cis, height=0.7, capsize=2.5,
+        ax.barh(y, means, xerr=shown, height=0.7, capsize=2.5,
                 color=[styler.color(params[r["label"]]) for r in mine],
                 edgecolor="black", linewidth=0.5, error_kw={"elinewidth": 0.9})  # fmt: skip
         for i, r in enumerate(mine):
-            ax.annotate(note(r), (means[i] + cis[i], i), xytext=(3, 0), textcoords="offset points",
+            text = note(r) + cut(r)
+            ax.annotate(text, (means[i] + shown[i], i), xytext=(3, 0), textcoords="offset points",
                         ha="left", va="center", fontsize=min(7.0, fs))  # fmt: skip
-        top = max([top, *(m + c for m, c in zip(means, cis, strict=True))])
+        top = max([top, *(m + c for m, c in zip(means, shown, strict=True))])
         ax.set_yticks(y, [names[r["label"]] for r in mine], fontsize=fs)
         ax.set_ylim(most - 0.5, -0.5)
         ax.grid(axis="x", alpha=0.3)
