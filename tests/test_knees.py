@@ -68,3 +68,18 @@ def test_a_wide_goodput_interval_does_not_stretch_the_axis():
     assert any(t.endswith("(CI ±100 cut)") for t in texts), texts
     assert not any("cut" in t for t in texts if "±100" not in t)
     assert layout_problems(fig) == []
+
+
+def test_coincident_curves_are_drawn_apart():
+    pytest.importorskip("matplotlib")
+    from twin.viz.plots import COINCIDENT_SHIFT_PT, attainment_figure
+
+    data = rows("a", [1.0, 0.95, 0.5]) + rows("b", [1.0, 0.95, 0.5]) + rows("c", [1.0, 0.5, 0.2])
+    fig = attainment_figure(data)
+    fig.canvas.draw()
+    curves = [ln for ln in fig.axes[0].get_lines() if len(ln.get_xdata()) == 3]
+    ys = [tuple(ln.get_transform().transform(ln.get_xydata())[:, 1]) for ln in curves]
+    assert ys[0] != ys[1]  # a and b hold the same points, and both show
+    lift = (ys[1][0] - ys[0][0]) * 72 / fig.dpi
+    assert lift == pytest.approx(COINCIDENT_SHIFT_PT)
+    assert [tuple(ln.get_ydata()) for ln in curves[:2]] == [(100.0, 95.0, 50.0)] * 2

@@ -231,6 +231,7 @@ def _styler(
 
 
 KNEE_HANDLE = "knee (last rate at the target)"
+COINCIDENT_SHIFT_PT = 2.5  # how far each repeat of a curve is lifted, in points
 GOODPUT_REACH = 1.5  # the goodput axis ends at 1.5 x the largest mean (intervals cut there)
 CENSORED_HANDLE = "knee (hollow >: censored)"  # KNEE_HANDLE's place when a knee is censored
 WRAP_BARS, WRAP_CHARS = 24, 28  # goodput labels over 28 wrap when a panel has at most 24 bars
@@ -312,14 +313,24 @@ def attainment_figure(
     axes = [p[0] for p in panels]
     few = not styler.grouped
     per_config = []
+    seen: dict[tuple[int, tuple[Any, ...]], list[str]] = {}
+    from matplotlib.transforms import offset_copy
+
     for lab in order:
         pts, cfg = series[lab], params[lab]
         ax = axes[styler.facets.index(styler.facet_of(cfg))]
         c, ls, mk = styler.color(cfg), styler.linestyle(cfg), styler.marker(cfg)
         x = [p[0] for p in pts]
         k = knee(x, [p[1] for p in pts], target)
+        # a curve equal to one drawn before in its panel is lifted a few points, so
+        # that both show (coincident curves would otherwise read as one)
+        same = seen.setdefault((id(ax), tuple(pts)), [])
+        shift = offset_copy(ax.transData, fig=fig, y=COINCIDENT_SHIFT_PT * len(same),
+                            units="points")  # fmt: skip
+        same.append(lab)
         (line,) = ax.plot(x, [100 * p[1] for p in pts], color=c, ls=ls, marker=mk,
-                          ms=4 if few else 3.5, lw=1.6 if few else 1.2)  # fmt: skip
+                          ms=4 if few else 3.5, lw=1.6 if few else 1.2,
+                          transform=shift)  # fmt: skip
         if seeds > 1:
             ax.fill_between(x, [100 * p[2] for p in pts], [100 * p[3] for p in pts],
                             color=c, alpha=0.15 if few else 0.06, lw=0)  # fmt: skip
@@ -329,7 +340,7 @@ def attainment_figure(
             y = 100 * next(p[1] for p in pts if p[0] == k)
             ax.plot([k], [y], marker=">" if open_ else "*", ms=(13 if few else 9) - 4 * open_,
                     color="white" if open_ else c, mec=c if open_ else "black",
-                    mew=1.4 if open_ else 0.6, zorder=5, ls="")  # fmt: skip
+                    mew=1.4 if open_ else 0.6, zorder=5, ls="", transform=shift)  # fmt: skip
             if few and not open_:
                 ax.vlines(k, 0, y, colors=[c], linestyles=":", lw=1.0)
         name = styler.label(cfg)
