@@ -54,10 +54,15 @@ from twin.sim.layout import instance_gpu, kv_blocks
 from twin.sim.metrics import Metrics
 from twin.sim.scaling import Scaler, ScalingKeys
 from twin.sim.spec import ExperimentSpec, apply_overrides, load_spec, resolve_spec
-from twin.sim.summary import run_warnings
+from twin.sim.summary import (
+    limit_warnings,
+    run_warnings,
+    saturation_warnings,
+    trace_warnings,
+)
 from twin.sim.timeline import Timeline
 from twin.sim.trace import EventLog, TraceRecorder
-from twin.workload.stream import file_sha256, iter_requests
+from twin.workload.stream import file_sha256, iter_requests, own_rate, time_scale
 
 # The columns of a link's row (twin/net/flows.py, Network.link_stats), besides
 # "series" (with --links-csv)
@@ -281,6 +286,7 @@ class Simulation:
         )  # fmt: skip
         self._arrived = 0
         self._arrivals_done = False
+        self._stream_end: dict[str, float] = {}  # ran_out_s: when a trace ran out
         self.events = 0
         self.control = ControlLoop(
             self.env, self.scheduler, self._name, self.view, self.engines,
@@ -451,7 +457,7 @@ class Simulation:
     def _request_stream(self) -> Iterator[Request]:
         if self._requests is not None:
             return iter(self._requests)
-        return iter_requests(self.spec.workload, self.rng_workload)
+        return iter_requests(self.spec.workload, self.rng_workload, self._stream_end)
 
     def arrive(self):  # noqa: ANN201 - a SimPy process
         """Feed requests in arrival order; route each one as it arrives."""
@@ -824,7 +830,13 @@ class Simulation:
             summary["intervals"] = summary_intervals(
                 summary, self.residuals, (att[0], att[1]) if att else None
             )
-        warnings = run_warnings(summary)
+        faults = [e.at_s for e in self.spec.events if e.action in ("fail", "degrade")]
+        warnings = [
+            *run_warnings(summary),
+            *limit_warnings(summary),
+            *trace_warnings(self._stream_end.get("ran_out_s"), self.spec.workload.duration_s),
+            *saturation_warnings(timeline, min(faults, default=None), self.spec.slo.target),
+        ]
         if warnings:  # only then: a run that went as meant reads as before
             summary["warnings"] = warnings
         fault_log = self.faults.log() if self.spec.events or self.spec.failures else None
@@ -850,6 +862,7 @@ class Simulation:
             if self._requests is not None
             else {p.name: file_sha256(p) for p in spec.workload.sources()}
         )
+        rates = self._trace_rates()
         return {
             "tool": "pd-twin",
             "version": _version.__version__,
@@ -864,7 +877,17 @@ class Simulation:
                 if len({e.kv.total for e in self.engines}) == 1
                 else [e.kv.total for e in self.engines]
             ),
+            **({"trace_rate_rps": rates} if rates else {}),
         }
+
+    def _trace_rates(self) -> dict[str, float] | None:
+        """A trace replayed at its own times: its own rate and the rate replayed
+        (own x the time scale), in requests/s; None otherwise."""
+        w = self.spec.workload
+        own = own_rate(w) if self._requests is None else None
+        if own is None:
+            return None
+        return {"own": own, "replayed": own * time_scale(w)}
 
     def _instance_stats(self) -> list[dict[str, Any]]:
         span = self.metrics.last_end_s

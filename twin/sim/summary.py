@@ -60,6 +60,53 @@ def run_warnings(summary: dict[str, Any]) -> list[str]:
     return [f"no request completed: of {n:,} requests, " + (ends or "none ended served")]
 
 
+def limit_warnings(summary: dict[str, Any]) -> list[str]:
+    """Requests some (not all) of which a limit turned away: the attainment
+    they cap, in one line per limit."""
+    n, done = summary["requests"], summary["completed"]
+    if not n or not done:
+        return []  # run_warnings says it
+    out = []
+    for reason, words in _LIMITS.items():
+        k = summary["rejected_by_reason"].get(reason, 0)
+        if k:
+            out.append(
+                f"a limit shaped this run: {k:,} of the {n:,} requests ({k / n:.1%}) are {words} "
+                f"and were rejected, so SLO attainment cannot exceed {1 - k / n:.1%}"
+            )
+    return out
+
+
+def trace_warnings(ran_out_s: float | None, duration_s: float | None) -> list[str]:
+    """A trace that ran out before ``workload.duration``: the run's end saw no arrivals."""
+    if ran_out_s is None or duration_s is None or ran_out_s >= duration_s:
+        return []
+    return [
+        f"the trace ran out at {ran_out_s:.1f} s, before workload.duration {duration_s:g} s: "
+        "nothing arrived after it (repeat: true loops the trace; a higher rate ends it sooner)"
+    ]
+
+
+def saturation_warnings(
+    timeline: list[dict[str, Any]], first_fault_s: float | None, target: float
+) -> list[str]:
+    """A run that missed its SLO target before its first failure or
+    degradation: what the failure did is mixed with an overload it did not
+    cause. Judged on the requests that arrived in the windows ending by then."""
+    if first_fault_s is None:
+        return []
+    before = [r for r in timeline if r["end_s"] <= first_fault_s]
+    arrived = sum(r["arrived"] for r in before)
+    met = sum(r["slo_met"] for r in before)
+    if not arrived or met / arrived >= target:
+        return []
+    return [
+        f"the system missed its SLO target before the first failure at {first_fault_s:g} s "
+        f"({met / arrived:.1%} of the {arrived:,} requests that arrived before it met the SLO; "
+        f"target {target:.0%}): the failure's effect is mixed with overload (lower the rate)"
+    ]
+
+
 def header_line(result: dict[str, Any]) -> str:
     """The first line of the summary: version, name, model, cluster, scheduler, perf model."""
     h = result["header"]
@@ -161,6 +208,12 @@ def format_summary(result: dict[str, Any]) -> str:
         lines.append(
             f"failures: {s['retries']:,} retries, {s['lost_tokens']:,} KV tokens lost; "
             f"failed {s['failed']:,}" + (f" ({reasons})" if reasons else "")
+        )
+    rates = result["header"].get("trace_rate_rps")
+    if rates:  # a trace replayed at its own times
+        lines.append(
+            f"trace: its own rate {rates['own']:.3g} req/s, replayed at "
+            f"{rates['replayed']:.3g} req/s (workload.rate or rate_scale)"
         )
     lines += [f"warning: {w}" for w in s.get("warnings", ())]
     return "\n".join(lines)

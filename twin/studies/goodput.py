@@ -216,6 +216,8 @@ class GoodputRow:
     # at ``coverage`` from the perf model's residuals (twin.studies.goodput_interval)
     interval: tuple[float, float | None] | None = None
     coverage: float | None = None
+    # each sample's name ("seed 1", or a trace window's "requests 300-599"), in seeds' order
+    samples: tuple[str, ...] = ()
 
     @property
     def mean_rps(self) -> float:
@@ -276,6 +278,12 @@ class Goodput:
                 f"{r.mean_rps:>14.3f} {'-' if math.isnan(ci) else f'{ci:.3f}':>10} "
                 f"{r.per_gpu:>9.4f}{mark}"
             )
+        for r in self.rows:  # the values behind each interval
+            if len(r.goodputs_rps) > 1:
+                each = ", ".join(
+                    f"{name} {v:.3f}" for name, v in zip(r.samples, r.goodputs_rps, strict=True)
+                )
+                lines.append(f"{r.label or '(base)'}: per sample req/s: {each}")
         lines.append(f"rate key {self.rate_key}; {self.probes} simulation runs")
         lines += interval_lines(self.rows)
         for r in self.rows:
@@ -355,6 +363,46 @@ def _replicates(
             break
         out[s] = d
     return out, notes
+
+
+def _sample_name(spec: ExperimentSpec, seed: int, n: int | None) -> str:
+    """A sample as the table names it: a trace's window of requests, or a seed."""
+    w = spec.workload
+    if w.trace is not None and n is not None:
+        return f"requests {w.skip}-{w.skip + n - 1}"
+    return f"seed {seed}"
+
+
+def over_context(spec: ExperimentSpec, n: int | None) -> float:
+    """The share of a sample's requests (its first ``n``; all without) longer
+    than the context: rejected at any rate, they miss the SLO whatever the
+    cluster does."""
+    limit = spec.max_model_len
+    reqs = _first(spec, n if n is not None else 10**7)
+    if limit is None or not reqs:
+        return 0.0
+    return sum(r.prompt_tokens + r.output_tokens > limit for r in reqs) / len(reqs)
+
+
+def kind_warnings(
+    names: Sequence[str], shares: Sequence[float], target: float, mml: int
+) -> list[str]:
+    """A sample whose over-context share alone misses the target, beside
+    others that can meet it: the samples differ in kind, not by chance."""
+    allowed = 1.0 - target
+    bad = [(x, s) for x, s in zip(names, shares, strict=True) if s > allowed + 1e-12]
+    if not bad or len(bad) == len(names):
+        return []
+    worst = max(bad, key=lambda b: b[1])
+    rest = max(s for s in shares if s <= allowed + 1e-12)
+    return [
+        f"the samples differ in kind: {', '.join(x for x, _ in bad)} hold(s) up to "
+        f"{worst[1]:.1%} requests longer than the context ({mml:,} tokens; {worst[0]}), "
+        f"more than the {allowed:.0%} the target lets miss, so no rate meets it there "
+        f"(goodput 0), against at most {rest:.1%} in the others: the interval measures that "
+        "difference, not chance; a model or engine.max_model_len that fits the traffic, "
+        "not a larger sample, narrows it"
+    ]
 
 
 def goodput(
@@ -516,6 +564,15 @@ def goodput(
             asked=asked, got=got, target=tgt, replicates_asked=len(seed_list),
             replicates=len(per_seed), mean=float(np.mean(rps)), ci=ci95(rps), horizon_s=horizon,
         )  # fmt: skip
+        specs = {s: resolve_spec(per_seed[s], at, base_dir) for s in per_seed}
+        limit = next(iter(specs.values())).workload.max_requests
+        names = tuple(_sample_name(sp, s, limit) for s, sp in specs.items())
+        mml = next(iter(specs.values())).max_model_len
+        if len(specs) > 1 and mml is not None:
+            shares = [over_context(sp, limit) for sp in specs.values()]
+            kind = kind_warnings(names, shares, tgt, mml)
+            if kind:  # then a larger sample is not the remedy the interval suggests
+                warn = [w for w in warn if "95% interval" not in w] + kind
         rows.append(
             GoodputRow(
                 label,
@@ -528,6 +585,7 @@ def goodput(
                 tuple(warn),
                 interval,
                 iv[1],
+                names,
             )  # fmt: skip
         )
     return Goodput(key, keys, rows, probes, reused)
