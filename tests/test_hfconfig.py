@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -22,6 +23,18 @@ def test_a_config_row_gives_its_published_parameter_count(key):
     assert m.params == pytest.approx(row["published_params"], rel=0.01)
     assert m.layers == row["config"]["num_hidden_layers"]
     assert m.hidden == row["config"]["hidden_size"]
+
+
+# Where a row's values were read: a copy of the config at a pinned commit of a
+# public repository, or (the first rows) the copies in realruns/models.
+_PINNED = re.compile(r"[\w.-]+/[\w.-]+@[0-9a-f]{40} \S+|realruns/models/\S+\.json")
+
+
+@pytest.mark.parametrize("key", sorted(CONFIGS))
+def test_a_config_row_names_where_its_values_were_read(key):
+    row = CONFIGS[key]
+    assert _PINNED.search(row["source"]), row["source"]
+    assert row["published_source"].strip()
 
 
 # The catalog rows typed from config.json: their published totals against the
