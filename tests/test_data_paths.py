@@ -109,3 +109,36 @@ def test_a_sweep_over_data_paths_expands_with_twin_data(tmp_path, monkeypatch):
     _, runs = expand(data, where, base_dir)
     assert len(runs) == 2 * 5
     assert {r.params["workload.trace"] for r in runs} == {f"data:{CONV}", f"data:{CODE}"}
+
+
+FIT = "profiles/distserve/profiler-a100-80g.distserve.json"
+
+
+def test_a_perf_table_reads_from_the_data_folder(tmp_path, monkeypatch, capsys):
+    fit = tmp_path / "data" / FIT
+    fit.parent.mkdir(parents=True)
+    flat = [20.0, 0.0, 0.0]
+    coeffs = {"decoding_large_small_bs_threshold": 95, "prefill": [10.0, 0.1, 0.0],
+              "decoding_smallbs": flat, "decoding_largebs": flat}  # fmt: skip
+    fit.write_text(json.dumps({"facebook/opt-13b": {"1": coeffs}}))
+    monkeypatch.setenv("TWIN_DATA", str(tmp_path / "data"))
+    spec = tmp_path / "s.yaml"
+    spec.write_text(
+        "model: opt-13b\ncluster: {topology: dgx-a100-ib200, nodes: 1, instances: 1, tp: 1}\n"
+        f"perf: {{kind: distserve, path: 'data:{FIT}',"
+        " overhead: 0 s, token_overhead: 0 s, prefill_overhead: 0 s}\n"
+        "workload: {lengths: {prompt: {dist: fixed, value: 100}, output: {dist: fixed, value: 3}},"
+        " arrival: {process: poisson, rate: 0.001}, max_requests: 1}\n"
+    )
+    out = tmp_path / "r.json"
+    assert main(["run", str(spec), "--json", str(out), "-q"]) == 0, capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    # the spec records the data: path; the header, the table's hash
+    assert doc["header"]["spec"]["perf"]["path"] == f"data:{FIT}"
+    assert doc["header"]["profile_sha256"] == hashlib.sha256(fit.read_bytes()).hexdigest()
+    # prefill 10 + 0.1 x 100 = 20 ms, two decode steps of 20 ms
+    assert doc["summary"]["ttft_s"]["p50"] == pytest.approx(0.020, rel=1e-6)
+    assert doc["summary"]["e2e_s"]["p50"] == pytest.approx(0.060, rel=1e-6)
+    assert main(["run", str(spec), "--set", "perf.path=data:profiles/none.json", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"twin: error: {spec}: perf.path: 'data:profiles/none.json': no such")

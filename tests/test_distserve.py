@@ -82,6 +82,7 @@ def _spec(topology="dgx-h100-ib400", nodes=1, **slo):
         "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 1},
                      "max_requests": 1},
         "engine": {"max_num_seqs": 16},  # small batches: tiny samples reach saturation
+        "perf": {"kind": "roofline", "engine": "distserve"},  # the preset of these plans
         "slo": {"ttft": "1 s", "tpot": "50 ms", **slo},
     }  # fmt: skip
     return resolve_spec(data, "plan.yaml", Path.cwd())

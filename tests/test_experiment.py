@@ -341,6 +341,35 @@ def test_goodput_per_configuration_within_tolerance(tmp_path):
     assert float(rows[2][2]) == g.rows[1].mean_rps
 
 
+def test_goodput_takes_a_zip_whose_values_are_mappings():
+    # a group's shape given whole (cluster.prefill: {instances: 1, tp: 2}) used
+    # to stop the search with "unhashable type: 'dict'"
+    d = sweep_spec(
+        **{
+            "workload.rate_scale": [1.0],
+            "zip": [
+                {
+                    "tag.shape": ["small", "big"],
+                    "cluster.instances": [1, 2],
+                    "workload.lengths": [
+                        {
+                            "prompt": {"dist": "fixed", "value": n},
+                            "output": {"dist": "fixed", "value": 4},
+                        }
+                        for n in (8, 16)
+                    ],
+                }
+            ],
+            "seed": [0],
+        }
+    )
+    limits = {1: 3.7, 2: 9.1}
+    g = goodput(d, "x.yaml", Path.cwd(), rel_tol=0.01, runner=_step_attainment(limits))
+    assert [r.label for r in g.rows] == ["shape=small", "shape=big"]
+    assert [r.gpus for r in g.rows] == [1, 2]
+    assert g.rows[1].mean_rps == pytest.approx(2.0 * g.rows[1].rates[0])
+
+
 def test_goodput_runs_the_simulation(tmp_path):
     d = copy.deepcopy(BASE)
     d["workload"]["max_requests"] = 60

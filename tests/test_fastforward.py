@@ -10,7 +10,7 @@ from helpers import small_spec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_disagg import split_spec
-from test_engine import Linear, largest_relative_difference
+from test_engine import QUEUE_POLICIES, Linear, largest_relative_difference
 
 from twin._clock import Arrival
 from twin.perf.gpus import get_gpu
@@ -77,18 +77,31 @@ def test_a_stretch_is_priced_to_the_last_bit_as_step_by_step(name, count, mean_c
     assert got == want
 
 
+# how a split cluster moves KV: (transfer.mode, transfer.handoff)
+HANDOFFS = [("serialized", "push"), ("serialized", "pull"), ("layerwise", "push")]
+
+
 @st.composite
-def runs(draw):
-    """A small cluster, colocated or split, under a random fault timeline."""
+def runs(draw, policy: str | None = None):
+    """A small cluster, colocated or split (KV pushed or pulled, serialized or
+    layer-wise), under a random fault timeline, at loads up to one that
+    queues (30 req/s; with 4 running slots a sequence, or a prefix cache,
+    hand-offs wait on the decode side for the blocks a finish frees), its
+    instances admitting in the order of queue ``policy`` (drawn when None)."""
     layout = draw(st.sampled_from(["colocated", "split", "splitwise"]))
     engine = {
         "chunked_prefill": draw(st.booleans()),
         "gpu_memory_utilization": draw(st.sampled_from([0.22, 0.9])),  # 0.22: preemptions
+        "queue_policy": policy or draw(st.sampled_from(QUEUE_POLICIES)),
+        "max_num_seqs": draw(st.sampled_from([4, 256])),
+        "prefix_caching": draw(st.booleans()),
     }
+    rate = draw(st.sampled_from([2.0, 8.0, 30.0]))
     workload = {
         "lengths": "azure-conv",
-        "arrival": {"process": "gamma", "rate": draw(st.sampled_from([2.0, 8.0])), "cv": 2},
+        "arrival": {"process": "gamma", "rate": rate, "cv": 2},
         "max_requests": draw(st.integers(5, 60)),
+        "priority": {0: 1, 1: 1, 2: 1},
     }
     events = []
     for _ in range(draw(st.integers(0, 3))):
@@ -111,7 +124,9 @@ def runs(draw):
         "decode": {"instances": 1, "tp": 1},
     }
     sched = "disagg" if layout == "split" else "splitwise"
-    return "split", {"cluster": cluster, "scheduler": sched} | over
+    mode, handoff = draw(st.sampled_from(HANDOFFS))
+    transfer = {"mode": mode, "handoff": handoff}
+    return "split", {"cluster": cluster, "scheduler": sched, "transfer": transfer} | over
 
 
 def outcome(kind: str, data: dict, ff: bool, perf=None):
@@ -125,13 +140,14 @@ def outcome(kind: str, data: dict, ff: bool, perf=None):
     return {"result": res, "rows": sorted(rows, key=lambda r: r["id"])}, sim.events
 
 
+@pytest.mark.parametrize("policy", QUEUE_POLICIES)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(run=runs(), model=st.sampled_from(["spec", "profile", "distserve"]))
-def test_whole_runs_fast_forwarded_are_those_stepped(run, model):
+@given(data=st.data(), model=st.sampled_from(["spec", "profile", "distserve"]))
+def test_whole_runs_fast_forwarded_are_those_stepped(policy, data, model):
     """Every timestamp, counter and summary of a run, colocated or split, with
     preemptions, chunked prefill, failures and throttled GPUs, is the same to
-    the last bit with fast-forward as stepping."""
-    kind, data = run
+    the last bit with fast-forward as stepping, under each queue policy."""
+    kind, data = data.draw(runs(policy))
     perf = {"spec": None, "profile": table(), "distserve": fit()}[model]
     stepped, n_stepped = outcome(kind, data, False, perf)
     jumped, n_jumped = outcome(kind, data, True, perf)

@@ -31,6 +31,7 @@ def lending_spec(topology: str, mode: str, handoff: str, move_cost: str):
         "gpu": "a100-80gb",
         "cluster": {"topology": topology, "nodes": 1, "tp": 1, "prefill": 2, "decode": 1},
         "engine": {"gpu_memory_utilization": 0.25},
+        "perf": {"kind": "roofline", "engine": "distserve"},  # the races were found with it
         "scheduler": {"name": "splitwise", "move_cost": move_cost, "tick_interval": "20 ms"},
         "transfer": {"mode": mode, "handoff": handoff},
         "workload": {"lengths": "azure-code", "arrival": {"process": "poisson", "rate": 20},

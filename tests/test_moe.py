@@ -13,7 +13,8 @@ from twin.errors import SpecError
 from twin.net.topology import all_to_all_links, load_topology
 from twin.perf.gpus import GPUSpec, get_gpu
 from twin.perf.iteration import Batch
-from twin.perf.llm import MODELS, ModelSpec, get_model, kv_facts
+from twin.perf.kvreport import kv_facts
+from twin.perf.llm import MODELS, ModelSpec, get_model
 from twin.perf.roofline import Roofline
 from twin.sim.spec import load_spec
 
@@ -114,7 +115,7 @@ def test_a_user_moe_model_is_checked():
 UNIT_GPU = GPUSpec("unit", 1e12, 1e11, 80 * 2**30, 700.0, 1e10, 1e9)
 QUIET = dict(mfu=1.0, mbu=1.0, attn_mfu=1.0, overhead_s=0.0, layer_overhead_s=0.0,
              seq_overhead_s=0.0, seq_shard_overhead_s=0.0, hop_latency_s=0.0, act_traffic=0.0,
-             no_overlap=0.0, throttle=0.0)  # fmt: skip
+             no_overlap=0.0, throttle=0.0, moe_efficiency=1.0)  # fmt: skip
 TINY = ModelSpec("tiny-moe", 1, 64, 4, 2, 16, 128, 100, 10**6, 2, "gated", None, experts=4,
                  experts_per_token=2, expert_intermediate=32)  # fmt: skip
 
@@ -481,7 +482,8 @@ def test_a_published_benchmark_runs_through_the_roofline_of_its_setup():
 
     topo = load_topology({**H100_NODE, "nodes": 1}, where="test")
     links = all_to_all_links(topo, range(8))
-    r = Roofline(get_model("qwen3-30b-a3b"), get_gpu("h100-sxm"), 1, ep=8, dp=8, **links)
+    r = Roofline(get_model("qwen3-30b-a3b"), get_gpu("h100-sxm"), 1, ep=8, dp=8,
+                 engine="distserve", **links)  # the study's preset  # fmt: skip
     common = {"source": "s", "url": "u", "section": "x", "model": "qwen3-30b-a3b",
               "node": H100_NODE, "nodes": 1, "ep": 8, "setup": "small"}  # fmt: skip
     pre = Benchmark("p", phase="prefill", published=1.0, per="node", prompt=1000,

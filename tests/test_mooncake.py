@@ -202,6 +202,7 @@ def test_predicted_and_arrival_rejection_part_ways_when_decode_is_the_bottleneck
             "cluster": {"topology": "dgx-h100-ib400", "nodes": 1,
                         "prefill": {"instances": 3, "tp": 2}, "decode": {"instances": 1, "tp": 2}},
             "scheduler": {"name": "mooncake", "early_rejection": mode},
+            "perf": {"kind": "roofline", "engine": "distserve"},  # the TPOT bounds below are its
             "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 1},
                          "max_requests": 1},
             "slo": {"ttft": "10 s", "tpot": "20 ms"},

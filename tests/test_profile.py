@@ -132,8 +132,9 @@ TRUE = {"mfu": 0.61, "mbu": 0.74, "attn_mfu": 0.33, "overhead_s": 3.1e-3, "seq_o
 
 
 def _synthetic(path: Path, model: str, gpu: str = "h200", **terms: float) -> Path:
-    """A native table of the Roofline with ``terms`` over the small grid."""
-    r = Roofline(get_model(model), get_gpu(gpu), 1, **(terms or TRUE))
+    """A native table of the Roofline with ``terms`` over the small grid, the other terms
+    those of the distserve preset that ``twin calibrate --profile`` holds by default."""
+    r = Roofline(get_model(model), get_gpu(gpu), 1, engine="distserve", **(terms or TRUE))
     grid = GRIDS["small"]
     rows = [("prefill", b, p, 0, r.iteration_time(Batch(prefill=((p, 0),) * b)))
             for b, p in grid.prefill_points()]  # fmt: skip

@@ -168,6 +168,7 @@ def _estimate_from_scratch(e):
 
 
 def split_spec(scheduler, engine=None, events=None, workload=None):
+    priority = {"priority": {0: 1, 1: 3}} if (engine or {}).get("queue_policy") else {}
     data = {
         "model": "llama-3.1-8b", "seed": 3,
         "cluster": {"topology": "dgx-h100-ib400", "nodes": 2, "tp": 4, "prefill": 2, "decode": 2},
@@ -175,7 +176,7 @@ def split_spec(scheduler, engine=None, events=None, workload=None):
         "engine": engine or {},
         "workload": workload or {"lengths": "azure-code",
                                  "arrival": {"process": "gamma", "rate": 40, "cv": 4},
-                                 "max_requests": 300},
+                                 "max_requests": 300, **priority},
         "slo": {"ttft": "1 s", "tpot": "50 ms"},
     }  # fmt: skip
     if events:
@@ -195,8 +196,16 @@ FAULTS = [{"at": "2 s", "action": "fail", "instance": 0},
         ({"name": "splitwise", "mixed_threshold_tokens": 4096, "move_cost": "10 ms"}, None, None),
         ({"name": "splitwise"}, {"chunked_prefill": True}, FAULTS),
         ({"name": "mooncake"}, {"chunked_prefill": True, "max_batched_tokens": 1024}, FAULTS),
+        ({"name": "splitwise"}, {"queue_policy": "shortest-prompt-first"}, None),
+        ({"name": "mooncake"}, {"chunked_prefill": True, "queue_policy": "priority"}, FAULTS),
     ],
-    ids=["splitwise", "splitwise-chunked-faults", "mooncake-chunked-faults"],
+    ids=[
+        "splitwise",
+        "splitwise-chunked-faults",
+        "mooncake-chunked-faults",
+        "splitwise-shortest-first",
+        "mooncake-priority-faults",
+    ],  # fmt: skip
 )
 def test_the_kept_estimate_is_the_estimate_from_scratch_at_every_call(
     scheduler, engine, events, monkeypatch

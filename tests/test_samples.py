@@ -11,6 +11,7 @@ import pytest
 from scipy.stats import t
 
 from twin.cli import main
+from twin.errors import SpecError
 from twin.sim.spec import resolve_spec
 from twin.studies.goodput import goodput
 from twin.studies.samples import (
@@ -60,7 +61,8 @@ def test_skip_starts_the_stream_later_at_time_zero(tmp_path):
         (2, 1.0, 106),
     ]
     past = WorkloadSpec.from_mapping({"trace": str(path), "skip": 10})
-    assert list(iter_requests(past, np.random.default_rng(0))) == []
+    with pytest.raises(SpecError, match=r"workload.skip: 10 is past the end of the trace"):
+        list(iter_requests(past, np.random.default_rng(0)))
 
 
 def test_skip_must_be_a_non_negative_integer():

@@ -130,7 +130,8 @@ def test_routing_to_a_draining_instance_is_an_error() -> None:
         def route(self, req: Request, view: ClusterView) -> Route:
             return Route(1, 1)
 
-    reqs = [Request(0, 0.0, 256, 64), Request(1, 0.5, 256, 8)]
+    # request 1 arrives while request 0 (64 tokens) still runs on the draining instance
+    reqs = [Request(0, 0.0, 256, 64), Request(1, 0.05, 256, 8)]
     with pytest.raises(SpecError, match="draining"):
         Simulation(s, requests=reqs, scheduler=Bad({1: [RemoveInstance(1)]}, tick_s=0.01)).run()
 

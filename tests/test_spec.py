@@ -30,6 +30,7 @@ from twin.cli import main
 from twin.errors import SpecError, TwinError, UnknownNameError
 from twin.serving.engine import EngineConfig
 from twin.serving.handoff import TransferConfig
+from twin.serving.queuepolicy import QueuePolicyChoice
 from twin.sim.metrics import SLO
 from twin.sim.spec import ClusterKeys, TopKeys, load_spec, resolve_spec
 
@@ -149,10 +150,14 @@ def test_engine_defaults_live_in_engine_config_alone():
         "prefix_caching": False,
         "max_model_len": None,
     }
-    assert list(spec.resolved["engine"]) == list(keys(EngineConfig))
+    # every key but queue_policy, written only when given (results of specs
+    # without it read as before the key came)
+    assert list(spec.resolved["engine"]) == [k for k in keys(EngineConfig) if k != "queue_policy"]
     assert (spec.memory_utilization, spec.activation_reserve_bytes, spec.oversized) == (
         0.9, 2 * 2**30, "error")  # fmt: skip
-    assert spec.resolved["slo"] == {"ttft": None, "tpot": None, "target": 0.9, "ttft_at": "decode"}
+    assert spec.resolved["slo"] == {
+        "ttft": None, "tpot": None, "target": 0.9, "ttft_at": "decode", "client_latency": "0 s",
+    }  # fmt: skip
     assert spec.resolved["transfer"] == {"mode": "serialized", "handoff": "push",
                                          "multi_nic": False, "control_rtt": "0 s",
                                          "registration": "0 s", "per_descriptor": "2 us",
@@ -163,13 +168,15 @@ def test_every_declared_engine_key_is_read_from_yaml():
     given = {"block_size": 32, "max_num_seqs": 8, "max_batched_tokens": 512,
              "chunked_prefill": True, "watermark": 0.0, "gpu_memory_utilization": 0.8,
              "activation_reserve": "1 GiB", "oversized": "reject", "fast_forward": False,
-             "prefix_caching": True, "max_model_len": 1024}  # fmt: skip
+             "prefix_caching": True, "max_model_len": 1024,
+             "queue_policy": {"name": "priority"}}  # fmt: skip
     assert set(given) == set(keys(EngineConfig))
     spec = resolve(engine=given)
     assert spec.resolved["engine"] == given
     assert spec.engine == EngineConfig(
-        32, 8, 512, True, 0.0, 0.8, 2**30, "reject", False, True, 1024
-    )
+        32, 8, 512, True, 0.0, 0.8, 2**30, "reject", False, True, 1024,
+        QueuePolicyChoice("priority", {}),
+    )  # fmt: skip
 
 
 def test_max_batched_tokens_follows_chunked_prefill_unless_given():
@@ -185,7 +192,7 @@ def test_slo_durations_parse_and_stay_as_written():
     spec = resolve(slo={"ttft": "250 ms", "tpot": 0.05, "target": 1})
     assert (spec.slo.ttft_s, spec.slo.tpot_s, spec.slo.target) == (0.25, 0.05, 1.0)
     assert spec.resolved["slo"] == {"ttft": "250 ms", "tpot": 0.05, "target": 1.0,
-                                    "ttft_at": "decode"}  # fmt: skip
+                                    "ttft_at": "decode", "client_latency": "0 s"}  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -329,6 +329,24 @@ def test_empirical_lengths(files: Path) -> None:
     assert sorted(e.prompts.tolist()) == [2048, 2048, 4096]
 
 
+def test_empirical_lengths_leave_out_rows_past_max_total_tokens(files: Path) -> None:
+    # DistServe's ShareGPT preparation drops pairs of 2,048 tokens or more (OPT's
+    # context) from the sample; here rows of prompt + output <= 22 are kept
+    m = {
+        "lengths": {"empirical": "len.csv", "max_total_tokens": 22},
+        "arrival": POISSON5,
+        "max_requests": 3000,
+    }
+    pairs = {(r.prompt_tokens, r.output_tokens) for r in run(m, base_dir=files)}
+    assert pairs == {(10, 1), (20, 2)}
+    spec = WorkloadSpec.from_mapping(m, "w", files)
+    assert spec.lengths == EmpiricalFile(files / "len.csv", "auto", 22)
+    with pytest.raises(SpecError, match="max_total_tokens: 0 is not an integer"):
+        WorkloadSpec.from_mapping({**m, "lengths": {"empirical": "len.csv", "max_total_tokens": 0}})
+    with pytest.raises(SpecError, match=r"no row has prompt \+ output <= max_total_tokens \(5\)"):
+        run({**m, "lengths": {"empirical": "len.csv", "max_total_tokens": 5}}, base_dir=files)
+
+
 # PROVENANCE.md of azure_llm_2023: (mean, median, p90, p99, min, max) of prompt and output
 AZURE_STATS = {
     "azure-conv": ((1154.7, 1020, 2735, 4142, 2, 14_050), (211.1, 129, 424, 601, 7, 1_000)),
@@ -412,7 +430,7 @@ BAD_SPECS = [
     ({"trace": "a.csv", "rate": 5},
      r"^w: unknown key 'rate'\..* Expected one of trace, format, arrival, lengths, rate_scale, "
      r"duration, max_requests, repeat, prefix_block_tokens, skip, rate_schedule, output_tokens, "
-     r"prefixes$"),
+     r"prefixes, priority$"),
     ({"lengths": "azure-conv", "arrival": POISSON5},
      r"w: a synthetic workload needs duration or max_requests"),
     ({"trace": "a.csv", "repeat": True}, r"w: repeat: true needs duration or max_requests"),

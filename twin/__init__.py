@@ -43,7 +43,8 @@ The layers, each importing only those below it (checked by ``lint-imports``):
 ``_declare``, ``_check``, ``_clock``, ``yamlio``, ``bundled``, ``units``).
 
 Extension points: a scheduling policy (``@register`` or the
-``twin.schedulers`` entry-point group), a performance model (any object with
+``twin.schedulers`` entry-point group), a queue policy inside an instance
+(``@register_queue_policy`` or ``twin.queue_policies``), a performance model (any object with
 ``iteration_time(batch) -> seconds``, ``name`` and ``sha256``, given as
 ``Simulation(spec, perf=...)``), an observer, a topology file
 (``topologies/README.md``) and a trace file (``twin/workload/traces.py``).
@@ -77,6 +78,7 @@ if TYPE_CHECKING:
         require_split,
     )
     from twin.serving.observer import Observer
+    from twin.serving.queuepolicy import PicksVictim, Queued, QueuePolicy, register_queue_policy
     from twin.sim.metrics import REQUEST_COLUMNS
     from twin.sim.simulation import Result, Simulation, run
     from twin.sim.spec import ExperimentSpec, load_spec, read_spec
@@ -98,6 +100,9 @@ _LAZY = {
     "InstanceView": "twin.scheduler",
     "Objectives": "twin.scheduler",
     "Observer": "twin.serving.observer",
+    "PicksVictim": "twin.serving.queuepolicy",
+    "Queued": "twin.serving.queuepolicy",
+    "QueuePolicy": "twin.serving.queuepolicy",
     "PicksDecode": "twin.scheduler",
     "Plan": "twin.scheduler",
     "REQUEST_COLUMNS": "twin.sim.metrics",
@@ -126,6 +131,7 @@ _LAZY = {
     "load_topology": "twin.net.topology",
     "read_spec": "twin.sim.spec",
     "register": "twin.scheduler",
+    "register_queue_policy": "twin.serving.queuepolicy",
     "require_split": "twin.scheduler",
     "run": "twin.sim.simulation",
     "run_compare": "twin.studies.compare",
@@ -159,6 +165,10 @@ __all__ = [
     "ClusterView",
     "InstanceView",
     "Objectives",
+    "register_queue_policy",
+    "QueuePolicy",
+    "PicksVictim",
+    "Queued",
     # listening
     "Observer",
     "EventLog",

@@ -222,7 +222,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_kv(args: argparse.Namespace) -> int:
-    from twin.perf.llm import dtype_bytes, kv_facts, kv_report, model_from_arg
+    from twin.perf.kvreport import kv_facts, kv_report
+    from twin.perf.llm import dtype_bytes, model_from_arg
 
     model = model_from_arg(_model_arg(args, "kv"), where="twin kv: MODEL")
     nbytes = dtype_bytes(args.dtype) if args.dtype else None
@@ -346,12 +347,52 @@ def cmd_validate_real_run(args: argparse.Namespace) -> int:
 def cmd_validate_runs(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from twin._progress import Progress
-    from twin.studies.realrun import read_runs
-    from twin.studies.validate_realrun import format_summary, replay, summarize
+    from twin._io import check_outputs
+    from twin.perf.residuals import loo_coverage
+    from twin.studies.runresiduals import format_coverage, read_scored, table_of, write_table
+    from twin.studies.validate_realrun import format_summary, summarize
 
     if args.spec is None or args.against is not None:
         raise TwinError("twin validate runs: needs DIR (a folder of measured runs), no --against")
+    if not 0 < args.coverage < 1:
+        raise TwinError(f"--coverage: {args.coverage}; expected a number between 0 and 1")
+    if args.residuals is not None:
+        check_outputs([("--residuals", args.residuals)])
+    if Path(args.spec).is_file():  # a --json output read back: no replay
+        scored: list[Any] = [
+            r for r in read_scored(args.spec) if args.all or not r.get("overloaded")
+        ]
+        table = table_of(scored, f"twin validate runs {args.spec}", args.coverage)
+        rows, text = [], f"{len(scored)} runs read from {args.spec}"
+    else:
+        results, left_out = _replay_runs(args)
+        scored = results
+        table = table_of(results, f"twin validate runs {args.spec}", args.coverage)
+        rows = summarize(results, include_overloaded=args.all)
+        text = format_summary(rows, len(results), left_out)
+    cover = loo_coverage(table)
+    if args.residuals is not None:
+        write_table(table, args.residuals)
+    if args.json:
+        doc = {"runs": [r if isinstance(r, dict) else r.to_dict() for r in scored],
+               "summary": [dataclasses.asdict(r) for r in rows],
+               "coverage": {"level": args.coverage,
+                            "metrics": [dataclasses.asdict(c) for c in cover]}}  # fmt: skip
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(text)
+    print()
+    print(format_coverage(cover, table))
+    return 0
+
+
+def _replay_runs(args: argparse.Namespace) -> tuple[list[Any], int]:
+    """The runs of ``args.spec`` replayed (overloaded ones only with ``--all``),
+    and how many were left out."""
+    from twin._progress import Progress
+    from twin.studies.realrun import read_runs
+    from twin.studies.validate_realrun import replay
+
     runs = read_runs(args.spec, gpu=args.gpu)
     left_out = 0 if args.all else sum(r.overloaded for r in runs)
     runs = [r for r in runs if args.all or not r.overloaded]
@@ -362,14 +403,7 @@ def cmd_validate_runs(args: argparse.Namespace) -> int:
                 replay(run, stage_requests=args.stage_requests, overrides=args.set or ())
             )
             bar.update()
-    rows = summarize(results, include_overloaded=args.all)
-    if args.json:
-        doc = {"runs": [r.to_dict() for r in results],
-               "summary": [dataclasses.asdict(r) for r in rows]}  # fmt: skip
-        print(json.dumps(doc, indent=2))
-        return 0
-    print(format_summary(rows, len(results), left_out))
-    return 0
+    return results, left_out
 
 
 def cmd_validate_run(args: argparse.Namespace) -> int:
@@ -1052,6 +1086,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="runs: replay and count the overloaded runs too (left out by default)",
     )  # fmt: skip
     v.add_argument(
+        "--residuals", metavar="OUT",
+        help="runs: write the residual table (log predicted/measured per run, stage and metric)"
+        " for a spec's perf.residuals",
+    )  # fmt: skip
+    v.add_argument(
+        "--coverage", type=float, default=0.8,
+        help="runs: the prediction intervals' coverage, checked leaving each run out (default 0.8)",
+    )  # fmt: skip
+    v.add_argument(
         "--against", metavar="RESULTS",
         help="run: a `vllm bench serve --save-detailed` JSON or an AIPerf profile_export.jsonl",
     )  # fmt: skip
@@ -1283,11 +1326,32 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def _add_calibrate_parser(sub: Any) -> None:
     ca = sub.add_parser(
-        "calibrate", help="fit the roofline's GPU efficiencies and overheads to profile tables"
+        "calibrate",
+        help="fit the roofline's terms to profile tables (--profile) or serving runs (--runs)",
     )
-    ca.add_argument(
-        "--profile", action="append", required=True, metavar="TABLE",
+    src = ca.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--profile", action="append", metavar="TABLE",
         help="a native table (twin profile); repeat for several models on one GPU",
+    )  # fmt: skip
+    src.add_argument(
+        "--runs", metavar="DIR",
+        help="measured vLLM runs (inference-perf run folders, or a realruns-style folder):"
+        " fit the vllm preset's free terms and write its perf: block",
+    )  # fmt: skip
+    ca.add_argument(
+        "--stage-requests", type=int, metavar="N",
+        help="--runs: replay only the first N requests sent in each load stage (faster)",
+    )  # fmt: skip
+    ca.add_argument(
+        "--leave-one-out", action="store_true",
+        help="--runs: also score each run with the terms fitted to the others",
+    )  # fmt: skip
+    ca.add_argument("--out", metavar="FILE", help="--runs: write the perf: block (YAML) here")
+    ca.add_argument(
+        "--residuals", metavar="FILE",
+        help="--runs: fit leaving each run out and write the held-out residual table here"
+        " (for perf.residuals: prediction intervals)",
     )  # fmt: skip
     ca.add_argument("--model", help="the model measured (default: the table's sidecar)")
     ca.add_argument("--gpu", help="the catalog GPU measured (default: the sidecar)")
@@ -1297,13 +1361,24 @@ def _add_calibrate_parser(sub: Any) -> None:
     )
     ca.add_argument(
         "--fit", metavar="TERM[,TERM...]",
-        help="terms to fit (default mfu,mbu,attn_mfu,overhead_s,seq_overhead_s)",
+        help="terms to fit (--profile default mfu,mbu,attn_mfu,overhead_s,seq_overhead_s;"
+        " --runs default overhead_s,layer_overhead_s,hop_overhead_s,moe_efficiency)",
     )  # fmt: skip
     ca.add_argument("--json", action="store_true", help="print JSON")
     ca.set_defaults(func=cmd_calibrate)
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.runs is not None:
+        from twin._io import check_outputs
+        from twin.studies.calibrate_runs import command as runs_command
+
+        check_outputs([("--residuals", args.residuals)])
+
+        return runs_command(
+            args.runs, gpu=args.gpu, fit_terms=args.fit, stage_requests=args.stage_requests,
+            loo=args.leave_one_out, out=args.out, as_json=args.json, residuals=args.residuals,
+        )  # fmt: skip
     from twin.perf.fit_profile import command
 
     return command(
@@ -1362,6 +1437,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "calibrate": (
         "twin calibrate --profile qwen3-8b-h200.csv",
         "twin calibrate --profile qwen3-8b-h200.csv --profile llama-3.1-8b-h200.csv",
+        "twin calibrate --runs ../shared/data/realruns --stage-requests 500 --out perf.yaml",
     ),
     "profile": (
         "twin profile qwen3-8b --gpu h200 --out qwen3-8b-h200.csv",

@@ -13,6 +13,8 @@ class Request:
     the hashes of the prompt's leading blocks (Mooncake's ``hash_ids``), used by
     prefix-aware policies; empty when the trace has none. ``prefix_block_tokens``
     is the number of prompt tokens each hash covers (512 in the Mooncake trace).
+    ``priority`` orders it under the ``priority`` queue policy (lower first,
+    as vLLM's priority scheduling; 0 unless the workload gives one).
     """
 
     id: int
@@ -21,3 +23,4 @@ class Request:
     output_tokens: int
     prefix_hashes: tuple[int, ...] = ()
     prefix_block_tokens: int = 0
+    priority: int = 0

@@ -589,16 +589,25 @@ def _load_entry_points() -> None:
     if _entry_points_loaded:
         return
     _entry_points_loaded = True
-    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+    load_plugins(ENTRY_POINT_GROUP, "scheduler", _registry, _add)
+
+
+def load_plugins(
+    group: str, kind: str, known: Mapping[str, type], add: Callable[[str, Any], None]
+) -> None:
+    """Register with ``add`` each class of entry-point ``group`` whose name is
+    not ``known`` yet; one that fails to load is a :class:`PluginError`
+    naming the ``kind`` (a scheduler, a queue policy) and the entry."""
+    for ep in sorted(entry_points(group=group), key=lambda e: e.name):
         try:
             obj = ep.load()
         except Exception as e:  # a broken plugin must not hide behind a traceback
             raise PluginError(
-                f"scheduler entry point {ep.name!r} ({ep.value}) failed to load: "
+                f"{kind} entry point {ep.name!r} ({ep.value}) failed to load: "
                 f"{type(e).__name__}: {e}"
             ) from e
-        if isinstance(obj, type) and ep.name not in _registry:
-            _add(ep.name, obj)
+        if isinstance(obj, type) and ep.name not in known:
+            add(ep.name, obj)
 
 
 def scheduler_names() -> list[str]:
@@ -621,13 +630,22 @@ def build_scheduler(name: str, params: Mapping[str, Any], where: str = "schedule
     parameters against the policy's dataclass fields. A policy refuses a value
     with a ``ValueError("<param>: ...")``; the message then names
     ``<where>.<param>``."""
-    cls = get_scheduler(name)
+    return instantiate(get_scheduler(name), "scheduler", name, params, where)
+
+
+C = TypeVar("C")
+
+
+def instantiate(cls: type[C], kind: str, name: str, params: Mapping[str, Any], where: str) -> C:
+    """``cls(**params)``, the ``kind`` registered as ``name`` (a scheduler, a
+    queue policy), with the names of the parameters checked against its
+    dataclass fields; an error names ``<where>.<param>``."""
     if dataclasses.is_dataclass(cls):
         known = [f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_")]
         for key in params:
             if key not in known:
                 raise SpecError(
-                    f"{where}.{key}: unknown parameter of scheduler {name!r}; "
+                    f"{where}.{key}: unknown parameter of {kind} {name!r}; "
                     f"expected one of {', '.join(known) or '(none)'}"
                 )
     try:
@@ -636,7 +654,7 @@ def build_scheduler(name: str, params: Mapping[str, Any], where: str = "schedule
         key, sep, rest = str(e).partition(": ")
         if sep and key in params:
             raise SpecError(f"{where}.{key}: {rest}") from None
-        raise SpecError(f"{where}: scheduler {name!r}: {e}") from None
+        raise SpecError(f"{where}: {kind} {name!r}: {e}") from None
 
 
 def describe(cls: type) -> str:

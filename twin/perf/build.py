@@ -35,6 +35,7 @@ from twin.errors import SpecError, UnknownNameError
 from twin.perf.gpus import GPUSpec
 from twin.perf.iteration import PerfModel
 from twin.perf.llm import ModelSpec
+from twin.perf.residuals import read_residuals
 from twin.perf.roofline import (
     DEFAULT_ENGINE,
     DISPATCH_DTYPES,
@@ -119,6 +120,11 @@ class RooflineKeys:
         None, _AT_LEAST_0, "software latency added to each all-reduce hop (default: the preset)",
         key="hop_overhead",
     )  # fmt: skip
+    moe_efficiency: float | None = declared(
+        None, FRACTION,
+        "MoE: share of mbu the fused experts kernel reaches reading expert weights"
+        " (default: the preset; 1 without one)",
+    )  # fmt: skip
     expert_skew: float | None = declared(
         None, interval(0, 100),
         "MoE: the busiest GPU's routed tokens over the mean, minus 1 (default 0: uniform)",
@@ -202,6 +208,13 @@ KINDS: dict[str, type] = {
 }
 
 
+RESIDUALS_SCHEMA: dict[str, Any] = {
+    "description": "a residual table (path, or {path | rows, coverage}): the run's figures"
+    " carry prediction intervals (twin.perf.residuals)",
+    "oneOf": [{"type": "string"}, {"type": "object"}],
+}
+
+
 def perf_schema() -> dict[str, Any]:
     """The JSON Schema of ``perf:``: one of the kinds, each with its keys."""
     options = []
@@ -209,6 +222,7 @@ def perf_schema() -> dict[str, Any]:
         s = schema(cls)
         s["properties"]["kind"] = {"const": kind, "description": f"the {kind} model"}
         s["required"] = ["kind", *s.get("required", [])]
+        s["properties"]["residuals"] = RESIDUALS_SCHEMA
         options.append(s)
     return {"oneOf": options}
 
@@ -226,6 +240,9 @@ def read_perf(spec: object, where: str = "", base_dir: Path | None = None) -> An
     if not isinstance(kind, str) or kind not in KINDS:
         raise SpecError(f"{w}.kind: {kind!r}; expected one of {', '.join(KINDS)}")
     cls = KINDS[kind]
+    if "residuals" in spec:  # any kind: checked here, read again by the run (twin.sim.intervals)
+        read_residuals(spec["residuals"], f"{w}.residuals", base_dir)
+        spec = {k: v for k, v in spec.items() if k != "residuals"}
     allowed = keys(cls)
     for key in spec:
         if key not in allowed:
@@ -255,12 +272,12 @@ def build_perf_model(
 ) -> PerfModel:
     """A perf model from a YAML mapping; ``None`` is the calibrated Roofline.
 
-    ``{kind: roofline, engine: distserve|splitwise-sim, mfu: 0.5, mbu: 0.8, attn_mfu: 0.3,
+    ``{kind: roofline, engine: vllm|distserve|splitwise-sim, mfu: 0.5, mbu: 0.8, attn_mfu: 0.3,
     overhead: "4 ms", layer_overhead, seq_overhead, seq_shard_overhead,
     hop_latency, tp_mfu_exponent, act_traffic, no_overlap, throttle,
-    throttle_knee, l2_speedup, hop_overhead}`` (durations with
+    throttle_knee, l2_speedup, hop_overhead, moe_efficiency}`` (durations with
     units; unset efficiencies default per GPU, unset software terms to the
-    ``engine`` preset, itself ``distserve`` by default);
+    ``engine`` preset, itself ``vllm`` by default);
     ``{kind: profile, path, format: splitwise|native, model, hardware, tp}``
     (``model``/``hardware``/``tp`` select splitwise rows and default to the
     instance's model name, GPU name and TP); ``{kind: distserve, path, model,

@@ -54,6 +54,7 @@ from twin.perf.roofline import (
     ENGINE_TERMS,
     GPU_EFFICIENCY,
     Roofline,
+    fp8_gemm_ratio,
     l2_tokens,
 )
 from twin.perf.validate import (
@@ -74,7 +75,9 @@ GPUS = ("a100-80gb", "h100-sxm")
 FAMILY = {"a100-80gb": "a100-80gb", "h100-sxm": "h100-sxm", "h100-80gb-pcap": "h100-sxm"}
 # GPUs run under a power limit below their family's: their GPUSpec.sustained_clock is fitted.
 CAPPED = ("h100-80gb-pcap",)
-ENGINES = tuple(ENGINE_OVERHEADS)
+# The engines whose presets are fitted here, to measured iteration tables; the ``vllm`` preset is
+# fitted to measured serving runs instead (twin.perf.calibrate_runs, ``twin calibrate --runs``).
+ENGINES = ("splitwise-sim", "distserve")
 _EFF = ("mfu", "mbu", "attn_mfu", "throttle", "throttle_knee_s", "l2_speedup")
 _LINK = ("hop_latency_s",)
 NAMES = (
@@ -154,7 +157,8 @@ class _Source:
             f(tok, float), f(seq, float), f(apre, float), f(adec, float), f(kv, float))  # fmt: skip
         self.meas = f(meas, float)
         self.prompt = f(prompt, bool)
-        self.flop_lin = (2.0 * m.layers * m.linear_params_per_layer * self.tok
+        fp8 = fp8_gemm_ratio(m, gpu)  # FP8 weights' GEMMs at the FP8 peak, as Roofline
+        self.flop_lin = (2.0 * m.layers * m.linear_params_per_layer * self.tok * fp8
                          + 2.0 * m.hidden * m.vocab * self.seq) / tp  # fmt: skip
         self.flop_attn = 4.0 * m.layers * m.heads * m.head_dim * (self.apre + self.adec) / tp
         self.mem = m.weight_bytes / tp + m.kv_bytes_per_token_tp(tp) / tp * self.kv

@@ -14,6 +14,7 @@ from twin.errors import SpecError, UnknownNameError
 from twin.perf.gpus import GPUSpec
 from twin.perf.iteration import VECTOR_STEPS, Batch
 from twin.perf.llm import ModelSpec
+from twin.perf.vllm import VLLM_TERMS
 
 if TYPE_CHECKING:
     pass
@@ -44,7 +45,7 @@ DEFAULT_MBU = 0.86
 DEFAULT_ATTN_MFU = 0.57
 DEFAULT_HOP_LATENCY_S = 7.4e-06
 DEFAULT_TP_MFU_EXPONENT = 0.0
-DEFAULT_ENGINE = "distserve"
+DEFAULT_ENGINE = "vllm"
 
 
 # Per GPU, shared by every engine preset: achieved efficiencies (mfu, mbu, attn_mfu), properties
@@ -79,6 +80,12 @@ _A100_EFF = (0.85, 0.92, 0.197, 0.000129, 3.21, 1.97, 4.27e-06)
 
 
 _H100_EFF = (0.727, 0.92, 0.646, 0.000178, 4.86, 2.55, 1.23e-06)
+# L40S (Ada, GDDR6, no NVLink; peaks in twin.perf.gpus from its datasheet): no measured
+# profile or run of it is in reach, so nothing is fitted. The shares of peak are the H100's
+# (the same cuBLAS/CUTLASS GEMMs and FlashAttention kernels; Hopper's fitted mbu 0.92 taken for
+# GDDR6 as well), no throttle and no L2 term fitted, and the all-reduce hop latency is the
+# default (PCIe peer-to-peer, no NVLink). Bounds: mfu in [0.5, 0.85], mbu in [0.75, 0.92].
+_L40S_EFF = (0.727, 0.92, 0.646, 0.0, 0.0, 1.0, DEFAULT_HOP_LATENCY_S)
 GPU_EFFICIENCY: Mapping[str, tuple[float, float, float, float, float, float, float]] = (
     MappingProxyType(
         {
@@ -88,6 +95,7 @@ GPU_EFFICIENCY: Mapping[str, tuple[float, float, float, float, float, float, flo
             "h100-80gb-pcap": _H100_EFF,
             "h200": _H100_EFF,
             "h800": _H100_EFF,
+            "l40s": _L40S_EFF,
         }
     )
 )
@@ -119,8 +127,10 @@ def l2_tokens(gpu: GPUSpec, model: ModelSpec) -> float:
 
 # Software terms of the Roofline per serving engine: what the serving software adds on top of the
 # GPU's roofline (per-iteration, per-layer and per-sequence CPU/launch costs, activation-sized
-# element-wise memory passes, how much compute and memory time fail to overlap). Fitted jointly
-# with GPU_EFFICIENCY by twin.perf.calibrate.fit_weighted:
+# element-wise memory passes, how much compute and memory time fail to overlap). "vllm" (the
+# default; twin.perf.vllm, each term's source there) is fitted to measured vLLM V1 serving runs
+# by twin calibrate --runs; the other two jointly with GPU_EFFICIENCY by
+# twin.perf.calibrate.fit_weighted:
 # - "splitwise-sim": splitwise-sim's perf_model.csv (llama2-70b on A100-80GB, H100-80GB and the
 #   capped H100 at TP 2, 4, 8, bloom-176b at TP 8). That profiling stack pays ~0.22 ms per
 #   sequence per iteration, several times what current serving engines spend: extrapolated to
@@ -129,15 +139,19 @@ def l2_tokens(gpu: GPUSpec, model: ModelSpec) -> float:
 # - "distserve": DistServe's fitted A100-80GB latency models (OPT-13B at TP 1, 2, 4; OPT-66B at
 #   TP 2, 3, 4, 8), profiled on DistServe's own engine, whose light per-sequence costs match
 #   current engines (Llama-2-70B TP8 H100 at batch 64: 26 ms a step; Llama-3.1-8B on one H100:
-#   18 ms): the default.
+#   18 ms): the bundled experiments' preset.
 # ``seq_overhead_s`` is paid per sequence per iteration whatever the TP; ``seq_shard_overhead_s``
 # per sequence divided by TP (per-sequence work that the TP ranks split).
 ENGINE_TERMS = ("overhead_s", "layer_overhead_s", "seq_overhead_s", "seq_shard_overhead_s",
                 "act_traffic", "no_overlap", "hop_overhead_s")  # fmt: skip
+# Kernel terms a preset may add (absent: 1.0): the share of the GPU's achieved HBM bandwidth
+# (``mbu``) that the engine's fused mixture-of-experts kernel reaches reading expert weights.
+KERNEL_TERMS = ("moe_efficiency",)
 
 
 ENGINE_OVERHEADS: Mapping[str, Mapping[str, float]] = MappingProxyType(
     {
+        "vllm": VLLM_TERMS,
         "splitwise-sim": MappingProxyType(
             {
                 "overhead_s": 0.00571,
@@ -235,6 +249,16 @@ def halves(batch: Batch) -> tuple[Batch, Batch] | None:
     return None if a.is_empty or b.is_empty else (a, b)
 
 
+def fp8_gemm_ratio(model: ModelSpec, gpu: GPUSpec) -> float:
+    """What a weight GEMM FLOP of ``model`` counts for at ``gpu``'s BF16 peak: FP8 weights
+    (``weight_dtype_bytes`` 1) run on FP8 tensor cores where the GPU has them, the
+    activations quantized on the fly (FP8 W8A8, as vLLM runs FP8 checkpoints), so
+    ``flops_bf16 / flops_fp8``; exactly 1.0 otherwise (BF16 weights, or no FP8 peak)."""
+    if model.weight_bytes_per_param == 1 and gpu.flops_fp8 > 0:
+        return gpu.flops_bf16 / gpu.flops_fp8
+    return 1.0
+
+
 def engine_overheads(engine: str) -> Mapping[str, float]:
     """The software terms of serving engine ``engine`` (a key of :data:`ENGINE_OVERHEADS`)."""
     try:
@@ -314,10 +338,15 @@ class Roofline:
     ``DEFAULT_*``, no throttle and no L2 speed-up. ``overhead_s``,
     ``layer_overhead_s``, ``seq_overhead_s``, ``seq_shard_overhead_s``,
     ``act_traffic``, ``no_overlap`` and ``hop_overhead_s`` are properties of the serving software
-    and default to the preset of ``engine`` (``ENGINE_OVERHEADS``: ``"distserve"``,
-    the default, fitted to DistServe's engine; ``"splitwise-sim"``, fitted to
-    splitwise-sim's profiles). Passing a value overrides either kind, one term at
-    a time; an unknown ``engine`` raises :class:`~twin.errors.UnknownNameError`.
+    and default to the preset of ``engine`` (``ENGINE_OVERHEADS``: ``"vllm"``, the
+    default, fitted to measured vLLM V1 runs, :mod:`twin.perf.vllm`; ``"distserve"``,
+    fitted to DistServe's engine; ``"splitwise-sim"``, fitted to splitwise-sim's
+    profiles); a preset may add ``moe_efficiency`` (:data:`KERNEL_TERMS`), the
+    share of ``mbu`` its fused-MoE kernel reaches reading expert weights (1 when
+    absent). FP8 weights (``weight_dtype_bytes`` 1) run their weight GEMMs at the
+    GPU's FP8 peak where it has one (:func:`fp8_gemm_ratio`). Passing a value
+    overrides either kind, one term at a time; an unknown ``engine`` raises
+    :class:`~twin.errors.UnknownNameError`.
 
     Pipeline parallelism: the ``pp`` stages split the TP-only time evenly,
     and each stage after the first first receives the activations from the one
@@ -383,7 +412,8 @@ class Roofline:
         "overhead_s", "layer_overhead_s", "seq_overhead_s", "seq_shard_overhead_s",
         "hop_latency_s", "tp_mfu_exponent", "act_traffic", "no_overlap", "hop_overhead_s",
         "throttle",
-        "throttle_knee_s", "l2_speedup", "_flop_token", "_flop_seq", "_flop_attn", "_kv_b", "_w_b",
+        "throttle_knee_s", "l2_speedup", "moe_efficiency", "_fp8",
+        "_flop_token", "_flop_seq", "_flop_attn", "_kv_b", "_w_b",
         "_inv_compute", "_inv_attn", "_inv_mem", "_fixed", "_seq", "_comm_token", "_comm_fixed",
         "_act_token", "_act_l2", "_act_ranks", "_gemm_w_b",
         "_p2p_token", "_p2p_fixed", "ep", "dp", "expert_skew", "a2a_intra_bytes_s",
@@ -418,6 +448,7 @@ class Roofline:
         throttle: float | None = None,
         throttle_knee_s: float | None = None,
         l2_speedup: float | None = None,
+        moe_efficiency: float | None = None,
         ep: int = 1,
         dp: int = 1,
         expert_skew: float = 0.0,
@@ -448,6 +479,9 @@ class Roofline:
         act_traffic = sw["act_traffic"] if act_traffic is None else act_traffic
         no_overlap = sw["no_overlap"] if no_overlap is None else no_overlap
         hop_overhead_s = sw["hop_overhead_s"] if hop_overhead_s is None else hop_overhead_s
+        if moe_efficiency is None:
+            moe_efficiency = sw.get("moe_efficiency", 1.0)
+        self.moe_efficiency = _check_fraction("moe_efficiency", moe_efficiency)
         eff = GPU_EFFICIENCY.get(
             gpu.name,
             (DEFAULT_MFU, DEFAULT_MBU, DEFAULT_ATTN_MFU, *_NO_THROTTLE, _NO_L2,
@@ -482,7 +516,8 @@ class Roofline:
         self.sha256: str | None = None
 
         m = model
-        self._flop_token = 2.0 * m.layers * m.linear_params_per_layer / tp
+        self._fp8 = fp8_gemm_ratio(m, gpu)
+        self._flop_token = 2.0 * m.layers * m.linear_params_per_layer / tp * self._fp8
         self._flop_seq = 2.0 * m.hidden * m.vocab / tp
         self._flop_attn = 4.0 * m.layers * m.heads * m.head_dim / tp
         self._kv_b = m.kv_bytes_per_token_tp(tp) / tp  # per GPU: KV heads replicated past tp
@@ -609,7 +644,7 @@ class Roofline:
         wb = m.weight_bytes_per_param
         # dense part (attention, dense layers, shared experts, router, LM head): each of the
         # dp attention ranks runs its share of the sequences on tp GPUs
-        self._flop_token = 2.0 * m.dense_token_params / ranks
+        self._flop_token = 2.0 * m.dense_token_params / ranks * self._fp8
         self._flop_seq = 2.0 * m.hidden * m.vocab / ranks
         self._flop_attn = 4.0 * m.layers * m.heads * m.head_dim / ranks
         self._kv_b = m.kv_bytes_per_token_tp(tp) / ranks
@@ -623,8 +658,9 @@ class Roofline:
         # GPU holds a 1 / tp slice of every expert
         shard = 1 if ep > 1 else tp
         self._e_local = float(m.experts // ep)
-        self._e_flop = 2.0 * m.expert_params / shard  # per token routed to the expert
-        self._e_bytes = m.expert_params * wb / shard  # the expert's weights read once
+        self._e_flop = 2.0 * m.expert_params / shard * self._fp8  # per token routed to it
+        # the expert's weights read once, at moe_efficiency x mbu
+        self._e_bytes = m.expert_params * wb / shard / self.moe_efficiency
         if ep == 1:
             return
         g = ep if per_node is None else per_node

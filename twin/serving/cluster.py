@@ -149,7 +149,7 @@ def placement_order(roles: Sequence[str], how: str) -> list[int]:
 class EngineView:
     """The live, read-only :class:`twin.scheduler.InstanceView` of an engine."""
 
-    __slots__ = ("_engine", "_placement", "_fetch", "_tiers", "_queue")
+    __slots__ = ("_engine", "_placement", "_fetch", "_tiers", "_cost")
 
     def __init__(
         self,
@@ -162,7 +162,7 @@ class EngineView:
         self._placement = placement
         self._fetch = fetch  # (instance, node, tokens, request) -> seconds
         self._tiers = tiers
-        self._queue = QueueCost()  # the queue estimate, kept as requests join
+        self._cost = QueueCost()  # the queue estimate, kept as requests join
 
     @property
     def role(self) -> str:
@@ -235,7 +235,7 @@ class EngineView:
         return self._engine.perf.iteration_time(Batch((), count, context_sum))
 
     def estimate_queue_s(self) -> float:
-        return self._queue.estimate_s(self._engine)
+        return self._cost.estimate_s(self._engine)
 
     def cached_prefix_tokens(self, req: Request) -> int:
         return self._engine.cached_prefix_tokens(req)

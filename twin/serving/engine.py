@@ -5,6 +5,8 @@ admitted only when the blocks for its whole prompt are free (less a small
 watermark); running sequences grow a block at a time; when a decode step finds
 no free block, the most recently admitted sequence is preempted and will be
 recomputed (its prompt plus the tokens it had produced are prefilled again).
+The queue's order and the preemption victim are the spec's queue policy's
+(:mod:`twin.serving.queuepolicy`; FCFS by default).
 With ``chunked_prefill`` the iteration carries every running decode first and
 fills the rest of a token budget with prefill chunks (Sarathi-Serve style).
 
@@ -39,7 +41,6 @@ import dataclasses
 import heapq
 import operator
 from bisect import bisect_left
-from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass
@@ -49,7 +50,16 @@ import simpy
 
 from twin._check import is_int
 from twin._clock import at
-from twin._declare import BOOL, FRACTION, POSITIVE_INT, choice, declared, interval, nbytes
+from twin._declare import (
+    BOOL,
+    FRACTION,
+    POSITIVE_INT,
+    anything,
+    choice,
+    declared,
+    interval,
+    nbytes,
+)
 from twin.errors import SpecError
 from twin.perf.iteration import (
     Batch,
@@ -66,6 +76,14 @@ from twin.serving.fastforward import FastForward
 from twin.serving.kvcache import BlockManager, PrefixCache, blocks_for, cacheable
 from twin.serving.observer import Observer
 from twin.serving.pipeforward import PipeForward
+from twin.serving.queuepolicy import DEFAULT as DEFAULT_QUEUE_POLICY
+from twin.serving.queuepolicy import SCHEMA as QUEUE_POLICY_SCHEMA
+from twin.serving.queuepolicy import (
+    PicksVictim,
+    QueuePolicyChoice,
+    parse_choice,
+    waiting_queue,
+)
 from twin.serving.sequence import (
     DECODE,
     DONE,
@@ -146,6 +164,12 @@ class EngineConfig:
         None, POSITIVE_INT, "longest prompt + output in tokens (null: the model's context)",
         nullable=True,
     )  # fmt: skip
+    queue_policy: QueuePolicyChoice = declared(
+        DEFAULT_QUEUE_POLICY, anything(QUEUE_POLICY_SCHEMA, parse_choice),
+        "the order prompts are admitted in: fcfs | priority | shortest-prompt-first, "
+        "or {name, ...parameters} (twin.serving.queuepolicy)",
+        keep=True,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_batched_tokens"):
@@ -219,7 +243,12 @@ class Engine:
         self.observer = observer
         self._iter_observer = observer if observer.wants_iterations else None
         self.on_prompt = on_prompt
-        self.waiting: deque[Sequence] = deque()
+        # the queue, in the order of the spec's queue policy (a deque: FCFS)
+        self.queue_policy = config.queue_policy.build()
+        self.waiting = waiting_queue(self.queue_policy)
+        self._pick_victim = (
+            self.queue_policy.victim if isinstance(self.queue_policy, PicksVictim) else None
+        )
         self.waiting_tokens = 0
         # bumped by every change to the queue and the prompts being computed but
         # a request joining the queue's back (what a queue estimate may keep)
@@ -649,11 +678,15 @@ class Engine:
     def watch_blocks(self, watch: Any) -> None:
         """From now ``watch`` (a sleeping tick's) is told of the free blocks: of a
         decode stretch under way, whose steps take them with no event; a
-        pipelined stretch, which does not say when, ends here."""
+        pipelined stretch, which does not say when, ends here, and so does one
+        whose steps evict prefix units (their blocks' taking is not timed)."""
         self.kv.watch = watch
         ff = self._ff
         if ff is not None and ff.stretch is not None:
-            watch.stretch(self, ff.stretch)
+            if self.cache is not None and self.cache.tiers is None:
+                ff.interrupt()
+            else:
+                watch.stretch(self, ff.stretch)
         if self._pf is not None:
             self._pf.interrupt()
 
@@ -867,7 +900,8 @@ class Engine:
                     s.mark("t_decode_start", now)
 
     def _take_chunks(self, budget: int, *, chunked: bool) -> list[tuple[Sequence, int]]:
-        """Prefill work for this iteration: continue partial prompts, then admit FCFS."""
+        """Prefill work for this iteration: continue partial prompts, then admit from
+        the head of the queue (its policy's order) while the head fits."""
         chunks: list[tuple[Sequence, int]] = []
         if not self.prefilling and not self.waiting:
             return chunks
@@ -931,6 +965,7 @@ class Engine:
         """Prompt tokens of ``req`` whose KV this instance's prefix cache holds."""
         if self.cache is None:
             return 0
+        self.sync_blocks()  # the units a stretch under way has evicted by now
         return self.cache.match(self.cacheable(req)) * req.prefix_block_tokens
 
     def _cache_prompt(self, s: Sequence) -> None:
@@ -938,12 +973,12 @@ class Engine:
         cache = self.cache
         assert cache is not None
         unit_blocks = s.req.prefix_block_tokens // self.kv.block_size
-        for h in self._cacheable(s)[len(s.units) :]:
-            if not cache.insert(h, unit_blocks):
-                break  # a unit another sequence cached: the chain continues from there
-            s.blocks -= unit_blocks
-            s.shared_blocks += unit_blocks
-            s.units.append(h)
+        new = self._cacheable(s)[len(s.units) :]
+        # up to a unit another sequence cached: the chain continues from there
+        n = cache.insert(new, unit_blocks)
+        s.blocks -= n * unit_blocks
+        s.shared_blocks += n * unit_blocks
+        s.units += new[:n]
 
     def _drop_blocks(self, s: Sequence) -> None:
         """Give back everything ``s`` holds here: its blocks, its cached units."""
@@ -983,13 +1018,24 @@ class Engine:
         return self.decode_count > 0
 
     def _victim(self) -> Sequence:
+        if self._pick_victim is not None:
+            lane = self._lane
+            running = [s for s in self.running.values() if s.state == DECODE and s.lane == lane]
+            victim = self._pick_victim(running)
+            if not any(s is victim for s in running):
+                raise SpecError(
+                    f"queue policy {self.queue_policy!r}: victim() returned {victim!r}, "
+                    "not one of the running requests it was given"
+                )
+            return victim  # type: ignore[return-value]  # one of ours, just checked
         for s in reversed(self.running.values()):
             if s.state == DECODE and s.lane == self._lane:
                 return s
         raise AssertionError("no decoding sequence to preempt")
 
     def _preempt(self, s: Sequence) -> None:
-        """Free ``s``'s blocks and queue it at the front for recomputation."""
+        """Free ``s``'s blocks and queue it for recomputation, at the front
+        (of the requests its queue policy ranks equal)."""
         step = self.steps + 1
         self._close_gaps(s)
         s.generated = s.g_join + (step - s.d_join)

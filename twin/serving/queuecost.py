@@ -3,7 +3,7 @@ take, priced as the engine batches them, for a router's ``estimate_queue_s``.
 
 :func:`queue_iterations_s` prices a list of prompts from scratch.
 :class:`QueueCost` keeps the pricing of one engine's queue between calls:
-requests join a queue at its back, so a call after arrivals only packs and
+requests join a first-come queue at its back, so a call after arrivals only packs and
 prices the new prompts (and the last, still open, iteration they join); any
 other change to what the pricing read (an iteration taking or finishing
 prompt work, a preemption, a dropped request, a failure, the prefix cache,
@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from twin.perf.iteration import Batch, PerfModel
+from twin.serving.queuepolicy import PolicyQueue
 
 if TYPE_CHECKING:
     from twin.serving.engine import Engine
@@ -133,7 +134,7 @@ class QueueCost:
     """One engine's queue estimate (see the module's docstring): what it
     read, and the pricing it kept."""
 
-    __slots__ = ("_key", "_packer", "_priced", "_new", "_raw", "_computed")
+    __slots__ = ("_key", "_packer", "_priced", "_new", "_raw", "_computed", "_order")
 
     def __init__(self) -> None:
         self._key: tuple[Any, ...] | None = None
@@ -142,6 +143,7 @@ class QueueCost:
         self._new = 0  # tokens to compute, of the prompts being computed and those priced
         self._raw = 0  # prompt tokens of the queued requests priced
         self._computed = 0  # ... and of them, to compute
+        self._order: list[Any] | None = None  # a policy queue's order, read at a restart
 
     def estimate_s(self, e: Engine) -> float:
         """Seconds until ``e`` has computed the prompts now queued or being
@@ -152,9 +154,16 @@ class QueueCost:
         cfg = e.config
         cache = e.cache
         decode_load = e.decode_load() if cfg.chunked_prefill else None
-        key = (e.life, e.queue_changes, id(cache), cache.changes if cache is not None else 0,
-               id(e.perf), cfg.max_batched_tokens, cfg.chunked_prefill, decode_load,
-               QUEUE_HORIZON_ITERATIONS)  # fmt: skip
+        key: tuple[Any, ...] = (
+            e.life, e.queue_changes, id(cache), cache.changes if cache is not None else 0,
+            id(e.perf), cfg.max_batched_tokens, cfg.chunked_prefill, decode_load,
+            QUEUE_HORIZON_ITERATIONS,
+        )  # fmt: skip
+        waiting = e.waiting
+        if isinstance(waiting, PolicyQueue):
+            # NOTE: a queue in a policy's order may take a join anywhere, so any
+            # change starts the pricing over (O(queue) per change, not per call).
+            key += (waiting.changes,)
         packer = self._packer
         if key != self._key or packer is None or len(e.waiting) < self._priced:
             count, context_sum = decode_load or (0, 0)
@@ -164,17 +173,18 @@ class QueueCost:
             )  # fmt: skip
             self._key = key
             self._priced = self._raw = self._computed = self._new = 0
+            self._order = list(waiting) if isinstance(waiting, PolicyQueue) else None
             for s in e.prefilling:
                 need = s.prefill_len - s.prefilled
                 packer.add(need, s.prefilled)
                 self._new += need
         horizon = QUEUE_HORIZON_ITERATIONS * cfg.max_batched_tokens
-        waiting = e.waiting
+        order = self._order
         n = len(waiting)
         while self._priced < n and self._new < horizon:
             # the queue only grew at its back since: negative indices reach the
             # new ones without walking a deque from its front
-            s = waiting[self._priced - n]
+            s = waiting[self._priced - n] if order is None else order[self._priced]
             hit = max(e.cached_prefix_tokens(s.req), s.preloaded_tokens)
             cached = min(hit, s.prefill_len - 1)
             packer.add(s.prefill_len - cached, cached)

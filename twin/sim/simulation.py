@@ -28,6 +28,7 @@ from twin.net.topology import all_to_all_links
 from twin.perf.build import build_perf_model
 from twin.perf.gpus import get_gpu
 from twin.perf.iteration import PerfModel
+from twin.perf.residuals import Residuals, read_residuals
 from twin.request import Request
 from twin.scheduler import (
     ClusterView,
@@ -48,6 +49,7 @@ from twin.serving.tiers import KVTiers, Tier, build_chain, build_remote
 from twin.sim.control import ControlLoop, apply_plan
 from twin.sim.faults import Faults
 from twin.sim.frames import flatten
+from twin.sim.intervals import attainment_scales, summary_intervals
 from twin.sim.layout import instance_gpu, kv_blocks
 from twin.sim.metrics import Metrics
 from twin.sim.scaling import Scaler, ScalingKeys
@@ -253,9 +255,12 @@ class Simulation:
         self.rng_scheduler = np.random.default_rng(seeds[1])
         self._requests = requests
         faults = bool(spec.events or spec.failures) or "retry" in spec.resolved
+        self.residuals = spec_residuals(spec)
+        scales = attainment_scales(self.residuals) if self.residuals is not None else None
         self.metrics = Metrics(
-            spec.slo, on_row, spec.ttft_at, Timeline(spec.window_s), faults=faults
-        )
+            spec.slo, on_row, spec.ttft_at, Timeline(spec.window_s), faults=faults,
+            scales=scales or (),
+        )  # fmt: skip
         subscribers: list[Observer] = [self.metrics]
         if log is not None:
             subscribers.append(EventLog(log))
@@ -814,6 +819,11 @@ class Simulation:
             for name, series in occupancy.items():
                 for row, mean in zip(timeline, series["mean_bytes"], strict=True):
                     row[f"{name}_bytes"] = mean
+        if self.residuals is not None:  # only then: a run without reads as before
+            att = self.metrics.scaled_attainment()
+            summary["intervals"] = summary_intervals(
+                summary, self.residuals, (att[0], att[1]) if att else None
+            )
         warnings = run_warnings(summary)
         if warnings:  # only then: a run that went as meant reads as before
             summary["warnings"] = warnings
@@ -887,6 +897,14 @@ def _tee(
         then(row)
 
     return both
+
+
+def spec_residuals(spec: ExperimentSpec) -> Residuals | None:
+    """The residual table ``perf.residuals`` names, or ``None`` (no intervals)."""
+    perf = spec.perf
+    if not isinstance(perf, Mapping) or perf.get("residuals") is None:
+        return None
+    return read_residuals(perf["residuals"], f"{spec.source}: perf.residuals", spec.base_dir)
 
 
 def spec_scales(spec: ExperimentSpec) -> bool:

@@ -528,6 +528,8 @@ def _cluster(data: Any, where: str, base_dir: Path) -> _Cluster:
 def _engine(data: Any, where: str, model: ModelSpec) -> tuple[EngineConfig, dict[str, Any]]:
     r = read(EngineConfig, data, f"{where}: engine")
     engine, out = r.value, r.written
+    if "queue_policy" not in r.given:  # results of specs without it read as before it came
+        del out["queue_policy"]
     if "max_batched_tokens" not in r.given and engine.chunked_prefill:
         engine = dataclasses.replace(engine, max_batched_tokens=CHUNKED_MAX_BATCHED_TOKENS)
         out["max_batched_tokens"] = CHUNKED_MAX_BATCHED_TOKENS
@@ -653,8 +655,11 @@ def resolve_spec(
     if top.description is not None:
         out["description"] = top.description
     out["seed"] = top.seed
-    model = get_model(top.model, where=f"{where}: model")
-    out["model"] = top.model
+    model_arg = top.model
+    if isinstance(model_arg, str) and model_arg.strip().endswith(".json"):
+        model_arg = str(base_dir / model_arg.strip())  # a config.json beside the spec
+    model = get_model(model_arg, where=f"{where}: model")
+    out["model"] = model_arg
     gpu = get_gpu(top.gpu, where=f"{where}: gpu")
     out["gpu"] = top.gpu
 

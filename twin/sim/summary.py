@@ -76,6 +76,35 @@ def header_line(result: dict[str, Any]) -> str:
     )
 
 
+def _bounds(d: dict[str, Any] | None, scale: float) -> str:
+    if d is None:
+        return "-"
+    hi = "inf" if d["hi"] is None else _fmt(d["hi"], scale)
+    return f"{_fmt(0.0 if d['lo'] is None else d['lo'], scale)}-{hi}"
+
+
+def interval_lines(iv: dict[str, Any]) -> list[str]:
+    """The summary's block of prediction intervals (``summary["intervals"]``)."""
+    lines = [
+        "",
+        f"{iv['coverage'] * 100:.0f}% prediction intervals (the perf model's error on "
+        f"{iv['runs']} measured runs: {iv['source']})",
+    ]
+    for key, label, scale in (
+        ("ttft_s", "TTFT (s)", 1.0),
+        ("tpot_s", "TPOT (ms)", 1e3),
+        ("e2e_s", "E2E (s)", 1.0),
+    ):
+        d = iv.get(key, {})
+        lines.append(
+            f"{label:14}"
+            + "".join(f"{_bounds(d.get(q), scale):>18}" for q in ("mean", "p50", "p90", "p99"))
+        )
+    if iv.get("no_residuals"):
+        lines.append(f"no residuals for {', '.join(iv['no_residuals'])}: no interval there")
+    return lines
+
+
 def format_summary(result: dict[str, Any]) -> str:
     """The readable table ``twin run`` prints."""
     s = result["summary"]
@@ -101,9 +130,16 @@ def format_summary(result: dict[str, Any]) -> str:
         )
     slo = spec["slo"]
     att = s["slo_attainment"]
+    iv = s.get("intervals")
+    if iv is not None:
+        lines += interval_lines(iv)
+    att_iv = ""
+    if iv is not None and "slo_attainment" in iv:
+        a = iv["slo_attainment"]
+        att_iv = f" [{_fmt(a['lo'], 100, 1)}, {_fmt(a['hi'], 100, 1)}]"
     lines += [
         "",
-        f"SLO attainment {_fmt(att, 100, 1)}%  (TTFT <= {slo['ttft'] or 'inf'}, "
+        f"SLO attainment {_fmt(att, 100, 1)}%{att_iv}  (TTFT <= {slo['ttft'] or 'inf'}, "
         f"TPOT <= {slo['tpot'] or 'inf'}; target {slo['target'] * 100:.0f}%)",
         f"throughput {_fmt(s['throughput_rps'], 1, 2)} req/s, "
         f"{_fmt(s['output_tokens_per_s'], 1, 0)} output tokens/s",

@@ -149,6 +149,9 @@ class Deployment:
     requests: int
     predicted: Mapping[str, float]
     gpus_per_node: int = 8
+    # the predicted figures' intervals (twin.sim.intervals): coverage, source,
+    # runs and per figure {lo, hi}; None when the perf model has no residuals
+    intervals: Mapping[str, Any] | None = None
 
     def figures(self) -> dict[str, Any]:
         """The header's figures, as the ``# twin:`` line holds them."""
@@ -165,7 +168,7 @@ class Deployment:
             "rate_rps": self.rate_rps,
             "requests": self.requests,
             **{k: _num(v) for k, v in self.predicted.items()},
-        }
+        } | ({"intervals": dict(self.intervals)} if self.intervals is not None else {})
 
 
 def _num(x: float) -> float | None:
@@ -178,20 +181,30 @@ def _k8s_name(name: str) -> str:
     return out or "pd-twin"
 
 
-def _predict(spec: ExperimentSpec, unit: list[Request], rate: float) -> dict[str, float]:
+_FIGURES = {"ttft_p90_s": ("ttft_s", "p90"), "ttft_p99_s": ("ttft_s", "p99"),
+            "tpot_p90_s": ("tpot_s", "p90"), "tpot_p99_s": ("tpot_s", "p99")}  # fmt: skip
+
+
+def _predict(
+    spec: ExperimentSpec, unit: list[Request], rate: float
+) -> tuple[dict[str, float], dict[str, Any] | None]:
     """TTFT/TPOT p90 and p99 and SLO attainment of ``spec`` on ``unit`` (a
-    sample at one request per second) replayed at ``rate``."""
+    sample at one request per second) replayed at ``rate``, and their
+    prediction intervals (``None`` without ``perf.residuals``)."""
     from twin.sim.simulation import Simulation
 
     reqs = [dataclasses.replace(r, arrival_s=r.arrival_s / rate) for r in unit]
     s = Simulation(spec, requests=reqs).run().summary
-    return {
-        "ttft_p90_s": s["ttft_s"]["p90"],
-        "ttft_p99_s": s["ttft_s"]["p99"],
-        "tpot_p90_s": s["tpot_s"]["p90"],
-        "tpot_p99_s": s["tpot_s"]["p99"],
-        "slo_attainment": s["slo_attainment"],
-    }
+    out = {k: s[key][q] for k, (key, q) in _FIGURES.items()}
+    out["slo_attainment"] = s["slo_attainment"]
+    iv = s.get("intervals")
+    if iv is None:
+        return out, None
+    bounds = {k: iv[key][q] for k, (key, q) in _FIGURES.items() if q in iv.get(key, {})}
+    if "slo_attainment" in iv:
+        bounds["slo_attainment"] = iv["slo_attainment"]
+    keep = {k: iv[k] for k in ("coverage", "source", "runs", "sha256")}
+    return out, {**keep, **bounds}
 
 
 def _deployment(
@@ -208,6 +221,7 @@ def _deployment(
         )
     unit = unit_rate(spec, replicate_samples(spec, sample, 1)[0])
     slo = spec.slo
+    predicted, intervals = _predict(run, unit, rate)
     return Deployment(
         name=_k8s_name(str(spec.resolved.get("name", "pd-twin"))),
         model=spec.model.name,
@@ -222,10 +236,11 @@ def _deployment(
         goodput_ci95=ci95,
         rate_rps=rate,
         requests=len(unit),
-        predicted=_predict(run, unit, rate),
+        predicted=predicted,
         gpus_per_node=(
             len(run.topology.gpus_of_node(0)) if run.topology is not None else run.gpus_per_node
         ),
+        intervals=intervals,
     )
 
 
@@ -279,6 +294,27 @@ def _ms(x: float | None) -> str:
     return f"{x:.3g} s" if x >= 1 else f"{x * 1e3:.1f} ms"
 
 
+def _interval_lines(iv: Mapping[str, Any] | None) -> list[str]:
+    """The header's line of prediction intervals (none without residuals)."""
+    if iv is None:
+        return []
+
+    def span(key: str, fmt: Any) -> str:
+        b = iv.get(key)
+        if b is None:
+            return "-"
+        hi = "unbounded" if b["hi"] is None else fmt(b["hi"])
+        return f"{fmt(b['lo'] or 0.0)} - {hi}"
+
+    pct = "{:.1%}".format
+    return [
+        f"  {iv['coverage']:.0%} prediction intervals (the perf model's error on {iv['runs']} "
+        f"measured runs): TTFT p90 {span('ttft_p90_s', _ms)}, p99 {span('ttft_p99_s', _ms)}; "
+        f"TPOT p90 {span('tpot_p90_s', _ms)}, p99 {span('tpot_p99_s', _ms)}; "
+        f"attainment {span('slo_attainment', pct)}"
+    ]
+
+
 def header(d: Deployment, what: str) -> str:
     """The comment block that opens an export: what it is and what the twin predicted."""
     f = d.figures()
@@ -297,6 +333,7 @@ def header(d: Deployment, what: str) -> str:
         f"  at {d.rate_rps:.3f} req/s ({d.requests} requests): TTFT p90 {_ms(f['ttft_p90_s'])}, "
         f"p99 {_ms(f['ttft_p99_s'])}; TPOT p90 {_ms(f['tpot_p90_s'])}, "
         f"p99 {_ms(f['tpot_p99_s'])}; attainment {d.predicted['slo_attainment']:.1%}",
+        *_interval_lines(d.intervals),
         "Images, ports and the secret are the upstream examples'; edit them for your cluster.",
     ]
     out = [f"# {line}".rstrip() for line in lines]

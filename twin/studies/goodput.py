@@ -50,6 +50,7 @@ from twin.errors import SpecError, TwinError
 from twin.request import Request
 from twin.sim.spec import ExperimentSpec, resolve_spec
 from twin.studies.compare import _set_path
+from twin.studies.goodput_interval import envelope, interval_lines, slo_sides, with_slo
 from twin.studies.samples import ci95, horizon_s, sample_warnings
 from twin.studies.sweep import (
     RATE_KEYS,
@@ -211,6 +212,10 @@ class GoodputRow:
     bounded: bool
     gpus: int
     warnings: tuple[str, ...] = ()
+    # the prediction interval (req/s; hi None: met the target at every rate tried)
+    # at ``coverage`` from the perf model's residuals (twin.studies.goodput_interval)
+    interval: tuple[float, float | None] | None = None
+    coverage: float | None = None
 
     @property
     def mean_rps(self) -> float:
@@ -238,12 +243,18 @@ class Goodput:
     def csv_rows(self) -> list[list[str]]:
         head = ["label", *self.keys, "goodput_rps_mean", "goodput_rps_ci95"]
         out = [[*head, "goodput_per_gpu", "seeds", "gpus"]]
+        with_iv = any(r.interval is not None for r in self.rows)
+        if with_iv:  # only then: a spec without residuals writes the columns as before
+            out[0] += ["goodput_rps_lo", "goodput_rps_hi", "coverage"]
         for r in self.rows:
             out.append(
                 [r.label, *(_cell(r.params[k]) for k in self.keys)]
                 + [_cell(r.mean_rps), _cell(r.ci95_rps), _cell(r.per_gpu)]
                 + [str(len(r.seeds)), str(r.gpus)]
             )
+            if with_iv:
+                lo, hi = r.interval if r.interval is not None else (None, None)
+                out[-1] += [_cell(lo), _cell(hi), _cell(r.coverage)]
         return out
 
     def write_csv(self, path: Path) -> None:
@@ -266,6 +277,7 @@ class Goodput:
                 f"{r.per_gpu:>9.4f}{mark}"
             )
         lines.append(f"rate key {self.rate_key}; {self.probes} simulation runs")
+        lines += interval_lines(self.rows)
         for r in self.rows:
             lines += [f"warning: {r.label or '(base)'}: {w}" for w in r.warnings]
         return "\n".join(lines)
@@ -299,7 +311,14 @@ def _config_axes(axes: Sequence[Axis], drop: set[str]) -> list[Axis]:
         keep = [i for i, k in enumerate(a.keys) if k not in drop]
         if not keep:
             continue
-        rows = list(dict.fromkeys(tuple(row[i] for i in keep) for row in a.rows))
+        # distinct rows, first seen first; a value may be a mapping or a list
+        # (cluster.prefill: {instances: 1, tp: 2}), so rows are told apart by
+        # their JSON text, not hashed
+        seen: dict[str, tuple[Any, ...]] = {}
+        for row in a.rows:
+            kept = tuple(row[i] for i in keep)
+            seen.setdefault(json.dumps(kept, sort_keys=True, default=str), kept)
+        rows = list(seen.values())
         out.append(Axis(tuple(a.keys[i] for i in keep), tuple(rows), a.zipped))
     return out
 
@@ -416,15 +435,25 @@ def goodput(
         per_seed, notes = _replicates(spec, per_seed, seed_list, at, base_dir)
         tgt = spec.slo.target if target is None else target
         label = make_label(params, caxes, ())
-        configs.append((params, label, tgt, _gpus(spec.resolved), per_seed, at, notes))
+        sides, coverage = slo_sides(spec)
+        variants = {"": per_seed} | {
+            side: {seed: with_slo(d, v) for seed, d in per_seed.items()}
+            for side, v in sides.items()
+            if v is not None
+        }
+        configs.append(
+            (params, label, tgt, _gpus(spec.resolved), per_seed, at, notes, variants,
+             (sides, coverage))
+        )  # fmt: skip
 
     searches = {
-        (c, s): rate_search(start, rel_tol=rel_tol, up=max_steps, down=max_steps)
+        (c, s, side): rate_search(start, rel_tol=rel_tol, up=max_steps, down=max_steps)
         for c in range(len(configs))
-        for s in configs[c][4]
+        for side, datas in configs[c][7].items()
+        for s in datas
     }
     pending = {cs: next(g) for cs, g in searches.items()}
-    found: dict[tuple[int, int], tuple[float, bool]] = {}
+    found: dict[tuple[int, int, str], tuple[float, bool]] = {}
     probes = reused = 0
     store = ProbeStore(out)
     # a unit is a search (a configuration on a seed or window) done; the probes run beside
@@ -437,9 +466,9 @@ def goodput(
             jobs: list[Job] = []
             results: dict[int, float] = {}
             pkeys: list[str] = []
-            for i, (c, s) in enumerate(order):
-                d = copy.deepcopy(configs[c][4][s])
-                _set_path(d, key, pending[(c, s)], configs[c][5])
+            for i, (c, s, side) in enumerate(order):
+                d = copy.deepcopy(configs[c][7][side][s])
+                _set_path(d, key, pending[(c, s, side)], configs[c][5])
                 pkey = store.key(d, base_dir)
                 done = store.get(pkey)
                 if done is not None:
@@ -463,19 +492,25 @@ def goodput(
                     del pending[cs]
                     bar.update()
 
+    def to_rps(data: dict[str, Any], rate: float, at: str) -> float:
+        if rate <= 0:
+            return 0.0
+        d = copy.deepcopy(data)
+        _set_path(d, key, rate, at)
+        return offered_rps(resolve_spec(d, at, base_dir))
+
     rows = []
-    for c, (params, label, tgt, gpus, per_seed, at, notes) in enumerate(configs):
-        rates, rps = [], []
-        for s in per_seed:
-            rate, _ = found[(c, s)]
-            rates.append(rate)
-            if rate > 0:
-                d = copy.deepcopy(per_seed[s])
-                _set_path(d, key, rate, at)
-                rps.append(offered_rps(resolve_spec(d, at, base_dir)))
-            else:
-                rps.append(0.0)
-        bounded = all(found[(c, s)][1] for s in per_seed)
+    for c, (params, label, tgt, gpus, per_seed, at, notes, variants, iv) in enumerate(configs):
+        rates = [found[(c, s, "")][0] for s in per_seed]
+        rps = [to_rps(per_seed[s], r, at) for s, r in zip(per_seed, rates, strict=True)]
+        bounded = all(found[(c, s, "")][1] for s in per_seed)
+        interval = None
+        if iv[0]:
+            lo = [to_rps(per_seed[s], found[(c, s, "lo")][0], at) for s in per_seed] if (
+                "lo" in variants) else []  # fmt: skip
+            hi = [(to_rps(per_seed[s], found[(c, s, "hi")][0], at), found[(c, s, "hi")][1])
+                  for s in per_seed] if "hi" in variants else []  # fmt: skip
+            interval = envelope(iv[0], lo, hi)
         asked, got, horizon = notes
         warn = sample_warnings(
             asked=asked, got=got, target=tgt, replicates_asked=len(seed_list),
@@ -491,6 +526,8 @@ def goodput(
                 bounded,
                 gpus,
                 tuple(warn),
+                interval,
+                iv[1],
             )  # fmt: skip
         )
     return Goodput(key, keys, rows, probes, reused)

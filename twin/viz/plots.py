@@ -435,6 +435,7 @@ def goodput_figure(
             ax.annotate(note(r), (means[i] + cis[i], i), xytext=(3, 0), textcoords="offset points",
                         ha="left", va="center", fontsize=min(7.0, fs))  # fmt: skip
         top = max([top, *(m + c for m, c in zip(means, cis, strict=True))])
+        top = max(top, _interval_bars(ax, mine))
         ax.set_yticks(y, [names[r["label"]] for r in mine], fontsize=fs)
         ax.set_ylim(most - 0.5, -0.5)
         ax.grid(axis="x", alpha=0.3)
@@ -449,10 +450,32 @@ def goodput_figure(
         styler.legend(fig, axes, [], lines=False)
     seeds = {r.get("seeds") for r in rows} - {None, ""}
     how = f"mean ± 95% CI over {seeds.pop()} seeds" if len(seeds) == 1 else "± 95% CI"
+    cover = sorted({c for r in rows if (c := _float(r.get("coverage"))) is not None})
+    if cover:  # goodput.csv of a spec with perf.residuals
+        how += "; grey: " + "/".join(f"{c:.0%}" for c in cover)
+        how += " prediction interval (model error and seeds)"
     gpus = {r.get("gpus") for r in rows} - {None, ""}
     on = f", {gpus.pop()} GPUs each" if len(gpus) == 1 else ""
     _title(fig, styler, f"Goodput per configuration ({how}{on})", lines_drawn=False)
     return fig
+
+
+def _interval_bars(ax: Axes, rows: Sequence[Mapping[str, str]]) -> float:
+    """Each row's prediction interval (``goodput_rps_lo`` .. ``goodput_rps_hi``, an
+    open end drawn as an arrow) as a grey line under its bar; the largest end drawn."""
+    top = 0.0
+    for i, r in enumerate(rows):
+        lo = _float(r.get("goodput_rps_lo"))
+        if lo is None:
+            continue
+        hi = _float(r.get("goodput_rps_hi"))
+        end = hi if hi is not None else max(lo, _float(r.get("goodput_rps_mean")) or 0.0) * 1.5
+        y = i + 0.25
+        ax.plot([lo, end], [y, y], color="dimgray", linewidth=1.6, solid_capstyle="butt")
+        ax.plot([lo], [y], marker="|", color="dimgray", markersize=6)
+        ax.plot([end], [y], marker="|" if hi is not None else ">", color="dimgray", markersize=6)
+        top = max(top, end)
+    return top
 
 
 def plot_goodput(

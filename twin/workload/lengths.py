@@ -148,14 +148,29 @@ class EmpiricalLengths:
     outputs: np.ndarray
 
     @classmethod
-    def from_file(cls, path: str | Path, format: str = "auto") -> EmpiricalLengths:
-        """Pairs from any trace :func:`~twin.workload.traces.read_trace` reads (times ignored)."""
+    def from_file(
+        cls, path: str | Path, format: str = "auto", max_total_tokens: int | None = None
+    ) -> EmpiricalLengths:
+        """Pairs from any trace :func:`~twin.workload.traces.read_trace` reads (times ignored).
+
+        With ``max_total_tokens``, rows whose prompt + output exceeds it are left
+        out of the sample, as a benchmark prunes its dataset to a model's context
+        (DistServe's ShareGPT preparation drops pairs of 2,048 tokens or more for
+        OPT); raises :class:`~twin.errors.SpecError` when no row is left.
+        """
         import numpy as np
 
         prompts, outputs = array("q"), array("q")
+        cap = max_total_tokens
         for r in iter_trace(path, format):
+            if cap is not None and r.prompt_tokens + r.output_tokens > cap:
+                continue
             prompts.append(r.prompt_tokens)
             outputs.append(r.output_tokens)
+        if not prompts and max_total_tokens is not None:
+            raise SpecError(
+                f"{path}: no row has prompt + output <= max_total_tokens ({max_total_tokens})"
+            )
         return cls(np.array(prompts, dtype=np.int64), np.array(outputs, dtype=np.int64))
 
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:

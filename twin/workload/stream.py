@@ -28,6 +28,7 @@ YAML (the mapping under ``workload:``)::
     #  {prompt: {dist: lognormal, median: 1020, sigma: 1.0, min: 2, max: 14050},
     #   output: {dist: fixed, value: 128}}         # lognormal: median|mean, sigma|cv
     #  {empirical: path.csv, format: auto}         # rows drawn with replacement
+    #  {empirical: path.csv, max_total_tokens: 2047}  # rows of prompt + output <= 2047 only
     rate_scale: 1.0               # arrival times divided by it (2.0 = twice the rate)
     rate_schedule: {kind: steps, points: [[0 s, 1.0], [10 min, 2.0]]}  # m(t) on the rate
     #  {kind: linear, points: [[0 s, 0.5], [30 min, 2.0]]}   # straight between points
@@ -40,6 +41,8 @@ YAML (the mapping under ``workload:``)::
     repeat: false                 # loop a finite trace until duration/max_requests
     skip: 0                       # start at this request (a later window; it arrives at 0)
     prefix_block_tokens: 512      # tokens per hash id (Mooncake traces; default 512)
+    priority: {0: 0.2, 1: 0.8}    # each request's priority (lower first): a share each,
+    #                               drawn per request; or one integer for all (default 0)
 
 ``arrival`` is required for ``lengths:`` and for length-only traces; for a
 timed trace it replaces the trace's times (lengths keep the file order).
@@ -137,6 +140,8 @@ class EmpiricalFile:
 
     path: Path
     format: str = "auto"
+    # rows whose prompt + output exceeds it are left out (None: every row)
+    max_total_tokens: int | None = None
 
 
 Lengths = str | IndependentLengths | EmpiricalFile | SharedPrefix
@@ -169,7 +174,8 @@ LENGTHS_SCHEMA = {
         {"type": "object", "required": ["prompt", "output"], "additionalProperties": False,
          "properties": {"prompt": _MARGINAL, "output": _MARGINAL}},
         {"type": "object", "required": ["empirical"], "additionalProperties": False,
-         "properties": {"empirical": {"type": "string"}, "format": {"enum": list(_FORMATS)}}},
+         "properties": {"empirical": {"type": "string"}, "format": {"enum": list(_FORMATS)},
+                        "max_total_tokens": {"type": "integer", "minimum": 1}}},
         {"type": "object", "required": ["shared_prefix"], "additionalProperties": False,
          "properties": {"shared_prefix": SHARED_PREFIX_SCHEMA}},
     ]
@@ -178,6 +184,36 @@ PREFIXES_SCHEMA = {
     "type": "object", "required": ["shared_prefix"], "additionalProperties": False,
     "properties": {"shared_prefix": SHARED_PREFIX_SCHEMA},
 }  # fmt: skip
+
+
+PRIORITY_SCHEMA = {
+    "anyOf": [
+        {"type": "integer"},
+        {"type": "object", "additionalProperties": {"type": "number", "exclusiveMinimum": 0}},
+    ]
+}
+
+
+def parse_priority(value: object, where: str) -> int | tuple[tuple[int, float], ...]:
+    """``workload.priority``: an integer, or a mapping of integers (or their
+    digits, as JSON writes keys) to positive shares."""
+    if is_int(value):
+        return int(value)  # type: ignore[call-overload]
+    if isinstance(value, Mapping) and value:
+        out = []
+        for k, w in value.items():
+            if isinstance(k, str) and k.lstrip("-").isdigit():
+                k = int(k)  # a JSON spec's keys are strings
+            if not is_int(k) or not is_number(w) or not w > 0 or not math.isfinite(w):
+                raise SpecError(
+                    f"{where}: {k!r}: {w!r}; expected an integer priority and a share > 0"
+                )
+            out.append((int(k), float(w)))
+        return tuple(out)
+    raise SpecError(
+        f"{where}: {value!r} must be an integer or a mapping of priorities to shares "
+        "({0: 0.2, 1: 0.8})"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +270,10 @@ class WorkloadSpec:
         None, anything(PREFIXES_SCHEMA),
         "trace only, for a trace that records no prefixes: {shared_prefix: {...}}; request "
         "n takes the prefix hashes of that workload's request n (its full blocks that fit)",
+    )  # fmt: skip
+    priority: int | tuple[tuple[int, float], ...] = declared(
+        0, anything(PRIORITY_SCHEMA, parse_priority),
+        "each request's priority, lower first: an integer, or {priority: share} drawn per request",
     )  # fmt: skip
 
     def __post_init__(self) -> None:
@@ -328,6 +368,8 @@ class WorkloadSpec:
                 kw["skip"] = m["skip"]
             if "prefix_block_tokens" in m:
                 kw["prefix_block_tokens"] = m["prefix_block_tokens"]
+            if "priority" in m:
+                kw["priority"] = parse_priority(m["priority"], f"{where}.priority")
             return cls(**kw)  # type: ignore[arg-type]
         except SpecError as e:
             msg = str(e)
@@ -417,14 +459,17 @@ def _lengths(value: object, where: str, base_dir: Path | None) -> Lengths:
         _no_unknown(value, ("shared_prefix",), where)
         return SharedPrefix.from_mapping(value["shared_prefix"], f"{where}.shared_prefix")
     if "empirical" in value:
-        _no_unknown(value, ("empirical", "format"), where)
+        _no_unknown(value, ("empirical", "format", "max_total_tokens"), where)
         fmt = value.get("format", "auto")
         if fmt not in _FORMATS:
             raise SpecError(
                 f"{where}.format: {fmt!r} unknown; expected one of {', '.join(_FORMATS)}"
             )
-        path = spec_file(value["empirical"], f"{where}.empirical", base_dir)
-        return EmpiricalFile(path, str(fmt))
+        return EmpiricalFile(
+            spec_file(value["empirical"], f"{where}.empirical", base_dir),
+            str(fmt),
+            _int_tokens(value, "max_total_tokens", where, None),
+        )
     _no_unknown(value, ("prompt", "output"), where)
     return IndependentLengths(
         _scoped(_marginal, _required(value, "prompt", where), f"{where}.prompt"),
@@ -479,7 +524,7 @@ def _sampler(lengths: str | IndependentLengths | EmpiricalFile) -> LengthSampler
     if isinstance(lengths, str):
         return bundled_table(lengths)
     if isinstance(lengths, EmpiricalFile):
-        return EmpiricalLengths.from_file(lengths.path, lengths.format)
+        return EmpiricalLengths.from_file(lengths.path, lengths.format, lengths.max_total_tokens)
     return lengths
 
 
@@ -688,6 +733,7 @@ def iter_requests(spec: WorkloadSpec, rng: np.random.Generator) -> Iterator[Requ
     if spec.rate_schedule is not None:
         scaled = _warped(scaled, spec.rate_schedule)
     duration = spec.duration_s
+    priorities = _priorities(spec.priority, rng)
     for i, (arrival_s, p, o, h, b) in enumerate(scaled):
         if limit is not None and i >= limit:
             return
@@ -695,4 +741,20 @@ def iter_requests(spec: WorkloadSpec, rng: np.random.Generator) -> Iterator[Requ
             return
         if arrival_s == math.inf:  # the schedule ends at 0: nothing arrives any more
             return
-        yield Request(i, arrival_s, p, o, h, b)
+        yield Request(i, arrival_s, p, o, h, b, next(priorities))
+
+
+def _priorities(
+    priority: int | tuple[tuple[int, float], ...], rng: np.random.Generator
+) -> Iterator[int]:
+    """Each request's priority: one for all, or drawn by share from a stream of
+    its own (spawned after the arrival and length streams, which stay as they are)."""
+    if isinstance(priority, int):
+        return itertools.repeat(priority)
+    import numpy as np
+
+    (draws,) = rng.spawn(1)
+    values = np.array([v for v, _ in priority])
+    shares = np.array([w for _, w in priority])
+    shares = shares / shares.sum()
+    return (int(v) for _ in itertools.count() for v in draws.choice(values, _CHUNK, p=shares))
