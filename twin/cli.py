@@ -1300,8 +1300,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--vs",
         metavar="CMD",
         help="a shell command to time in alternation with each row's run (A B A B ...); "
-        "{requests_csv}, {n} and {config} are replaced by a CSV of the simulated requests "
-        "(arrival_s,prompt_tokens,output_tokens), the request count and the configuration",
+        "{requests_csv}, {n} and {config} are replaced by a CSV of the requests the twin "
+        "serves (arrival_s,prompt_tokens,output_tokens; those over the model's context, "
+        "which it rejects, left out), their count and the configuration",
     )
     b.set_defaults(func=cmd_bench)
     _add_catalog_parsers(sub)

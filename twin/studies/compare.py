@@ -45,7 +45,7 @@ COMPARE_SCHEMA = {
     "type": "object",
     "minProperties": 1,
     "description": "variants run side by side: label -> {key.path: value} overrides of the "
-    "rest of the spec (null deletes a key); see README, Comparing policies",
+    "rest of the spec (null deletes a key); see docs/guides/policies.md",
     "additionalProperties": {"type": "object"},
 }
 COLUMNS = (
