@@ -1019,10 +1019,10 @@ ARG_CASES: list[tuple[str, tuple[str, ...], dict[str, bytes], str]] = [
         "zz",
     ),  # fmt: skip
     (
-        "compare-requests-csv",
+        "compare-entry-sets-a-shared-key",
         ("run", "-q", "{d}/spec.yaml", "--requests-csv", "{d}/r.csv"),
         {"spec.yaml": _dump({**SPEC, "compare": {"a": {"seed": 1}}})},
-        "--requests-csv",
+        "compare.a: seed",
     ),  # fmt: skip
     # spec
     ("spec-schema-and-set", ("spec", "nope-spec"), {}, "nope-spec"),

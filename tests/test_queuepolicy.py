@@ -1,6 +1,6 @@
 """Queue policies inside an instance: the order they admit in, exact traces of
 each shipped policy (preemption and its re-queue among them), the queue
-against a deque, the registry, the spec, and a policy written from the README."""
+against a deque, the registry, the spec, and a policy written from the policies guide."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from twin.serving.sequence import Sequence
 from twin.sim.simulation import Simulation
 from twin.workload.stream import WorkloadSpec, iter_requests
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+POLICIES_PAGE = Path(__file__).resolve().parent.parent / "docs" / "guides" / "policies.md"
 SHIPPED = ["fcfs", "priority", "shortest-prompt-first"]
 
 
@@ -316,9 +316,9 @@ def test_a_bad_workload_priority_is_one_error(value):
         )
 
 
-# -- a policy written from the README --------------------------------------------------
+# -- a policy written from the policies guide (docs/guides/policies.md) ------------------
 def _readme_example() -> str:
-    text = README.read_text(encoding="utf-8")
+    text = POLICIES_PAGE.read_text(encoding="utf-8")
     section = text.split("### Queue order inside an instance", 1)[1].split("\n## ", 1)[0]
     (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
     return code
@@ -326,7 +326,7 @@ def _readme_example() -> str:
 
 def test_a_policy_written_from_the_readme_serves_in_its_order():
     scope: dict = {"__name__": "readme"}
-    exec(compile(_readme_example(), "README.md", "exec", dont_inherit=True), scope)
+    exec(compile(_readme_example(), "docs/guides/policies.md", "exec", dont_inherit=True), scope)
     assert "shortest-job-first" in queue_policy_names()
     # prompt + output: r2 (30 + 5) before r1 (10 + 30), then r3 (60 + 1)
     reqs = [
