@@ -198,6 +198,7 @@ SPEC_VALUES: list[tuple[str, Any, str]] = [
     ("slo.target", 1.5, "target"),
     ("slo.target", "most", "target"),
     ("slo.ttft_at", "sometime", "ttft_at"),
+    ("slo.client_latency", "-5 ms", "client_latency"),
     ("slo.e2e", "1 s", "e2e"),
     ("transfer.mode", "teleport", "teleport"),
     ("transfer.handoff", "throw", "throw"),

@@ -155,7 +155,9 @@ def test_engine_defaults_live_in_engine_config_alone():
     assert list(spec.resolved["engine"]) == [k for k in keys(EngineConfig) if k != "queue_policy"]
     assert (spec.memory_utilization, spec.activation_reserve_bytes, spec.oversized) == (
         0.9, 2 * 2**30, "error")  # fmt: skip
-    assert spec.resolved["slo"] == {"ttft": None, "tpot": None, "target": 0.9, "ttft_at": "decode"}
+    assert spec.resolved["slo"] == {
+        "ttft": None, "tpot": None, "target": 0.9, "ttft_at": "decode", "client_latency": "0 s",
+    }  # fmt: skip
     assert spec.resolved["transfer"] == {"mode": "serialized", "handoff": "push",
                                          "multi_nic": False, "control_rtt": "0 s",
                                          "registration": "0 s", "per_descriptor": "2 us",
@@ -190,7 +192,7 @@ def test_slo_durations_parse_and_stay_as_written():
     spec = resolve(slo={"ttft": "250 ms", "tpot": 0.05, "target": 1})
     assert (spec.slo.ttft_s, spec.slo.tpot_s, spec.slo.target) == (0.25, 0.05, 1.0)
     assert spec.resolved["slo"] == {"ttft": "250 ms", "tpot": 0.05, "target": 1.0,
-                                    "ttft_at": "decode"}  # fmt: skip
+                                    "ttft_at": "decode", "client_latency": "0 s"}  # fmt: skip
 
 
 @pytest.mark.parametrize(
