@@ -130,6 +130,10 @@ def test_the_client_term_is_fitted_on_ttft_and_moves_no_step(realruns):
     base = rep.errors(runs[0], {"client_latency_s": 0.0})
     assert f.errors[SMALL]["ttft_mean"] < base["ttft_mean"] / 2
     assert f.errors[SMALL]["itl_mean"] == pytest.approx(base["itl_mean"])
+    c = f.terms["client_latency_s"]  # solved exactly: no nearby value does better
+    for d in (0.98, 1.02):
+        near = rep.errors(runs[0], {"client_latency_s": c * d})["ttft_mean"]
+        assert f.errors[SMALL]["ttft_mean"] <= near + 1e-9
     text = yamlio.load(yamlio_dump(f.terms))
     assert text["slo"]["client_latency"].endswith(" ms") and "client_latency" not in text["perf"]
 

@@ -13,7 +13,7 @@ share (``client_latency_s``: the load generator's and vLLM's API server's time a
 engine, added to TTFT and E2E as ``slo.client_latency``) is fitted on TTFT mean alone: it
 is the one term that moves TTFT without moving the engine's steps. It changes no step, so
 it is applied to each replay's figures (TTFT and E2E shift by it; ITL does not change)
-rather than replayed.
+rather than replayed, and solved exactly at each turn of the search (:func:`best_client`).
 
 The search is coarse to fine and deterministic: per free term in turn, a step up and a step
 down (multiplicative, within :data:`BOUNDS`), kept when the loss falls; the step shrinks
@@ -113,10 +113,8 @@ class Replayer:
         self.stage_requests = stage_requests
         self.cache: dict[tuple[str, tuple[tuple[str, float], ...]], RunScore] = {}
 
-    def errors(self, run: RealRun, terms: Mapping[str, float]) -> dict[str, float]:
-        """Per metric of :data:`REPORTED`, the absolute % error averaged over the run's
-        load stages (the whole run when it has one stage). Without ``client_latency_s``
-        in ``terms`` the shipped :data:`~twin.perf.vllm.VLLM_CLIENT_LATENCY_S` applies."""
+    def scored(self, run: RealRun, terms: Mapping[str, float]) -> RunScore:
+        """``run`` replayed with the engine terms of ``terms`` and no client latency."""
         engine = {k: v for k, v in terms.items() if k != CLIENT}
         key = (run.key, tuple(sorted((k, round(v, 12)) for k, v in engine.items())))
         scored = self.cache.get(key)
@@ -128,8 +126,15 @@ class Replayer:
             spec["slo"] = {**spec.get("slo", {}), "client_latency": "0 s"}
             scored = replay(dataclasses.replace(run, spec=spec), stage_requests=self.stage_requests)
             self.cache[key] = scored
+        return scored
+
+    def errors(self, run: RealRun, terms: Mapping[str, float]) -> dict[str, float]:
+        """Per metric of :data:`REPORTED`, the absolute % error averaged over the run's
+        load stages (the whole run when it has one stage). Without ``client_latency_s``
+        in ``terms`` the shipped :data:`~twin.perf.vllm.VLLM_CLIENT_LATENCY_S` applies."""
+        scored = self.scored(run, terms)
         client = float(terms.get(CLIENT, VLLM_CLIENT_LATENCY_S))
-        stages = sorted({s for s, _ in scored.scores if s != WHOLE}) or [WHOLE]
+        stages = _stages(scored)
         out = {}
         for m in REPORTED:
             vals = []
@@ -140,6 +145,31 @@ class Replayer:
                     vals.append(abs(p - sc.actual) / sc.actual * 100)
             out[m] = statistics.fmean(vals) if vals else math.inf
         return out
+
+
+def _stages(scored: RunScore) -> list[int]:
+    return sorted({s for s, _ in scored.scores if s != WHOLE}) or [WHOLE]
+
+
+def best_client(rep: Replayer, runs: Sequence[RealRun], terms: Mapping[str, float]) -> float:
+    """The client latency that minimises the TTFT loss with the engine terms of ``terms``:
+    the loss is a weighted sum of ``|predicted + c - measured| / measured`` over the runs'
+    stages, so its minimum is the weighted median of the gaps ``measured - predicted``
+    (weights ``1 / measured``, shared out over each run's stages), held in its bounds."""
+    gaps = []
+    for r in runs:
+        scored = rep.scored(r, terms)
+        stages = [s for s in _stages(scored) if (s, "ttft_mean") in scored.scores]
+        for s in stages:
+            sc = scored.scores[(s, "ttft_mean")]
+            gaps.append((sc.actual - sc.predicted, 1.0 / (sc.actual * len(stages))))
+    gaps.sort()
+    half, acc = sum(w for _, w in gaps) / 2, 0.0
+    for g, w in gaps:
+        acc += w
+        if acc >= half:
+            return _clip(CLIENT, g)
+    raise ValueError("best_client: no run scored TTFT")
 
 
 def _loss(
@@ -186,6 +216,13 @@ def fit(
         for n in free:
             lo, hi = BOUNDS[n]
             best = _loss(rep, runs, terms, _metrics(n))
+            if n == CLIENT:  # solved exactly: it moves no step, so no replay is needed
+                c = dict(terms, **{n: best_client(rep, runs, terms)})
+                loss = _loss(rep, runs, c, _metrics(n))
+                evals += 1
+                if loss < best - 1e-9:
+                    terms, improved = c, True
+                continue
             for cand in (terms[n] * (1 + step), terms[n] / (1 + step)):
                 if terms[n] == 0.0:  # a term at 0 moves up by a tenth of its range
                     cand = lo + (hi - lo) * 0.1 * step / FIRST_STEP
