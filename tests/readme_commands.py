@@ -1,6 +1,7 @@
-"""The shell examples of README.md as a reader would paste them: every command
-line that starts with ``twin `` in a fenced block, with what the block shows
-after it (tests/test_readme_commands.py runs them).
+"""The shell examples of README.md and the documentation pages as a reader
+would paste them: every command line that starts with ``twin `` in a fenced
+block, with what the block shows after it (tests/test_readme_commands.py runs
+them).
 
 A block either prompts (``$ twin ...``, then the output the README shows) or
 lists bare commands (``twin ...`` lines). A prompted command may continue on
@@ -10,7 +11,7 @@ reader is shown, and has, before the next command runs."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -27,6 +28,7 @@ class Example:
     command: str
     shown: str
     files: tuple[tuple[str, str], ...] = ()
+    page: str = "README.md"
 
     @property
     def error(self) -> str | None:
@@ -37,7 +39,8 @@ class Example:
         return None
 
 
-def examples(readme: Path) -> list[Example]:
+def examples(readme: Path, page: str = "README.md") -> list[Example]:
+    """The examples of one page (``page``: its name in test ids)."""
     text = readme.read_text(encoding="utf-8")
     out: list[Example] = []
     for m in _FENCE.finditer(text):
@@ -46,9 +49,9 @@ def examples(readme: Path) -> list[Example]:
         first = text.count("\n", 0, m.start(2)) + 1
         lines = m.group(2).splitlines()
         if any(ln.startswith("$ ") for ln in lines):
-            out += _prompted(lines, first)
+            out += [replace(e, page=page) for e in _prompted(lines, first)]
         else:
-            out += [Example(first + i, ln.strip(), "") for i, ln in enumerate(lines)
+            out += [Example(first + i, ln.strip(), "", page=page) for i, ln in enumerate(lines)
                     if ln.startswith("twin ")]  # fmt: skip
     return out
 

@@ -104,27 +104,57 @@ def test_the_two_configurations_resolve_to_their_cluster_shapes():
 
 
 class _Arrivals(Observer):
+    """The requests that arrive, less those rejected at arrival for the context."""
+
     def __init__(self) -> None:
         self.seen: list[tuple[float, int, int]] = []
+        self.over_context: set[tuple[float, int, int]] = set()
 
     def request_arrived(self, now, req):
         self.seen.append((req.arrival_s, req.prompt_tokens, req.output_tokens))
 
+    def request_ended(self, now, instance, req, seq, outcome, reason):
+        if outcome == "rejected" and reason == "context_length":
+            self.over_context.add((req.arrival_s, req.prompt_tokens, req.output_tokens))
+
+    @property
+    def served(self) -> list[tuple[float, int, int]]:
+        return [r for r in self.seen if r not in self.over_context]
+
 
 @pytest.mark.parametrize("config", ["colocated", "split"])
-def test_the_requests_csv_holds_exactly_the_simulated_requests(config, tmp_path):
+def test_the_requests_csv_holds_exactly_the_requests_the_twin_serves(config, tmp_path):
     n = 300
     seen = _Arrivals()
     Simulation(_resolve(config, n), observers=[seen]).run()
+    # the Azure conversation lengths run past Llama-2-70B's 4,096 tokens: some
+    # requests are rejected at arrival, and the peer must not be handed them
+    assert seen.over_context and len(seen.seen) == n
     path = tmp_path / "requests.csv"
     with open(path, "w", encoding="utf-8", newline="") as f:
-        assert write_requests_csv(bench_requests(config, n), f) == n
+        assert write_requests_csv(bench_requests(config, n), f) == len(seen.served)
     with open(path, encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0]) == ["arrival_s", "prompt_tokens", "output_tokens"]
     back = [(float(r["arrival_s"]), int(r["prompt_tokens"]), int(r["output_tokens"])) for r in rows]
-    assert back == seen.seen  # floats round-trip exactly
+    assert back == seen.served  # floats round-trip exactly
+    assert all(p + o <= 4096 for _, p, o in back)
     assert len(set(back)) > n // 2  # drawn, not one request repeated
+
+
+def test_under_truncate_the_peer_gets_the_truncated_requests(monkeypatch):
+    from twin.studies import bench as bench_mod
+
+    plain = bench_mod.bench_spec
+
+    def truncating(config, n):
+        spec = plain(config, n)
+        spec["engine"] = {"oversized": "truncate"}
+        return spec
+
+    monkeypatch.setattr(bench_mod, "bench_spec", truncating)
+    rows = list(bench_requests("colocated", 300))
+    assert len(rows) == 300 and all(p + o <= 4096 for _, p, o in rows)
 
 
 def test_a_tiny_bench_fills_every_column():
@@ -144,7 +174,8 @@ def test_a_tiny_bench_fills_every_column():
 
 
 def test_vs_fills_the_placeholders_and_gives_a_ratio(capsys, tmp_path):
-    # B checks what it was given: the CSV has {n} rows and {config} is the name
+    # B checks what it was given: the CSV has {n} rows and {config} is the name;
+    # {n} counts the requests within the context, those the twin serves
     check = (
         "import csv, sys; rows = list(csv.DictReader(open(sys.argv[1]))); "
         "sys.exit(0 if len(rows) == int(sys.argv[2]) and sys.argv[3] == 'split' else 5)"
@@ -160,6 +191,8 @@ def test_vs_fills_the_placeholders_and_gives_a_ratio(capsys, tmp_path):
     assert "B/A CPU" in out and "split" in out and f"B: {cmd}" in out
     (row,) = json.loads(out_json.read_text())["rows"]
     v = row["vs"]
+    assert v["requests"] == len(list(bench_requests("split", 150))) < 150
+    assert f"B was handed the {v['requests']:,} requests within the model's context" in out
     assert v["pairs"] == 1 and len(v["runs"]) == 1 and len(row["raw"]) == 1
     assert v["cpu_s"] > 0 and v["wall_s"] > 0
     assert v["cpu_ratio"] == pytest.approx(v["cpu_s"] / row["cpu_s"])

@@ -161,8 +161,6 @@ def bad(entry: dict) -> dict:
         (bad({"scheduler.": "disagg"}), [], r"compare\.broken: 'scheduler\.' is not a key path"),
         ({**TINY, "compare": {}}, [], r"compare: \{\} must be a non-empty mapping"),
         (TINY, ["--only", "disagg,splitwize"], r"compare: no entry 'splitwize'; the entries are"),
-        (TINY, ["--requests-csv", "x.csv"], r"--requests-csv: not available for a compare spec"),
-        (TINY, ["--links-csv", "x.csv"], r"--links-csv: not available for a compare spec"),
     ],
 )
 def test_bad_entries_name_the_label_and_exit_2(capsys, tmp_path, data, args, message):
@@ -170,6 +168,48 @@ def test_bad_entries_name_the_label_and_exit_2(capsys, tmp_path, data, args, mes
     assert code == 2 and out == ""
     assert err.startswith("twin: error: ") and err.count("\n") == 1
     assert re.search(message, err), err
+
+
+SMALL = {**TINY, "workload": {**TINY["workload"], "max_requests": 12}}
+
+
+def test_per_run_files_are_written_once_per_entry_named_by_label(capsys, tmp_path):
+    spec = write_spec(tmp_path, SMALL)
+    only = ["--only", "colocated,splitwise"]
+    outs = ["--requests-csv", str(tmp_path / "req.csv"), "--timeline-csv"]
+    outs += [str(tmp_path / "tl.csv"), "--trace-out", str(tmp_path / "tr.json")]
+    code, _, err = run_cli(capsys, "run", spec, *only, *outs, "--json", str(tmp_path / "c.json"))
+    assert code == 0, err
+    runs = json.loads((tmp_path / "c.json").read_text())["runs"]
+    for label in ("colocated", "splitwise"):
+        rows = (tmp_path / f"req-{label}.csv").read_text().splitlines()
+        assert len(rows) == 1 + runs[label]["summary"]["requests"]
+        assert (tmp_path / f"tl-{label}.csv").read_text().startswith("start_s,end_s,")
+        assert json.loads((tmp_path / f"tr-{label}.json").read_text())["traceEvents"]
+    assert not (tmp_path / "req.csv").exists() and not (tmp_path / "req-disagg.csv").exists()
+
+
+def test_set_compare_null_runs_the_base_alone(capsys, tmp_path):
+    spec = write_spec(tmp_path, SMALL)
+    sets = ["--set", "compare=null", "--set", "scheduler=disagg"]
+    code, out, err = run_cli(capsys, "run", spec, *sets, "--json", "-")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert "runs" not in doc and doc["summary"]["requests"] == 12
+    assert doc["header"]["spec"]["scheduler"]["name"] == "disagg"
+
+
+def test_run_compare_takes_the_forms_twin_run_takes(tmp_path):
+    import twin
+
+    path = write_spec(tmp_path, SMALL)
+    by_path = twin.run_compare(path, only=["splitwise"])
+    by_mapping = twin.run_compare(SMALL, only=["splitwise"])
+    by_keyword = twin.run_compare(spec=Path(path), overrides=["seed=1"], only=["splitwise"])
+    sums = [r.runs["splitwise"].summary["ttft_s"] for r in (by_path, by_mapping, by_keyword)]
+    assert sums[0] == sums[1] == sums[2]
+    with pytest.raises(twin.SpecError, match="a loaded spec has no compare: section"):
+        twin.run_compare(twin.load_spec("quickstart"))
 
 
 def test_only_needs_a_compare_spec(capsys):
@@ -216,3 +256,27 @@ def test_bundled_compare_specs_run_on_a_slice_of_the_trace(shared_data, name):
     assert len(result.header["trace_sha256"]) == 1
     table = result.format_table()
     assert all(re.search(rf"^{p}\s", table, re.M) for p in only)
+
+
+def test_plot_reads_a_compare_file_per_entry_and_draws_no_empty_panel(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    from twin.viz.compare import compare_figure
+
+    spec, doc = write_spec(tmp_path, SMALL), tmp_path / "c.json"
+    only = ["--only", "colocated,splitwise", "--quiet"]
+    assert run_cli(capsys, "run", spec, *only, "--json", str(doc))[0] == 0
+    code, out, err = run_cli(capsys, "plot", "--timeline", str(doc), "--out", str(tmp_path))
+    assert code == 0, err
+    names = {Path(p).name for p in out.split()}
+    assert {"c-colocated-over-time.png", "c-splitwise-over-time.png"} <= names
+    code, out, err = run_cli(capsys, "plot", "--compare", str(doc), "--out", str(tmp_path))
+    assert code == 0, err
+    names = {Path(p).name for p in out.split()}
+    assert "c-compare.png" in names and not any("kv-tiers" in n for n in names)
+    assert "no run reused prompt tokens" in err
+    runs = json.loads(doc.read_text())["runs"]
+    att, ttft, _ = compare_figure(runs).axes[:3]
+    bars = [b.get_height() for b in att.containers[0]]
+    assert bars == [100 * runs[x]["summary"]["slo_attainment"] for x in runs]
+    p99 = [b.get_height() for b in ttft.containers[1]]
+    assert p99 == [runs[x]["summary"]["ttft_s"]["p99"] for x in runs] and min(p99) > 0

@@ -119,7 +119,8 @@ def run_engine(reqs, *, blocks=1000, config=None, perf=None, log=None, probe=Non
         for k in range(200):
             yield Arrival(env, 0.0037 * (k + 1) - env.now)
             eng.sync()
-            probe.append((eng.kv.free, eng.iterations, eng.steps, len(eng.waiting)))
+            cached = sorted(eng.cache.units) if eng.cache is not None else []
+            probe.append((eng.kv.free, eng.iterations, eng.steps, len(eng.waiting), cached))
 
     env.process(arrive())
     if probe is not None:
@@ -362,27 +363,31 @@ def test_fast_forward_gives_exactly_the_stepped_result(scenario, model):
     assert jumped == stepped
 
 
+def counted_run(reqs, cfg, blocks=1000):
+    """Run ``reqs`` on one engine (a linear perf model): the SimPy events
+    it took, the engine and the finished sequences."""
+    env = simpy.Environment()
+    done: list[Sequence] = []
+    eng = Engine(env, 0, Linear(per_context=1e-6), BlockManager(blocks, 16), cfg, observing(done))
+
+    def arrive():
+        for r in reqs:
+            yield Arrival(env, r.arrival_s - env.now)
+            eng.submit(Sequence(r, env.now))
+
+    env.process(arrive())
+    n = 0
+    while env.peek() < math.inf:
+        env.step()
+        n += 1
+    return n, eng, done
+
+
 def test_fast_forward_covers_long_decodes_with_few_events():
     reqs = [Request(0, 0.0, 100, 500), Request(1, 0.2, 100, 300), Request(2, 3.0, 50, 50)]
     events = {}
     for ff in (False, True):
-        env = simpy.Environment()
-        done: list[Sequence] = []
-        cfg = EngineConfig(fast_forward=ff)
-        perf = Linear(per_context=1e-6)
-        eng = Engine(env, 0, perf, BlockManager(1000, 16), cfg, observing(done))
-
-        def arrive(env=env, eng=eng):
-            for r in reqs:
-                yield Arrival(env, r.arrival_s - env.now)
-                eng.submit(Sequence(r, env.now))
-
-        env.process(arrive())
-        n = 0
-        while env.peek() < math.inf:
-            env.step()
-            n += 1
-        events[ff] = n
+        events[ff], eng, done = counted_run(reqs, EngineConfig(fast_forward=ff))
         assert sorted(s.req.id for s in done) == [0, 1, 2] and eng.iterations == 3 + 499
     assert events[True] * 10 < events[False]
 

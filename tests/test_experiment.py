@@ -446,5 +446,5 @@ def test_bundled_pool_ratio_expands(tmp_path, monkeypatch):
     ratios = {tuple(r.params[k] for k in pd) for r in runs}
     assert ratios == {(8, 4), (9, 3), (6, 6), (4, 8), (None, None)}
     assert [r.params["workload.rate_scale"] for r in runs[:10]] == [
-        0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0,
+        0.5, 1, 2, 3, 4, 8, 16, 24, 32, 48,
     ]  # fmt: skip

@@ -285,3 +285,78 @@ def test_a_failed_plan_leaves_no_export_file(tmp_path, capsys):
     assert main(argv) == 2
     assert "slo: no ttft or tpot given" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["noslo.yaml"]
+
+
+SCHEMAS = Path(__file__).parent / "fixtures" / "export_schemas"
+
+
+@pytest.mark.parametrize(
+    ("render", "schema"),
+    [
+        (dynamo_yaml, "dynamo-graph-deployment-v1beta1.schema.json"),
+        (llm_d_yaml, "llm-d-modelservice-values.schema.json"),
+    ],
+)
+def test_both_exports_validate_against_the_published_schemas(planned, render, schema):
+    jsonschema = pytest.importorskip("jsonschema")
+    doc = json.loads((SCHEMAS / schema).read_text())
+    for dep in (planned[2], _wide_ep()):
+        jsonschema.validate(yaml.safe_load(render(dep)), doc)
+    # the schemas can fail: a parallelism key llm-d does not know, a node count of 1
+    bad = yaml.safe_load(render(planned[2]))
+    if render is llm_d_yaml:
+        bad["decode"]["parallelism"]["pipeline"] = 2
+    else:
+        _worker(bad, "decode")["multinode"] = {"nodeCount": 1}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(bad, doc)
+
+
+def test_the_workers_carry_the_engine_flags_the_twin_simulated(planned):
+    spec, _, dep = planned
+    e = spec.engine
+    want = {
+        "--max-num-seqs": "16", "--block-size": str(e.block_size),
+        "--gpu-memory-utilization": str(e.gpu_memory_utilization),
+        "--max-model-len": str(spec.max_model_len),
+    }  # fmt: skip
+    doc, values = yaml.safe_load(dynamo_yaml(dep)), yaml.safe_load(llm_d_yaml(dep))
+    arg_lists = [_worker(doc, k)["podTemplate"]["spec"]["containers"][0]["args"]
+                 for k in ("prefill", "decode")]  # fmt: skip
+    arg_lists += [values[k]["containers"][0]["args"] for k in ("prefill", "decode")]
+    for args in arg_lists:
+        assert {f: _flag(args, f) for f in want} == want
+        assert "--no-enable-chunked-prefill" in args  # the spec does not chunk
+    h = _header(dynamo_yaml(dep))
+    assert h["engine"]["--max-num-seqs"] == 16
+    assert "# vLLM engine arguments as simulated: --max-num-seqs 16" in dynamo_yaml(dep)
+
+
+def test_a_chunked_engine_exports_its_token_budget_and_a_small_one_a_caveat():
+    from twin.sim.spec import resolve_spec
+    from twin.studies.export import engine_args
+
+    base = {"model": "llama-3.1-8b", "cluster": {"instances": 1, "tp": 1},
+            "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 1},
+                         "max_requests": 5}}  # fmt: skip
+    chunked = resolve_spec({**base, "engine": {"chunked_prefill": True}}, "c.yaml", Path.cwd())
+    args, notes = engine_args(chunked)
+    assert args["--enable-chunked-prefill"] is True and args["--max-num-batched-tokens"] == 2048
+    assert notes == []
+    whole = resolve_spec(base, "w.yaml", Path.cwd())  # 8,192 tokens against a 131,072 context
+    args, notes = engine_args(whole)
+    assert "--max-num-batched-tokens" not in args and args["--max-model-len"] == 131072
+    assert notes and "vLLM without chunked prefill needs a budget >= max_model_len" in notes[0]
+
+
+def test_the_header_lists_the_caveats_that_shaped_the_figures(planned):
+    _, plan, dep = planned
+    caveats = _header(llm_d_yaml(dep))["caveats"]
+    assert list(plan.warnings) == caveats[: len(plan.warnings)]
+    assert plan.warnings  # a sample of 30 requests warns
+    text = dynamo_yaml(dep)
+    assert "# Caveats (what shaped these figures):" in text
+    assert all(f"#   - {c}" in text for c in caveats)
+    line = "3 of the 30 requests were rejected (context_length 3)"
+    rejected = dataclasses.replace(dep, caveats=(line,))
+    assert "#   - 3 of the 30 requests were rejected" in llm_d_yaml(rejected)

@@ -77,19 +77,29 @@ def test_a_stretch_is_priced_to_the_last_bit_as_step_by_step(name, count, mean_c
     assert got == want
 
 
+# how a split cluster moves KV: (transfer.mode, transfer.handoff)
+HANDOFFS = [("serialized", "push"), ("serialized", "pull"), ("layerwise", "push")]
+
+
 @st.composite
 def runs(draw, policy: str | None = None):
-    """A small cluster, colocated or split, under a random fault timeline, its
+    """A small cluster, colocated or split (KV pushed or pulled, serialized or
+    layer-wise), under a random fault timeline, at loads up to one that
+    queues (30 req/s; with 4 running slots a sequence, or a prefix cache,
+    hand-offs wait on the decode side for the blocks a finish frees), its
     instances admitting in the order of queue ``policy`` (drawn when None)."""
     layout = draw(st.sampled_from(["colocated", "split", "splitwise"]))
     engine = {
         "chunked_prefill": draw(st.booleans()),
         "gpu_memory_utilization": draw(st.sampled_from([0.22, 0.9])),  # 0.22: preemptions
         "queue_policy": policy or draw(st.sampled_from(QUEUE_POLICIES)),
+        "max_num_seqs": draw(st.sampled_from([4, 256])),
+        "prefix_caching": draw(st.booleans()),
     }
+    rate = draw(st.sampled_from([2.0, 8.0, 30.0]))
     workload = {
         "lengths": "azure-conv",
-        "arrival": {"process": "gamma", "rate": draw(st.sampled_from([2.0, 8.0])), "cv": 2},
+        "arrival": {"process": "gamma", "rate": rate, "cv": 2},
         "max_requests": draw(st.integers(5, 60)),
         "priority": {0: 1, 1: 1, 2: 1},
     }
@@ -114,7 +124,9 @@ def runs(draw, policy: str | None = None):
         "decode": {"instances": 1, "tp": 1},
     }
     sched = "disagg" if layout == "split" else "splitwise"
-    return "split", {"cluster": cluster, "scheduler": sched} | over
+    mode, handoff = draw(st.sampled_from(HANDOFFS))
+    transfer = {"mode": mode, "handoff": handoff}
+    return "split", {"cluster": cluster, "scheduler": sched, "transfer": transfer} | over
 
 
 def outcome(kind: str, data: dict, ff: bool, perf=None):

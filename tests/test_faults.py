@@ -610,3 +610,33 @@ def test_the_bundled_link_flap_slows_the_handoff_for_a_minute():
     assert during[1] > 1.5 * before[0]  # every window of the flap above every one before
     assert after[0] < during[1] and result["summary"]["failed"] == 0
     assert len(result["fault_log"]) == 64  # 32 NICs degraded, then restored
+
+
+def test_random_failures_end_when_every_request_left_waits_for_an_instance():
+    # A node down for good and random NIC failures: the waiting requests can
+    # only end failed, and the NIC failures (which bring no instance back)
+    # stop, so the run ends (it ran for ever before).
+    s = resolve_spec(
+        {"model": "llama-3.1-8b", "cluster": {"topology": "dgx-h100-ib400", "nodes": 1,
+                                               "instances": 1},
+         "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 20},
+                      "max_requests": 20},
+         "events": [{"at": "0.5 s", "action": "fail", "node": 0}],
+         "failures": {"random": [{"component": "nic", "mtbf": "3 s", "repair": "0.4 s"}]}},
+        "t.yaml", Path.cwd(),
+    )  # fmt: skip
+    sim, res, rows = run(s)
+    ended = res.summary["completed"] + res.summary["failed"]
+    assert ended == 20 and res.summary["failed"] > 0
+    assert {r["reason"] for r in rows.values() if r["status"] == "failed"} == {"no_instance_up"}
+
+
+def test_requests_waiting_for_a_randomly_failed_instance_wait_for_its_repair():
+    # One instance whose random failures are repaired: requests that wait for
+    # it are served after the repair, not failed as if nothing could come back.
+    random = [{"component": "instance", "mtbf": "0.3 s", "repair": "0.1 s"}]
+    s = spec(cluster={"instances": 1}, failures={"random": random},
+             workload=WORKLOAD | {"max_requests": 40}, retry={"max_attempts": 100})  # fmt: skip
+    sim, res, rows = run(s)
+    assert res.summary["retries"] > 0
+    assert res.summary["completed"] == 40 - res.summary["rejected"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from doc_pages import find_page
 
 import twin
 from twin.cli import main
@@ -349,10 +350,11 @@ def test_csv_columns_are_typed_from_all_their_cells():
 
 
 def test_the_readme_example_runs(swept):
-    """README.md, Results as data: its run example (test_public runs it too) and
-    its sweep example, on a sweep folder of ours."""
+    """Results as data (docs/guides/results.md, moved from README.md): its run
+    example (test_public runs it too) and its sweep example, on a sweep folder
+    of ours."""
     d, _ = swept
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = find_page("### Results as data").read_text(encoding="utf-8")
     section = text[text.index("### Results as data") :]
     blocks = []
     for fence in ("```python\n", "```py\n"):
@@ -361,6 +363,6 @@ def test_the_readme_example_runs(swept):
     assert "r.requests" in blocks[0] and "twin.load_sweep(" in blocks[1]
     env: dict = {}
     code = "\n".join(blocks).replace("out/pool-ratio", str(d / "o"))
-    exec(compile(code, "README.md", "exec"), env)
+    exec(compile(code, "results.md", "exec"), env)
     assert len(env["per_request"]) == 160 and len(env["runs"]) == 4
     assert env["reqs"]["id"].is_monotonic_increasing

@@ -91,6 +91,7 @@ def test_preemptions_of_requests_that_end_failed_count_in_the_summary():
     spec = small_spec(
         engine={"gpu_memory_utilization": 0.22}, cluster={"instances": 2, "tp": 1},
         events=[{"at": 3.0, "action": "fail", "instance": 0}], retry={"max_attempts": 1},
+        perf={"kind": "roofline", "engine": "distserve"},  # the counts below are its steps'
     )  # fmt: skip
     rows: list[dict] = []
     result = Simulation(spec, requests=reqs, on_row=rows.append).run()

@@ -5,7 +5,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from twin.errors import SpecError, UnknownNameError
-from twin.perf.llm import MODELS, dtype_bytes, get_model, kv_blocks, kv_bytes, kv_report
+from twin.perf.kvreport import kv_report
+from twin.perf.llm import MODELS, dtype_bytes, get_model, kv_blocks, kv_bytes
 
 USER = {
     "name": "tiny",
@@ -55,7 +56,8 @@ def test_catalog_params_match_shapes(name: str) -> None:
     if m.is_moe:  # every expert holds weights, not only the ones a token uses
         linear = m.dense_token_params + m.routed_params
     share = linear / m.params
-    assert 0.80 < share < 1.0
+    # below ~5B a 150k- to 256k-token vocabulary's embeddings are up to a quarter of the weights
+    assert (0.80 if m.params > 5e9 else 0.6) < share < 1.0
 
 
 @pytest.mark.parametrize(

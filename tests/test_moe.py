@@ -13,7 +13,8 @@ from twin.errors import SpecError
 from twin.net.topology import all_to_all_links, load_topology
 from twin.perf.gpus import GPUSpec, get_gpu
 from twin.perf.iteration import Batch
-from twin.perf.llm import MODELS, ModelSpec, get_model, kv_facts
+from twin.perf.kvreport import kv_facts
+from twin.perf.llm import MODELS, ModelSpec, get_model
 from twin.perf.roofline import Roofline
 from twin.sim.spec import load_spec
 

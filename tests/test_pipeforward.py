@@ -9,8 +9,9 @@ import pytest
 import simpy
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from test_disagg import split_spec
 from test_engine import Linear, largest_relative_difference, observing, scenarios
-from test_fastforward import fit, outcome, runs
+from test_fastforward import HANDOFFS, fit, outcome, runs
 from test_pipeline import Constant
 
 from twin._clock import Arrival
@@ -21,7 +22,9 @@ from twin.perf.roofline import Roofline
 from twin.request import Request
 from twin.serving.engine import Engine, EngineConfig
 from twin.serving.kvcache import BlockManager
+from twin.serving.pipeforward import PipeForward
 from twin.serving.sequence import Sequence
+from twin.sim.simulation import Simulation
 
 
 class Staged(Linear):
@@ -120,9 +123,17 @@ def test_pipelined_fast_forward_gives_exactly_the_stepped_result(scenario, pp, m
 
 @st.composite
 def pipelined_runs(draw):
-    """A random whole run (see ``test_fastforward.runs``) of instances with ``pp`` stages."""
+    """A random whole run (see ``test_fastforward.runs``) of instances with
+    ``pp`` stages; split, the prefill instance has 1 or ``pp``, and under load
+    the decode instance's memory fills (Llama-2-7B's KV, four times
+    Llama-3.1-8B's a token), so hand-offs, pushed or pulled, wait for the
+    blocks its finishes free."""
     kind, data = draw(runs())
-    data["cluster"]["pp"] = draw(st.sampled_from([2, 4]))
+    pp = data["cluster"]["pp"] = draw(st.sampled_from([2, 4]))
+    if kind == "split":
+        data["cluster"]["prefill"]["pp"] = draw(st.sampled_from([1, pp]))
+        if draw(st.booleans()):
+            data["model"] = "llama-2-7b"
     return kind, data
 
 
@@ -130,11 +141,69 @@ def pipelined_runs(draw):
 @given(run=pipelined_runs(), model=st.sampled_from(["spec", "distserve"]))
 def test_whole_pipelined_runs_fast_forwarded_are_those_stepped(run, model):
     """Colocated and split runs of pipelined instances, with preemptions,
-    chunked prefill, failures and throttled GPUs: the same to the last bit."""
+    chunked prefill, prefix caching, failures and throttled GPUs, and
+    hand-offs waiting on a full decode instance: the same to the last bit."""
     kind, data = run
-    perf = fit(data["cluster"]["pp"]) if model == "distserve" else None
+    perf = None
+    if model == "distserve":  # one perf model, of pp stages, for every instance
+        perf = fit(data["cluster"]["pp"])
+        data["cluster"].get("prefill", {})["pp"] = data["cluster"]["pp"]
     stepped, n_stepped = outcome(kind, data, False, perf)
     jumped, n_jumped = outcome(kind, data, True, perf)
+    worst, where = largest_relative_difference(jumped, stepped)
+    assert worst == 0.0, f"largest relative difference {worst:.3g} at {where}"
+    assert jumped == stepped
+    assert n_jumped <= n_stepped
+
+
+@st.composite
+def loaded_decode_runs(draw):
+    """A split run whose decode instance, of 2 or 4 stages, receives hand-offs
+    (pushed or pulled, serialized or layer-wise) faster than it ends requests:
+    its memory fills (Llama-2-7B's KV at a quarter of the GPU), its running
+    slots do, or a prefix cache makes every reservation a change, so
+    hand-offs wait for the blocks a finish frees, and reserve them as the
+    lane completes its micro-batch."""
+    mode, handoff = draw(st.sampled_from(HANDOFFS))
+    engine = {"chunked_prefill": draw(st.booleans())}
+    pressure = draw(st.sampled_from(["memory", "slots", "prefix-cache"]))
+    model = "llama-3.1-8b"
+    if pressure == "memory":
+        model = "llama-2-7b"
+        engine["gpu_memory_utilization"] = 0.25
+    else:
+        engine["max_num_seqs"] = draw(st.integers(1, 4))
+        engine["prefix_caching"] = pressure == "prefix-cache"
+    cluster = {
+        "nodes": 1,
+        "prefill": {
+            "instances": draw(st.integers(1, 2)),
+            "tp": 1,
+            "pp": draw(st.sampled_from([1, 2])),
+        },
+        "decode": {"instances": 1, "tp": 1, "pp": draw(st.sampled_from([2, 4]))},
+    }
+    workload = {
+        "lengths": draw(st.sampled_from(["azure-conv", "azure-code"])),
+        "arrival": {"process": "gamma", "rate": draw(st.sampled_from([20.0, 60.0])), "cv": 2},
+        "max_requests": draw(st.integers(10, 40)),
+    }
+    return "split", {
+        "model": model, "seed": draw(st.integers(0, 3)), "cluster": cluster, "engine": engine,
+        "scheduler": draw(st.sampled_from(["disagg", "splitwise"])), "workload": workload,
+        "transfer": {"mode": mode, "handoff": handoff},
+    }  # fmt: skip
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(run=loaded_decode_runs())
+def test_pipelined_decode_instances_under_hand_off_load_fast_forward_as_stepped(run):
+    """Pipelined decode instances receiving hand-offs faster than they end
+    requests: every timestamp, counter and summary the same to the last bit
+    with fast-forward as stepping."""
+    kind, data = run
+    stepped, n_stepped = outcome(kind, data, False)
+    jumped, n_jumped = outcome(kind, data, True)
     worst, where = largest_relative_difference(jumped, stepped)
     assert worst == 0.0, f"largest relative difference {worst:.3g} at {where}"
     assert jumped == stepped
@@ -359,3 +428,57 @@ def test_what_a_finish_sets_off_at_its_instant_sees_what_stepping_shows(scenario
     stepped = _reacting(reqs, blocks, cfg, perf, mode)
     jumped = _reacting(reqs, blocks, dataclasses.replace(cfg, fast_forward=True), perf, mode)
     assert jumped == stepped
+
+
+@pytest.mark.parametrize(
+    ("model", "engine", "n", "prompt", "output"),
+    [
+        # the decode memory full: the hand-off's blocks are not free past what
+        # the stretch takes
+        ("llama-2-7b", {"gpu_memory_utilization": 0.25}, 20, 3000, 100),
+        # a prefix cache on the decode side: a reservation always ends the stretch
+        ("llama-3.1-8b", {"max_num_seqs": 1, "prefix_caching": True}, 3, 500, 40),
+    ],
+    ids=["memory", "prefix-cache"],
+)
+@pytest.mark.parametrize(("handoff", "mode"), [("push", "serialized"), ("pull", "serialized"),
+                                               ("push", "layerwise")])  # fmt: skip
+def test_a_hand_off_reserved_as_a_lane_completes_the_micro_batch_ending_a_stretch(
+    monkeypatch, model, engine, n, prompt, output, handoff, mode
+):
+    """A decode instance of two stages: a finish in the micro-batch that ends a
+    stretch frees blocks, and a queued hand-off reserves them while the lane
+    completes it (the stretch's event has fired; the lane has not gone on).
+    The reservation ends the stretch there, as any change does, with the
+    result of stepping."""
+    inside: list[bool] = []  # an interrupt while the lane completes the micro-batch
+    interrupt = PipeForward.interrupt
+
+    def watched(self):
+        if self.stretch is not None:
+            inside.append(self.stretch.event is None)
+        interrupt(self)
+
+    monkeypatch.setattr(PipeForward, "interrupt", watched)
+    reqs = [Request(i, 0.02 * i, prompt + 37 * (i % 7), output + 11 * (i % 5)) for i in range(n)]
+
+    def result(ff: bool) -> dict:
+        spec = split_spec(
+            model=model,
+            engine=engine | {"fast_forward": ff},
+            cluster={"nodes": 1, "prefill": {"instances": 1, "tp": 1},
+                     "decode": {"instances": 1, "tp": 1, "pp": 2}},
+            transfer={"mode": mode, "handoff": handoff},
+            # the arrival gaps and lengths that reach the path were chosen with this preset's steps
+            perf={"kind": "roofline", "engine": "distserve"},
+        )  # fmt: skip
+        rows: list[dict] = []
+        res = Simulation(spec, requests=reqs, on_row=rows.append).run().to_dict()
+        del res["header"]
+        return {"result": res, "rows": sorted(rows, key=lambda r: r["id"])}
+
+    stepped = result(False)
+    jumped = result(True)
+    assert any(inside)
+    assert jumped == stepped
+    assert all(r["status"] == "completed" for r in stepped["rows"])

@@ -190,7 +190,7 @@ def test_the_pool_ratio_plots_are_laid_out(tmp_path, a_requests_csv, slo_pairs, 
         assert "all: slo.ttft=1 s, slo.tpot=50 ms" in figs["attainment"].get_suptitle()
     else:
         legend = [t.get_text() for t in figs["attainment"].legends[0].get_texts()]
-        assert len(legend) <= 20 and "prefill:" in legend and "  (unset)" in legend
+        assert len(legend) <= 20 and "prefill:" in legend and "  none" in legend
     if opts.facet:
         assert [ax.get_title() for ax in figs["attainment"].axes] == ["trace=code", "trace=conv"]
         title = "TTFT and TPOT CDFs at 2x (the swept rate nearest 1.9x)"

@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+from doc_pages import pages
 
 import twin
 
@@ -84,8 +85,12 @@ def test_notebooks_import_only_the_public_face(nb: Path):
 
 
 def _readme_python() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    return [b.split("\n", 1)[1].split("```", 1)[0] for b in text.split("```python")[1:]]
+    """The Python blocks of README.md and the documentation pages."""
+    out = []
+    for page in pages():
+        text = page.read_text(encoding="utf-8")
+        out += [b.split("\n", 1)[1].split("```", 1)[0] for b in text.split("```python")[1:]]
+    return out
 
 
 def test_the_readme_imports_only_the_public_face():

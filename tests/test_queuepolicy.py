@@ -325,7 +325,7 @@ def _readme_example() -> str:
 
 
 def test_a_policy_written_from_the_readme_serves_in_its_order():
-    scope: dict = {"__name__": "readme_queue_policy"}
+    scope: dict = {"__name__": "readme"}
     exec(compile(_readme_example(), "README.md", "exec", dont_inherit=True), scope)
     assert "shortest-job-first" in queue_policy_names()
     # prompt + output: r2 (30 + 5) before r1 (10 + 30), then r3 (60 + 1)

@@ -1,4 +1,5 @@
-"""Every ``twin`` command of README.md's shell examples, run as a reader would
+"""Every ``twin`` command of the shell examples of README.md and the
+documentation pages (tests/doc_pages.py), run as a reader would
 paste it (tests/readme_commands.py finds them): in a fresh folder beside a
 ``shared/data`` that holds the public data (as the repository's own folder
 sits), through bash, with ``twin`` on the PATH. A command the README shows
@@ -18,9 +19,11 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, shared_data_dir
+from doc_pages import README, pages
+from doc_pages import name as page_name
 from readme_commands import Example, examples
 
-EXAMPLES = examples(REPO / "README.md")
+EXAMPLES = [e for page in pages() for e in examples(page, page_name(page))]
 
 # What a test adds to a command so that it takes seconds, not minutes (the
 # rest of the command runs as written).
@@ -94,13 +97,13 @@ def _run(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def test_the_readme_shows_commands():
     commands = [e.command for e in EXAMPLES]
-    assert len(commands) >= 20 and all(c.startswith("twin ") for c in commands)
+    assert len(commands) >= 15 and all(c.startswith("twin ") for c in commands)
     assert any(e.error for e in EXAMPLES) and any(e.files for e in EXAMPLES)
 
 
 @pytest.mark.parametrize(
     "example",
-    [pytest.param(e, id=f"README.md:{e.line}", marks=_marks(e)) for e in EXAMPLES],
+    [pytest.param(e, id=f"{e.page}:{e.line}", marks=_marks(e)) for e in EXAMPLES],
 )
 def test_readme_command(example: Example, folders: dict[str, Path]) -> None:
     e = example
@@ -125,3 +128,21 @@ def test_readme_command(example: Example, folders: dict[str, Path]) -> None:
         assert placeholder in p.stderr and p.stderr.count("\n") == 1, p.stderr
     else:
         assert p.returncode == 0, p.stderr
+
+
+def test_the_readme_shows_the_default_experiments_output_as_it_prints_it(
+    folders: dict[str, Path],
+) -> None:
+    """The one result README.md prints is ``twin run``'s output, to the digit:
+    when the default experiment changes, paste its new output there."""
+    (shown,) = [e for e in examples(README) if e.command == "twin run" and e.shown]
+    p = _run("twin run", folders["without"])
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.rstrip("\n") == shown.shown.rstrip("\n"), (
+        "README.md's `$ twin run` block is not what `twin run` prints now; paste its output"
+    )
+
+
+def test_the_readme_is_a_front_door():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines; move detail into docs/"

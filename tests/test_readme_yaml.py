@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import shared_data_dir
+from tests.doc_pages import name, pages
 from twin import yamlio
 from twin.bundled import bundled_text
 from twin.sim.spec import resolve_spec
@@ -20,32 +21,32 @@ from twin.studies.compare import compare_specs
 from twin.studies.sweep import expand
 from twin.workload.schedule import parse_rate_schedule
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-
 # The spec reference (## Experiment spec) and the workload reference (###
 # Workloads) list every key, alternatives and elisions (``...``) included:
 # they parse here, and tests/test_schema.py holds their keys and defaults.
 REFERENCES = ("## Experiment spec", "### Workloads")
 
 
-def _blocks() -> list[tuple[int, str, str]]:
-    """(line, the heading above it, text) of every ```yaml block of the README."""
+def _blocks() -> list[tuple[str, str, str]]:
+    """(page:line, the heading above it, text) of every ```yaml block of the
+    README and the documentation pages."""
     out = []
-    heading = ""
-    block: list[str] | None = None
-    start = 0
-    for n, line in enumerate(README.read_text(encoding="utf-8").splitlines(), 1):
-        stripped = line.strip()
-        if block is None:
-            if line.startswith("#"):
-                heading = line.strip()
-            elif stripped == "```yaml":
-                block, start = [], n + 1
-        elif stripped.startswith("```"):
-            out.append((start, heading, "\n".join(block)))
-            block = None
-        else:
-            block.append(line)
+    for page in pages():
+        heading = ""
+        block: list[str] | None = None
+        start = 0
+        for n, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            stripped = line.strip()
+            if block is None:
+                if line.startswith("#"):
+                    heading = line.strip()
+                elif stripped == "```yaml":
+                    block, start = [], n + 1
+            elif stripped.startswith("```"):
+                out.append((f"{name(page)}:{start}", heading, "\n".join(block)))
+                block = None
+            else:
+                block.append(line)
     return out
 
 
@@ -68,14 +69,14 @@ def test_the_readme_has_yaml_blocks():
     assert {h for _, h, _ in BLOCKS} >= set(REFERENCES)
 
 
-@pytest.mark.parametrize(("line", "heading", "text"), BLOCKS, ids=[f"line{b[0]}" for b in BLOCKS])
+@pytest.mark.parametrize(("line", "heading", "text"), BLOCKS, ids=[b[0] for b in BLOCKS])
 def test_every_readme_yaml_block_parses_and_resolves_as_documented(line, heading, text):
     doc = yamlio.load(text)
-    assert isinstance(doc, dict) and doc, f"README line {line}: not a mapping"
-    assert all(isinstance(k, str) for k in doc), f"README line {line}: keys {list(doc)}"
+    assert isinstance(doc, dict) and doc, f"{line}: not a mapping"
+    assert all(isinstance(k, str) for k in doc), f"{line}: keys {list(doc)}"
     if heading in REFERENCES:
         return
-    where = f"README.md:{line}"
+    where = line
     if {"model", "workload", "scheduler"} <= set(doc):  # a whole spec
         resolve_spec(doc, where, Path.cwd())
         return

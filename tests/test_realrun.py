@@ -204,8 +204,10 @@ def test_a_traced_and_an_aggregate_only_run_of_the_data_make_specs_twin_accepts(
     assert resolved["cluster"]["tp"] == 1 and resolved["gpu"] == "h100-sxm"
     agg = read_run(data / AGGREGATE)
     assert agg.stages == ((6.0, 1200.0),) and not agg.overloaded
-    assert isinstance(agg.spec["model"], dict) and agg.spec["model"]["layers"] == 28
-    assert agg.spec["model"]["params"] == pytest.approx(7.6e9, rel=0.01)  # Qwen2.5-7B: 7.61B
+    from twin.perf.llm import get_model
+
+    qwen = get_model(agg.spec["model"])  # the catalog's row (a config.json row) or inline
+    assert qwen.layers == 28 and qwen.params == pytest.approx(7.6e9, rel=0.01)  # 7.61B
     resolved = _spec_accepted(agg, tmp_path, capsys)
     assert resolved["workload"]["lengths"]["shared_prefix"]["question_len"] == 600
     assert len(read_runs(data)) == 21
@@ -320,7 +322,7 @@ def test_a_bad_manifest_is_a_one_line_error(tmp_path, capsys):
 )
 def test_inline_models_from_config_json_count_their_parameters(realruns, name, billions):
     from twin.perf.llm import get_model
-    from twin.studies.hfconfig import model_mapping
+    from twin.studies.realrun import model_mapping
 
     config = json.loads((realruns / "models" / f"{name}.json").read_text())
     m = model_mapping(config, name, name, fp8="FP8" in name)

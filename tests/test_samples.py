@@ -210,3 +210,32 @@ def test_cli_sample_options_are_checked(capsys):
     assert "--replicates: 0 must be a positive integer" in capsys.readouterr().err
     assert main(["plan", "disagg", "--convergence", "250,x"]) == 2
     assert "--convergence: 'x' is not a sample size >= 2" in capsys.readouterr().err
+
+
+def test_goodput_shows_each_window_and_says_when_windows_differ_in_kind(tmp_path):
+    from twin.studies.goodput import over_context
+
+    d = _trace_spec(tmp_path, 30, 10)
+    d["engine"] = {"max_model_len": 1000}
+    trace = Path(d["workload"]["trace"])
+    lines = trace.read_text().splitlines()
+    for i in range(11, 16):  # half of the second window is longer than the context
+        t, _, out = lines[i].split(",")
+        lines[i] = f"{t},2000,{out}"
+    trace.write_text("\n".join(lines) + "\n")
+
+    def runner(data, where, base_dir):
+        spec = resolve_spec(data, where, base_dir)
+        share = over_context(spec, spec.workload.max_requests)
+        return (1.0 - share) if data["workload"]["rate_scale"] <= 2.0 else 0.0
+
+    g = goodput(d, "s.yaml", Path.cwd(), seeds=3, rel_tol=0.1, runner=runner)
+    (row,) = g.rows
+    assert row.samples == ("requests 0-9", "requests 10-19", "requests 20-29")
+    assert row.goodputs_rps[1] == 0.0 and min(row.goodputs_rps[::2]) > 0
+    table = g.format_table()
+    each = ", ".join(f"{n} {v:.3f}" for n, v in zip(row.samples, row.goodputs_rps, strict=True))
+    assert f"(base): per sample req/s: {each}" in table
+    (kind,) = [w for w in row.warnings if w.startswith("the samples differ in kind")]
+    assert "requests 10-19 hold(s) up to 50.0% requests longer than the context (1,000" in kind
+    assert not any("95% interval" in w for w in row.warnings)  # a larger sample is no remedy

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
 import yaml
+from doc_pages import find_page
 
 import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
 import schedulers.disagg  # noqa: F401
@@ -22,8 +22,6 @@ from twin.serving.engine import EngineConfig
 from twin.serving.handoff import TransferConfig
 from twin.sim.metrics import SLO
 from twin.workload.stream import WorkloadSpec
-
-README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +116,9 @@ _LINE = re.compile(r"^(?P<indent> *)(?P<off># )?(?P<key>[a-z_]+):(?P<rest>.*)$")
 
 
 def _yaml_block(heading: str) -> str:
-    text = README.read_text(encoding="utf-8")
+    """The first YAML block under ``heading``, on the page that has it (the
+    spec reference moved from README.md to docs/guides/spec.md)."""
+    text = find_page(heading).read_text(encoding="utf-8")
     start = text.index("```yaml\n", text.index(f"{heading}\n")) + len("```yaml\n")
     return text[start : text.index("```", start)]
 

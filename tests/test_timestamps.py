@@ -114,6 +114,7 @@ cluster:
   placement: packed
 transfer: {mode: layerwise, handoff: push}
 engine: {gpu_memory_utilization: 0.25}
+perf: {kind: roofline, engine: distserve}  # the instants below are its steps'
 scheduler: {name: splitwise, move_cost: 100 ms}
 workload:
   lengths: azure-conv

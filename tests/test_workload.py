@@ -427,10 +427,10 @@ def test_from_yaml(tmp_path: Path, files: Path) -> None:
 
 
 BAD_SPECS = [
-    ({"trace": "a.csv", "rate": 5},
-     r"^w: unknown key 'rate'\..* Expected one of trace, format, arrival, lengths, rate_scale, "
+    ({"trace": "a.csv", "rates": 5},
+     r"^w: unknown key 'rates'\..* Expected one of trace, format, arrival, lengths, rate_scale, "
      r"duration, max_requests, repeat, prefix_block_tokens, skip, rate_schedule, output_tokens, "
-     r"prefixes, priority$"),
+     r"prefixes, priority, rate$"),
     ({"lengths": "azure-conv", "arrival": POISSON5},
      r"w: a synthetic workload needs duration or max_requests"),
     ({"trace": "a.csv", "repeat": True}, r"w: repeat: true needs duration or max_requests"),

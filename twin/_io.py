@@ -35,6 +35,15 @@ ENCODING = "utf-8-sig"
 programs and Windows editors write) dropped; written files carry none."""
 
 
+def with_label(path: str | Path, label: str) -> Path:
+    """``path`` for one entry of several runs: ``out/req.csv`` ->
+    ``out/req-LABEL.csv`` (characters other than letters, digits, ``.``, ``_``
+    and ``-`` in the label become ``_``)."""
+    p = Path(path)
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", label)
+    return p.with_name(f"{p.stem}-{safe}{p.suffix}")
+
+
 def not_utf8(path: str | Path) -> str:
     """``"PATH: line N: byte 0xff is not UTF-8; expected UTF-8 text"`` for the
     first byte of ``path`` that does not decode (found by reading it again,

@@ -53,6 +53,11 @@ def bundled_text(kind: str, name: str) -> str:
     return (bundled_dir(kind) / f"{name}.yaml").read_text(encoding="utf-8")
 
 
+def package_text(name: str) -> str:
+    """The text of ``name``, a data file the package ships in ``twin/data``."""
+    return resources.files("twin.data").joinpath(name).read_text(encoding="utf-8")
+
+
 def _data_dir() -> tuple[Path | None, str]:
     """The data folder (None when none is found) and where it came from."""
     env = os.environ.get("TWIN_DATA")

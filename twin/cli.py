@@ -6,6 +6,7 @@ with exit status 2 and no traceback."""
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import json
 import math
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from twin import _version
-from twin._io import AtomicFile, check_outputs
+from twin._io import AtomicFile, check_outputs, with_label
 from twin._threads import one_blas_thread
 from twin.errors import TwinError
 from twin.sim.summary import format_summary
@@ -100,24 +101,103 @@ def _human(args: argparse.Namespace) -> IO[str]:
     return sys.stderr if getattr(args, "json", None) == "-" else sys.stdout
 
 
+# The flags of ``twin run`` naming a file written from one run's results.
+_RUN_FILES = ("requests_csv", "requests_parquet", "links_csv", "trace_out", "timeline_csv")
+
+
+def _link_bucket(args: argparse.Namespace) -> float | None:
+    if not args.links_csv:
+        return None
+    try:
+        bucket = parse_duration(args.link_bucket)
+    except TwinError as e:
+        raise TwinError(f"--link-bucket: {e}") from None
+    if bucket <= 0:
+        raise TwinError(f"--link-bucket: {args.link_bucket!r} must be > 0")
+    return bucket
+
+
+def _run_spec(spec: Any, files: dict[str, str | None], bucket: float | None) -> Any:
+    """Run ``spec`` and write the files of ``files`` (``_RUN_FILES`` -> path or
+    None) from it; the :class:`twin.sim.simulation.Result`. A file is written
+    whole or not at all."""
+    recorder, trace_out = None, files["trace_out"]
+    if trace_out:
+        from twin.sim.trace import TraceRecorder
+
+        recorder = TraceRecorder()
+    # The simulation's modules load once the spec is known to be good.
+    from twin.sim.metrics import REQUEST_COLUMNS
+    from twin.sim.simulation import Simulation
+
+    parquet = None
+    if files["requests_parquet"]:
+        from twin.sim.frames import RequestParquet
+
+        parquet = RequestParquet(files["requests_parquet"], {"pd-twin.spec_sha256": spec.sha256})
+    csv_file = None
+    try:
+        csv_file = _open_out(files["requests_csv"]) if files["requests_csv"] else None
+        sinks: list[Any] = []
+        if csv_file is not None:
+            writer = csv.DictWriter(csv_file, fieldnames=REQUEST_COLUMNS, lineterminator="\n")
+            writer.writeheader()
+            sinks.append(writer.writerow)
+        if parquet is not None:
+            sinks.append(parquet.add)
+        on_row = sinks[0] if len(sinks) == 1 else None
+        if len(sinks) > 1:
+
+            def on_row(row: dict[str, Any]) -> None:
+                for sink in sinks:
+                    sink(row)
+
+        sim = Simulation(spec, on_row=on_row, link_series_s=bucket, trace=recorder)
+        result = sim.run()
+    except BaseException:
+        if parquet is not None:
+            parquet.abort()  # no partial file that reads as whole
+        if csv_file is not None:
+            csv_file.discard()  # no partial CSV under the name of a finished one
+        raise
+    if csv_file is not None:
+        csv_file.close()
+    if parquet is not None:
+        parquet.close()
+    if recorder is not None and trace_out:
+        from twin.sim.trace import write_chrome_trace
+
+        write_chrome_trace(recorder, trace_out)
+    if files["timeline_csv"]:
+        from twin.sim.timeline import write_timeline_csv
+
+        write_timeline_csv(result.timeline_rows, files["timeline_csv"])
+    if files["links_csv"]:
+        with _open_out(files["links_csv"]) as f:
+            w = csv.writer(f, lineterminator="\n")
+            w.writerow(["src", "dst", "t_s", "bytes", "utilization"])
+            for link in result.link_rows:
+                for t, nbytes, util in link.pop("series"):
+                    w.writerow([link["src"], link["dst"], t, nbytes, util])
+    return result
+
+
 def cmd_compare(args: argparse.Namespace, data: dict[str, Any], where: str, base_dir: Path) -> int:
-    """``twin run`` on a spec with a ``compare:`` section (see twin/studies/compare.py)."""
+    """``twin run`` on a spec with a ``compare:`` section (see twin/studies/compare.py):
+    each per-run file flag writes one file per entry, named by its label."""
     from twin.studies.compare import run_compare
 
-    for flag, value in (
-        ("--requests-csv", args.requests_csv),
-        ("--requests-parquet", args.requests_parquet),
-        ("--links-csv", args.links_csv),
-        ("--trace-out", args.trace_out),
-        ("--timeline-csv", args.timeline_csv),
-    ):
-        if value:
-            raise TwinError(
-                f"{flag}: not available for a compare spec ({where} has compare:); "
-                "use --json, whose runs hold each entry's summary, instances, links and timeline"
-            )
+    bucket = _link_bucket(args)
+
+    def runner(label: str, spec: Any) -> Any:
+        given = {k: getattr(args, k) for k in _RUN_FILES}
+        files = {k: v and str(with_label(v, label)) for k, v in given.items()}
+        return _run_spec(spec, files, bucket)
+
     only = [x.strip() for x in args.only.split(",") if x.strip()] if args.only else None
-    result = run_compare(data, where, base_dir, args.set or [], only=only, quiet=args.quiet)
+    result = run_compare(
+        data, where, base_dir, args.set or [], only=only, quiet=args.quiet, runner=runner
+    )
     if args.json:
         _write_json(args.json, result.to_dict())
     if not args.quiet:
@@ -139,78 +219,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not 0 < window < math.inf:
             raise TwinError(f"--window: {args.window!r} must be > 0")
         args.set = [*(args.set or []), f"output.window={args.window}"]
-    if "compare" in data:
+    overridden = copy.deepcopy(data)
+    apply_overrides(overridden, args.set or [])
+    if "compare" in overridden:  # (--set compare=null runs the base alone)
         return cmd_compare(args, data, where, base_dir)
     if args.only:
         raise TwinError(f"--only: picks entries of a compare spec; {where} has no compare:")
-    apply_overrides(data, args.set or [])
-    spec = resolve_spec(data, where, base_dir)
-    bucket = None
-    if args.links_csv:
-        try:
-            bucket = parse_duration(args.link_bucket)
-        except TwinError as e:
-            raise TwinError(f"--link-bucket: {e}") from None
-        if bucket <= 0:
-            raise TwinError(f"--link-bucket: {args.link_bucket!r} must be > 0")
-    recorder = None
-    if args.trace_out:
-        from twin.sim.trace import TraceRecorder
-
-        recorder = TraceRecorder()
-    # The simulation's modules load once the spec is known to be good.
-    from twin.sim.metrics import REQUEST_COLUMNS
-    from twin.sim.simulation import Simulation
-
-    parquet = None
-    if args.requests_parquet:
-        from twin.sim.frames import RequestParquet
-
-        parquet = RequestParquet(args.requests_parquet, {"pd-twin.spec_sha256": spec.sha256})
-    csv_file = None
-    try:
-        csv_file = _open_out(args.requests_csv) if args.requests_csv else None
-        sinks: list[Any] = []
-        if csv_file is not None:
-            writer = csv.DictWriter(csv_file, fieldnames=REQUEST_COLUMNS, lineterminator="\n")
-            writer.writeheader()
-            sinks.append(writer.writerow)
-        if parquet is not None:
-            sinks.append(parquet.add)
-        on_row = sinks[0] if len(sinks) == 1 else None
-        if len(sinks) > 1:
-
-            def on_row(row: dict[str, Any]) -> None:
-                for sink in sinks:
-                    sink(row)
-
-        sim = Simulation(spec, on_row=on_row, link_series_s=bucket, trace=recorder)
-        result = sim.run().to_dict()
-    except BaseException:
-        if parquet is not None:
-            parquet.abort()  # no partial file that reads as whole
-        if csv_file is not None:
-            csv_file.discard()  # no partial CSV under the name of a finished one
-        raise
-    if csv_file is not None:
-        csv_file.close()
-    if parquet is not None:
-        parquet.close()
-    if recorder is not None:
-        from twin.sim.trace import write_chrome_trace
-
-        write_chrome_trace(recorder, args.trace_out)
-    if args.timeline_csv:
-        from twin.sim.timeline import write_timeline_csv
-
-        write_timeline_csv(result["timeline"], args.timeline_csv)
-    if args.links_csv:
-        with _open_out(args.links_csv) as f:
-            w = csv.writer(f, lineterminator="\n")
-            w.writerow(["src", "dst", "t_s", "bytes", "utilization"])
-            for link in result["links"]:
-                for t, nbytes, util in link.pop("series"):
-                    w.writerow([link["src"], link["dst"], t, nbytes, util])
+    spec = resolve_spec(overridden, where, base_dir)
+    bucket = _link_bucket(args)
+    result = _run_spec(spec, {k: getattr(args, k) for k in _RUN_FILES}, bucket).to_dict()
     if args.json:
         _write_json(args.json, result)
     if not args.quiet:
@@ -222,7 +239,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_kv(args: argparse.Namespace) -> int:
-    from twin.perf.llm import dtype_bytes, kv_facts, kv_report, model_from_arg
+    from twin.perf.kvreport import kv_facts, kv_report
+    from twin.perf.llm import dtype_bytes, model_from_arg
 
     model = model_from_arg(_model_arg(args, "kv"), where="twin kv: MODEL")
     nbytes = dtype_bytes(args.dtype) if args.dtype else None
@@ -346,12 +364,52 @@ def cmd_validate_real_run(args: argparse.Namespace) -> int:
 def cmd_validate_runs(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from twin._progress import Progress
-    from twin.studies.realrun import read_runs
-    from twin.studies.validate_realrun import format_summary, replay, summarize
+    from twin._io import check_outputs
+    from twin.perf.residuals import loo_coverage
+    from twin.studies.runresiduals import format_coverage, read_scored, table_of, write_table
+    from twin.studies.validate_realrun import format_summary, summarize
 
     if args.spec is None or args.against is not None:
         raise TwinError("twin validate runs: needs DIR (a folder of measured runs), no --against")
+    if not 0 < args.coverage < 1:
+        raise TwinError(f"--coverage: {args.coverage}; expected a number between 0 and 1")
+    if args.residuals is not None:
+        check_outputs([("--residuals", args.residuals)])
+    if Path(args.spec).is_file():  # a --json output read back: no replay
+        scored: list[Any] = [
+            r for r in read_scored(args.spec) if args.all or not r.get("overloaded")
+        ]
+        table = table_of(scored, f"twin validate runs {args.spec}", args.coverage)
+        rows, text = [], f"{len(scored)} runs read from {args.spec}"
+    else:
+        results, left_out = _replay_runs(args)
+        scored = results
+        table = table_of(results, f"twin validate runs {args.spec}", args.coverage)
+        rows = summarize(results, include_overloaded=args.all)
+        text = format_summary(rows, len(results), left_out)
+    cover = loo_coverage(table)
+    if args.residuals is not None:
+        write_table(table, args.residuals)
+    if args.json:
+        doc = {"runs": [r if isinstance(r, dict) else r.to_dict() for r in scored],
+               "summary": [dataclasses.asdict(r) for r in rows],
+               "coverage": {"level": args.coverage,
+                            "metrics": [dataclasses.asdict(c) for c in cover]}}  # fmt: skip
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(text)
+    print()
+    print(format_coverage(cover, table))
+    return 0
+
+
+def _replay_runs(args: argparse.Namespace) -> tuple[list[Any], int]:
+    """The runs of ``args.spec`` replayed (overloaded ones only with ``--all``),
+    and how many were left out."""
+    from twin._progress import Progress
+    from twin.studies.realrun import read_runs
+    from twin.studies.validate_realrun import replay
+
     runs = read_runs(args.spec, gpu=args.gpu)
     left_out = 0 if args.all else sum(r.overloaded for r in runs)
     runs = [r for r in runs if args.all or not r.overloaded]
@@ -362,14 +420,7 @@ def cmd_validate_runs(args: argparse.Namespace) -> int:
                 replay(run, stage_requests=args.stage_requests, overrides=args.set or ())
             )
             bar.update()
-    rows = summarize(results, include_overloaded=args.all)
-    if args.json:
-        doc = {"runs": [r.to_dict() for r in results],
-               "summary": [dataclasses.asdict(r) for r in rows]}  # fmt: skip
-        print(json.dumps(doc, indent=2))
-        return 0
-    print(format_summary(rows, len(results), left_out))
-    return 0
+    return results, left_out
 
 
 def cmd_validate_run(args: argparse.Namespace) -> int:
@@ -836,16 +887,22 @@ def cmd_topo(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from twin.viz.plots import plot_cdfs, plot_dir, plot_kv_tiers, plot_over_time, plot_timeline
+    from twin.viz.plots import plot_cdfs, plot_dir, plot_kv_tiers, plot_timeline
 
     if args.compare:
-        out = Path(args.out) if args.out else Path(".")
-        for path in plot_kv_tiers(args.compare, out / f"{Path(args.compare).stem}-kv-tiers"):
-            print(path)
-        from twin.viz.plots import plot_kv_tier_occupancy
+        from twin.viz.compare import plot_compare, reuses_prompts
+        from twin.viz.plots import _compare_runs, plot_kv_tier_occupancy
 
-        base = out / f"{Path(args.compare).stem}-kv-occupancy"
-        for path in plot_kv_tier_occupancy(args.compare, base):
+        out = Path(args.out) if args.out else Path(".")
+        stem = Path(args.compare).stem
+        drawn = plot_compare(args.compare, out / f"{stem}-compare")
+        if reuses_prompts(_compare_runs(args.compare)):
+            drawn += plot_kv_tiers(args.compare, out / f"{stem}-kv-tiers")
+        else:
+            print(f"twin plot: {args.compare}: no run reused prompt tokens: no kv-tiers figure",
+                  file=sys.stderr)  # fmt: skip
+        drawn += plot_kv_tier_occupancy(args.compare, out / f"{stem}-kv-occupancy")
+        for path in drawn:
             print(path)
         if args.dir is None and not args.requests and not args.trace and not args.timeline:
             return 0
@@ -895,11 +952,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
         written += plot_timeline(
             args.trace, out / f"{stem}-timeline", window_s=window, opts=_plot_options(args, False)
         )
-    if args.timeline:
-        stem = Path(args.timeline).stem
-        written += plot_over_time(
-            args.timeline, out / f"{stem}-over-time", _plot_options(args, False)
-        )
+    if args.timeline:  # a run's file, or each entry's of a compare file
+        from twin.viz.compare import plot_entries_over_time
+
+        written += plot_entries_over_time(args.timeline, out, _plot_options(args, False))
     for path in written:
         print(path)
     return 0
@@ -1052,6 +1108,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="runs: replay and count the overloaded runs too (left out by default)",
     )  # fmt: skip
     v.add_argument(
+        "--residuals", metavar="OUT",
+        help="runs: write the residual table (log predicted/measured per run, stage and metric)"
+        " for a spec's perf.residuals",
+    )  # fmt: skip
+    v.add_argument(
+        "--coverage", type=float, default=0.8,
+        help="runs: the prediction intervals' coverage, checked leaving each run out (default 0.8)",
+    )  # fmt: skip
+    v.add_argument(
         "--against", metavar="RESULTS",
         help="run: a `vllm bench serve --save-detailed` JSON or an AIPerf profile_export.jsonl",
     )  # fmt: skip
@@ -1199,12 +1264,14 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument(
         "--timeline",
         metavar="FILE",
-        help="attainment and capacity over time of a `twin run --json` or --timeline-csv file",
+        help="attainment and capacity over time of a `twin run --json` or --timeline-csv file "
+        "(of a compare run's --json file, one figure per entry)",
     )
     pt.add_argument(
         "--compare",
         metavar="FILE",
-        help="prompt tokens reused per KV tier and SLO attainment of a compare run's --json file",
+        help="SLO attainment, TTFT and TPOT per entry of a compare run's --json file, and "
+        "prompt tokens reused per KV tier when a run reused any",
     )
     pt.add_argument("--out", metavar="DIR", help="where to write (default: DIR/plots, else .)")
     _add_plot_options(pt)
@@ -1233,8 +1300,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--vs",
         metavar="CMD",
         help="a shell command to time in alternation with each row's run (A B A B ...); "
-        "{requests_csv}, {n} and {config} are replaced by a CSV of the simulated requests "
-        "(arrival_s,prompt_tokens,output_tokens), the request count and the configuration",
+        "{requests_csv}, {n} and {config} are replaced by a CSV of the requests the twin "
+        "serves (arrival_s,prompt_tokens,output_tokens; those over the model's context, "
+        "which it rejects, left out), their count and the configuration",
     )
     b.set_defaults(func=cmd_bench)
     _add_catalog_parsers(sub)
@@ -1304,6 +1372,11 @@ def _add_calibrate_parser(sub: Any) -> None:
         help="--runs: also score each run with the terms fitted to the others",
     )  # fmt: skip
     ca.add_argument("--out", metavar="FILE", help="--runs: write the perf: block (YAML) here")
+    ca.add_argument(
+        "--residuals", metavar="FILE",
+        help="--runs: fit leaving each run out and write the held-out residual table here"
+        " (for perf.residuals: prediction intervals)",
+    )  # fmt: skip
     ca.add_argument("--model", help="the model measured (default: the table's sidecar)")
     ca.add_argument("--gpu", help="the catalog GPU measured (default: the sidecar)")
     ca.add_argument("--tp", type=int, help="the TP measured (default: the sidecar, else 1)")
@@ -1321,11 +1394,14 @@ def _add_calibrate_parser(sub: Any) -> None:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.runs is not None:
+        from twin._io import check_outputs
         from twin.studies.calibrate_runs import command as runs_command
+
+        check_outputs([("--residuals", args.residuals)])
 
         return runs_command(
             args.runs, gpu=args.gpu, fit_terms=args.fit, stage_requests=args.stage_requests,
-            loo=args.leave_one_out, out=args.out, as_json=args.json,
+            loo=args.leave_one_out, out=args.out, as_json=args.json, residuals=args.residuals,
         )  # fmt: skip
     from twin.perf.fit_profile import command
 

@@ -35,6 +35,7 @@ from twin.errors import SpecError, UnknownNameError
 from twin.perf.gpus import GPUSpec
 from twin.perf.iteration import PerfModel
 from twin.perf.llm import ModelSpec
+from twin.perf.residuals import read_residuals
 from twin.perf.roofline import (
     DEFAULT_ENGINE,
     DISPATCH_DTYPES,
@@ -207,6 +208,13 @@ KINDS: dict[str, type] = {
 }
 
 
+RESIDUALS_SCHEMA: dict[str, Any] = {
+    "description": "a residual table (path, or {path | rows, coverage}): the run's figures"
+    " carry prediction intervals (twin.perf.residuals)",
+    "oneOf": [{"type": "string"}, {"type": "object"}],
+}
+
+
 def perf_schema() -> dict[str, Any]:
     """The JSON Schema of ``perf:``: one of the kinds, each with its keys."""
     options = []
@@ -214,6 +222,7 @@ def perf_schema() -> dict[str, Any]:
         s = schema(cls)
         s["properties"]["kind"] = {"const": kind, "description": f"the {kind} model"}
         s["required"] = ["kind", *s.get("required", [])]
+        s["properties"]["residuals"] = RESIDUALS_SCHEMA
         options.append(s)
     return {"oneOf": options}
 
@@ -231,6 +240,9 @@ def read_perf(spec: object, where: str = "", base_dir: Path | None = None) -> An
     if not isinstance(kind, str) or kind not in KINDS:
         raise SpecError(f"{w}.kind: {kind!r}; expected one of {', '.join(KINDS)}")
     cls = KINDS[kind]
+    if "residuals" in spec:  # any kind: checked here, read again by the run (twin.sim.intervals)
+        read_residuals(spec["residuals"], f"{w}.residuals", base_dir)
+        spec = {k: v for k, v in spec.items() if k != "residuals"}
     allowed = keys(cls)
     for key in spec:
         if key not in allowed:

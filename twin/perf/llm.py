@@ -3,8 +3,10 @@
 A :class:`ModelSpec` holds the shapes that decide memory and FLOPs: layers,
 hidden size, query and KV heads, head dimension, MLP width and kind, vocabulary
 and parameter count. The catalog :data:`MODELS` carries public Hugging Face
-``config.json`` values; :func:`get_model` looks a name up (case-insensitive,
-with aliases) or builds a user model from an inline YAML mapping.
+``config.json`` values (typed in here, or kept as the config itself in
+``twin/data/hf_configs.json`` and read by :mod:`twin.perf.hfconfig`);
+:func:`get_model` looks a name up (case-insensitive, with aliases) or builds
+a user model from an inline YAML mapping or a ``config.json``.
 
 KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x bytes per
 element, for the whole model; a TP shard holds 1/TP of it. Engines allocate
@@ -31,16 +33,15 @@ sliding layers' share at the window would need a pool of its own for them
 
 from __future__ import annotations
 
-import decimal
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
 
 from twin._check import check_keys, entry, is_int, positive_int
 from twin._io import read_text
 from twin.errors import SpecError, UnknownNameError
+from twin.perf.hfconfig import CONFIG_KEYS, bundled_configs, load_config, shapes_from_config
 
 _DTYPE_BYTES: Mapping[str, int] = MappingProxyType(
     {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2,
@@ -354,70 +355,6 @@ def kv_bytes(
     return kv_blocks(tokens, block_size) * block_size * model.kv_bytes_per_token(dtype_bytes)
 
 
-def _exact(n: int, shift: int) -> str:
-    """``n / 2**shift`` written out in full: the expansion always terminates."""
-    with decimal.localcontext() as ctx:
-        ctx.prec = 80
-        q = (decimal.Decimal(n) / (decimal.Decimal(2) ** shift)).normalize()
-    text = f"{q:,f}"
-    return text
-
-
-def kv_facts(
-    model: ModelSpec, tokens: int, block_size: int = 16, dtype_bytes: int | None = None
-) -> dict[str, Any]:
-    """What ``twin kv --json`` writes: the model's KV shape, bytes per token and
-    per block, and for ``tokens`` tokens the blocks, tokens allocated and
-    bytes (exact integers, whole model: all TP shards)."""
-    b = model.dtype_bytes if dtype_bytes is None else dtype_bytes
-    per_token = model.kv_bytes_per_token(b)
-    blocks = kv_blocks(tokens, block_size)
-    shape: dict[str, Any] = {"kv_heads": model.kv_heads, "head_dim": model.head_dim}
-    if model.is_mla:
-        shape = {"kv_lora_rank": model.kv_lora_rank, "qk_rope_dim": model.qk_rope_dim}
-    return {
-        "model": model.name,
-        "layers": model.layers,
-        **shape,
-        "bytes_per_element": b,
-        "bytes_per_token": per_token,
-        "block_size": block_size,
-        "bytes_per_block": per_token * block_size,
-        "tokens": tokens,
-        "blocks": blocks,
-        "tokens_allocated": blocks * block_size,
-        "kv_bytes": blocks * block_size * per_token,
-    }
-
-
-def kv_report(
-    model: ModelSpec, tokens: int, block_size: int = 16, dtype_bytes: int | None = None
-) -> str:
-    """The text ``twin kv MODEL --tokens N --block-size B --dtype D`` prints.
-
-    All byte counts are exact integers for the whole model (all TP shards);
-    the block-rounded size is also shown in KiB, MiB and GiB.
-    """
-    b = model.dtype_bytes if dtype_bytes is None else dtype_bytes
-    per_token = model.kv_bytes_per_token(b)
-    blocks = kv_blocks(tokens, block_size)
-    total = blocks * block_size * per_token
-    shape = f"{model.kv_heads} kv heads x {model.head_dim} head dim"
-    if model.is_mla:
-        shape = f"({model.kv_lora_rank} latent + {model.qk_rope_dim} rope)"
-    return "\n".join(
-        [
-            f"model            {model.name} ({model.layers} layers x {shape}, {b} B/element)",
-            f"bytes per token  {per_token:,} B",
-            f"bytes per block  {per_token * block_size:,} B ({block_size} tokens)",
-            f"blocks           {blocks:,} for {tokens:,} tokens"
-            f" ({blocks * block_size:,} tokens allocated)",
-            f"KV size          {total:,} B = {_exact(total, 10)} KiB"
-            f" = {_exact(total, 20)} MiB = {_exact(total, 30)} GiB",
-        ]
-    )
-
-
 def _m(name: str, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
        intermediate: int, vocab: int, params: int, ctx: int,
        mlp: str = "gated") -> ModelSpec:  # fmt: skip
@@ -707,9 +644,19 @@ def get_model(name_or_mapping: str | Mapping[str, object], where: str = "") -> M
     ``max_position_embeddings``). ``where`` prefixes error messages
     (``"spec.yaml: model"``).
 
+    A Hugging Face ``config.json`` works too, as a path (``*.json``) or its
+    mapping inline (:mod:`twin.perf.hfconfig`).
+
     Raises :class:`UnknownNameError` for an unknown name and
     :class:`SpecError` for a malformed mapping.
     """
+    if isinstance(name_or_mapping, str) and name_or_mapping.strip().endswith(".json"):
+        path = name_or_mapping.strip()
+        cfg = load_config(path, where or "model")
+        return get_model(shapes_from_config(cfg, f"{where or 'model'}: {path}"), where)
+    if isinstance(name_or_mapping, Mapping) and "layers" not in name_or_mapping:
+        if any(k in name_or_mapping for k in CONFIG_KEYS):
+            return get_model(shapes_from_config(name_or_mapping, where or "model"), where)
     if isinstance(name_or_mapping, str):
         key = _canonical(name_or_mapping)
         if key is None:
@@ -800,6 +747,20 @@ def model_from_arg(value: str, where: str) -> ModelSpec:
             f"{where_map}: {doc!r} is not a model mapping; expected keys {', '.join(_REQUIRED)}"
         )
     return get_model(doc, where_map)
+
+
+# Catalog models kept as their config.json, shapes and parameter count derived.
+_CONFIGS = bundled_configs()
+MODELS = MappingProxyType(
+    {
+        **MODELS,
+        **{k: get_model(shapes_from_config(r["config"], k, k), k) for k, r in _CONFIGS.items()},
+    }
+)
+HF_IDS = MappingProxyType({**HF_IDS, **{k: r["hf_id"] for k, r in _CONFIGS.items()}})
+_ALIASES = MappingProxyType(
+    {**_ALIASES, **{normal_model_name(r["hf_id"]): k for k, r in _CONFIGS.items()}}
+)
 
 
 def model_names() -> list[str]:

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 # (batch 1 to 64 at context 576) within 10%; no grid point beyond 35%; iteratively reweighted
 # least squares (see twin.perf.calibrate.WEIGHTED_FACTOR); rounded here. The grid-wide 15%
 # median / 35% worst fit (twin.perf.calibrate.fit_sources) is kept for held-out checks.
-# Vidur's GEMM-only sources are scored, not fitted (see README, Fidelity).
+# Vidur's GEMM-only sources are scored, not fitted (see docs/guides/fidelity.md).
 # DEFAULT_MFU / DEFAULT_MBU / DEFAULT_ATTN_MFU are for GPUs without fitted values, which get no
 # throttle and no L2 speed-up either: they are the A100 values of an earlier fit without a
 # throttle term, which average over short and long iterations. DEFAULT_HOP_LATENCY_S is that

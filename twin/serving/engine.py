@@ -678,11 +678,15 @@ class Engine:
     def watch_blocks(self, watch: Any) -> None:
         """From now ``watch`` (a sleeping tick's) is told of the free blocks: of a
         decode stretch under way, whose steps take them with no event; a
-        pipelined stretch, which does not say when, ends here."""
+        pipelined stretch, which does not say when, ends here, and so does one
+        whose steps evict prefix units (their blocks' taking is not timed)."""
         self.kv.watch = watch
         ff = self._ff
         if ff is not None and ff.stretch is not None:
-            watch.stretch(self, ff.stretch)
+            if self.cache is not None and self.cache.tiers is None:
+                ff.interrupt()
+            else:
+                watch.stretch(self, ff.stretch)
         if self._pf is not None:
             self._pf.interrupt()
 
@@ -961,6 +965,7 @@ class Engine:
         """Prompt tokens of ``req`` whose KV this instance's prefix cache holds."""
         if self.cache is None:
             return 0
+        self.sync_blocks()  # the units a stretch under way has evicted by now
         return self.cache.match(self.cacheable(req)) * req.prefix_block_tokens
 
     def _cache_prompt(self, s: Sequence) -> None:
@@ -968,12 +973,12 @@ class Engine:
         cache = self.cache
         assert cache is not None
         unit_blocks = s.req.prefix_block_tokens // self.kv.block_size
-        for h in self._cacheable(s)[len(s.units) :]:
-            if not cache.insert(h, unit_blocks):
-                break  # a unit another sequence cached: the chain continues from there
-            s.blocks -= unit_blocks
-            s.shared_blocks += unit_blocks
-            s.units.append(h)
+        new = self._cacheable(s)[len(s.units) :]
+        # up to a unit another sequence cached: the chain continues from there
+        n = cache.insert(new, unit_blocks)
+        s.blocks -= n * unit_blocks
+        s.shared_blocks += n * unit_blocks
+        s.units += new[:n]
 
     def _drop_blocks(self, s: Sequence) -> None:
         """Give back everything ``s`` holds here: its blocks, its cached units."""

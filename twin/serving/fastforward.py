@@ -239,8 +239,8 @@ class FastForward:
         last = min(finish, first + self.cap - 1)
         if last - first < MIN_STRETCH - 1:
             return None
-        free = eng.kv.free
-        need = self._need(first, last, ())
+        free = _room(eng)
+        need = self._need(first, last, (), free)
         if need > free:
             return None
         dts = eng.decode_steps(eng.decode_count, eng.decode_ctx_sum, last - first + 1)
@@ -260,11 +260,14 @@ class FastForward:
         decode finishes there, nothing else waits to be admitted when it ends
         (the next step's budget could take it), and every block the decode
         steps need is free. Nothing outside reads the prompts' completion
-        before the stretch applies it: no prefix cache or prompt hook sees it,
-        and a reader syncs first. Saves the event of the prompts' step."""
+        before the stretch applies it: no prompt hook nor tier below the
+        prefix cache sees it, and a reader (of the prefix cache too) syncs
+        first. Saves the event of the prompts' step."""
         eng = self.engine
-        if eng._preempted or eng.waiting or eng.cache is not None or eng.on_prompt is not None:
+        if eng._preempted or eng.waiting or eng.on_prompt is not None:
             return None
+        if eng.cache is not None and eng.cache.tiers is not None:
+            return None  # the prompts' units would leave the tiers below unseen
         if len(eng.prefilling) != len(chunks):
             return None
         joined = 0
@@ -293,8 +296,8 @@ class FastForward:
         if end < first:
             return None  # a sequence finishes in the head or none is left to decode
         count = eng.decode_count + joined
-        free = eng.kv.free
-        need = self._need(first, end, [s for s, _ in chunks])
+        free = _room(eng)
+        need = self._need(first, end, [s for s, _ in chunks], free)
         if need > free:
             return None
         ctx = eng.decode_ctx_sum + (eng.decode_count if mixed else 0) + new_ctx
@@ -312,15 +315,15 @@ class FastForward:
             heapq.heappop(heap)
         return heap[0][0] if heap else None
 
-    def _need(self, first: int, last: int, joining: Sequence_[Sequence]) -> int:
+    def _need(self, first: int, last: int, joining: Sequence_[Sequence], free: int) -> int:
         """Blocks the decode steps ``first`` to ``last`` take: of the decoding
         sequences, and of ``joining``, which join the batch at ``first``. Each
         takes at most one block per block_size steps; counted exactly only
-        when that bound is more than is free."""
+        when that bound is more than ``free``."""
         eng = self.engine
         bs = eng.kv.block_size
         need = (eng.decode_count + len(joining)) * ((last - first) // bs + 1)
-        if need <= eng.kv.free:
+        if need <= free:
             return need
         need = 0
         for s in eng.running.values():
@@ -443,6 +446,20 @@ class FastForward:
             eng._prune_gaps(step)
 
 
+def _room(eng: Engine) -> int:
+    """Blocks a stretch's steps may take: the free ones and, with a prefix
+    cache, those it holds idle, evicted as the steps take them
+    (:func:`take_blocks`); not those with tiers below the cache (stepping
+    writes each step's evictions down in a write of its own) nor under a
+    tick's watch on the free blocks (it times their taking, not the
+    evictions)."""
+    free = eng.kv.free
+    cache = eng.cache
+    if cache is None or cache.tiers is not None or eng.kv.watch is not None:
+        return free
+    return free + cache.evictable_blocks
+
+
 def _joiner_need(s: Sequence, steps: int, block_size: int) -> int:
     """Blocks ``s``, joining the batch, takes in its first ``steps + 1``
     decode steps, beyond those it holds (its length in the first is
@@ -498,4 +515,13 @@ def take_blocks(eng: Engine, last: int) -> None:
         taken += k
         heapq.heapreplace(heap, (need_at + k * bs, rid, epoch, s))
     if taken:
-        eng.kv.allocate(taken)
+        kv = eng.kv
+        if taken > kv.free:
+            # Stepping evicts idle prefix units, least recently used first, each
+            # time a step finds no block free: in all, the shortest run of them
+            # that covers what the free blocks lack, as one eviction here (no
+            # use or release of a unit falls inside a stretch). It ran full then.
+            assert eng.cache is not None
+            eng.cache.evict(taken, hold=False)
+            kv.peak_used = kv.total
+        kv.allocate(taken)

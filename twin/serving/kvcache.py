@@ -7,7 +7,7 @@ only counts; which physical block holds what does not change any timing.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+import heapq
 from collections.abc import Container, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -138,11 +138,22 @@ class PrefixCache:
     ``on_freed(blocks)`` (the engine, which releases them, so that an
     admission waiting for them goes on). ``evict(..., hold=False)`` frees
     them at once (a decode step's next block, which cannot wait).
+
+    Cost: a hash per block. Each unit carries the stamp of its last use (a
+    counter bumped by every insert and acquire). The units a release lets go
+    idle enter the heap ``_idle`` as runs of rising stamps (one entry per
+    run, keyed by the stamp of its next unit; a sequence's units rise, so a
+    release is mostly one run): eviction takes units off the run at the top
+    while they come before every other run's next, so the least recently
+    used idle unit goes first, in O(1) per unit and O(log runs) per run,
+    without looking at the units held. A unit used again (or evicted) since
+    its run was queued is stale there and skipped; the runs are rebuilt from
+    the idle units when the units queued outnumber twice the cache.
     """
 
     __slots__ = (
         "kv", "units", "cached_blocks", "evictable_blocks", "tiers", "writing_blocks",
-        "on_freed", "changes",
+        "on_freed", "_idle", "_in_runs", "_clock", "changes",
     )  # fmt: skip
 
     def __init__(self, kv: BlockManager, tiers: TierChain | None = None) -> None:
@@ -150,7 +161,13 @@ class PrefixCache:
         # the tiers below (twin.serving.tiers): evicted units are written down
         # to them, and a unit kept here again leaves them
         self.tiers = tiers
-        self.units: OrderedDict[int, list[int]] = OrderedDict()  # hash -> [refs, blocks]
+        # hash -> [refs, blocks, stamp of last use (-1 once evicted), hash]
+        self.units: dict[int, list[int]] = {}
+        # heap of runs of units no one holds: (stamp of the next, its index, run);
+        # a run holds (stamp when queued, unit) in rising stamps
+        self._idle: list[tuple[int, int, list[tuple[int, list[int]]]]] = []
+        self._in_runs = 0  # entries of the runs not yet taken off
+        self._clock = 0  # stamps of use: insert and acquire bump it
         self.cached_blocks = 0
         self.evictable_blocks = 0
         self.writing_blocks = 0  # evicted, held until their write down ends
@@ -167,31 +184,66 @@ class PrefixCache:
 
     def acquire(self, hashes: Sequence[int]) -> None:
         units = self.units
+        clock = self._clock
         for h in hashes:
             u = units[h]
             if u[0] == 0:
-                self.evictable_blocks -= u[1]
+                self.evictable_blocks -= u[1]  # its heap entry goes stale: the stamp moves on
             u[0] += 1
-            units.move_to_end(h)
+            clock += 1
+            u[2] = clock
+        self._clock = clock
 
     def release(self, hashes: Sequence[int]) -> None:
+        units = self.units
+        idle = self._idle
+        freed = 0
+        run: list[tuple[int, list[int]]] = []
+        last = -1
         for h in hashes:
-            u = self.units[h]
+            u = units[h]
             u[0] -= 1
             if u[0] == 0:
-                self.evictable_blocks += u[1]
+                freed += u[1]
+                stamp = u[2]
+                if stamp < last:  # out of order: the run ends before it
+                    heapq.heappush(idle, (run[0][0], 0, run))
+                    self._in_runs += len(run)
+                    run = []
+                run.append((stamp, u))
+                last = stamp
+        if run:
+            heapq.heappush(idle, (run[0][0], 0, run))
+            self._in_runs += len(run)
+        self.evictable_blocks += freed
+        if self._in_runs > 2 * len(units) + 64:
+            self._rebuild()
 
-    def insert(self, h: int, blocks: int) -> bool:
-        """Keep ``blocks`` a sequence computed (and gives up) as unit ``h``, held
-        by that sequence; False, and nothing kept, when ``h`` is already cached."""
-        if h in self.units:
-            return False
-        if self.tiers is not None:
-            self.tiers.discard(h)
-        self.units[h] = [1, blocks]
-        self.cached_blocks += blocks
-        self.changes += 1
-        return True
+    def _rebuild(self) -> None:
+        """The idle units as one run, without the stale entries."""
+        run = sorted((u[2], u) for u in self.units.values() if u[0] == 0)
+        self._idle = [(run[0][0], 0, run)] if run else []
+        self._in_runs = len(run)
+
+    def insert(self, hashes: Sequence[int], blocks: int) -> int:
+        """Keep the units ``hashes`` a sequence computed (and gives up),
+        ``blocks`` each, held by that sequence, up to the first already cached
+        (another sequence's, kept instead); how many were kept."""
+        units = self.units
+        tiers = self.tiers
+        clock = self._clock
+        for h in hashes:
+            if h in units:
+                break
+            if tiers is not None:
+                tiers.discard(h)
+            clock += 1
+            units[h] = [1, blocks, clock, h]
+        n = clock - self._clock
+        self._clock = clock
+        self.cached_blocks += n * blocks
+        self.changes += n
+        return n
 
     def evict(self, free_target: int, *, hold: bool = True) -> None:
         """Evict idle units, least recently used first, until ``free_target``
@@ -209,21 +261,42 @@ class PrefixCache:
         ):
             return
         gone: list[tuple[int, int]] = []
-        pending = 0  # this batch's blocks, held until written
-        for h in [h for h, u in units.items() if u[0] == 0]:
-            blocks = units.pop(h)[1]
-            self.changes += 1
-            self.cached_blocks -= blocks
-            self.evictable_blocks -= blocks
-            gone.append((h, blocks))
-            if held:
-                pending += blocks
-                if kv.free + self.writing_blocks + pending >= free_target:
+        # the blocks this batch frees: held until written, or released at once
+        freed = 0
+        short = free_target - kv.free - (self.writing_blocks if held else 0)
+        idle = self._idle
+        while idle and freed < short:
+            _, i, run = idle[0]  # the run at the top stays there while it is taken from
+            m = len(idle)
+            after = idle[1][0] if m > 1 else -1  # the next run's first stamp: a child's
+            if m > 2 and idle[2][0] < after:
+                after = idle[2][0]
+            first, n = i, len(run)
+            while i < n:
+                stamp, u = run[i]
+                if 0 <= after < stamp:
+                    break  # another run's unit was used before this one
+                i += 1
+                if u[0] or u[2] != stamp:
+                    continue  # stale: used again (or evicted) since it went idle
+                u[2] = -1
+                del units[u[3]]
+                self.changes += 1
+                freed += u[1]
+                if tiers is not None:
+                    gone.append((u[3], u[1]))
+                if freed >= short:
                     break
+            self._in_runs -= i - first
+            if i < n:
+                heapq.heapreplace(idle, (run[i][0], i, run))
             else:
-                kv.release(blocks)
-                if kv.free >= free_target:
-                    break
+                heapq.heappop(idle)
+        self.cached_blocks -= freed
+        self.evictable_blocks -= freed
+        pending = freed if held else 0
+        if not held:
+            kv.release(freed)
         if tiers is None:
             return
         taken = tiers.write_down(gone)  # one write of the batch

@@ -80,7 +80,10 @@ class PipeStretch:
     micro-batch that ends the stretch (``end_at``, ending at ``end_s``) and
     those starting before its end are scheduled, at that end, to wake its
     lane, which completes it and goes on or settles the stretch
-    (:meth:`PipeForward.went`). No lane waits on ``event``: each waits on its
+    (:meth:`PipeForward.went`). Once fired, ``event`` is None until the next
+    is scheduled: a change meanwhile (a hand-off reserving the blocks a finish
+    freed, as the lane completes its micro-batch) ends the stretch with no
+    event to take off the queue. No lane waits on ``event``: each waits on its
     own ``wake`` event, scheduled when the stretch is settled: at its
     micro-batch in flight's end (``resume`` gives that end and its first-stage
     time), or, for a lane out and waiting, when the first stage frees, in the
@@ -190,8 +193,8 @@ class PipeForward:
             return
         env = self.engine.env
         self._settle(st, env.now)
-        assert st.event is not None
-        cancel(env, st.event)
+        if st.event is not None:
+            cancel(env, st.event)
 
     def sync(self) -> None:
         """Bring the engine up to now inside a stretch (what stepping would show)."""
@@ -219,6 +222,7 @@ class PipeForward:
         stays under way meanwhile, with everything before it applied."""
         if self.stretch is not st:
             return
+        st.event = None  # fired: none is scheduled until the lane goes on (went)
         eng = self.engine
         now = eng.env.now
         k = st.end_at
@@ -368,6 +372,7 @@ class PipeForward:
         not be free stops it, end the stretch here (stepping goes on from now)."""
         if self.stretch is not st:
             return
+        st.event = None  # fired
         st.ahead = min(MAX_MICRO_BATCHES, 2 * st.ahead)
         if self._ahead(st):
             self._next_event(st)

@@ -282,8 +282,12 @@ class Faults:
 
     # -- random failures -----------------------------------------------------------
     def _done(self) -> bool:
+        """Whether random failures have nothing left to act on: every request
+        arrived has ended, or waits (parked) for an instance to come back. A
+        random failure cannot bring one back (a repair already due still
+        comes), and new ones would keep the run going for ever."""
         sim = self.sim
-        return sim._arrivals_done and sim.metrics.ended == sim._arrived
+        return sim._arrivals_done and sim.metrics.ended + len(sim._parked) == sim._arrived
 
     def _both_ways(self, c: RandomKeys, comp: int | str, action: str, now: float) -> None:
         """Apply ``action`` to one random component; a link in both directions."""

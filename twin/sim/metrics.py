@@ -291,8 +291,13 @@ class Metrics(Observer):
         ttft_at: str = "decode",
         timeline: Timeline | None = None,
         faults: bool = False,
+        scales: Seq[tuple[float, float]] = (),
     ) -> None:
         self.slo = slo
+        # SLO attainment counted again with TTFT and TPOT scaled by each
+        # (TTFT factor, TPOT factor) pair (twin.sim.intervals)
+        self.scales = tuple(scales)
+        self.scaled_met = [0] * len(self.scales)
         self.timeline = timeline
         self.faults = faults
         self.on_row = on_row
@@ -396,6 +401,10 @@ class Metrics(Observer):
         self.ttft_met += ttft_ok
         self.tpot_met += tpot_ok
         self.slo_met += ttft_ok and tpot_ok
+        for i, (ft, fp) in enumerate(self.scales):
+            self.scaled_met[i] += _within(ttft, ft, self.slo.ttft_s) and (
+                tpot is None or _within(tpot, fp, self.slo.tpot_s)
+            )
         self.output_tokens += req.output_tokens
         self.prompt_tokens += req.prompt_tokens
         self.reused_tokens += s.cached_tokens
@@ -538,6 +547,12 @@ class Metrics(Observer):
             "truncated": self.truncated,
         } | (self.fault_summary() if self.faults else {})
 
+    def scaled_attainment(self) -> list[float]:
+        """The SLO attainment at each of :attr:`scales` (rejected requests miss);
+        none when no request ended."""
+        n = self.ended
+        return [met / n for met in self.scaled_met] if n else []
+
     def fault_summary(self) -> dict[str, Any]:
         """The keys of a run with an ``events:`` timeline (left out without one,
         so that such a run reads as before)."""
@@ -547,6 +562,11 @@ class Metrics(Observer):
             "retries": self.retries,
             "lost_tokens": self.lost_tokens,
         }
+
+
+def _within(x: float, factor: float, limit: float) -> bool:
+    """Whether ``x`` scaled by ``factor`` (possibly infinite) meets ``limit``."""
+    return limit == math.inf or x * factor <= limit
 
 
 def _hit_cells(s: Any) -> dict[str, Any]:

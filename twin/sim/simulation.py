@@ -28,6 +28,7 @@ from twin.net.topology import all_to_all_links
 from twin.perf.build import build_perf_model
 from twin.perf.gpus import get_gpu
 from twin.perf.iteration import PerfModel
+from twin.perf.residuals import Residuals, read_residuals
 from twin.request import Request
 from twin.scheduler import (
     ClusterView,
@@ -48,14 +49,20 @@ from twin.serving.tiers import KVTiers, Tier, build_chain, build_remote
 from twin.sim.control import ControlLoop, apply_plan
 from twin.sim.faults import Faults
 from twin.sim.frames import flatten
+from twin.sim.intervals import attainment_scales, summary_intervals
 from twin.sim.layout import instance_gpu, kv_blocks
 from twin.sim.metrics import Metrics
 from twin.sim.scaling import Scaler, ScalingKeys
 from twin.sim.spec import ExperimentSpec, apply_overrides, load_spec, resolve_spec
-from twin.sim.summary import run_warnings
+from twin.sim.summary import (
+    limit_warnings,
+    run_warnings,
+    saturation_warnings,
+    trace_warnings,
+)
 from twin.sim.timeline import Timeline
 from twin.sim.trace import EventLog, TraceRecorder
-from twin.workload.stream import file_sha256, iter_requests
+from twin.workload.stream import file_sha256, iter_requests, own_rate, time_scale
 
 # The columns of a link's row (twin/net/flows.py, Network.link_stats), besides
 # "series" (with --links-csv)
@@ -253,9 +260,12 @@ class Simulation:
         self.rng_scheduler = np.random.default_rng(seeds[1])
         self._requests = requests
         faults = bool(spec.events or spec.failures) or "retry" in spec.resolved
+        self.residuals = spec_residuals(spec)
+        scales = attainment_scales(self.residuals) if self.residuals is not None else None
         self.metrics = Metrics(
-            spec.slo, on_row, spec.ttft_at, Timeline(spec.window_s), faults=faults
-        )
+            spec.slo, on_row, spec.ttft_at, Timeline(spec.window_s), faults=faults,
+            scales=scales or (),
+        )  # fmt: skip
         subscribers: list[Observer] = [self.metrics]
         if log is not None:
             subscribers.append(EventLog(log))
@@ -276,6 +286,7 @@ class Simulation:
         )  # fmt: skip
         self._arrived = 0
         self._arrivals_done = False
+        self._stream_end: dict[str, float] = {}  # ran_out_s: when a trace ran out
         self.events = 0
         self.control = ControlLoop(
             self.env, self.scheduler, self._name, self.view, self.engines,
@@ -446,7 +457,7 @@ class Simulation:
     def _request_stream(self) -> Iterator[Request]:
         if self._requests is not None:
             return iter(self._requests)
-        return iter_requests(self.spec.workload, self.rng_workload)
+        return iter_requests(self.spec.workload, self.rng_workload, self._stream_end)
 
     def arrive(self):  # noqa: ANN201 - a SimPy process
         """Feed requests in arrival order; route each one as it arrives."""
@@ -814,7 +825,18 @@ class Simulation:
             for name, series in occupancy.items():
                 for row, mean in zip(timeline, series["mean_bytes"], strict=True):
                     row[f"{name}_bytes"] = mean
-        warnings = run_warnings(summary)
+        if self.residuals is not None:  # only then: a run without reads as before
+            att = self.metrics.scaled_attainment()
+            summary["intervals"] = summary_intervals(
+                summary, self.residuals, (att[0], att[1]) if att else None
+            )
+        faults = [e.at_s for e in self.spec.events if e.action in ("fail", "degrade")]
+        warnings = [
+            *run_warnings(summary),
+            *limit_warnings(summary),
+            *trace_warnings(self._stream_end.get("ran_out_s"), self.spec.workload.duration_s),
+            *saturation_warnings(timeline, min(faults, default=None), self.spec.slo.target),
+        ]
         if warnings:  # only then: a run that went as meant reads as before
             summary["warnings"] = warnings
         fault_log = self.faults.log() if self.spec.events or self.spec.failures else None
@@ -840,6 +862,7 @@ class Simulation:
             if self._requests is not None
             else {p.name: file_sha256(p) for p in spec.workload.sources()}
         )
+        rates = self._trace_rates()
         return {
             "tool": "pd-twin",
             "version": _version.__version__,
@@ -854,7 +877,17 @@ class Simulation:
                 if len({e.kv.total for e in self.engines}) == 1
                 else [e.kv.total for e in self.engines]
             ),
+            **({"trace_rate_rps": rates} if rates else {}),
         }
+
+    def _trace_rates(self) -> dict[str, float] | None:
+        """A trace replayed at its own times: its own rate and the rate replayed
+        (own x the time scale), in requests/s; None otherwise."""
+        w = self.spec.workload
+        own = own_rate(w) if self._requests is None else None
+        if own is None:
+            return None
+        return {"own": own, "replayed": own * time_scale(w)}
 
     def _instance_stats(self) -> list[dict[str, Any]]:
         span = self.metrics.last_end_s
@@ -887,6 +920,14 @@ def _tee(
         then(row)
 
     return both
+
+
+def spec_residuals(spec: ExperimentSpec) -> Residuals | None:
+    """The residual table ``perf.residuals`` names, or ``None`` (no intervals)."""
+    perf = spec.perf
+    if not isinstance(perf, Mapping) or perf.get("residuals") is None:
+        return None
+    return read_residuals(perf["residuals"], f"{spec.source}: perf.residuals", spec.base_dir)
 
 
 def spec_scales(spec: ExperimentSpec) -> bool:

@@ -655,8 +655,11 @@ def resolve_spec(
     if top.description is not None:
         out["description"] = top.description
     out["seed"] = top.seed
-    model = get_model(top.model, where=f"{where}: model")
-    out["model"] = top.model
+    model_arg = top.model
+    if isinstance(model_arg, str) and model_arg.strip().endswith(".json"):
+        model_arg = str(base_dir / model_arg.strip())  # a config.json beside the spec
+    model = get_model(model_arg, where=f"{where}: model")
+    out["model"] = model_arg
     gpu = get_gpu(top.gpu, where=f"{where}: gpu")
     out["gpu"] = top.gpu
 

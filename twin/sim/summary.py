@@ -60,6 +60,53 @@ def run_warnings(summary: dict[str, Any]) -> list[str]:
     return [f"no request completed: of {n:,} requests, " + (ends or "none ended served")]
 
 
+def limit_warnings(summary: dict[str, Any]) -> list[str]:
+    """Requests some (not all) of which a limit turned away: the attainment
+    they cap, in one line per limit."""
+    n, done = summary["requests"], summary["completed"]
+    if not n or not done:
+        return []  # run_warnings says it
+    out = []
+    for reason, words in _LIMITS.items():
+        k = summary["rejected_by_reason"].get(reason, 0)
+        if k:
+            out.append(
+                f"a limit shaped this run: {k:,} of the {n:,} requests ({k / n:.1%}) are {words} "
+                f"and were rejected, so SLO attainment cannot exceed {1 - k / n:.1%}"
+            )
+    return out
+
+
+def trace_warnings(ran_out_s: float | None, duration_s: float | None) -> list[str]:
+    """A trace that ran out before ``workload.duration``: the run's end saw no arrivals."""
+    if ran_out_s is None or duration_s is None or ran_out_s >= duration_s:
+        return []
+    return [
+        f"the trace ran out at {ran_out_s:.1f} s, before workload.duration {duration_s:g} s: "
+        "nothing arrived after it (repeat: true loops the trace; a higher rate ends it sooner)"
+    ]
+
+
+def saturation_warnings(
+    timeline: list[dict[str, Any]], first_fault_s: float | None, target: float
+) -> list[str]:
+    """A run that missed its SLO target before its first failure or
+    degradation: what the failure did is mixed with an overload it did not
+    cause. Judged on the requests that arrived in the windows ending by then."""
+    if first_fault_s is None:
+        return []
+    before = [r for r in timeline if r["end_s"] <= first_fault_s]
+    arrived = sum(r["arrived"] for r in before)
+    met = sum(r["slo_met"] for r in before)
+    if not arrived or met / arrived >= target:
+        return []
+    return [
+        f"the system missed its SLO target before the first failure at {first_fault_s:g} s "
+        f"({met / arrived:.1%} of the {arrived:,} requests that arrived before it met the SLO; "
+        f"target {target:.0%}): the failure's effect is mixed with overload (lower the rate)"
+    ]
+
+
 def header_line(result: dict[str, Any]) -> str:
     """The first line of the summary: version, name, model, cluster, scheduler, perf model."""
     h = result["header"]
@@ -74,6 +121,35 @@ def header_line(result: dict[str, Any]) -> str:
         f"pd-twin {h['version']} | {spec['name']} | {model}, {shape} on {gpu}{where} | "
         f"scheduler {sched} | perf {h['perf_model']}"
     )
+
+
+def _bounds(d: dict[str, Any] | None, scale: float) -> str:
+    if d is None:
+        return "-"
+    hi = "inf" if d["hi"] is None else _fmt(d["hi"], scale)
+    return f"{_fmt(0.0 if d['lo'] is None else d['lo'], scale)}-{hi}"
+
+
+def interval_lines(iv: dict[str, Any]) -> list[str]:
+    """The summary's block of prediction intervals (``summary["intervals"]``)."""
+    lines = [
+        "",
+        f"{iv['coverage'] * 100:.0f}% prediction intervals (the perf model's error on "
+        f"{iv['runs']} measured runs: {iv['source']})",
+    ]
+    for key, label, scale in (
+        ("ttft_s", "TTFT (s)", 1.0),
+        ("tpot_s", "TPOT (ms)", 1e3),
+        ("e2e_s", "E2E (s)", 1.0),
+    ):
+        d = iv.get(key, {})
+        lines.append(
+            f"{label:14}"
+            + "".join(f"{_bounds(d.get(q), scale):>18}" for q in ("mean", "p50", "p90", "p99"))
+        )
+    if iv.get("no_residuals"):
+        lines.append(f"no residuals for {', '.join(iv['no_residuals'])}: no interval there")
+    return lines
 
 
 def format_summary(result: dict[str, Any]) -> str:
@@ -101,9 +177,16 @@ def format_summary(result: dict[str, Any]) -> str:
         )
     slo = spec["slo"]
     att = s["slo_attainment"]
+    iv = s.get("intervals")
+    if iv is not None:
+        lines += interval_lines(iv)
+    att_iv = ""
+    if iv is not None and "slo_attainment" in iv:
+        a = iv["slo_attainment"]
+        att_iv = f" [{_fmt(a['lo'], 100, 1)}, {_fmt(a['hi'], 100, 1)}]"
     lines += [
         "",
-        f"SLO attainment {_fmt(att, 100, 1)}%  (TTFT <= {slo['ttft'] or 'inf'}, "
+        f"SLO attainment {_fmt(att, 100, 1)}%{att_iv}  (TTFT <= {slo['ttft'] or 'inf'}, "
         f"TPOT <= {slo['tpot'] or 'inf'}; target {slo['target'] * 100:.0f}%)",
         f"throughput {_fmt(s['throughput_rps'], 1, 2)} req/s, "
         f"{_fmt(s['output_tokens_per_s'], 1, 0)} output tokens/s",
@@ -125,6 +208,12 @@ def format_summary(result: dict[str, Any]) -> str:
         lines.append(
             f"failures: {s['retries']:,} retries, {s['lost_tokens']:,} KV tokens lost; "
             f"failed {s['failed']:,}" + (f" ({reasons})" if reasons else "")
+        )
+    rates = result["header"].get("trace_rate_rps")
+    if rates:  # a trace replayed at its own times
+        lines.append(
+            f"trace: its own rate {rates['own']:.3g} req/s, replayed at "
+            f"{rates['replayed']:.3g} req/s (workload.rate or rate_scale)"
         )
     lines += [f"warning: {w}" for w in s.get("warnings", ())]
     return "\n".join(lines)

@@ -20,9 +20,11 @@ the median over the runs.
 machine in alternation with twin's own run, A B A B ..., ``repeat`` pairs. To
 let it simulate the same requests, the requests the twin simulates are written
 to a CSV first (``arrival_s,prompt_tokens,output_tokens``, one row per
-request, drawn from the simulation's own request stream) and ``{requests_csv}``,
+request, drawn from the simulation's own request stream, less the requests
+the twin rejects at arrival because prompt + output exceed the model's
+context, so that both sides serve the same requests) and ``{requests_csv}``,
 ``{n}`` and ``{config}`` in the command are replaced by its path (shell-quoted),
-the request count and the configuration name. The other command's CPU is the
+the number of requests in it and the configuration name. The other command's CPU is the
 rusage of the shell that runs it, which includes every process it waited for.
 The ratio B/A is the median over pairs of the pair's ratio, which stays
 meaningful when the machine's speed drifts between pairs.
@@ -140,12 +142,21 @@ def _resolved(config: str, n: int) -> ExperimentSpec:
 
 def bench_requests(config: str, n: int) -> Iterator[tuple[float, int, int]]:
     """``(arrival_s, prompt_tokens, output_tokens)`` of each request the run of
-    ``config`` with ``n`` requests simulates: the simulation's own stream."""
-    from twin.sim.simulation import Simulation
+    ``config`` with ``n`` requests serves: the simulation's own stream, less
+    the requests it rejects at arrival for the model's context (prompt +
+    output over ``max_model_len``; truncated instead under ``engine.oversized:
+    truncate``, as the run does). A peer handed these serves what the twin
+    serves, so a ratio compares like with like."""
+    from twin.sim.simulation import Simulation, truncate
     from twin.workload.stream import iter_requests
 
     sim = Simulation(_resolved(config, n))
+    limit = sim.spec.max_model_len
     for req in iter_requests(sim.spec.workload, sim.rng_workload):
+        if limit is not None and req.prompt_tokens + req.output_tokens > limit:
+            if sim.spec.oversized != "truncate":
+                continue
+            req = truncate(req, limit)
         yield req.arrival_s, req.prompt_tokens, req.output_tokens
 
 
@@ -354,8 +365,8 @@ def bench(
                     continue
                 path = Path(tmp) / f"requests-{config}-{n}.csv"
                 with open(path, "w", encoding="utf-8", newline="") as f:
-                    write_requests_csv(bench_requests(config, n), f)
-                command = vs_command(vs, path, n, config)
+                    handed = write_requests_csv(bench_requests(config, n), f)
+                command = vs_command(vs, path, handed, config)
                 a_runs, b_runs = [], []
                 for _ in range(repeat):  # A B A B ...
                     a_runs.append(measure_twin(config, n))
@@ -363,7 +374,8 @@ def bench(
                     b_runs.append(measure_command(command))
                     bar.update()
                 row = summarize(config, n, a_runs)
-                rows.append({**row, "raw": a_runs, "vs": _vs_row(a_runs, b_runs, vs, command)})
+                v = {**_vs_row(a_runs, b_runs, vs, command), "requests": handed}
+                rows.append({**row, "raw": a_runs, "vs": v})
     return rows
 
 
@@ -395,6 +407,14 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
                 f"{v['cpu_s']:>9.2f}{cr:>9}{r['wall_s']:>10.2f}{v['wall_s']:>10.2f}{wr:>10}"
                 f"{v['rss_mib']:>8.1f}"
             )
+        for r in versus:
+            if r["vs"]["requests"] != r["requests"]:
+                lines.append(
+                    f"{r['config']} {r['requests']:,}: B was handed the "
+                    f"{r['vs']['requests']:,} requests within the model's context; "
+                    f"the other {r['requests'] - r['vs']['requests']:,} are rejected by "
+                    "the twin at arrival (context_length)"
+                )
         lines.append(f"B: {versus[0]['vs']['template']}")
     return "\n".join(lines)
 

@@ -314,6 +314,7 @@ def command(
     loo: bool = False,
     out: str | None = None,
     as_json: bool = False,
+    residuals: str | None = None,
 ) -> int:
     """``twin calibrate --runs DIR``: fit, print, and write the ``perf:`` block to ``out``."""
     import json
@@ -336,11 +337,20 @@ def command(
     rep = Replayer(stage_requests)
     f = fit(runs, names, replayer=rep)
     held = None
-    if loo and len(runs) > 1:
+    held_terms = {}
+    if (loo or residuals is not None) and len(runs) > 1:
         held = {}
         for i, r in enumerate(runs):
             g = fit([o for j, o in enumerate(runs) if j != i], names, replayer=rep)
             held[r.key] = rep.errors(r, g.terms)
+            held_terms[r.key] = g.terms
+    if residuals is not None:  # the held-out residuals, for perf.residuals
+        from twin.studies.runresiduals import loo_table, report_table
+
+        cap = f" --stage-requests {stage_requests}" if stage_requests else ""
+        table = loo_table(runs, held_terms, stage_requests,
+                          f"twin calibrate --runs {folder}{cap} (leave one run out)")  # fmt: skip
+        report_table(table, residuals)
     text = perf_yaml(f.terms)
     if out is not None:
         Path(out).write_text(text)

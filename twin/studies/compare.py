@@ -32,14 +32,20 @@ from twin import _version
 from twin._progress import Progress
 from twin.errors import SpecError, UnknownSchedulerError
 from twin.sim.simulation import Result, Simulation
-from twin.sim.spec import ExperimentSpec, apply_overrides, canonical_json, resolve_spec
+from twin.sim.spec import (
+    ExperimentSpec,
+    apply_overrides,
+    canonical_json,
+    read_spec,
+    resolve_spec,
+)
 
 SHARED_KEYS = ("name", "seed", "workload", "slo", "compare")
 COMPARE_SCHEMA = {
     "type": "object",
     "minProperties": 1,
     "description": "variants run side by side: label -> {key.path: value} overrides of the "
-    "rest of the spec (null deletes a key); see README, Comparing policies",
+    "rest of the spec (null deletes a key); see docs/guides/policies.md",
     "additionalProperties": {"type": "object"},
 }
 COLUMNS = (
@@ -121,6 +127,11 @@ class CompareResult:
                 head,
                 "-" * len(head),
                 *(line(row) for row in rows),
+                *(
+                    f"warning: {label}: {w}"
+                    for label, r in self.runs.items()
+                    for w in r.summary.get("warnings", ())
+                ),
             ]
         )
 
@@ -293,29 +304,48 @@ def overridden(label: str, entry: Mapping[str, Any], overrides: Sequence[str]) -
 
 
 def run_compare(
-    spec_data: Mapping[str, Any],
-    where: str,
-    base_dir: Path,
+    spec: str | Path | Mapping[str, Any] = "compare-azure-conv",
+    where: str | None = None,
+    base_dir: Path | None = None,
     overrides: Sequence[str] = (),
     only: Sequence[str] | None = None,
     warn: Callable[[str], None] | None = None,
     *,
     quiet: bool = False,
+    runner: Callable[[str, ExperimentSpec], Result] | None = None,
 ) -> CompareResult:
     """Run every entry of the spec's ``compare:`` section (or those in ``only``),
     one after the other, on the base spec's workload and seed (a progress bar
     on stderr when it is a terminal, unless ``quiet``).
 
-    ``spec_data`` is the parsed YAML (left unchanged), ``where`` names it in
-    messages, ``base_dir`` anchors relative paths, ``overrides`` are
+    ``spec`` takes the forms :func:`twin.run` takes: a YAML path, a bundled
+    experiment's name, or a mapping of the same keys (parsed YAML, left
+    unchanged; its relative paths start at ``base_dir``, default the current
+    folder). ``where`` names it in messages. ``overrides`` are
     ``key.path=value`` strings applied to the base before the entries (an
     entry that overrides one says so to ``warn``, see :func:`compare_specs`).
+    ``runner(label, spec)`` runs one entry (default: ``Simulation(spec).run()``);
+    ``twin run`` passes one that writes each entry's own files.
     """
-    base, specs = compare_specs(spec_data, where, base_dir, overrides, only, warn)
+    if isinstance(spec, ExperimentSpec):
+        raise SpecError(
+            f"{spec.source}: a loaded spec has no compare: section; give run_compare its "
+            "path, bundled name or mapping"
+        )
+    if isinstance(spec, Mapping):
+        data: Mapping[str, Any] = spec
+        where = where or "<spec>"
+        base_dir = base_dir if base_dir is not None else Path.cwd()
+    else:
+        data, read_where, read_dir = read_spec(str(spec))
+        where = where or read_where
+        base_dir = base_dir if base_dir is not None else read_dir
+    base, specs = compare_specs(data, where, base_dir, overrides, only, warn)
+    run_one = runner or (lambda _label, s: Simulation(s).run())
     runs = {}
     with Progress(len(specs), "runs", desc="compare", quiet=quiet) as bar:
-        for label, spec in specs.items():
-            runs[label] = Simulation(spec).run()
+        for label, one in specs.items():
+            runs[label] = run_one(label, one)
             bar.update()
     first = next(iter(specs.values()))
     traces: dict[str, str] = {}

@@ -28,12 +28,19 @@ dataLocal, workers}``, ``workers`` the pods (nodes) of one replica and each
 pod's GPUs ``tensor x dataLocal`` (llm-d-modelservice's chart values.yaml and
 ``examples/values-one-pod-per-dp-rank.yaml``).
 
-Both begin with a comment header saying what the twin predicted for the
-deployment: the goodput it was chosen for, and TTFT and TPOT (p90, p99) and
-SLO attainment of a run of the deployment itself at the chosen rate (the
-target rate when one was given, else the goodput), on the sample the choice
-was made on; the spec's sha256 ties the file to its inputs. One header line,
-``# twin: {...}``, holds the same figures as JSON for tools.
+Every worker carries the engine arguments the twin simulated
+(:func:`engine_args`: ``--max-num-seqs``, ``--max-num-batched-tokens``,
+``--block-size``, ``--gpu-memory-utilization``, chunked prefill on or off,
+``--max-model-len``) beside its parallelism. Both begin with a comment header
+saying what the twin predicted for the deployment: the goodput it was chosen
+for, and TTFT and TPOT (p90, p99) and SLO attainment of a run of the
+deployment itself at the chosen rate (the target rate when one was given,
+else the goodput), on the sample the choice was made on; the spec's sha256
+ties the file to its inputs. One header line, ``# twin: {...}``, holds the
+same figures as JSON for tools. Its caveats list what shaped the figures:
+the plan's or provisioning's sample-size warnings, the requests the
+predicting run rejected and its preemptions, and an engine setting vLLM
+cannot take as simulated.
 
 The images, ports and the secret name are the examples' own; a deployment
 edits them to its registry and cluster. Deterministic: the same plan gives
@@ -149,23 +156,37 @@ class Deployment:
     requests: int
     predicted: Mapping[str, float]
     gpus_per_node: int = 8
+    # the predicted figures' intervals (twin.sim.intervals): coverage, source,
+    # runs and per figure {lo, hi}; None when the perf model has no residuals
+    intervals: Mapping[str, Any] | None = None
+    # vLLM's engine arguments as the twin simulated them (flag -> value; True
+    # for a flag without one), and what shaped the figures, one line each
+    engine: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    caveats: tuple[str, ...] = ()
 
     def figures(self) -> dict[str, Any]:
         """The header's figures, as the ``# twin:`` line holds them."""
-        return {
-            "source": self.source,
-            "spec_sha256": self.spec_sha256,
-            "model": self.model,
-            "gpu": self.gpu,
-            "prefill": self.prefill.figures(),
-            "decode": self.decode.figures(),
-            "slo": dict(self.slo),
-            "goodput_rps": _num(self.goodput_rps),
-            "goodput_ci95": _num(self.goodput_ci95),
-            "rate_rps": self.rate_rps,
-            "requests": self.requests,
-            **{k: _num(v) for k, v in self.predicted.items()},
-        }
+        return (
+            {
+                "source": self.source,
+                "spec_sha256": self.spec_sha256,
+                "model": self.model,
+                "gpu": self.gpu,
+                "prefill": self.prefill.figures(),
+                "decode": self.decode.figures(),
+                "slo": dict(self.slo),
+                "goodput_rps": _num(self.goodput_rps),
+                "goodput_ci95": _num(self.goodput_ci95),
+                "rate_rps": self.rate_rps,
+                "requests": self.requests,
+                **{k: _num(v) for k, v in self.predicted.items()},
+            }
+            | ({"intervals": dict(self.intervals)} if self.intervals is not None else {})
+            | {
+                "engine": dict(self.engine),
+                "caveats": list(self.caveats),
+            }
+        )
 
 
 def _num(x: float) -> float | None:
@@ -178,25 +199,78 @@ def _k8s_name(name: str) -> str:
     return out or "pd-twin"
 
 
-def _predict(spec: ExperimentSpec, unit: list[Request], rate: float) -> dict[str, float]:
+_FIGURES = {"ttft_p90_s": ("ttft_s", "p90"), "ttft_p99_s": ("ttft_s", "p99"),
+            "tpot_p90_s": ("tpot_s", "p90"), "tpot_p99_s": ("tpot_s", "p99")}  # fmt: skip
+
+
+def _predict(
+    spec: ExperimentSpec, unit: list[Request], rate: float
+) -> tuple[dict[str, float], dict[str, Any] | None, list[str]]:
     """TTFT/TPOT p90 and p99 and SLO attainment of ``spec`` on ``unit`` (a
-    sample at one request per second) replayed at ``rate``."""
+    sample at one request per second) replayed at ``rate``, their prediction
+    intervals (``None`` without ``perf.residuals``), and the limits that run
+    hit (requests rejected, preemptions), one line each."""
     from twin.sim.simulation import Simulation
 
     reqs = [dataclasses.replace(r, arrival_s=r.arrival_s / rate) for r in unit]
     s = Simulation(spec, requests=reqs).run().summary
-    return {
-        "ttft_p90_s": s["ttft_s"]["p90"],
-        "ttft_p99_s": s["ttft_s"]["p99"],
-        "tpot_p90_s": s["tpot_s"]["p90"],
-        "tpot_p99_s": s["tpot_s"]["p99"],
-        "slo_attainment": s["slo_attainment"],
+    hit = []
+    if s["rejected"]:
+        why = ", ".join(f"{k} {v}" for k, v in s["rejected_by_reason"].items())
+        hit.append(f"{s['rejected']} of the {s['requests']} requests were rejected ({why})")
+    if s["preemptions"]:
+        hit.append(f"{s['preemptions']} preemptions: the KV cache ran full")
+    out = {k: s[key][q] for k, (key, q) in _FIGURES.items()}
+    out["slo_attainment"] = s["slo_attainment"]
+    iv = s.get("intervals")
+    if iv is None:
+        return out, None, hit
+    bounds = {k: iv[key][q] for k, (key, q) in _FIGURES.items() if q in iv.get(key, {})}
+    if "slo_attainment" in iv:
+        bounds["slo_attainment"] = iv["slo_attainment"]
+    keep = {k: iv[k] for k in ("coverage", "source", "runs", "sha256")}
+    return out, {**keep, **bounds}, hit
+
+
+def engine_args(run: ExperimentSpec) -> tuple[dict[str, Any], list[str]]:
+    """vLLM's engine arguments of what the twin simulated (``engine:`` and the
+    context), flag -> value, and a caveat where one has no vLLM equal."""
+    e = run.engine
+    args: dict[str, Any] = {
+        "--max-num-seqs": e.max_num_seqs,
+        "--block-size": e.block_size,
+        "--gpu-memory-utilization": e.gpu_memory_utilization,
     }
+    mml = run.max_model_len
+    if mml is not None:
+        args["--max-model-len"] = mml
+    notes = []
+    if e.chunked_prefill:
+        args["--enable-chunked-prefill"] = True
+        args["--max-num-batched-tokens"] = e.max_batched_tokens
+    else:
+        args["--no-enable-chunked-prefill"] = True
+        if mml is None or e.max_batched_tokens >= mml:
+            args["--max-num-batched-tokens"] = e.max_batched_tokens
+        else:  # vLLM refuses a budget below the context without chunked prefill
+            notes.append(
+                f"the twin batched up to {e.max_batched_tokens} prefill tokens an iteration "
+                f"(a longer prompt alone); vLLM without chunked prefill needs a budget >= "
+                f"max_model_len {mml}, so --max-num-batched-tokens is left to its default"
+            )
+    return args, notes
+
+
+def _flags(engine: Mapping[str, Any]) -> list[str]:
+    out = []
+    for flag, value in engine.items():
+        out += [flag] if value is True else [flag, str(value)]
+    return out
 
 
 def _deployment(
     spec: ExperimentSpec, run: ExperimentSpec, source: str, prefill: Role, decode: Role,
-    goodput: float, ci95: float, rate: float, sample: int,
+    goodput: float, ci95: float, rate: float, sample: int, warnings: tuple[str, ...] = (),
 ) -> Deployment:  # fmt: skip
     from twin.studies.provision import unit_rate
     from twin.studies.samples import replicate_samples
@@ -208,6 +282,8 @@ def _deployment(
         )
     unit = unit_rate(spec, replicate_samples(spec, sample, 1)[0])
     slo = spec.slo
+    predicted, intervals, hit = _predict(run, unit, rate)
+    engine, notes = engine_args(run)
     return Deployment(
         name=_k8s_name(str(spec.resolved.get("name", "pd-twin"))),
         model=spec.model.name,
@@ -222,10 +298,13 @@ def _deployment(
         goodput_ci95=ci95,
         rate_rps=rate,
         requests=len(unit),
-        predicted=_predict(run, unit, rate),
+        predicted=predicted,
         gpus_per_node=(
             len(run.topology.gpus_of_node(0)) if run.topology is not None else run.gpus_per_node
         ),
+        intervals=intervals,
+        engine=engine,
+        caveats=(*warnings, *hit, *notes),
     )
 
 
@@ -251,7 +330,7 @@ def from_plan(spec: ExperimentSpec, plan: Any) -> Deployment:
     return _deployment(
         spec, run, "twin plan",
         _role(plan.n_prefill, plan.prefill), _role(plan.n_decode, plan.decode),
-        goodput, plan.capacity_ci95, rate, plan.sample_size,
+        goodput, plan.capacity_ci95, rate, plan.sample_size, tuple(plan.warnings),
     )  # fmt: skip
 
 
@@ -266,7 +345,7 @@ def from_provision(data: Mapping[str, Any], where: str, base_dir: Path, prov: An
     run = _candidate_spec(data, where, base_dir, pg, dg, b.prefill, b.decode)
     return _deployment(
         spec, run, "twin provision", _role(b.prefill, pg), _role(b.decode, dg),
-        b.goodput_rps, b.goodput_ci95, b.goodput_rps, prov.sample,
+        b.goodput_rps, b.goodput_ci95, b.goodput_rps, prov.sample, tuple(prov.warnings),
     )  # fmt: skip
 
 
@@ -277,6 +356,27 @@ def _ms(x: float | None) -> str:
     if x is None:
         return "-"
     return f"{x:.3g} s" if x >= 1 else f"{x * 1e3:.1f} ms"
+
+
+def _interval_lines(iv: Mapping[str, Any] | None) -> list[str]:
+    """The header's line of prediction intervals (none without residuals)."""
+    if iv is None:
+        return []
+
+    def span(key: str, fmt: Any) -> str:
+        b = iv.get(key)
+        if b is None:
+            return "-"
+        hi = "unbounded" if b["hi"] is None else fmt(b["hi"])
+        return f"{fmt(b['lo'] or 0.0)} - {hi}"
+
+    pct = "{:.1%}".format
+    return [
+        f"  {iv['coverage']:.0%} prediction intervals (the perf model's error on {iv['runs']} "
+        f"measured runs): TTFT p90 {span('ttft_p90_s', _ms)}, p99 {span('ttft_p99_s', _ms)}; "
+        f"TPOT p90 {span('tpot_p90_s', _ms)}, p99 {span('tpot_p99_s', _ms)}; "
+        f"attainment {span('slo_attainment', pct)}"
+    ]
 
 
 def header(d: Deployment, what: str) -> str:
@@ -297,6 +397,13 @@ def header(d: Deployment, what: str) -> str:
         f"  at {d.rate_rps:.3f} req/s ({d.requests} requests): TTFT p90 {_ms(f['ttft_p90_s'])}, "
         f"p99 {_ms(f['ttft_p99_s'])}; TPOT p90 {_ms(f['tpot_p90_s'])}, "
         f"p99 {_ms(f['tpot_p99_s'])}; attainment {d.predicted['slo_attainment']:.1%}",
+        *_interval_lines(d.intervals),
+        "vLLM engine arguments as simulated: " + " ".join(_flags(d.engine)),
+        *(
+            ["Caveats (what shaped these figures):", *(f"  - {c}" for c in d.caveats)]
+            if d.caveats
+            else ["Caveats: none (no sample-size warning, no request rejected, no preemption)."]
+        ),
         "Images, ports and the secret are the upstream examples'; edit them for your cluster.",
     ]
     out = [f"# {line}".rstrip() for line in lines]
@@ -317,7 +424,7 @@ def _vllm_args(d: Deployment, role: Role) -> list[str]:
     args = ["--tensor-parallel-size", str(role.tp)]
     if role.pp > 1:
         args += ["--pipeline-parallel-size", str(role.pp)]
-    return args + _ep_args(d, role)
+    return args + _ep_args(d, role) + _flags(d.engine)
 
 
 def _ep_args(d: Deployment, role: Role) -> list[str]:
@@ -400,7 +507,7 @@ def llm_d_yaml(d: Deployment) -> str:
         args = ["--kv-transfer-config", kv]
         if r.pp > 1:
             args += ["--pipeline-parallel-size", str(r.pp)]
-        args += _ep_args(d, r)
+        args += _ep_args(d, r) + _flags(d.engine)
         parallelism: dict[str, int] = {"tensor": r.tp}
         if r.ep > 1:
             parallelism |= {"data": r.dp, "dataLocal": r.dp // nodes, "workers": nodes}

@@ -50,6 +50,7 @@ from twin.errors import SpecError, TwinError
 from twin.request import Request
 from twin.sim.spec import ExperimentSpec, resolve_spec
 from twin.studies.compare import _set_path
+from twin.studies.goodput_interval import envelope, interval_lines, slo_sides, with_slo
 from twin.studies.samples import ci95, horizon_s, sample_warnings
 from twin.studies.sweep import (
     RATE_KEYS,
@@ -211,6 +212,12 @@ class GoodputRow:
     bounded: bool
     gpus: int
     warnings: tuple[str, ...] = ()
+    # the prediction interval (req/s; hi None: met the target at every rate tried)
+    # at ``coverage`` from the perf model's residuals (twin.studies.goodput_interval)
+    interval: tuple[float, float | None] | None = None
+    coverage: float | None = None
+    # each sample's name ("seed 1", or a trace window's "requests 300-599"), in seeds' order
+    samples: tuple[str, ...] = ()
 
     @property
     def mean_rps(self) -> float:
@@ -238,12 +245,18 @@ class Goodput:
     def csv_rows(self) -> list[list[str]]:
         head = ["label", *self.keys, "goodput_rps_mean", "goodput_rps_ci95"]
         out = [[*head, "goodput_per_gpu", "seeds", "gpus"]]
+        with_iv = any(r.interval is not None for r in self.rows)
+        if with_iv:  # only then: a spec without residuals writes the columns as before
+            out[0] += ["goodput_rps_lo", "goodput_rps_hi", "coverage"]
         for r in self.rows:
             out.append(
                 [r.label, *(_cell(r.params[k]) for k in self.keys)]
                 + [_cell(r.mean_rps), _cell(r.ci95_rps), _cell(r.per_gpu)]
                 + [str(len(r.seeds)), str(r.gpus)]
             )
+            if with_iv:
+                lo, hi = r.interval if r.interval is not None else (None, None)
+                out[-1] += [_cell(lo), _cell(hi), _cell(r.coverage)]
         return out
 
     def write_csv(self, path: Path) -> None:
@@ -265,7 +278,14 @@ class Goodput:
                 f"{r.mean_rps:>14.3f} {'-' if math.isnan(ci) else f'{ci:.3f}':>10} "
                 f"{r.per_gpu:>9.4f}{mark}"
             )
+        for r in self.rows:  # the values behind each interval
+            if len(r.goodputs_rps) > 1:
+                each = ", ".join(
+                    f"{name} {v:.3f}" for name, v in zip(r.samples, r.goodputs_rps, strict=True)
+                )
+                lines.append(f"{r.label or '(base)'}: per sample req/s: {each}")
         lines.append(f"rate key {self.rate_key}; {self.probes} simulation runs")
+        lines += interval_lines(self.rows)
         for r in self.rows:
             lines += [f"warning: {r.label or '(base)'}: {w}" for w in r.warnings]
         return "\n".join(lines)
@@ -343,6 +363,46 @@ def _replicates(
             break
         out[s] = d
     return out, notes
+
+
+def _sample_name(spec: ExperimentSpec, seed: int, n: int | None) -> str:
+    """A sample as the table names it: a trace's window of requests, or a seed."""
+    w = spec.workload
+    if w.trace is not None and n is not None:
+        return f"requests {w.skip}-{w.skip + n - 1}"
+    return f"seed {seed}"
+
+
+def over_context(spec: ExperimentSpec, n: int | None) -> float:
+    """The share of a sample's requests (its first ``n``; all without) longer
+    than the context: rejected at any rate, they miss the SLO whatever the
+    cluster does."""
+    limit = spec.max_model_len
+    reqs = _first(spec, n if n is not None else 10**7)
+    if limit is None or not reqs:
+        return 0.0
+    return sum(r.prompt_tokens + r.output_tokens > limit for r in reqs) / len(reqs)
+
+
+def kind_warnings(
+    names: Sequence[str], shares: Sequence[float], target: float, mml: int
+) -> list[str]:
+    """A sample whose over-context share alone misses the target, beside
+    others that can meet it: the samples differ in kind, not by chance."""
+    allowed = 1.0 - target
+    bad = [(x, s) for x, s in zip(names, shares, strict=True) if s > allowed + 1e-12]
+    if not bad or len(bad) == len(names):
+        return []
+    worst = max(bad, key=lambda b: b[1])
+    rest = max(s for s in shares if s <= allowed + 1e-12)
+    return [
+        f"the samples differ in kind: {', '.join(x for x, _ in bad)} hold(s) up to "
+        f"{worst[1]:.1%} requests longer than the context ({mml:,} tokens; {worst[0]}), "
+        f"more than the {allowed:.0%} the target lets miss, so no rate meets it there "
+        f"(goodput 0), against at most {rest:.1%} in the others: the interval measures that "
+        "difference, not chance; a model or engine.max_model_len that fits the traffic, "
+        "not a larger sample, narrows it"
+    ]
 
 
 def goodput(
@@ -423,15 +483,25 @@ def goodput(
         per_seed, notes = _replicates(spec, per_seed, seed_list, at, base_dir)
         tgt = spec.slo.target if target is None else target
         label = make_label(params, caxes, ())
-        configs.append((params, label, tgt, _gpus(spec.resolved), per_seed, at, notes))
+        sides, coverage = slo_sides(spec)
+        variants = {"": per_seed} | {
+            side: {seed: with_slo(d, v) for seed, d in per_seed.items()}
+            for side, v in sides.items()
+            if v is not None
+        }
+        configs.append(
+            (params, label, tgt, _gpus(spec.resolved), per_seed, at, notes, variants,
+             (sides, coverage))
+        )  # fmt: skip
 
     searches = {
-        (c, s): rate_search(start, rel_tol=rel_tol, up=max_steps, down=max_steps)
+        (c, s, side): rate_search(start, rel_tol=rel_tol, up=max_steps, down=max_steps)
         for c in range(len(configs))
-        for s in configs[c][4]
+        for side, datas in configs[c][7].items()
+        for s in datas
     }
     pending = {cs: next(g) for cs, g in searches.items()}
-    found: dict[tuple[int, int], tuple[float, bool]] = {}
+    found: dict[tuple[int, int, str], tuple[float, bool]] = {}
     probes = reused = 0
     store = ProbeStore(out)
     # a unit is a search (a configuration on a seed or window) done; the probes run beside
@@ -444,9 +514,9 @@ def goodput(
             jobs: list[Job] = []
             results: dict[int, float] = {}
             pkeys: list[str] = []
-            for i, (c, s) in enumerate(order):
-                d = copy.deepcopy(configs[c][4][s])
-                _set_path(d, key, pending[(c, s)], configs[c][5])
+            for i, (c, s, side) in enumerate(order):
+                d = copy.deepcopy(configs[c][7][side][s])
+                _set_path(d, key, pending[(c, s, side)], configs[c][5])
                 pkey = store.key(d, base_dir)
                 done = store.get(pkey)
                 if done is not None:
@@ -470,24 +540,39 @@ def goodput(
                     del pending[cs]
                     bar.update()
 
+    def to_rps(data: dict[str, Any], rate: float, at: str) -> float:
+        if rate <= 0:
+            return 0.0
+        d = copy.deepcopy(data)
+        _set_path(d, key, rate, at)
+        return offered_rps(resolve_spec(d, at, base_dir))
+
     rows = []
-    for c, (params, label, tgt, gpus, per_seed, at, notes) in enumerate(configs):
-        rates, rps = [], []
-        for s in per_seed:
-            rate, _ = found[(c, s)]
-            rates.append(rate)
-            if rate > 0:
-                d = copy.deepcopy(per_seed[s])
-                _set_path(d, key, rate, at)
-                rps.append(offered_rps(resolve_spec(d, at, base_dir)))
-            else:
-                rps.append(0.0)
-        bounded = all(found[(c, s)][1] for s in per_seed)
+    for c, (params, label, tgt, gpus, per_seed, at, notes, variants, iv) in enumerate(configs):
+        rates = [found[(c, s, "")][0] for s in per_seed]
+        rps = [to_rps(per_seed[s], r, at) for s, r in zip(per_seed, rates, strict=True)]
+        bounded = all(found[(c, s, "")][1] for s in per_seed)
+        interval = None
+        if iv[0]:
+            lo = [to_rps(per_seed[s], found[(c, s, "lo")][0], at) for s in per_seed] if (
+                "lo" in variants) else []  # fmt: skip
+            hi = [(to_rps(per_seed[s], found[(c, s, "hi")][0], at), found[(c, s, "hi")][1])
+                  for s in per_seed] if "hi" in variants else []  # fmt: skip
+            interval = envelope(iv[0], lo, hi)
         asked, got, horizon = notes
         warn = sample_warnings(
             asked=asked, got=got, target=tgt, replicates_asked=len(seed_list),
             replicates=len(per_seed), mean=float(np.mean(rps)), ci=ci95(rps), horizon_s=horizon,
         )  # fmt: skip
+        specs = {s: resolve_spec(per_seed[s], at, base_dir) for s in per_seed}
+        limit = next(iter(specs.values())).workload.max_requests
+        names = tuple(_sample_name(sp, s, limit) for s, sp in specs.items())
+        mml = next(iter(specs.values())).max_model_len
+        if len(specs) > 1 and mml is not None:
+            shares = [over_context(sp, limit) for sp in specs.values()]
+            kind = kind_warnings(names, shares, tgt, mml)
+            if kind:  # then a larger sample is not the remedy the interval suggests
+                warn = [w for w in warn if "95% interval" not in w] + kind
         rows.append(
             GoodputRow(
                 label,
@@ -498,6 +583,9 @@ def goodput(
                 bounded,
                 gpus,
                 tuple(warn),
+                interval,
+                iv[1],
+                names,
             )  # fmt: skip
         )
     return Goodput(key, keys, rows, probes, reused)

@@ -37,9 +37,9 @@ from typing import Any
 from twin import yamlio
 from twin._io import open_text, read_text
 from twin.errors import TwinError, UnknownNameError
+from twin.perf.hfconfig import shapes_from_config
 from twin.perf.llm import get_model
 from twin.perf.vllm import VLLM_CLIENT_LATENCY_S
-from twin.studies.hfconfig import model_mapping
 from twin.studies.runmetrics import METRICS, WHOLE, Score, score, stage_of, twin_metrics
 from twin.workload.shared_prefix import VLLM_BLOCK_TOKENS
 
@@ -256,8 +256,19 @@ def _model(hf_id: str, configs: tuple[Path, ...], where: str, fp8: bool) -> str 
             f"{where}: model {hf_id!r} is not in the catalog and none of "
             f"{', '.join(str(p) for p in configs)} exists (its config.json)"
         )
-    config = json.loads(read_text(path, "config.json"))
-    return model_mapping(config, hf_id, str(path), fp8)
+    return model_mapping(json.loads(read_text(path, "config.json")), hf_id, str(path), fp8)
+
+
+def model_mapping(
+    config: Mapping[str, Any], name: str, where: str, fp8: bool = False
+) -> dict[str, Any]:
+    """The inline ``model:`` mapping of a run's ``config.json`` (``where`` names it
+    in errors); ``fp8``: a checkpoint whose weights are stored in 8 bits (its
+    activations and KV stay 16-bit)."""
+    out = shapes_from_config(config, where, name)
+    if fp8:
+        out["weight_dtype_bytes"] = 1
+    return out
 
 
 # --------------------------------------------------------------------------- run folders

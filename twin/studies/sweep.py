@@ -89,7 +89,7 @@ SWEEP_SCHEMA = {
     "type": "object",
     "minProperties": 1,
     "description": "key.path -> [values], one axis each, run as a product; zip: groups keys "
-    "that vary together; see README, Sweeps",
+    "that vary together; see docs/guides/sweeps.md",
     "properties": {
         "zip": {"type": "array", "items": {"type": "object", "additionalProperties": _VALUES}}
     },

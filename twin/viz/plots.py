@@ -231,6 +231,9 @@ def _styler(
 
 
 KNEE_HANDLE = "knee (last rate at the target)"
+COINCIDENT_SHIFT_PT = 2.5  # how far each repeat of a curve is lifted, in points
+GOODPUT_REACH = 1.5  # the goodput axis ends at 1.5 x the largest mean (intervals cut there)
+CENSORED_HANDLE = "knee (hollow >: censored)"  # KNEE_HANDLE's place when a knee is censored
 WRAP_BARS, WRAP_CHARS = 24, 28  # goodput labels over 28 wrap when a panel has at most 24 bars
 GROUPED_LEGEND_IN = 2.8  # a grouped legend's width: KNEE_HANDLE at 8 pt and its marker
 
@@ -302,7 +305,7 @@ def attainment_figure(
     unit = RATE_UNIT[rate_col]
     seeds = max(p[4] for pts in series.values() for p in pts)
     nrows, ncols = grid(len(styler.facets))
-    texts = [f"{styler.label(params[lab])} (knee 0.00{unit})" for lab in order]
+    texts = [f"{styler.label(params[lab])} (knee >= 0.00{unit})" for lab in order]
     legend_w = GROUPED_LEGEND_IN if styler.grouped else _text_width_in(texts, 8) + 0.7
     # the axes at least twice as wide as the legend beside them: they fill half the figure
     fig = figure(max(4.6 * ncols, 6.0, 2.2 * legend_w) + legend_w + 0.6, 3.2 * nrows + 1.4, opts)
@@ -310,27 +313,39 @@ def attainment_figure(
     axes = [p[0] for p in panels]
     few = not styler.grouped
     per_config = []
+    seen: dict[tuple[int, tuple[Any, ...]], list[str]] = {}
+    from matplotlib.transforms import offset_copy
+
     for lab in order:
         pts, cfg = series[lab], params[lab]
         ax = axes[styler.facets.index(styler.facet_of(cfg))]
         c, ls, mk = styler.color(cfg), styler.linestyle(cfg), styler.marker(cfg)
         x = [p[0] for p in pts]
         k = knee(x, [p[1] for p in pts], target)
+        # a curve equal to one drawn before in its panel is lifted a few points, so
+        # that both show (coincident curves would otherwise read as one)
+        same = seen.setdefault((id(ax), tuple(pts)), [])
+        shift = offset_copy(ax.transData, fig=fig, y=COINCIDENT_SHIFT_PT * len(same),
+                            units="points")  # fmt: skip
+        same.append(lab)
         (line,) = ax.plot(x, [100 * p[1] for p in pts], color=c, ls=ls, marker=mk,
-                          ms=4 if few else 3.5, lw=1.6 if few else 1.2)  # fmt: skip
+                          ms=4 if few else 3.5, lw=1.6 if few else 1.2,
+                          transform=shift)  # fmt: skip
         if seeds > 1:
             ax.fill_between(x, [100 * p[2] for p in pts], [100 * p[3] for p in pts],
                             color=c, alpha=0.15 if few else 0.06, lw=0)  # fmt: skip
+        # a knee at the highest rate tried is censored: the true knee lies above it
+        open_ = k is not None and k == max(x)
         if k is not None:
             y = 100 * next(p[1] for p in pts if p[0] == k)
-            ax.plot([k], [y], marker="*", ms=13 if few else 9, color=c, mec="black", mew=0.6,
-                    zorder=5, ls="")  # fmt: skip
-            if few:
+            ax.plot([k], [y], marker=">" if open_ else "*", ms=(13 if few else 9) - 4 * open_,
+                    color="white" if open_ else c, mec=c if open_ else "black",
+                    mew=1.4 if open_ else 0.6, zorder=5, ls="", transform=shift)  # fmt: skip
+            if few and not open_:
                 ax.vlines(k, 0, y, colors=[c], linestyles=":", lw=1.0)
         name = styler.label(cfg)
-        per_config.append(
-            (line, f"{name} (knee {k:g}{unit})" if k is not None else f"{name} (no knee)")
-        )
+        text = f"{name} (no knee)" if k is None else f"{name} (knee {k:g}{unit})"
+        per_config.append((line, f"{name} (knee >= {k:g}{unit})" if open_ else text))
     from matplotlib.lines import Line2D
 
     for i, ax in enumerate(axes):
@@ -347,6 +362,8 @@ def attainment_figure(
         (Line2D([], [], color="0.3", ls="--", lw=1), f"target {100 * target:g}%"),
         (Line2D([], [], color="0.6", marker="*", ms=10, mec="black", mew=0.6, ls=""), KNEE_HANDLE),
     ]
+    if any(" (knee >= " in t for _, t in per_config):  # one entry says both marks
+        extra[1] = (extra[1][0], CENSORED_HANDLE)
     styler.legend(fig, axes, per_config, extra)
     how = f"mean of {seeds} seeds, band min-max" if seeds > 1 else "one seed"
     _title(fig, styler, f"SLO attainment vs load ({how}, {len(order)} configurations)")
@@ -415,7 +432,17 @@ def goodput_figure(
     pitch_pt = max(1.0, (height - 1.0) / nrows - 1.0) * 72 / most
     fs = min(9.0, max(3.0, pitch_pt / (1.45 * lines)))
     label_w = _text_width_in(names.values(), fs)
-    note_w = _text_width_in((note(r) for r in rows), 7)
+    # the axis follows the goodputs: an interval reaching past GOODPUT_REACH x the
+    # largest mean is drawn to there, its note giving the whole interval
+    reach = GOODPUT_REACH * max((_float(r.get("goodput_rps_mean")) or 0.0 for r in rows),
+                                default=0.0)  # fmt: skip
+
+    def cut(r: Mapping[str, str]) -> str:
+        m = _float(r.get("goodput_rps_mean")) or 0.0
+        c = _float(r.get("goodput_rps_ci95")) or 0.0
+        return f" (CI ±{c:.3g} cut)" if reach > 0 and m + c > reach else ""
+
+    note_w = _text_width_in((note(r) + cut(r) for r in rows), 7)
     # the bars get at least as much width as their labels: the axes fill half the figure
     panel_w = max(label_w + note_w + 2.8, 2 * label_w + 0.6)
     legend_w = 1.8 if styler.grouped else 0.0
@@ -427,14 +454,17 @@ def goodput_figure(
         mine = by_facet[f]
         means = [_float(r.get("goodput_rps_mean")) or 0.0 for r in mine]
         cis = [_float(r.get("goodput_rps_ci95")) or 0.0 for r in mine]
+        shown = [min(c, reach - m) if reach > 0 else c for m, c in zip(means, cis, strict=True)]
         y = list(range(len(mine)))
-        ax.barh(y, means, xerr=cis, height=0.7, capsize=2.5,
+        ax.barh(y, means, xerr=shown, height=0.7, capsize=2.5,
                 color=[styler.color(params[r["label"]]) for r in mine],
                 edgecolor="black", linewidth=0.5, error_kw={"elinewidth": 0.9})  # fmt: skip
         for i, r in enumerate(mine):
-            ax.annotate(note(r), (means[i] + cis[i], i), xytext=(3, 0), textcoords="offset points",
+            text = note(r) + cut(r)
+            ax.annotate(text, (means[i] + shown[i], i), xytext=(3, 0), textcoords="offset points",
                         ha="left", va="center", fontsize=min(7.0, fs))  # fmt: skip
-        top = max([top, *(m + c for m, c in zip(means, cis, strict=True))])
+        top = max([top, *(m + c for m, c in zip(means, shown, strict=True))])
+        top = max(top, _interval_bars(ax, mine))
         ax.set_yticks(y, [names[r["label"]] for r in mine], fontsize=fs)
         ax.set_ylim(most - 0.5, -0.5)
         ax.grid(axis="x", alpha=0.3)
@@ -449,10 +479,32 @@ def goodput_figure(
         styler.legend(fig, axes, [], lines=False)
     seeds = {r.get("seeds") for r in rows} - {None, ""}
     how = f"mean ± 95% CI over {seeds.pop()} seeds" if len(seeds) == 1 else "± 95% CI"
+    cover = sorted({c for r in rows if (c := _float(r.get("coverage"))) is not None})
+    if cover:  # goodput.csv of a spec with perf.residuals
+        how += "; grey: " + "/".join(f"{c:.0%}" for c in cover)
+        how += " prediction interval (model error and seeds)"
     gpus = {r.get("gpus") for r in rows} - {None, ""}
     on = f", {gpus.pop()} GPUs each" if len(gpus) == 1 else ""
     _title(fig, styler, f"Goodput per configuration ({how}{on})", lines_drawn=False)
     return fig
+
+
+def _interval_bars(ax: Axes, rows: Sequence[Mapping[str, str]]) -> float:
+    """Each row's prediction interval (``goodput_rps_lo`` .. ``goodput_rps_hi``, an
+    open end drawn as an arrow) as a grey line under its bar; the largest end drawn."""
+    top = 0.0
+    for i, r in enumerate(rows):
+        lo = _float(r.get("goodput_rps_lo"))
+        if lo is None:
+            continue
+        hi = _float(r.get("goodput_rps_hi"))
+        end = hi if hi is not None else max(lo, _float(r.get("goodput_rps_mean")) or 0.0) * 1.5
+        y = i + 0.25
+        ax.plot([lo, end], [y, y], color="dimgray", linewidth=1.6, solid_capstyle="butt")
+        ax.plot([lo], [y], marker="|", color="dimgray", markersize=6)
+        ax.plot([end], [y], marker="|" if hi is not None else ">", color="dimgray", markersize=6)
+        top = max(top, end)
+    return top
 
 
 def plot_goodput(

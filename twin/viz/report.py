@@ -247,6 +247,11 @@ def build_report(
     slo = slo if isinstance(slo, dict) else {}
     target = _float(slo.get("target")) or DEFAULT_TARGET
     figs = sweep_figures(d, opts, say)
+    if rows and any(c in rows[0] for c in RATE_COLUMNS) and "slo_attainment" in rows[0]:
+        from twin.viz.knees import knee_notes
+
+        for line in knee_notes(rows, target, str(runs_csv)):
+            say(line)
     images = {name: _png(fig, opts) for name, fig in figs.items()}
     headers = _run_docs(d, rows, say) if rows else {}
 

@@ -43,7 +43,7 @@ PALETTE = (
 )  # fmt: skip
 LINESTYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h")
-NO_VALUE = "(unset)"
+NO_VALUE = "none"  # a key a configuration leaves unset (the colocated baseline's prefill)
 MAX_DPI = 1200
 MAX_INCHES = 100.0
 

@@ -30,6 +30,7 @@ YAML (the mapping under ``workload:``)::
     #  {empirical: path.csv, format: auto}         # rows drawn with replacement
     #  {empirical: path.csv, max_total_tokens: 2047}  # rows of prompt + output <= 2047 only
     rate_scale: 1.0               # arrival times divided by it (2.0 = twice the rate)
+    rate: 12.5                    # trace only, instead of rate_scale: replay at 12.5 req/s
     rate_schedule: {kind: steps, points: [[0 s, 1.0], [10 min, 2.0]]}  # m(t) on the rate
     #  {kind: linear, points: [[0 s, 0.5], [30 min, 2.0]]}   # straight between points
     #  {kind: diurnal, period: 24 h, min: 0.3, max: 1.0, peak: 14 h}
@@ -57,6 +58,7 @@ Relative paths resolve against ``base_dir`` (the spec file's folder)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from array import array
@@ -275,6 +277,11 @@ class WorkloadSpec:
         0, anything(PRIORITY_SCHEMA, parse_priority),
         "each request's priority, lower first: an integer, or {priority: share} drawn per request",
     )  # fmt: skip
+    rate: float | None = declared(
+        None, POSITIVE_NUMBER,
+        "timed trace only, instead of rate_scale: replay it at this many requests/s on "
+        "average (its times scaled by rate / its own rate over the requests replayed)",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if (self.trace is None) == (self.lengths is None):
@@ -305,6 +312,15 @@ class WorkloadSpec:
                 "a length-only trace needs an arrival process (arrival: {process: ...})"
             )
         _positive("rate_scale", self.rate_scale)
+        if self.rate is not None:
+            _positive("rate", self.rate)
+            if self.trace is None or self.arrival is not None:
+                raise SpecError(
+                    "rate replays a timed trace at that rate; an arrival process has its own "
+                    "(arrival.rate)"
+                )
+            if self.rate_scale != 1.0:
+                raise SpecError("give rate (requests/s) or rate_scale (x the trace's), not both")
         if self.duration_s is not None:
             _positive("duration", self.duration_s)
         if self.max_requests is not None and (
@@ -347,6 +363,8 @@ class WorkloadSpec:
                 kw["lengths"] = _lengths(m["lengths"], f"{where}.lengths", base_dir)
             if "rate_scale" in m:
                 kw["rate_scale"] = m["rate_scale"]
+            if m.get("rate") is not None:
+                kw["rate"] = m["rate"]
             if m.get("rate_schedule") is not None:
                 kw["rate_schedule"] = parse_rate_schedule(
                     m["rate_schedule"], f"{where}.rate_schedule"
@@ -674,7 +692,46 @@ def _warped(rows: Iterator[Timed], schedule: RateSchedule) -> Iterator[Timed]:
             yield t, p, o, h, b
 
 
-def iter_requests(spec: WorkloadSpec, rng: np.random.Generator) -> Iterator[Request]:
+def own_rate(spec: WorkloadSpec) -> float | None:
+    """A timed trace's own rate in requests/s: ``(n - 1) / (last - first)``
+    arrival time over the requests a run replays (from ``skip``, at most
+    ``max_requests``, one pass); None for an arrival process, a trace of
+    fewer than two requests or one whose requests all arrive at once."""
+    if spec.trace is None or spec.arrival is not None:
+        return None
+    fmt = detect_format(spec.trace) if spec.format == "auto" else spec.format
+    if fmt not in TIMED_FORMATS:
+        return None
+    once = dataclasses.replace(spec, repeat=False)  # a repeated trace's rate is its pass's
+    rows = itertools.islice(_trace_rows(once, fmt, own_times=True), spec.skip, None)
+    if spec.max_requests is not None:
+        rows = itertools.islice(rows, spec.max_requests)
+    n, first, last = 0, 0.0, 0.0
+    for t, *_ in rows:
+        if n == 0:
+            first = float(t)  # type: ignore[arg-type]  # a timed trace's rows are timed
+        last = float(t)  # type: ignore[arg-type]
+        n += 1
+    return (n - 1) / (last - first) if n > 1 and last > first else None
+
+
+def time_scale(spec: WorkloadSpec) -> float:
+    """What the stream divides the source's times by: ``rate_scale``, or for
+    ``rate:`` that rate over the trace's own (:func:`own_rate`)."""
+    if spec.rate is None:
+        return spec.rate_scale
+    native = own_rate(spec)
+    if native is None:
+        raise SpecError(
+            f"workload.rate: {spec.trace} has no rate of its own to scale (fewer than two "
+            "requests, or all at one time); give an arrival process instead"
+        )
+    return spec.rate / native
+
+
+def iter_requests(
+    spec: WorkloadSpec, rng: np.random.Generator, end: dict[str, float] | None = None
+) -> Iterator[Request]:
     """The requests of ``spec`` in arrival order, lazily, with ids 0, 1, 2, ...
 
     A trace file is read as the stream goes (a repeated one keeps its first
@@ -686,6 +743,9 @@ def iter_requests(spec: WorkloadSpec, rng: np.random.Generator) -> Iterator[Requ
     first kept one arrives at 0; ids, ``duration_s`` and ``max_requests``
     count from it. A ``rate_schedule`` then warps the scaled time ``u`` to
     ``M^-1(u)`` (see the module docstring for the order), a chunk at a time.
+    ``rate`` sets the scale instead (:func:`time_scale`). When the source runs
+    out first (a trace's end, not ``duration_s`` or ``max_requests``),
+    ``end["ran_out_s"]`` is set to the last arrival's time.
     """
     arrival_rng, length_rng = rng.spawn(2)
     rows: Iterator[Row]
@@ -725,7 +785,7 @@ def iter_requests(spec: WorkloadSpec, rng: np.random.Generator) -> Iterator[Requ
         t0 = first[0]  # type: ignore[assignment]  # every row is timed by now
         rows = itertools.chain((first,), rows)
     limit = spec.max_requests
-    scale = spec.rate_scale
+    scale = time_scale(spec)
     scaled: Iterator[Timed] = (
         ((t - t0) / scale, p, o, h, b)  # type: ignore[operator]  # every row is timed by now
         for t, p, o, h, b in rows
@@ -734,6 +794,7 @@ def iter_requests(spec: WorkloadSpec, rng: np.random.Generator) -> Iterator[Requ
         scaled = _warped(scaled, spec.rate_schedule)
     duration = spec.duration_s
     priorities = _priorities(spec.priority, rng)
+    last = 0.0
     for i, (arrival_s, p, o, h, b) in enumerate(scaled):
         if limit is not None and i >= limit:
             return
@@ -742,6 +803,9 @@ def iter_requests(spec: WorkloadSpec, rng: np.random.Generator) -> Iterator[Requ
         if arrival_s == math.inf:  # the schedule ends at 0: nothing arrives any more
             return
         yield Request(i, arrival_s, p, o, h, b, next(priorities))
+        last = arrival_s
+    if end is not None and spec.trace is not None:
+        end["ran_out_s"] = last
 
 
 def _priorities(

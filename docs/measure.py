@@ -1,0 +1,60 @@
+"""Write the measured outputs the Fidelity and Speed pages show.
+
+Each entry of :data:`MEASURED` is a command a reader can run from the
+repository root (the public data at ``../shared/data``); this script runs it
+and writes ``docs/data/NAME.txt``: the command on its first line (``$ ...``),
+then what it printed. A page shows the file with ``<!-- twin:include
+docs/data/NAME.txt -->``, so its figures are those the command printed, never
+retyped; ``tests/test_docs_measured.py`` holds each page, file and command to
+one another.
+
+    python docs/measure.py            # every entry
+    python docs/measure.py bench      # some
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "docs" / "data"
+
+MEASURED: dict[str, str] = {
+    "validate-perf": "twin validate perf --data ../shared/data",
+    "validate-perf-azure-conv": "twin validate perf --data ../shared/data --workload azure-conv",
+    "validate-perf-azure-code": "twin validate perf --data ../shared/data --workload azure-code",
+    "validate-perf-mooncake": "twin validate perf --data ../shared/data --workload mooncake",
+    "bench": "twin bench --sizes 10k,100k",
+}
+
+
+def measure(name: str) -> Path:
+    """Run ``MEASURED[name]`` and write its output under ``docs/data``."""
+    command = MEASURED[name]
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    p = subprocess.run(
+        shlex.split(command), cwd=ROOT, env=env, capture_output=True, text=True, check=False
+    )
+    if p.returncode != 0:
+        raise SystemExit(f"{command}: exit {p.returncode}: {p.stderr.strip()[-500:]}")
+    DATA.mkdir(exist_ok=True)
+    out = DATA / f"{name}.txt"
+    out.write_text(f"$ {command}\n{p.stdout.rstrip()}\n", encoding="utf-8")
+    return out
+
+
+def main(names: list[str]) -> int:
+    for name in names or list(MEASURED):
+        if name not in MEASURED:
+            raise SystemExit(f"measure.py: unknown entry {name!r}; known: {', '.join(MEASURED)}")
+        print(measure(name))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,106 @@
+"""The documentation site's generated parts (docs/hooks.py) and its measured
+outputs (docs/measure.py, docs/data/): each marker of a page is filled from
+the code, every declared spec key and every command is in the reference, and
+each measured file is the output of the command its page names."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from conftest import shared_data_dir
+from doc_pages import ROOT, name, pages
+
+import twin
+from twin.cli import build_parser
+from twin.sim.spec import spec_schema
+
+_MARK = re.compile(r"<!-- twin:([a-z-]+)(?: (\S+))? -->")
+
+
+def _module(file: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"docs_{Path(file).stem}", ROOT / file)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+hooks = _module("docs/hooks.py")
+measure = _module("docs/measure.py")
+MARKS = [(name(p), m.group(1), m.group(2)) for p in pages() for m in _MARK.finditer(p.read_text())]
+
+
+def _paths(node: dict, path: str = "") -> set[str]:
+    out = set()
+    for key, child in node.get("properties", {}).items():
+        here = f"{path}.{key}" if path else key
+        out |= {here} | _paths(child, here)
+    return out
+
+
+def test_every_marker_names_a_generator_or_a_measured_file():
+    kinds = {k for _, k, _ in MARKS}
+    assert kinds >= {"spec-keys", "columns", "cli", "api", "include"}
+    for page, kind, arg in MARKS:
+        assert kind == "include" or kind in hooks.MAKERS, f"{page}: unknown marker {kind}"
+        if kind == "include":
+            assert (ROOT / arg).is_file(), f"{page}: {arg} is missing: run docs/measure.py"
+
+
+def test_the_spec_reference_has_every_declared_key():
+    table = hooks.spec_keys()
+    keys = _paths(spec_schema())
+    assert len(keys) > 50
+    for key in keys:
+        assert f"| {hooks._key(key)} |" in table, key
+
+
+def test_the_command_reference_has_every_command_and_its_arguments():
+    text = hooks.cli()
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    for cmd, sp in sub.choices.items():
+        assert f"## `twin {cmd}`" in text
+        assert sp.format_help().rstrip() in text
+
+
+def test_the_column_reference_has_every_request_column():
+    text = hooks.columns()
+    for column in twin.REQUEST_COLUMNS:
+        assert f"| `{column}` |" in text
+    assert "| `slo_attainment` |" in text
+
+
+def test_the_api_reference_documents_every_exported_name():
+    text = hooks.api()
+    for exported, module in twin._LAZY.items():
+        if not exported.startswith("_") and exported != "REQUEST_COLUMNS":
+            assert f"::: {module}.{exported}\n" in text
+
+
+def test_each_measured_file_is_the_output_of_its_command():
+    files = sorted((ROOT / "docs" / "data").glob("*.txt"))
+    assert {f.stem for f in files} == set(measure.MEASURED)
+    included = {arg for _, kind, arg in MARKS if kind == "include"}
+    for f in files:
+        first = f.read_text(encoding="utf-8").splitlines()[0]
+        assert first == f"$ {measure.MEASURED[f.stem]}", f
+        assert f"docs/data/{f.name}" in included, f"{f.name} is shown on no page"
+
+
+def test_the_fidelity_table_is_what_the_command_prints_now(tmp_path, monkeypatch):
+    """The in-sample table depends only on the code and the public data: the
+    file must be what the command prints now (else rerun docs/measure.py)."""
+    if shared_data_dir() is None:
+        pytest.skip("reads the public data: set TWIN_DATA or place it at ../shared/data")
+    kept = (ROOT / "docs" / "data" / "validate-perf.txt").read_text(encoding="utf-8")
+    monkeypatch.setattr(measure, "DATA", tmp_path)
+    monkeypatch.setattr(measure, "ROOT", ROOT)
+    out = measure.measure("validate-perf")
+    assert out.read_text(encoding="utf-8") == kept, "rerun: python docs/measure.py validate-perf"
