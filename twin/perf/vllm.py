@@ -67,7 +67,7 @@ from 1 to 0.71, kept the others at their estimates, and put the client latency a
 ms. In sample, mean (median) absolute error over the 17 runs: E2E mean 6.1% (5.0%), ITL
 mean 6.1% (5.0%), TTFT mean 19.4% (16.9%). Leave one run out (the same command with
 ``--leave-one-out``: each run scored with the terms fitted, from the same estimates, to
-the other 16): E2E mean 6.5% (5.5%), ITL mean 6.4% (5.4%), TTFT mean 20.6% (16.9%). The
+the other 16): E2E mean 6.4% (5.5%), ITL mean 6.4% (5.4%), TTFT mean 20.5% (16.9%). The
 worst TTFT runs are left as they are: Llama-4-Scout and Llama-2-7B at 1 request/s with
 934-token questions (58%, 37%; engine-side: their gap is 3 to 8 times the dense runs')
 and Llama-2-70B at 20 requests/s (36%: its second stage queues in the measured run, not
