@@ -345,7 +345,8 @@ def test_calibrate_residuals_replay_each_run_with_the_terms_fitted_to_the_others
     table = loo_table(runs, terms, 30, "t")
     assert table.runs() == sorted(r.key for r in runs)
     for run in runs:  # each run's rows are its replay with its own held-out terms
-        spec = {**run.spec, "perf": perf_block(terms[run.key])}
+        spec = {**run.spec, "perf": perf_block(terms[run.key]),
+                "slo": {"client_latency": f"{terms[run.key]['client_latency_s']!r} s"}}  # fmt: skip
         s = replay(dataclasses.replace(run, spec=spec), stage_requests=30).scores
         mine = {(r.stage, r.metric): r.log_ratio for r in table.rows if r.run == run.key}
         assert mine == {k: pytest.approx(math.log(v.predicted / v.actual)) for k, v in s.items()}

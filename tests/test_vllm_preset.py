@@ -75,9 +75,10 @@ def test_vllm_decode_step_is_near_the_measured_inter_token_latency() -> None:
 
 
 def test_the_vllm_preset_terms_are_within_their_stated_bounds() -> None:
-    from twin.studies.calibrate_runs import BOUNDS
+    from twin.perf.vllm import VLLM_CLIENT_LATENCY_S
+    from twin.studies.calibrate_runs import BOUNDS, CLIENT
 
-    preset = ENGINE_OVERHEADS["vllm"]
+    preset = {**ENGINE_OVERHEADS["vllm"], CLIENT: VLLM_CLIENT_LATENCY_S}
     for k, (lo, hi) in BOUNDS.items():
         assert lo <= preset[k] <= hi, (k, preset[k])
     assert preset["no_overlap"] == 0.0 and preset["seq_overhead_s"] == 0.0

@@ -7,10 +7,13 @@ the candidate terms (optionally only the first ``stage_requests`` requests sent 
 stage, for speed), and scored with the published definitions
 (:func:`twin.studies.realrun.twin_metrics`, :func:`~twin.studies.realrun.score`).
 
-The loss is the mean over runs of each run's absolute percentage error of E2E mean and
-ITL mean, averaged over its load stages. TTFT is scored and reported but not fitted: the
-engine's per-step terms set it only through the step time, and the part of TTFT outside
-the engine (the client's and the API server's share) has no term here to take it.
+The engine's terms are fitted on a loss that is the mean over runs of each run's absolute
+percentage error of E2E mean and ITL mean, averaged over its load stages. The client's
+share (``client_latency_s``: the load generator's and vLLM's API server's time around the
+engine, added to TTFT and E2E as ``slo.client_latency``) is fitted on TTFT mean alone: it
+is the one term that moves TTFT without moving the engine's steps. It changes no step, so
+it is applied to each replay's figures (TTFT and E2E shift by it; ITL does not change)
+rather than replayed, and solved exactly at each turn of the search (:func:`best_client`).
 
 The search is coarse to fine and deterministic: per free term in turn, a step up and a step
 down (multiplicative, within :data:`BOUNDS`), kept when the loss falls; the step shrinks
@@ -26,10 +29,14 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twin.perf.roofline import ENGINE_OVERHEADS
+from twin.perf.vllm import VLLM_CLIENT_LATENCY_S
 from twin.studies.realrun import WHOLE, RealRun
+
+if TYPE_CHECKING:
+    from twin.studies.validate_realrun import RunScore
 
 ENGINE = "vllm"
 # The free terms and their bounds (lower, upper): see twin.perf.vllm for what each stands for.
@@ -38,6 +45,7 @@ BOUNDS: Mapping[str, tuple[float, float]] = {
     "layer_overhead_s": (1e-6, 6e-5),
     "hop_overhead_s": (0.0, 5e-6),
     "moe_efficiency": (0.3, 1.0),
+    "client_latency_s": (0.0, 0.03),
 }
 # Where every fit starts, the same whatever the runs (so that a held-out run has no say in
 # it): the physical estimates of twin.perf.vllm before any fit.
@@ -46,8 +54,12 @@ PRIOR: Mapping[str, float] = {
     "layer_overhead_s": 1.5e-5,
     "hop_overhead_s": 2e-6,
     "moe_efficiency": 1.0,
+    "client_latency_s": 5e-3,
 }
-FITTED = ("e2e_mean", "itl_mean")  # the metrics the loss takes
+FITTED = ("e2e_mean", "itl_mean")  # the metrics the engine terms' loss takes
+CLIENT = "client_latency_s"  # not a perf term: slo.client_latency, fitted on TTFT alone
+CLIENT_FITTED = ("ttft_mean",)
+_SHIFTED = ("e2e_mean", "e2e_p90", "e2e_p99", "ttft_mean", "ttft_p90", "ttft_p99")
 REPORTED = ("e2e_mean", "itl_mean", "ttft_mean")
 ROUNDS = 4
 FIRST_STEP = 0.4  # the first round moves a term by x 1.4 and / 1.4
@@ -85,6 +97,8 @@ def perf_block(terms: Mapping[str, float]) -> dict[str, Any]:
     """The ``perf:`` mapping that sets ``terms`` on the ``vllm`` preset (durations in us)."""
     out: dict[str, Any] = {"kind": "roofline", "engine": ENGINE}
     for k, v in terms.items():
+        if k == CLIENT:
+            continue
         if k in _YAML:
             out[_YAML[k]] = f"{v * 1e6:.4g} us"
         else:
@@ -93,35 +107,85 @@ def perf_block(terms: Mapping[str, float]) -> dict[str, Any]:
 
 
 class Replayer:
-    """Replays runs with candidate terms; caches each (run, terms) result."""
+    """Replays runs with candidate terms; caches each (run, engine terms) replay."""
 
     def __init__(self, stage_requests: int | None) -> None:
         self.stage_requests = stage_requests
-        self.cache: dict[tuple[str, tuple[tuple[str, float], ...]], dict[str, float]] = {}
+        self.cache: dict[tuple[str, tuple[tuple[str, float], ...]], RunScore] = {}
+
+    def scored(self, run: RealRun, terms: Mapping[str, float]) -> RunScore:
+        """``run`` replayed with the engine terms of ``terms`` and no client latency."""
+        engine = {k: v for k, v in terms.items() if k != CLIENT}
+        key = (run.key, tuple(sorted((k, round(v, 12)) for k, v in engine.items())))
+        scored = self.cache.get(key)
+        if scored is None:
+            from twin.studies.validate_realrun import replay
+
+            spec = dict(run.spec)
+            spec["perf"] = perf_block(engine)
+            spec["slo"] = {**spec.get("slo", {}), "client_latency": "0 s"}
+            scored = replay(dataclasses.replace(run, spec=spec), stage_requests=self.stage_requests)
+            self.cache[key] = scored
+        return scored
 
     def errors(self, run: RealRun, terms: Mapping[str, float]) -> dict[str, float]:
         """Per metric of :data:`REPORTED`, the absolute % error averaged over the run's
-        load stages (the whole run when it has one stage)."""
-        key = (run.key, tuple(sorted((k, round(v, 12)) for k, v in terms.items())))
-        hit = self.cache.get(key)
-        if hit is not None:
-            return hit
-        from twin.studies.validate_realrun import replay
-
-        spec = dict(run.spec)
-        spec["perf"] = perf_block(terms)
-        scored = replay(dataclasses.replace(run, spec=spec), stage_requests=self.stage_requests)
-        stages = sorted({s for s, _ in scored.scores if s != WHOLE}) or [WHOLE]
+        load stages (the whole run when it has one stage). Without ``client_latency_s``
+        in ``terms`` the shipped :data:`~twin.perf.vllm.VLLM_CLIENT_LATENCY_S` applies."""
+        scored = self.scored(run, terms)
+        client = float(terms.get(CLIENT, VLLM_CLIENT_LATENCY_S))
+        stages = _stages(scored)
         out = {}
         for m in REPORTED:
-            vals = [scored.scores[(s, m)].mape for s in stages if (s, m) in scored.scores]
+            vals = []
+            for s in stages:
+                sc = scored.scores.get((s, m))
+                if sc is not None:
+                    p = sc.predicted + (client if m in _SHIFTED else 0.0)
+                    vals.append(abs(p - sc.actual) / sc.actual * 100)
             out[m] = statistics.fmean(vals) if vals else math.inf
-        self.cache[key] = out
         return out
 
 
-def _loss(rep: Replayer, runs: Sequence[RealRun], terms: Mapping[str, float]) -> float:
-    return statistics.fmean(statistics.fmean(rep.errors(r, terms)[m] for m in FITTED) for r in runs)
+def _stages(scored: RunScore) -> list[int]:
+    return sorted({s for s, _ in scored.scores if s != WHOLE}) or [WHOLE]
+
+
+def best_client(rep: Replayer, runs: Sequence[RealRun], terms: Mapping[str, float]) -> float:
+    """The client latency that minimises the TTFT loss with the engine terms of ``terms``:
+    the loss is a weighted sum of ``|predicted + c - measured| / measured`` over the runs'
+    stages, so its minimum is the weighted median of the gaps ``measured - predicted``
+    (weights ``1 / measured``, shared out over each run's stages), held in its bounds."""
+    gaps = []
+    for r in runs:
+        scored = rep.scored(r, terms)
+        stages = [s for s in _stages(scored) if (s, "ttft_mean") in scored.scores]
+        for s in stages:
+            sc = scored.scores[(s, "ttft_mean")]
+            gaps.append((sc.actual - sc.predicted, 1.0 / (sc.actual * len(stages))))
+    gaps.sort()
+    half, acc = sum(w for _, w in gaps) / 2, 0.0
+    for g, w in gaps:
+        acc += w
+        if acc >= half:
+            return _clip(CLIENT, g)
+    raise ValueError("best_client: no run scored TTFT")
+
+
+def _loss(
+    rep: Replayer,
+    runs: Sequence[RealRun],
+    terms: Mapping[str, float],
+    metrics: Sequence[str] = FITTED,
+) -> float:
+    return statistics.fmean(
+        statistics.fmean(rep.errors(r, terms)[m] for m in metrics) for r in runs
+    )
+
+
+def _metrics(name: str) -> tuple[str, ...]:
+    """The metrics term ``name`` is fitted on."""
+    return CLIENT_FITTED if name == CLIENT else FITTED
 
 
 def _clip(name: str, v: float) -> float:
@@ -145,20 +209,27 @@ def fit(
     free = free_terms(runs, names)
     begin = PRIOR if start is None else start
     terms = {n: _clip(n, float(begin.get(n, ENGINE_OVERHEADS[ENGINE].get(n, 1.0)))) for n in free}
-    best = _loss(rep, runs, terms)
     step = FIRST_STEP
     evals = 1
     for _ in range(ROUNDS):
         improved = False
         for n in free:
             lo, hi = BOUNDS[n]
+            best = _loss(rep, runs, terms, _metrics(n))
+            if n == CLIENT:  # solved exactly: it moves no step, so no replay is needed
+                c = dict(terms, **{n: best_client(rep, runs, terms)})
+                loss = _loss(rep, runs, c, _metrics(n))
+                evals += 1
+                if loss < best - 1e-9:
+                    terms, improved = c, True
+                continue
             for cand in (terms[n] * (1 + step), terms[n] / (1 + step)):
                 if terms[n] == 0.0:  # a term at 0 moves up by a tenth of its range
                     cand = lo + (hi - lo) * 0.1 * step / FIRST_STEP
                 c = dict(terms, **{n: _clip(n, cand)})
                 if c[n] == terms[n]:
                     continue
-                loss = _loss(rep, runs, c)
+                loss = _loss(rep, runs, c, _metrics(n))
                 evals += 1
                 if loss < best - 1e-9:
                     best, terms, improved = loss, c, True
@@ -166,7 +237,7 @@ def fit(
         if not improved:
             step /= 2
     errors = {r.key: rep.errors(r, terms) for r in runs}
-    return Fit(terms, best, errors, evals)
+    return Fit(terms, _loss(rep, runs, terms), errors, evals)
 
 
 def leave_one_out(
@@ -196,10 +267,14 @@ def summary(errors: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, fl
 
 
 def perf_yaml(terms: Mapping[str, float]) -> str:
-    """The ``perf:`` block of :func:`perf_block` as YAML text."""
+    """The ``perf:`` block of :func:`perf_block` as YAML text, and the ``slo:`` block's
+    ``client_latency`` when ``terms`` hold it."""
     import yaml
 
-    return str(yaml.safe_dump({"perf": perf_block(terms)}, sort_keys=False))
+    doc: dict[str, Any] = {"perf": perf_block(terms)}
+    if CLIENT in terms:
+        doc["slo"] = {"client_latency": f"{terms[CLIENT] * 1e3:.4g} ms"}
+    return str(yaml.safe_dump(doc, sort_keys=False))
 
 
 def format_fit(f: Fit, held_out: Mapping[str, Mapping[str, float]] | None) -> str:

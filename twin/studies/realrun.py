@@ -39,6 +39,7 @@ from twin._io import open_text, read_text
 from twin.errors import TwinError, UnknownNameError
 from twin.perf.hfconfig import shapes_from_config
 from twin.perf.llm import get_model
+from twin.perf.vllm import VLLM_CLIENT_LATENCY_S
 from twin.studies.runmetrics import METRICS, WHOLE, Score, score, stage_of, twin_metrics
 from twin.workload.shared_prefix import VLLM_BLOCK_TOKENS
 
@@ -446,6 +447,8 @@ def _spec(
         "engine": eng,
         "scheduler": {"name": "colocated"},
         "workload": workload,
+        # what the load generator measured includes the client's and the API server's share
+        "slo": {"client_latency": f"{VLLM_CLIENT_LATENCY_S * 1e3:g} ms"},
     }
     if offload_bytes:
         spec["kv_tiers"] = {"dram_bytes": f"{offload_bytes:.0f} B"}

@@ -86,7 +86,11 @@ def loo_table(
 
     scored = []
     for run in runs:
-        spec = {**run.spec, "perf": perf_block(held_terms[run.key])}
+        terms = held_terms[run.key]
+        spec = {**run.spec, "perf": perf_block(terms)}
+        if "client_latency_s" in terms:  # the client's share fitted with the others
+            client = f"{terms['client_latency_s']!r} s"
+            spec["slo"] = {**run.spec.get("slo", {}), "client_latency": client}
         scored.append(replay(dataclasses.replace(run, spec=spec), stage_requests=stage_requests))
     return table_of(scored, source)
 
