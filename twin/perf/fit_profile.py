@@ -78,7 +78,11 @@ def load_table(
     if model is not None:
         spec = get_model(model, f"{where}: --model")
     elif isinstance(side.get("model"), dict | str):
-        spec = get_model(side["model"], f"{where} sidecar: model")
+        named = side["model"]
+        if isinstance(named, dict) and named.get("weight_dtype_bytes") == 0:
+            # an earlier sidecar wrote the unset field (0: as dtype_bytes) too
+            named = {k: v for k, v in named.items() if k != "weight_dtype_bytes"}
+        spec = get_model(named, f"{where} sidecar: model")
     else:
         raise TwinError(f"{where}: no sidecar names the model; give --model")
     g = gpu if gpu is not None else side.get("gpu")

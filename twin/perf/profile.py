@@ -438,7 +438,12 @@ def profile(
         backend = {"cpu": True}
     sidecar = {
         "table_sha256": sha,
-        "model": {k: getattr(model, k) for k in ModelSpec.__dataclass_fields__},
+        # every field but an unset weight_dtype_bytes (0: "as dtype_bytes", not a width)
+        "model": {
+            k: getattr(model, k)
+            for k in ModelSpec.__dataclass_fields__
+            if k != "weight_dtype_bytes" or model.weight_dtype_bytes
+        },
         "gpu": gpu,
         "tp": tp,
         "device": device,
