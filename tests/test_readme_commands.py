@@ -39,8 +39,6 @@ SLOW = (
 )
 # Commands that read the public data folder.
 DATA = ("twin run azure-conv", "twin run compare-", "twin validate perf", "twin validate replay")
-# Pipelined decode under load crashes `twin plan` until that fix lands.
-PIPELINED = ("twin plan disagg",)
 # A placeholder the reader replaces: as written, the command must end in one clean line.
 PLACEHOLDER = {"PEER/run.sh": "PEER/run.sh: not found"}
 
@@ -53,7 +51,6 @@ def _has_torch_gpu() -> bool:
     return bool(torch.cuda.is_available())
 
 
-PIPELINED_CRASH = pytest.mark.xfail(strict=False, reason="pipelined crash, fixed on branch crash")
 GPU = ("twin profile", "twin calibrate --profile qwen3-8b")  # the table it measures on a GPU
 
 
@@ -61,8 +58,6 @@ def _marks(e: Example) -> list[pytest.MarkDecorator]:
     marks = []
     if e.command.startswith(SLOW):
         marks.append(pytest.mark.slow)
-    if e.command.startswith(PIPELINED):
-        marks.append(PIPELINED_CRASH)
     if e.command.startswith(GPU) and not _has_torch_gpu():
         marks.append(pytest.mark.skip(reason="measures on a CUDA GPU with PyTorch (profile extra)"))
     return marks
