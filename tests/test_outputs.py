@@ -51,11 +51,13 @@ def no_work(monkeypatch, tmp_path):
     return tmp_path
 
 
-def _refused(capsys, argv: list[str], message: str) -> None:
+def _refused(capsys, argv: list[str], message: str) -> str:
+    """The one error line of ``argv`` (exit 2), which names ``message``."""
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("twin: error: "), err
     assert message in err, err
+    return err
 
 
 @pytest.mark.parametrize(("cmd", "flag"), FILE_FLAGS)
@@ -79,8 +81,8 @@ def test_a_bad_output_file_is_refused_before_the_command(no_work, capsys, cmd, f
 def test_an_output_folder_that_is_a_file_is_refused(no_work, capsys, cmd):
     (no_work / "f").write_text("x")
     argv = FOLDER_COMMANDS[cmd]
-    _refused(capsys, [*argv, "--out", "f"], "--out: 'f' is a file; expected a folder")
-    _refused(capsys, [*argv, "--out", "f/g"], "--out: 'f/g' is inside 'f', which is a file")
+    assert "'f' is a file" in _refused(capsys, [*argv, "--out", "f"], "expected a folder")
+    assert "which is a file" in _refused(capsys, [*argv, "--out", "f/g"], "--out: 'f/g' is")
 
 
 @pytest.mark.parametrize(("cmd", "flag"), [(c, f) for c, f in FILE_FLAGS if f != "--json"])
@@ -89,10 +91,11 @@ def test_two_outputs_naming_one_file_are_refused(no_work, capsys, cmd, flag):
     if flags == [flag]:
         pytest.skip(f"twin {cmd} writes one file")
     first = next(f for f in flags if f != flag)
-    _refused(
+    err = _refused(
         capsys, [*argv, first, "out.x", flag, "./out.x"],
         f"{flag}: './out.x' is also {first}'s file; give each its own",
     )  # fmt: skip
+    assert flag in err and first in err
 
 
 @pytest.mark.parametrize(
@@ -138,7 +141,8 @@ def test_the_writers_refuse_a_folder_in_one_line(tmp_path):
 
 
 def test_an_unwritable_json_is_found_before_the_simulation(no_work, capsys):
-    _refused(capsys, ["run", "quickstart", "--json", "nowhere/out.json"], "no folder 'nowhere'")
+    err = _refused(capsys, ["run", "quickstart", "--json", "nowhere/out.json"], "no folder")
+    assert "'nowhere'" in err and "--json" in err
 
 
 def test_an_output_in_an_existing_folder_is_written(tmp_path, capsys):
