@@ -471,7 +471,7 @@ def loosest(spec: FlowSpec, cap: float | None) -> FlowSpec:
 
 @settings(max_examples=75, deadline=None)
 @given(scenarios())
-def test_invariants(scenario):
+def test_invariants(scenario):  # noqa: C901
     env = simpy.Environment()
     net = Network(env)
     started = []  # (transfer, flows)

@@ -117,7 +117,7 @@ def _link_bucket(args: argparse.Namespace) -> float | None:
     return bucket
 
 
-def _run_spec(spec: Any, files: dict[str, str | None], bucket: float | None) -> Any:
+def _run_spec(spec: Any, files: dict[str, str | None], bucket: float | None) -> Any:  # noqa: C901
     """Run ``spec`` and write the files of ``files`` (``_RUN_FILES`` -> path or
     None) from it; the :class:`twin.sim.simulation.Result`. A file is written
     whole or not at all."""
@@ -886,7 +886,7 @@ def cmd_topo(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_plot(args: argparse.Namespace) -> int:
+def cmd_plot(args: argparse.Namespace) -> int:  # noqa: C901
     from twin.viz.plots import plot_cdfs, plot_dir, plot_kv_tiers, plot_timeline
 
     if args.compare:

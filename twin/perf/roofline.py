@@ -425,7 +425,7 @@ class Roofline:
         "_a2a_combine", "_plain",
     )  # fmt: skip
 
-    def __init__(
+    def __init__(  # noqa: C901
         self,
         model: ModelSpec,
         gpu: GPUSpec,

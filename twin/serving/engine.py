@@ -691,7 +691,7 @@ class Engine:
             self._pf.interrupt()
 
     # -- the loop --------------------------------------------------------------------
-    def serve(self, life: int):  # noqa: ANN201 - a SimPy process
+    def serve(self, life: int):  # noqa: C901 - a SimPy process
         """Form a batch, run it for the time the perf model gives, apply it;
         repeat, for as long as the instance's ``life`` lasts."""
         env = self.env
@@ -743,7 +743,7 @@ class Engine:
     def _bad_time(self, dt: float) -> None:
         raise SpecError(f"perf model {self.perf.name!r} gave iteration time {dt!r} <= 0")
 
-    def _serve_lane(self, lane: int, life: int):  # noqa: ANN201 - a SimPy process
+    def _serve_lane(self, lane: int, life: int):  # noqa: C901 - a SimPy process
         """One pipeline lane (``pp > 1``): wait for the first stage, form a
         micro-batch of this lane's work, let it pass every stage, apply it; repeat.
         Inside a fast-forwarded stretch (:mod:`twin.serving.pipeforward`) the lane

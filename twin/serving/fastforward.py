@@ -333,7 +333,7 @@ class FastForward:
             need += _joiner_need(s, last - first, bs)
         return need
 
-    def run(self, st: Stretch):  # noqa: ANN201 - part of the engine's serve process
+    def run(self, st: Stretch):  # part of the engine's serve process
         eng = self.engine
         env = eng.env
         self.stretch = st

@@ -385,7 +385,7 @@ def plot_attainment(
 
 
 # -- goodput ----------------------------------------------------------------------------------
-def goodput_figure(
+def goodput_figure(  # noqa: C901
     rows: list[dict[str, str]], where: str = "goodput.csv", opts: PlotOptions | None = None
 ) -> Figure:
     """The figure of :func:`plot_goodput` from the rows of a goodput.csv."""
@@ -685,7 +685,7 @@ def _span_color(e: dict[str, Any]) -> str:
     return SPAN_COLORS.get(str(e["name"]), "#7f7f7f")
 
 
-def plot_timeline(
+def plot_timeline(  # noqa: C901
     trace_or_log: TraceRecorder | Mapping[str, Any] | str | Path,
     out_base: str | Path,
     *,

@@ -205,7 +205,7 @@ def _hashes(headers: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
     return list(seen)
 
 
-def build_report(
+def build_report(  # noqa: C901
     d: str | Path, opts: PlotOptions | None = None, note: Callable[[str], None] | None = None
 ) -> str:
     """The report page of the sweep folder ``d`` as HTML text; ``note`` hears

@@ -283,7 +283,7 @@ class WorkloadSpec:
         "average (its times scaled by rate / its own rate over the requests replayed)",
     )  # fmt: skip
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: C901
         if (self.trace is None) == (self.lengths is None):
             raise SpecError("give exactly one of trace and lengths")
         if self.format not in _FORMATS:
@@ -343,7 +343,7 @@ class WorkloadSpec:
     # ----------------------------------------------------------------- construction
 
     @classmethod
-    def from_mapping(
+    def from_mapping(  # noqa: C901
         cls, m: Mapping[str, object], where: str = "workload", base_dir: Path | None = None
     ) -> WorkloadSpec:
         """Build from the YAML mapping under ``workload:``; errors are prefixed by ``where``."""
