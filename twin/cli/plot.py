@@ -12,11 +12,14 @@ from twin.errors import TwinError
 
 
 def cmd_plot(args: argparse.Namespace) -> int:  # noqa: C901
-    from twin.viz.plots import plot_cdfs, plot_dir, plot_kv_tiers, plot_timeline
+    from twin.viz.cdf import plot_cdfs
+    from twin.viz.kvtiers import plot_kv_tiers
+    from twin.viz.plots import plot_dir
+    from twin.viz.timeline import plot_timeline
 
     if args.compare:
         from twin.viz.compare import plot_compare, reuses_prompts
-        from twin.viz.plots import _compare_runs, plot_kv_tier_occupancy
+        from twin.viz.kvtiers import _compare_runs, plot_kv_tier_occupancy
 
         out = Path(args.out) if args.out else Path(".")
         stem = Path(args.compare).stem

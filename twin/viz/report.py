@@ -29,7 +29,8 @@ from typing import Any
 
 from twin._io import read_text
 from twin.errors import TwinError
-from twin.viz.plots import (
+from twin.viz.attainment import knees
+from twin.viz.canvas import (
     DEFAULT_TARGET,
     RATE_COLUMNS,
     RATE_UNIT,
@@ -38,10 +39,9 @@ from twin.viz.plots import (
     _float,
     _read_csv,
     _styler,
-    knees,
-    sweep_figures,
     swept_columns,
 )
+from twin.viz.plots import sweep_figures
 from twin.viz.style import PlotOptions
 
 RUN_METRICS = (
