@@ -16,8 +16,10 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from twin.net.flows import FlowSpec, Network, _fill, max_min_rates
+from twin.net.flows import Network
+from twin.net.maxmin import _fill, max_min_rates
 from twin.net.topology import load_topology
+from twin.net.transfer import FlowSpec
 from twin.serving.handoff import shard_flows
 
 

@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twin.errors import SpecError
-from twin.net.flows import ABS_DONE, FlowSpec, Network, max_min_rates
+from twin.net.flows import Network
+from twin.net.maxmin import max_min_rates
+from twin.net.transfer import ABS_DONE, FlowSpec
 
 
 @dataclass(frozen=True)
