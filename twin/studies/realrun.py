@@ -63,6 +63,15 @@ CAMPAIGN_LOADGEN = {"groups": 10, "users": 10, "multi_turn": False}
 # vLLM's default --gpu-memory-utilization (vLLM engine arguments: 0.9).
 VLLM_GPU_MEMORY_UTILIZATION = 0.9
 
+# inference-perf's client time-out (its config's ``load.request_timeout``) when the
+# config leaves it null: the aiohttp session then keeps aiohttp's default
+# ClientTimeout, total = 5 min (inference-perf @7de5ef2,
+# inference_perf/client/modelserver/openai_client.py; aiohttp's client reference).
+# The four overloaded runs of shared/data/realruns agree: their failed requests end
+# 300.0 to 301.0 s after their sends (aiohttp rounds a deadline over 5 s up to the
+# next whole second of its loop's clock).
+AIOHTTP_TOTAL_TIMEOUT_S = 300.0
+
 # A run past saturation (PROVENANCE.md): more than 5% of requests failed or median
 # TTFT over 10 s.
 OVERLOAD_FAILED_SHARE = 0.05
@@ -172,6 +181,7 @@ def _manifest_run(data: Path, row: Mapping[str, str], gpu: str | None) -> RealRu
     folder = data / "runs" / row["training_run"] if row.get("training_run") else None
     resolved = _read_profile(folder) if folder is not None and folder.is_dir() else None
     sp = _shared_prefix(resolved, where) if resolved is not None else None
+    timeout = _client_timeout(resolved, where) if resolved is not None else None
     if sp is None:
         sp = {
             "system_prompt_len": _int(_number(row, "system_prompt_len", where)),
@@ -198,7 +208,7 @@ def _manifest_run(data: Path, row: Mapping[str, str], gpu: str | None) -> RealRu
             offload = blocks * VLLM_BLOCK_TOKENS * get_model(model, where).kv_bytes_per_token()
     trace = data / row["trace"] if row.get("trace") else None
     spec = _spec(key, model, gpu_name, _int(_number(row, "tp", where)) or 1, engine, offload,
-                 stages, sp, trace)  # fmt: skip
+                 stages, sp, trace, timeout)  # fmt: skip
     return RealRun(key, spec, stages, _actuals(data, key), row.get("overloaded") == "True")
 
 
@@ -326,6 +336,18 @@ def _shared_prefix(profile: Mapping[str, Any], where: str) -> dict[str, Any] | N
     return out
 
 
+def _client_timeout(profile: Mapping[str, Any], where: str) -> float:
+    """How long the load generator waited for a request (s): its config's
+    ``load.request_timeout``, or aiohttp's default when that is null or left out."""
+    load = profile.get("load") or {}
+    value = load.get("request_timeout") if isinstance(load, Mapping) else None
+    if value is None:
+        return AIOHTTP_TOTAL_TIMEOUT_S
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise TwinError(f"{where}: load.request_timeout: {value!r} is not a number of seconds > 0")
+    return float(value)
+
+
 def _folder_run(folder: Path, gpu: str | None) -> RealRun:
     where = str(folder)
     exp = folder / "exp-config.yaml"
@@ -358,7 +380,7 @@ def _folder_run(folder: Path, gpu: str | None) -> RealRun:
     model = _model(hf_id, (folder / "config.json", folder / _config_name(hf_id)), where, False)
     trace = _find(folder, "per_request_lifecycle_metrics.json")
     spec = _spec(folder.name, model, gpu, int(args.get("tensor_parallelism", 1)), engine,
-                 offload, stages, sp, trace)  # fmt: skip
+                 offload, stages, sp, trace, _client_timeout(profile, where))  # fmt: skip
     actual, overloaded = _lifecycle(folder, len(stages))
     return RealRun(folder.name, spec, stages, actual, overloaded)
 
@@ -408,6 +430,7 @@ def _spec(
     stages: tuple[tuple[float, float], ...],
     sp: dict[str, Any],
     trace: Path | None,
+    timeout_s: float | None = None,
 ) -> dict[str, Any]:
     eng = {
         "block_size": VLLM_BLOCK_TOKENS,
@@ -437,6 +460,8 @@ def _spec(
                 points.append([f"{t:g} s", rate / rate0])
                 t += d
             workload["rate_schedule"] = {"kind": "steps", "points": points}
+    if timeout_s is not None:  # the load generator's: it gives up on a request then
+        workload["timeout"] = f"{timeout_s:g} s"
     spec: dict[str, Any] = {
         "name": key,
         "description": f"measured vLLM run {key}, replayed",
