@@ -105,7 +105,8 @@ class RealRun:
 
 def read_run(path: str | Path, *, gpu: str | None = None) -> RealRun:
     """The run at ``path`` (see the module): a run folder, or ``DATA/<key>`` /
-    ``DATA/runs/<run>`` of a folder with a ``manifest.csv``. ``gpu`` (a catalog name)
+    ``DATA/runs/<run>`` of a folder with a ``manifest.csv``, or a ``vllm bench serve``
+    result or an AIPerf export (:mod:`twin.studies.benchrun`). ``gpu`` (a catalog name)
     is needed where the run's files do not name one (an inference-perf folder)."""
     p = Path(path)
     for data, key in ((p.parent, p.name), (p.parent.parent, p.name)):
@@ -116,6 +117,11 @@ def read_run(path: str | Path, *, gpu: str | None = None) -> RealRun:
             )
             if row is not None:
                 return _manifest_run(data, row, gpu)
+    from twin.studies.benchrun import bench_file, read_bench_run
+
+    kind = bench_file(p)
+    if kind is not None:  # vllm bench serve's result, AIPerf's export
+        return read_bench_run(p, kind, gpu)
     if p.is_dir():
         return _folder_run(p, gpu)
     raise TwinError(
@@ -131,9 +137,20 @@ def read_runs(folder: str | Path, *, gpu: str | None = None) -> list[RealRun]:
         return [_manifest_run(f, row, gpu) for row in _manifest(f).values()]
     if not f.is_dir():
         raise TwinError(f"{f}: not a folder")
-    runs = [_folder_run(d, gpu) for d in sorted(f.iterdir()) if _is_run_folder(d)]
+    from twin.studies.benchrun import bench_file, read_bench_run
+
+    runs = []
+    for d in sorted(f.iterdir()):
+        kind = bench_file(d)
+        if kind is not None:
+            runs.append(read_bench_run(d, kind, gpu))
+        elif _is_run_folder(d):
+            runs.append(_folder_run(d, gpu))
     if not runs:
-        raise TwinError(f"{f}: no manifest.csv and no inference-perf run folder in it")
+        raise TwinError(
+            f"{f}: no manifest.csv and no measured run in it (an inference-perf run folder, "
+            "a vllm bench serve result, an AIPerf export)"
+        )
     return runs
 
 
@@ -207,8 +224,8 @@ def _manifest_run(data: Path, row: Mapping[str, str], gpu: str | None) -> RealRu
         if blocks:
             offload = blocks * VLLM_BLOCK_TOKENS * get_model(model, where).kv_bytes_per_token()
     trace = data / row["trace"] if row.get("trace") else None
-    spec = _spec(key, model, gpu_name, _int(_number(row, "tp", where)) or 1, engine, offload,
-                 stages, sp, trace, timeout)  # fmt: skip
+    spec = replay_spec(key, model, gpu_name, _int(_number(row, "tp", where)) or 1, engine,
+                       offload, _workload(stages, sp, trace, timeout))  # fmt: skip
     return RealRun(key, spec, stages, _actuals(data, key), row.get("overloaded") == "True")
 
 
@@ -379,8 +396,9 @@ def _folder_run(folder: Path, gpu: str | None) -> RealRun:
     hf_id = str(args["model"])
     model = _model(hf_id, (folder / "config.json", folder / _config_name(hf_id)), where, False)
     trace = _find(folder, "per_request_lifecycle_metrics.json")
-    spec = _spec(folder.name, model, gpu, int(args.get("tensor_parallelism", 1)), engine,
-                 offload, stages, sp, trace, _client_timeout(profile, where))  # fmt: skip
+    workload = _workload(stages, sp, trace, _client_timeout(profile, where))
+    spec = replay_spec(folder.name, model, gpu, int(args.get("tensor_parallelism", 1)), engine,
+                       offload, workload)  # fmt: skip
     actual, overloaded = _lifecycle(folder, len(stages))
     return RealRun(folder.name, spec, stages, actual, overloaded)
 
@@ -410,35 +428,27 @@ def _lifecycle(folder: Path, stages: int) -> tuple[dict[int, dict[str, float]], 
         if s == WHOLE:
             n_ok = ok.get("count") or 0
             n_bad = (doc.get("failures") or {}).get("count") or 0
-            share = n_bad / (n_ok + n_bad) if n_ok + n_bad else 0.0
-            overloaded = (
-                share > OVERLOAD_FAILED_SHARE or ttft.get("median", 0) > OVERLOAD_MEDIAN_TTFT_S
-            )
+            overloaded = is_overloaded(n_bad, n_ok + n_bad, ttft.get("median", 0))
     return out, overloaded
+
+
+def is_overloaded(failed: int, requests: int, median_ttft_s: float) -> bool:
+    """Past saturation (PROVENANCE.md): more than 5% of the requests failed, or the
+    median TTFT is over 10 s."""
+    share = failed / requests if requests else 0.0
+    return share > OVERLOAD_FAILED_SHARE or median_ttft_s > OVERLOAD_MEDIAN_TTFT_S
 
 
 # --------------------------------------------------------------------------- the spec
 
 
-def _spec(
-    key: str,
-    model: str | dict[str, Any],
-    gpu: str,
-    tp: int,
-    engine: dict[str, Any],
-    offload_bytes: float | None,
+def _workload(
     stages: tuple[tuple[float, float], ...],
     sp: dict[str, Any],
     trace: Path | None,
-    timeout_s: float | None = None,
+    timeout_s: float | None,
 ) -> dict[str, Any]:
-    eng = {
-        "block_size": VLLM_BLOCK_TOKENS,
-        "chunked_prefill": True,
-        "prefix_caching": True,
-        "oversized": "reject",  # vLLM refuses a prompt past max_model_len (HTTP 400)
-        **{k: v for k, v in engine.items() if v is not None},
-    }
+    """An inference-perf run's workload: its per-request trace, else its profile."""
     workload: dict[str, Any]
     if trace is not None:
         workload = {
@@ -462,6 +472,28 @@ def _spec(
             workload["rate_schedule"] = {"kind": "steps", "points": points}
     if timeout_s is not None:  # the load generator's: it gives up on a request then
         workload["timeout"] = f"{timeout_s:g} s"
+    return workload
+
+
+def replay_spec(
+    key: str,
+    model: str | dict[str, Any],
+    gpu: str,
+    tp: int,
+    engine: dict[str, Any],
+    offload_bytes: float | None,
+    workload: dict[str, Any],
+) -> dict[str, Any]:
+    """The spec that replays a measured vLLM run: its model on one instance of its GPU
+    at its TP, colocated, with vLLM V1's engine (``engine``: its arguments, None for
+    vLLM's default) and the client's latency term; ``workload`` as the run sent it."""
+    eng = {
+        "block_size": VLLM_BLOCK_TOKENS,
+        "chunked_prefill": True,
+        "prefix_caching": True,
+        "oversized": "reject",  # vLLM refuses a prompt past max_model_len (HTTP 400)
+        **{k: v for k, v in engine.items() if v is not None},
+    }
     spec: dict[str, Any] = {
         "name": key,
         "description": f"measured vLLM run {key}, replayed",

@@ -19,7 +19,8 @@ YAML (the mapping under ``workload:``)::
 
     trace: path/to/trace.csv      # a trace file, or `lengths:` below (exactly one)
     format: auto                  # auto | azure | mooncake | splitwise | vidur | lengths
-    #                               | inference-perf (its per-request records)
+    #                               | inference-perf (its per-request records) | aiperf
+    #                               | vllm-bench (twin.workload.measured)
     arrival: {process: poisson, rate: 5.0}         # req/s
     #        {process: gamma, rate: 5.0, cv: 2.0}  # cv of inter-arrival gaps
     lengths: azure-conv           # bundled table: azure-conv | azure-code
