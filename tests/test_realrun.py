@@ -120,6 +120,7 @@ def test_reads_an_inference_perf_run_folder(tmp_path):
         read_run(d)
     run = read_run(d, gpu="h100-sxm")
     assert run.key == "run-a" and run.stages == ((1.0, 4.0), (2.0, 4.0)) and not run.overloaded
+    assert run.completed == 3  # the summary report's successes.count
     assert run.actual[-1]["e2e_mean"] == 1.0 and run.actual[1]["ttft_p90"] == pytest.approx(0.3)
     assert run.actual[0]["itl_mean"] == pytest.approx((0.8 - 0.05) / 6)
     assert run.output_means()[0] == pytest.approx(7.0)
@@ -355,4 +356,6 @@ def test_the_overloaded_runs_of_the_data_time_out_at_300_s(realruns):
     overloaded = [r for r in read_runs(realruns) if r.overloaded]
     assert len(overloaded) == 4
     assert {r.spec["workload"].get("timeout") for r in overloaded} == {"300 s"}
+    # 4800 sent, 4068 failed (the manifest): the report sets the twin's count beside it
+    assert overloaded[0].completed == 4800 - 4068
     assert "timeout" not in read_run(realruns / AGGREGATE).spec["workload"]

@@ -116,7 +116,7 @@ def read_bench_run(path: Path, kind: str, gpu: str | None) -> RealRun:
     ttfts = sorted(r.ttft_s for r in reqs)
     n = len(reqs) + run.failed
     return RealRun(key, spec, stages, twin_metrics(rows, stages),
-                   is_overloaded(run.failed, n, ttfts[len(ttfts) // 2]))  # fmt: skip
+                   is_overloaded(run.failed, n, ttfts[len(ttfts) // 2]), len(reqs))  # fmt: skip
 
 
 def _number(raw: Any, key: str, where: str, *, integer: bool) -> Any:

@@ -89,6 +89,7 @@ class RealRun:
     stages: tuple[tuple[float, float], ...]
     actual: dict[int, dict[str, float]]
     overloaded: bool
+    completed: int | None = None  # requests that succeeded in the run (None: not recorded)
 
     def output_means(self) -> dict[int, float]:
         """Per stage, the mean output length the measured ``itl_mean`` divides by:
@@ -226,7 +227,10 @@ def _manifest_run(data: Path, row: Mapping[str, str], gpu: str | None) -> RealRu
     trace = data / row["trace"] if row.get("trace") else None
     spec = replay_spec(key, model, gpu_name, _int(_number(row, "tp", where)) or 1, engine,
                        offload, _workload(stages, sp, trace, timeout))  # fmt: skip
-    return RealRun(key, spec, stages, _actuals(data, key), row.get("overloaded") == "True")
+    sent, failed = _number(row, "n_requests", where), _number(row, "n_failed", where)
+    completed = _int(sent - failed) if sent is not None and failed is not None else None
+    return RealRun(key, spec, stages, _actuals(data, key), row.get("overloaded") == "True",
+                   completed)  # fmt: skip
 
 
 def _actuals(data: Path, key: str) -> dict[int, dict[str, float]]:
@@ -399,13 +403,15 @@ def _folder_run(folder: Path, gpu: str | None) -> RealRun:
     workload = _workload(stages, sp, trace, _client_timeout(profile, where))
     spec = replay_spec(folder.name, model, gpu, int(args.get("tensor_parallelism", 1)), engine,
                        offload, workload)  # fmt: skip
-    actual, overloaded = _lifecycle(folder, len(stages))
-    return RealRun(folder.name, spec, stages, actual, overloaded)
+    actual, overloaded, completed = _lifecycle(folder, len(stages))
+    return RealRun(folder.name, spec, stages, actual, overloaded, completed)
 
 
-def _lifecycle(folder: Path, stages: int) -> tuple[dict[int, dict[str, float]], bool]:
+def _lifecycle(folder: Path, stages: int) -> tuple[dict[int, dict[str, float]], bool, int | None]:
+    """Measured per stage, whether past saturation, the requests that succeeded."""
     out: dict[int, dict[str, float]] = {}
     overloaded = False
+    completed = None
     for s in (WHOLE, *range(stages)):
         name = (
             "summary_lifecycle_metrics.json" if s == WHOLE else f"stage_{s}_lifecycle_metrics.json"
@@ -429,7 +435,8 @@ def _lifecycle(folder: Path, stages: int) -> tuple[dict[int, dict[str, float]], 
             n_ok = ok.get("count") or 0
             n_bad = (doc.get("failures") or {}).get("count") or 0
             overloaded = is_overloaded(n_bad, n_ok + n_bad, ttft.get("median", 0))
-    return out, overloaded
+            completed = n_ok
+    return out, overloaded, completed
 
 
 def is_overloaded(failed: int, requests: int, median_ttft_s: float) -> bool:
