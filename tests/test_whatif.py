@@ -138,3 +138,37 @@ def test_a_kv_hand_off_over_an_oversubscribed_spine_is_priced_as_it_then_moves()
     assert share.rate_bytes_s == pytest.approx(uplink.usable_bytes_s / 16, rel=1e-12)
     assert t.end_s - t.start_s == pytest.approx(share.time_s, rel=1e-12)
     assert not math.isinf(share.time_s)
+
+
+def test_the_flow_counts_follow_groups_that_split_move_and_end():
+    """Each link's count of flows (what the estimate reads) is the number of
+    flows sending on it, through a group split by a degraded rail, a flow
+    moved off a failed link, and the ends of all."""
+    env = simpy.Environment()
+    net = Network(env)
+    rail0 = (Link("g0", "s", 100 * GB), Link("s", "h0", 100 * GB))
+    rail1 = (Link("g1", "s", 100 * GB), Link("s", "h1", 100 * GB))
+    around = (Link("g1", "t", 100 * GB), Link("t", "h1", 100 * GB))
+    net.reroute = lambda first, last, down: around if ("s", "h1") in down else None
+    links = [*rail0, *rail1, *around]
+    seen = []
+
+    def count():
+        seen.append([n for _, _, n in net.link_loads(links)])
+
+    # two transfers of one flow per rail: each moves as one group
+    for label in ("a", "b"):
+        net.start([FlowSpec(rail0, 50 * GB), FlowSpec(rail1, 50 * GB)], label)
+    run_at(env, 0.1, count)
+    run_at(env, 0.2, lambda: net.scale_link("g0", "s", 0.5))  # the groups split
+    run_at(env, 0.3, count)
+    run_at(env, 0.4, lambda: net.fail_link("s", "h1"))  # rail 1's flows go around
+    run_at(env, 0.5, count)
+    env.run()
+    count()
+    assert seen == [
+        [2, 2, 2, 2, 0, 0],
+        [2, 2, 2, 2, 0, 0],
+        [2, 2, 0, 0, 2, 2],
+        [0, 0, 0, 0, 0, 0],
+    ]
