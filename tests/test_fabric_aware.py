@@ -141,3 +141,28 @@ def test_a_weight_of_zero_leaves_the_fabric_out():
     assert FabricAware(decide="arrival", handoff_weight=0).route(REQ, v) == Route(0, 2)
     with pytest.raises(SpecError, match=r"scheduler\.handoff_weight: -1 must be"):
         build_scheduler("fabric-aware", {"handoff_weight": -1})
+
+
+def test_in_a_run_the_second_hand_off_avoids_the_nics_the_first_one_fills():
+    """One 25 Gb/s NIC a node; prefill 0 and 1 on nodes 0 and 1, decode 2
+    and 3 on node 2, decode 4 on node 3. Request 0's 60k-token KV goes 0 -> 2
+    and fills the NICs of nodes 0 and 2 for 2.7 s. Request 1 is paired while
+    it moves, with every candidate idle but decode 2: the known best pair is
+    1 -> 4, the only one whose NICs are free; load-only routing takes the
+    lowest ids, 0 -> 3, through both full NICs."""
+    cluster = {"topology": "a100-eth25", "nodes": 4, "placement": "packed",
+               "prefill": {"instances": 2, "tp": 8},
+               "decode": {"instances": 3, "tp": 4}}  # fmt: skip
+    reqs = [Request(0, 0.0, 60_000, 4), Request(1, 3.0, 2_000, 4)]
+    out = {}
+    for name in ("fabric-aware", "disagg"):
+        rows: list[dict] = []
+        Simulation(split_spec(cluster=cluster, scheduler=name), requests=reqs,
+                   on_row=rows.append).run()  # fmt: skip
+        out[name] = {r["id"]: (r["prefill_instance"], r["decode_instance"], r["transfer_s"])
+                     for r in rows}  # fmt: skip
+    fa, lo = out["fabric-aware"], out["disagg"]
+    assert fa[0][:2] == lo[0][:2] == (0, 2)
+    assert fa[1][:2] == (1, 4) and lo[1][:2] == (0, 3)
+    # alone on its NICs it moves at twice the rate it gets beside request 0
+    assert fa[1][2] < lo[1][2] * 0.6
