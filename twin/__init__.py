@@ -100,6 +100,7 @@ one is missing here, or named here and gone)::
       report.py                what twin topo prints
       flows.py transfer.py     the flow-level network; flows and transfers
       maxmin.py linkfaults.py  max-min fair filling; failed and degraded links
+      whatif.py                what flows started now would get, from the links' loads
     twin/workload/             what arrives
       __init__.py stream.py    the workload: section -> the request stream
       traces.py lengths.py     trace readers; length distributions and tables
@@ -111,11 +112,13 @@ one is missing here, or named here and gone)::
       sequence.py queuepolicy.py queuecost.py   a request's state; queue order; its cost
       kvcache.py tiers.py kvpool.py   KV blocks and prefix cache; tiers; node pools
       handoff.py cluster.py    the KV hand-off; placement and the live views
+      fabric.py abandon.py     the fabric in the router's view; requests given up
       observer.py              what a run reports as it happens
     twin/sim/                  one run
       __init__.py spec.py layout.py   specs; where instances run
       simulation.py control.py   wiring and driving a run; roles and ticks
       faults.py health.py scaling.py   faults and recovery; composed health; scaling
+      timeouts.py              client time-outs (workload.timeout)
       metrics.py summary.py intervals.py   streaming summaries; the table; intervals
       timeline.py trace.py frames.py   results over time; the event log; data frames
     twin/studies/              many runs
@@ -124,7 +127,7 @@ one is missing here, or named here and gone)::
       compare.py planner.py provision.py export.py   policies side by side; planning
       handoff.py bench.py catalog.py   the idle hand-off; twin bench; what ships
       validate_run.py realrun.py validate_realrun.py runmetrics.py runresiduals.py
-      replay.py fidelity.py moe_fidelity.py calibrate_runs.py   the twin against data
+      replay.py fidelity.py moe_fidelity.py calibrate_runs.py benchrun.py   against data
     twin/viz/                  pictures (matplotlib only here)
       __init__.py plots.py canvas.py style.py   a sweep folder's figures; shared parts
       attainment.py goodput.py cdf.py   attainment vs rate; goodput bars; CDFs
@@ -149,7 +152,10 @@ if TYPE_CHECKING:
     from twin.request import Request
     from twin.scheduler import (
         ClusterView,
+        FabricView,
+        HandoffEstimate,
         InstanceView,
+        LinkLoad,
         Objectives,
         PicksDecode,
         Plan,
@@ -182,7 +188,10 @@ _LAZY = {
     "EventLog": "twin.sim.trace",
     "Executor": "twin.studies.sweep",
     "ExperimentSpec": "twin.sim.spec",
+    "FabricView": "twin.scheduler",
+    "HandoffEstimate": "twin.scheduler",
     "InstanceView": "twin.scheduler",
+    "LinkLoad": "twin.scheduler",
     "Objectives": "twin.scheduler",
     "Observer": "twin.serving.observer",
     "PicksVictim": "twin.serving.queuepolicy",
@@ -250,6 +259,9 @@ __all__ = [
     "ClusterView",
     "InstanceView",
     "Objectives",
+    "FabricView",
+    "HandoffEstimate",
+    "LinkLoad",
     "register_queue_policy",
     "QueuePolicy",
     "PicksVictim",

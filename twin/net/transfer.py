@@ -143,7 +143,9 @@ def _count(keys: tuple[_Key, ...]) -> dict[_Key, int]:
 
 
 class _LinkState:
-    __slots__ = ("src", "dst", "base", "usable", "bytes", "busy_s", "load", "peak", "series")
+    __slots__ = (
+        "src", "dst", "base", "usable", "bytes", "busy_s", "load", "peak", "series", "flows",
+    )  # fmt: skip
 
     def __init__(self, link: LinkLike, factor: float = 1.0) -> None:
         self.src = link.src
@@ -155,6 +157,7 @@ class _LinkState:
         self.load = 0.0  # sum of the current rates, bytes/s
         self.peak = 0.0
         self.series: dict[int, float] = {}  # time bucket -> bytes (when a bucket width is set)
+        self.flows = 0  # flows sending on it, a group's once per member that crosses it
 
 
 class _Flow:
