@@ -127,7 +127,7 @@ def _run_spec(spec: Any, files: dict[str, str | None], bucket: float | None) -> 
 
         recorder = TraceRecorder()
     # The simulation's modules load once the spec is known to be good.
-    from twin.sim.metrics import REQUEST_COLUMNS
+    from twin.sim.metrics import request_columns
     from twin.sim.simulation import Simulation
 
     parquet = None
@@ -140,7 +140,8 @@ def _run_spec(spec: Any, files: dict[str, str | None], bucket: float | None) -> 
         csv_file = _open_out(files["requests_csv"]) if files["requests_csv"] else None
         sinks: list[Any] = []
         if csv_file is not None:
-            writer = csv.DictWriter(csv_file, fieldnames=REQUEST_COLUMNS, lineterminator="\n")
+            columns = request_columns(bool(spec.workload.classes))
+            writer = csv.DictWriter(csv_file, fieldnames=columns, lineterminator="\n")
             writer.writeheader()
             sinks.append(writer.writerow)
         if parquet is not None:
