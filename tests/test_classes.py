@@ -347,3 +347,90 @@ def test_invariants_hold_with_random_classes(policy, shares, priorities, rate, b
         assert e.kv.free == e.kv.total
     again = Simulation(spec).run().to_dict()
     assert again["summary"] == d["summary"]
+
+
+# -- goodput per class -----------------------------------------------------------------------
+def _fake_runner(d, where, base_dir, of_class=None):
+    """Attainment as a step in the offered rate: all meet below 10 req/s, the
+    interactive class below 4, the batch class below 8 (both against 0.9)."""
+    rate = d["workload"]["arrival"]["rate"]
+    edge = {None: 10.0, "interactive": 4.0, "batch": 8.0}[of_class]
+    return 1.0 if rate < edge else 0.5
+
+
+def test_goodput_searches_each_class_against_its_own_target(tmp_path):
+    from twin.studies.goodput import goodput
+
+    data = classed_data(requests=300)
+    data["workload"]["arrival"]["rate"] = 1.0
+    got = goodput(data, "x.yaml", Path.cwd(), seeds=1, runner=_fake_runner, rel_tol=0.01)
+    (row,) = got.rows
+    assert 9.8 < row.mean_rps < 10.0
+    shares = Counter(
+        r.traffic_class for r in iter_requests(classed_spec(requests=300).workload,
+                                               np.random.default_rng(0))
+    )  # fmt: skip
+    per = {name: (rps, total) for name, rps, total, _ in row.classes}
+    assert 3.9 < per["interactive"][1] < 4.0 and 7.8 < per["batch"][1] < 8.0
+    for name, (rps, total) in per.items():
+        assert rps == pytest.approx(total * shares[name] / 300)
+    head, cells = got.csv_rows()
+    assert head[-2:] == ["goodput_rps_interactive", "goodput_rps_batch"]
+    assert "goodput per class req/s: interactive" in got.format_table()
+
+
+def test_goodput_without_classes_writes_its_columns_as_before():
+    from twin.studies.goodput import goodput
+
+    data = classed_data(requests=300)
+    del data["workload"]["classes"]
+    data["workload"]["arrival"]["rate"] = 1.0
+    got = goodput(data, "x.yaml", Path.cwd(), seeds=1, runner=_fake_runner)
+    assert got.csv_rows()[0][-1] == "gpus" and got.rows[0].classes == ()
+    assert "per class" not in got.format_table()
+
+
+def test_a_goodput_probe_reads_the_class_attainment_of_the_run():
+    from twin.studies.goodput import probe_attainment
+
+    data = classed_data(requests=200)
+    summary = Simulation(classed_spec(requests=200)).run().to_dict()["summary"]
+    for name in ("interactive", "batch"):
+        got = probe_attainment(data, "x.yaml", str(Path.cwd()), name)
+        assert got == summary["classes"][name]["slo_attainment"]
+    assert probe_attainment(data, "x.yaml", str(Path.cwd())) == summary["slo_attainment"]
+
+
+# -- plots split by class --------------------------------------------------------------------
+def test_twin_plot_draws_a_line_per_class_of_a_requests_csv(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from twin.viz.plots import csv_classes, read_latencies
+
+    spec_path = tmp_path / "c.yaml"
+    spec_path.write_text(yaml.safe_dump(classed_data(requests=120)))
+    rows = tmp_path / "c.csv"
+    assert main(["run", str(spec_path), "-q", "--requests-csv", str(rows)]) == 0
+    table = list(csv.DictReader(io.StringIO(rows.read_text())))
+    assert csv_classes(rows) == list(dict.fromkeys(r["class"] for r in table))
+    for name in ("interactive", "batch"):
+        ttft, _ = read_latencies(rows, name)
+        mine = [r for r in table if r["class"] == name and r["status"] == "completed"]
+        assert ttft == sorted(float(r["ttft_s"]) for r in mine)
+    out = tmp_path / "plots"
+    assert main(["plot", "--requests", str(rows), "--by-class", "--out", str(out)]) == 0
+    assert (out / "requests-cdf.png").stat().st_size > 0
+
+
+def test_plot_by_class_of_a_csv_without_classes_is_one_error(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    data = classed_data(requests=20)
+    del data["workload"]["classes"]
+    spec_path = tmp_path / "c.yaml"
+    spec_path.write_text(yaml.safe_dump(data))
+    rows = tmp_path / "c.csv"
+    assert main(["run", str(spec_path), "-q", "--requests-csv", str(rows)]) == 0
+    capsys.readouterr()
+    assert main(["plot", "--requests", str(rows), "--by-class", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("twin: error: ") and err.count("\n") == 1
+    assert "c.csv: no class column" in err

@@ -933,7 +933,12 @@ def cmd_plot(args: argparse.Namespace) -> int:
             while label in runs:
                 label += "'"
             runs[label] = path
-        written += plot_cdfs(runs, out / "requests-cdf", opts=_plot_options(args, sweep=False))
+        written += plot_cdfs(
+            runs, out / "requests-cdf", opts=_plot_options(args, sweep=False),
+            by_class=args.by_class,
+        )  # fmt: skip
+    elif args.by_class:
+        raise TwinError("twin plot: --by-class: applies to --requests")
     if args.window and not args.trace:
         raise TwinError("twin plot: --window: applies to --trace")
     if args.trace:
@@ -1258,6 +1263,10 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument(
         "--requests", nargs="+", metavar="CSV", help="TTFT/TPOT CDFs of these --requests-csv files"
     )
+    pt.add_argument(
+        "--by-class", action="store_true",
+        help="--requests: a line per class of traffic of each file (its class column)",
+    )  # fmt: skip
     pt.add_argument("--trace", metavar="FILE", help="a timeline of this --trace-out file")
     pt.add_argument(
         "--window", metavar="START,END", help="the --trace timeline from START to END seconds"
