@@ -434,3 +434,23 @@ def test_plot_by_class_of_a_csv_without_classes_is_one_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("twin: error: ") and err.count("\n") == 1
     assert "c.csv: no class column" in err
+
+
+# -- the bundled experiment ------------------------------------------------------------------
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_bundled_experiment_prints_what_the_classes_guide_shows(capsys):
+    """`twin run classes`: priority lifts the interactive class from about a
+    fifth to nearly all of it meeting its SLO, the batch class meets its own
+    in both; the guide's figures are this output (docs/data/classes.txt)."""
+    assert main(["run", "classes"]) == 0
+    out = capsys.readouterr().out
+    shown = (REPO / "docs" / "data" / "classes.txt").read_text(encoding="utf-8")
+    assert shown == f"$ twin run classes\n{out.rstrip()}\n"
+    rows = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.split()[:1] in (
+        ["fcfs"], ["priority"])}  # fmt: skip
+    interactive = {k: float(v[-2]) for k, v in rows.items()}
+    batch = {k: float(v[-1]) for k, v in rows.items()}
+    assert interactive["fcfs"] < 30.0 < 85.0 < interactive["priority"]
+    assert batch == {"fcfs": 100.0, "priority": 100.0}

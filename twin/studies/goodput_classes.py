@@ -59,8 +59,8 @@ def class_lines(rows: Sequence[Any]) -> list[str]:
         if not r.classes:
             continue
         each = ", ".join(
-            f"{name} {rps:.3f}" + ("" if bounded else " (met at every rate tried)")
-            + f" (at {total:.3f} in all)"
+            f"{name} {'' if bounded else '>= '}{rps:.3f} (at {total:.3f} in all"
+            + ("" if bounded else "; met at every rate tried") + ")"
             for name, rps, total, bounded in r.classes
         )  # fmt: skip
         out.append(f"{r.label or '(base)'}: goodput per class req/s: {each}")
