@@ -454,3 +454,32 @@ def test_the_bundled_experiment_prints_what_the_classes_guide_shows(capsys):
     batch = {k: float(v[-1]) for k, v in rows.items()}
     assert interactive["fcfs"] < 30.0 < 85.0 < interactive["priority"]
     assert batch == {"fcfs": 100.0, "priority": 100.0}
+
+
+def test_a_mooncake_trace_names_classes_by_key_and_a_repeat_reads_them_again(tmp_path):
+    path = tmp_path / "m.jsonl"
+    lines = [
+        f'{{"timestamp": {1000 * i}, "input_length": 600, "output_length": 4, '
+        f'"hash_ids": [{i}], "class": "{c}"}}'
+        for i, c in enumerate(["batch", "interactive", "batch"])
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    classes = [{k: v for k, v in c.items() if k != "share"} for c in TWO]
+    w = WorkloadSpec.from_mapping(
+        {"trace": str(path), "classes": classes, "repeat": True, "max_requests": 7}, "w"
+    )
+    reqs = list(iter_requests(w, np.random.default_rng(0)))
+    assert [r.traffic_class for r in reqs] == ["batch", "interactive", "batch"] * 2 + ["batch"]
+    lines[1] = lines[1].replace(', "class": "interactive"', "")
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(TraceError, match=r"m\.jsonl: line 2: no key 'class'"):
+        list(iter_requests(w, np.random.default_rng(0)))
+
+
+def test_a_trace_without_a_class_column_is_one_error_when_classes_have_no_shares(tmp_path):
+    path = tmp_path / "v.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,10,1\n")
+    classes = [{k: v for k, v in c.items() if k != "share"} for c in TWO]
+    w = WorkloadSpec.from_mapping({"trace": str(path), "classes": classes}, "w")
+    with pytest.raises(TraceError, match=r"v\.csv: line 1: missing column\(s\) class"):
+        list(iter_requests(w, np.random.default_rng(0)))

@@ -628,12 +628,12 @@ def _per_class(
     """Each class's goodput of configuration ``c``: the mean over samples of
     the rate found for it, all requests and the class's share of them."""
     out = []
-    for side in variants:
-        if not side.startswith(SIDE):
-            continue
+    sides = [side for side in variants if side.startswith(SIDE)]
+    shares = {s: class_shares(specs[s]) for s in per_seed} if sides else {}
+    for side in sides:
         name = side[len(SIDE) :]
         total = [to_rps(per_seed[s], found[(c, s, side)][0], at) for s in per_seed]
-        share = [class_shares(specs[s])[name] for s in per_seed]
+        share = [shares[s][name] for s in per_seed]
         mine = [t * f for t, f in zip(total, share, strict=True)]
         bounded = all(found[(c, s, side)][1] for s in per_seed)
         out.append((name, float(np.mean(mine)), float(np.mean(total)), bounded))
