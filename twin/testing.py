@@ -15,9 +15,14 @@ Gymnasium's ``check_env`` serves environment authors::
     check_scheduler(MyPolicy)            # a class, a zero-argument factory or a name
 
 ``check_scheduler`` runs the policy on small bursty workloads, on a colocated
-cluster and on a split one with a topology, skipping only a cluster that its
-setup refuses (with a ``SpecError``), and fails with an ``AssertionError`` that
-says which promise broke on which cluster.
+cluster and on a split one with a topology (with ``fabric=True`` also on a
+split one whose hand-offs contend for a slow fabric), skipping only a cluster
+that its setup refuses (with a ``SpecError``), and fails with an
+``AssertionError`` that says which promise broke on which cluster.
+
+A policy that reads the fabric (``view.handoff_estimate``) is unit-tested
+with hand-built estimates: ``make_view(..., fabric={(0, 2): HandoffEstimate(0,
+2, transfer_s=0.5)})``.
 
 A hand-built view carries a seeded generator, ``view.rng`` (``make_view(...,
 seed=1)`` picks another), as a simulation hands each policy its own stream.
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from types import CodeType
@@ -37,7 +42,16 @@ import numpy as np
 
 from twin.errors import SpecError
 from twin.request import Request
-from twin.scheduler import ClusterView, InstanceSnapshot, Role, Scheduler, get_scheduler
+from twin.scheduler import (
+    ClusterView,
+    FabricSnapshot,
+    FabricView,
+    HandoffEstimate,
+    InstanceSnapshot,
+    Role,
+    Scheduler,
+    get_scheduler,
+)
 
 __all__ = ["check_scheduler", "instance", "make_view", "scenario_requests"]
 
@@ -47,13 +61,22 @@ def instance(id: int, role: Role = "mixed", **fields: Any) -> InstanceSnapshot:
     return InstanceSnapshot(id, role=role, **fields)
 
 
-def make_view(*instances: InstanceSnapshot, now: float = 0.0, seed: int = 0) -> ClusterView:
+def make_view(
+    *instances: InstanceSnapshot,
+    now: float = 0.0,
+    seed: int = 0,
+    fabric: FabricView | Mapping[tuple[int, int], HandoffEstimate] | None = None,
+) -> ClusterView:
     """A cluster view of the given instances at time ``now``, its ``rng``
-    seeded with ``seed``; ids must be 0..n-1."""
+    seeded with ``seed``; ids must be 0..n-1. ``fabric``: a
+    :class:`~twin.scheduler.FabricView`, or the hand-off estimate of each
+    (prefill, decode) pair (a :class:`~twin.scheduler.FabricSnapshot`)."""
     ids = [i.id for i in instances]
     if ids != list(range(len(instances))):
         raise ValueError(f"instance ids must be 0..{len(instances) - 1} in order, not {ids}")
-    return ClusterView(instances, now, rng=np.random.default_rng(seed))
+    if isinstance(fabric, Mapping):
+        fabric = FabricSnapshot(fabric)
+    return ClusterView(instances, now, rng=np.random.default_rng(seed), fabric=fabric)
 
 
 # The two classes of traffic of the contract's runs with classes (check_scheduler(classes=...)).
@@ -97,12 +120,19 @@ FAULTS = [
 ]
 
 
+# The contract's loaded fabric (check_scheduler(fabric=True)): one 25 Gb/s TCP
+# NIC a node, so the hand-offs between the two nodes contend for it.
+LOADED_FABRIC = "a100-eth25"
+
+
 def _spec(
-    split: bool, faults: bool = False, classes: bool = False, queue_policy: str | None = None
-) -> Any:
+    split: bool, faults: bool = False, fabric: bool = False, classes: bool = False,
+    queue_policy: str | None = None,
+) -> Any:  # fmt: skip
     from twin.sim.spec import resolve_spec
 
-    cluster: dict[str, Any] = {"topology": "dgx-h100-ib400", "nodes": 2, "tp": 4}
+    topology = LOADED_FABRIC if fabric else "dgx-h100-ib400"
+    cluster: dict[str, Any] = {"topology": topology, "nodes": 2, "tp": 4}
     if split:
         cluster.update(prefill=2, decode=2)
     else:
@@ -156,16 +186,16 @@ def _setup_code(policy: Any) -> CodeType | None:
 
 
 def _run(
-    make: Callable[[], Any], split: bool, seed: int, faults: bool = False, classes: bool = False,
-    queue_policy: str | None = None,
+    make: Callable[[], Any], split: bool, seed: int, faults: bool = False, fabric: bool = False,
+    classes: bool = False, queue_policy: str | None = None,
 ) -> tuple[str, list[dict[str, Any]]]:  # fmt: skip
     from twin.sim.simulation import Simulation
 
     reqs = scenario_requests(seed, classes=classes)
     rows: list[dict[str, Any]] = []
     policy = make()
-    spec = _spec(split, faults, classes, queue_policy)
     try:
+        spec = _spec(split, faults, fabric, classes, queue_policy)
         sim = Simulation(spec, requests=reqs, on_row=rows.append, scheduler=policy)
     except SpecError as refusal:
         code = _setup_code(policy)  # None: a setup without Python code; trust the error
@@ -200,6 +230,9 @@ def _run(
         assert sum(c["requests"] for c in per.values()) == len(reqs)
     for e in sim.engines:
         assert e.kv.free == e.kv.total, f"instance {e.id} ended with KV blocks held"
+    if sim.network is not None:
+        ratio = sim.network.max_link_load_ratio
+        assert ratio <= 1.0 + 1e-9, f"a link carried {ratio:.6f} x its capacity"
     return json.dumps(result.to_dict(), sort_keys=True, default=str), rows
 
 
@@ -209,12 +242,12 @@ def _kind(split: bool) -> str:
 
 def _attempt(
     make: Callable[[], Any], split: bool, seed: int, *, may_refuse: bool, faults: bool = False,
-    **kw: Any,
+    fabric: bool = False, **kw: Any,
 ) -> tuple[str, list[dict[str, Any]]]:  # fmt: skip
     """One contract run; a failure becomes an ``AssertionError`` naming the
     cluster, except a refusal at setup when ``may_refuse``."""
     try:
-        return _run(make, split, seed, faults, **kw)
+        return _run(make, split, seed, faults, fabric, **kw)
     except _Refused as e:
         if may_refuse:
             raise
@@ -236,6 +269,7 @@ def check_scheduler(
     seeds: tuple[int, ...] = (0, 1),
     *,
     faults: bool = False,
+    fabric: bool = False,
     classes: bool = False,
     queue_policy: str | None = None,
 ) -> str:
@@ -260,6 +294,11 @@ def check_scheduler(
     instances that are up (``InstanceView.up``; ``ClusterView.of_role`` and
     ``up()`` list only those), and every request still ends exactly once,
     completed, rejected or failed with a reason.
+
+    ``fabric``: also run the split cluster on :data:`LOADED_FABRIC`, where the
+    hand-offs between the nodes contend for one slow NIC a node (what a
+    policy reading ``ClusterView.handoff_estimate`` sees change under load):
+    the same promises, and no link ever carries more than its capacity.
 
     ``classes``: the requests are of two classes of traffic (:data:`CLASSES`,
     with their own SLOs and priorities); each class's summary must count its
@@ -293,5 +332,9 @@ def check_scheduler(
             a = _attempt(make, split, seeds[0], may_refuse=False, faults=True, **kw)
             b = _attempt(make, split, seeds[0], may_refuse=False, faults=True, **kw)
             assert a == b, f"on the {_kind(split)} cluster with faults, two runs differ"
+        if fabric and split:
+            a = _attempt(make, split, seeds[0], may_refuse=False, fabric=True, **kw)
+            b = _attempt(make, split, seeds[0], may_refuse=False, fabric=True, **kw)
+            assert a == b, "on the split cluster with a loaded fabric, two runs differ"
     assert accepted, f"the policy's setup refused both clusters: {'; '.join(refusals)}"
     return _kind(accepted[0]) if len(accepted) == 1 else "both"
