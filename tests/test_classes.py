@@ -483,3 +483,22 @@ def test_a_trace_without_a_class_column_is_one_error_when_classes_have_no_shares
     w = WorkloadSpec.from_mapping({"trace": str(path), "classes": classes}, "w")
     with pytest.raises(TraceError, match=r"v\.csv: line 1: missing column\(s\) class"):
         list(iter_requests(w, np.random.default_rng(0)))
+
+
+def test_the_requests_parquet_and_frame_carry_the_class(tmp_path):
+    pytest.importorskip("pyarrow")
+    pytest.importorskip("pandas")
+    from twin.sim.frames import read_parquet_columns
+
+    spec_path = tmp_path / "c.yaml"
+    spec_path.write_text(yaml.safe_dump(classed_data(requests=40)))
+    out = tmp_path / "r.parquet"
+    rows = tmp_path / "r.csv"
+    assert main(["run", str(spec_path), "-q", "--requests-parquet", str(out),
+                 "--requests-csv", str(rows)]) == 0  # fmt: skip
+    cols, kinds = read_parquet_columns(out)
+    table = list(csv.DictReader(io.StringIO(rows.read_text())))
+    assert kinds["class"] == "str"
+    assert cols["class"] == [r["class"] for r in table]
+    frame = Simulation(classed_spec(requests=40), keep_requests=True).run().requests
+    assert set(frame["class"]) == {"interactive", "batch"}

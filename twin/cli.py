@@ -134,7 +134,10 @@ def _run_spec(spec: Any, files: dict[str, str | None], bucket: float | None) -> 
     if files["requests_parquet"]:
         from twin.sim.frames import RequestParquet
 
-        parquet = RequestParquet(files["requests_parquet"], {"pd-twin.spec_sha256": spec.sha256})
+        parquet = RequestParquet(
+            files["requests_parquet"], {"pd-twin.spec_sha256": spec.sha256},
+            classes=bool(spec.workload.classes),
+        )  # fmt: skip
     csv_file = None
     try:
         csv_file = _open_out(files["requests_csv"]) if files["requests_csv"] else None

@@ -299,11 +299,16 @@ def write_parquet(
 class RequestParquet:
     """Per-request rows streamed to a Parquet file as they come (``on_row``),
     a row group every :data:`ROW_GROUP` rows, in the order given (the order
-    requests end, as ``--requests-csv`` writes them)."""
+    requests end, as ``--requests-csv`` writes them); ``classes``: the rows
+    carry a class column (a run with ``workload.classes``)."""
 
-    def __init__(self, path: str | Path, metadata: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, path: str | Path, metadata: Mapping[str, str] | None = None, classes: bool = False
+    ) -> None:
         self.path = Path(path)
-        self._schema = arrow_schema(REQUEST_KINDS, metadata)
+        # a run with classes of traffic: the class column after the others
+        kinds = REQUEST_KINDS | ({CLASS_COLUMN: "str"} if classes else {})
+        self._schema = arrow_schema(kinds, metadata)
         self._writer = _open_writer(self.path, self._schema)
         self._rows: list[Mapping[str, Any]] = []
 
