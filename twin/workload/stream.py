@@ -19,7 +19,8 @@ YAML (the mapping under ``workload:``)::
 
     trace: path/to/trace.csv      # a trace file, or `lengths:` below (exactly one)
     format: auto                  # auto | azure | mooncake | splitwise | vidur | lengths
-    #                               | inference-perf (its per-request records)
+    #                               | inference-perf (its per-request records) | aiperf
+    #                               | vllm-bench (twin.workload.measured)
     arrival: {process: poisson, rate: 5.0}         # req/s
     #        {process: gamma, rate: 5.0, cv: 2.0}  # cv of inter-arrival gaps
     lengths: azure-conv           # bundled table: azure-conv | azure-code
@@ -46,6 +47,8 @@ YAML (the mapping under ``workload:``)::
     #                               drawn per request; or one integer for all (default 0)
     classes: [{name: interactive, share: 0.7, priority: 0, slo: {ttft: 1 s}}, ...]
     #                               classes of traffic (twin.workload.classes)
+    timeout: 300 s                # a client gives up on a request not finished this long
+    #                               after it was sent (failed, reason timeout; null: never)
 
 ``arrival`` is required for ``lengths:`` and for length-only traces; for a
 timed trace it replaces the trace's times (lengths keep the file order).
@@ -70,7 +73,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from twin import yamlio
-from twin._check import check_keys, is_int, is_number
+from twin._check import check_keys, duration, is_int, is_number
 from twin._declare import (
     BOOL,
     NONNEG_INT,
@@ -297,6 +300,12 @@ class WorkloadSpec:
         "classes of traffic, each with its priority and SLO: [{name, share, priority, "
         "slo: {ttft, tpot, target}, lengths}]; without shares, the trace's class column",
     )  # fmt: skip
+    timeout_s: float | None = declared(
+        None, seconds(),
+        "the client gives up on a request not finished this long after it was sent: its work "
+        "stops, its KV is freed, it ends failed (reason timeout); null: never",
+        key="timeout",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if (self.trace is None) == (self.lengths is None):
@@ -338,6 +347,8 @@ class WorkloadSpec:
                 raise SpecError("give rate (requests/s) or rate_scale (x the trace's), not both")
         if self.duration_s is not None:
             _positive("duration", self.duration_s)
+        if self.timeout_s is not None:
+            _positive("timeout", self.timeout_s)
         if self.max_requests is not None and (
             not is_int(self.max_requests) or self.max_requests < 1
         ):
@@ -398,6 +409,8 @@ class WorkloadSpec:
                     raise SpecError(f"{where}.duration: {e}") from None
             if m.get("max_requests") is not None:
                 kw["max_requests"] = m["max_requests"]
+            if m.get("timeout") is not None:
+                kw["timeout_s"] = duration(m["timeout"], f"{where}.timeout")
             if m.get("prefixes") is not None:
                 kw["prefixes"] = _scoped(_prefixes, m["prefixes"], f"{where}.prefixes")
             if m.get("output_tokens") is not None:
