@@ -106,6 +106,7 @@ one is missing here, or named here and gone)::
       traces.py lengths.py     trace readers; length distributions and tables
       arrivals.py schedule.py  Poisson and Gamma arrivals; rate schedules
       measured.py inference_perf.py shared_prefix.py   real runs' records; inference-perf
+      classes.py               classes of traffic: their SLOs and priorities
     twin/serving/              one instance and what moves between instances
       __init__.py engine.py    continuous batching, one event per iteration
       fastforward.py pipeforward.py   closed-form jumps over quiet stretches
@@ -120,10 +121,12 @@ one is missing here, or named here and gone)::
       faults.py health.py scaling.py   faults and recovery; composed health; scaling
       timeouts.py              client time-outs (workload.timeout)
       metrics.py summary.py intervals.py   streaming summaries; the table; intervals
+      classmetrics.py          the summaries per class of traffic
       timeline.py trace.py frames.py   results over time; the event log; data frames
     twin/studies/              many runs
       __init__.py sweep.py sweepdata.py workers.py   sweeps, their folders, workers
       goodput.py goodput_interval.py samples.py   goodput, its interval, sample sizes
+      goodput_classes.py       goodput per class of traffic
       compare.py planner.py provision.py export.py   policies side by side; planning
       handoff.py bench.py catalog.py   the idle hand-off; twin bench; what ships
       validate_run.py realrun.py validate_realrun.py runmetrics.py runresiduals.py

@@ -60,22 +60,16 @@ def cmd_plot(args: argparse.Namespace) -> int:  # noqa: C901
             while label in runs:
                 label += "'"
             runs[label] = path
-        written += plot_cdfs(runs, out / "requests-cdf", opts=plot_options(args, sweep=False))
+        written += plot_cdfs(
+            runs, out / "requests-cdf", opts=plot_options(args, sweep=False),
+            by_class=args.by_class,
+        )  # fmt: skip
+    elif args.by_class:
+        raise TwinError("twin plot: --by-class: applies to --requests")
     if args.window and not args.trace:
         raise TwinError("twin plot: --window: applies to --trace")
     if args.trace:
-        window = None
-        if args.window:
-            try:
-                a, b = (float(x) for x in args.window.split(","))
-            except ValueError:
-                a = b = math.nan
-            if not 0 <= a < b < math.inf:
-                raise TwinError(
-                    f"twin plot: --window: {args.window!r}; expected START,END seconds, "
-                    "0 <= START < END"
-                )
-            window = (a, b)
+        window = _trace_window(args.window) if args.window else None
         stem = Path(args.trace).stem
         written += plot_timeline(
             args.trace, out / f"{stem}-timeline", window_s=window, opts=plot_options(args, False)
@@ -87,6 +81,19 @@ def cmd_plot(args: argparse.Namespace) -> int:  # noqa: C901
     for path in written:
         print(path)
     return 0
+
+
+def _trace_window(text: str) -> tuple[float, float]:
+    """``--window START,END`` (seconds) of ``twin plot --trace``."""
+    try:
+        a, b = (float(x) for x in text.split(","))
+    except ValueError:
+        a = b = math.nan
+    if not 0 <= a < b < math.inf:
+        raise TwinError(
+            f"twin plot: --window: {text!r}; expected START,END seconds, 0 <= START < END"
+        )
+    return a, b
 
 
 def add_plot_options(p: argparse.ArgumentParser) -> None:
@@ -146,6 +153,10 @@ def add_plot_parser(sub: Any) -> None:
     pt.add_argument(
         "--requests", nargs="+", metavar="CSV", help="TTFT/TPOT CDFs of these --requests-csv files"
     )
+    pt.add_argument(
+        "--by-class", action="store_true",
+        help="--requests: a line per class of traffic of each file (its class column)",
+    )  # fmt: skip
     pt.add_argument("--trace", metavar="FILE", help="a timeline of this --trace-out file")
     pt.add_argument(
         "--window", metavar="START,END", help="the --trace timeline from START to END seconds"

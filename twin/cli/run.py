@@ -42,20 +42,24 @@ def _run_spec(spec: Any, files: dict[str, str | None], bucket: float | None) -> 
 
         recorder = TraceRecorder()
     # The simulation's modules load once the spec is known to be good.
-    from twin.sim.metrics import REQUEST_COLUMNS
+    from twin.sim.metrics import request_columns
     from twin.sim.simulation import Simulation
 
     parquet = None
     if files["requests_parquet"]:
         from twin.sim.frames import RequestParquet
 
-        parquet = RequestParquet(files["requests_parquet"], {"pd-twin.spec_sha256": spec.sha256})
+        parquet = RequestParquet(
+            files["requests_parquet"], {"pd-twin.spec_sha256": spec.sha256},
+            classes=bool(spec.workload.classes),
+        )  # fmt: skip
     csv_file = None
     try:
         csv_file = open_out(files["requests_csv"]) if files["requests_csv"] else None
         sinks: list[Any] = []
         if csv_file is not None:
-            writer = csv.DictWriter(csv_file, fieldnames=REQUEST_COLUMNS, lineterminator="\n")
+            columns = request_columns(bool(spec.workload.classes))
+            writer = csv.DictWriter(csv_file, fieldnames=columns, lineterminator="\n")
             writer.writeheader()
             sinks.append(writer.writerow)
         if parquet is not None:
