@@ -4,6 +4,7 @@ invariants under Hypothesis, and the published speed-ups."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
@@ -257,3 +258,22 @@ def test_the_gain_fades_as_batches_grow():
     gains = [speedup(perf, sp, b, 1000) for b in (1, 64, 128, 256, 1024)]
     assert gains[0] > 2.0
     assert gains == sorted(gains, reverse=True) and gains[-1] < 1.0
+
+
+def _study(tmp_path, rate: int) -> dict[str, dict]:
+    """The bundled study's plain and eagle3 summaries at ``rate`` requests/s."""
+    out = tmp_path / f"r{rate}.json"
+    sets = ["--set", f"workload.arrival.rate={rate}", "--set", "workload.max_requests=300"]
+    assert main(["run", "speculative", *sets, "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())["runs"]
+    return {label: run["summary"] for label, run in runs.items()}
+
+
+def test_the_bundled_study_shows_the_gain_fading_with_load(tmp_path, capsys):
+    def gain(rate: int) -> float:
+        s = _study(tmp_path, rate)
+        return s["plain"]["tpot_s"]["p50"] / s["eagle3"]["tpot_s"]["p50"]
+
+    light, heavy = gain(1), gain(48)
+    assert light > 2.0  # 2.6 tokens a step, verifying 4 costs about what 1 does
+    assert 1.0 < heavy < 0.7 * light
