@@ -14,6 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_engine import Linear, audit, observing, run_engine
 from test_engine import scenarios as engine_scenarios
+from test_every_feature import _SLOW_OK, check_run, write_trace
+from test_every_feature import _run as _every_feature_run
+from test_every_feature import specs as every_feature_specs
 
 from twin.cli import main
 from twin.errors import SpecError
@@ -277,3 +280,32 @@ def test_the_bundled_study_shows_the_gain_fading_with_load(tmp_path, capsys):
     light, heavy = gain(1), gain(48)
     assert light > 2.0  # 2.6 tokens a step, verifying 4 costs about what 1 does
     assert 1.0 < heavy < 0.7 * light
+
+
+# -- every feature together ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory: pytest.TempPathFactory):
+    return write_trace(tmp_path_factory.mktemp("trace") / "prefixes.jsonl")
+
+
+@st.composite
+def speculative_specs(draw):
+    """test_every_feature's random specs (split or colocated, hand-offs, faults,
+    retries, tiers and pools, scaling, rate schedules), one pipeline stage,
+    each instance decoding speculatively."""
+    data = draw(every_feature_specs().filter(lambda d: d["cluster"]["pp"] == 1))
+    method = draw(st.sampled_from(["eagle", "ngram", "draft"]))
+    spec = {"method": method, "k": draw(st.integers(1, 5)), "acceptance": draw(
+        st.sampled_from([0.0, 0.6, 0.9, 1.0]))}  # fmt: skip
+    if method == "draft":
+        spec["draft"] = "llama-3.2-1b"
+    data["engine"]["speculative"] = spec
+    return data
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=_SLOW_OK)
+@given(data=speculative_specs())
+def test_every_feature_with_speculation_conserves_and_orders(data, trace):
+    out, sim = _every_feature_run(data, trace, True)  # fast-forward asked for: it stays off
+    check_run(out, sim)
+    assert all(e.spec is not None and e._ff is None for e in sim.engines)
