@@ -28,7 +28,7 @@ from twin.request import Request
 from twin.serving.engine import Engine, EngineConfig
 from twin.serving.kvcache import BlockManager
 from twin.serving.speculative import Speculation, SpeculativeConfig, parse, table
-from twin.sim.simulation import run
+from twin.sim.simulation import Simulation, run
 
 W = "spec.yaml: engine.speculative"
 
@@ -309,3 +309,19 @@ def test_every_feature_with_speculation_conserves_and_orders(data, trace):
     out, sim = _every_feature_run(data, trace, True)  # fast-forward asked for: it stays off
     check_run(out, sim)
     assert all(e.spec is not None and e._ff is None for e in sim.engines)
+
+
+def test_a_routers_estimates_see_the_verify_step_and_its_tokens():
+    spec = {"method": "eagle", "k": 3, "acceptance": "vllm-eagle3-llama3.1-8b-mtbench"}
+    sim = Simulation(small_spec(requests=5, engine={"speculative": spec}))
+    view, eng = sim.view.instances[0], sim.engines[0]
+    sp = eng.spec
+    assert sp is not None
+    step = sp.iteration_time(Batch((), 32, 32_000))
+    assert view.estimate_decode_s(32, 32_000) == pytest.approx(
+        step / (1 + 0.7296 + 0.5208 + 0.3545)
+    )
+    assert view.estimate_decode_s(32, 32_000) < eng.perf.iteration_time(Batch((), 32, 32_000))
+    prompt = Batch(((1000, 0),))
+    assert view.estimate_prefill_s(1000) == sp.iteration_time(prompt)
+    assert view.estimate_prefill_s(1000) > eng.perf.iteration_time(prompt)  # the head's too
