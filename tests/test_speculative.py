@@ -325,3 +325,24 @@ def test_a_routers_estimates_see_the_verify_step_and_its_tokens():
     prompt = Batch(((1000, 0),))
     assert view.estimate_prefill_s(1000) == sp.iteration_time(prompt)
     assert view.estimate_prefill_s(1000) > eng.perf.iteration_time(prompt)  # the head's too
+
+
+@pytest.mark.parametrize(
+    ("spec", "config"),
+    [
+        (
+            {"method": "mtp", "k": 1, "acceptance": "deepseek-v3-mtp-high"},
+            {"method": "mtp", "num_speculative_tokens": 1},
+        ),
+        (
+            {"method": "draft", "k": 4, "acceptance": 0.6, "draft": "llama-3.2-1b"},
+            {"model": "meta-llama/Llama-3.2-1B", "num_speculative_tokens": 4},
+        ),
+    ],
+)
+def test_an_export_carries_the_speculative_config_and_its_assumption(spec, config):
+    from twin.studies.export import engine_args
+
+    args, notes = engine_args(small_spec(requests=5, engine={"speculative": spec}))
+    assert json.loads(args["--speculative-config"]) == config
+    assert any("simulated at an assumed acceptance of" in n for n in notes)
