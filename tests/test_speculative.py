@@ -180,6 +180,27 @@ def test_fast_forward_is_off_and_pipelines_are_refused():
                speculation=piped)  # fmt: skip
 
 
+def test_a_verifying_decode_takes_its_k_plus_1_tokens_of_a_chunked_budget():
+    # budget 64: r0's 60-token prompt alone, then r0 verifying (4 tokens) beside
+    # 60 tokens of r1's prompt (63 were a decode one token)
+    sp = _spec(3, (0.0, 0.0, 0.0))
+    cfg = EngineConfig(chunked_prefill=True, max_batched_tokens=64, speculative=sp.config)
+    seen: list[tuple[int, int]] = []
+
+    def record(eng: Engine) -> None:
+        timed = eng.iteration_time
+
+        def noted(b: Batch) -> float:
+            seen.append((b.prefill_tokens, b.decode_count))
+            return timed(b)
+
+        eng.iteration_time = noted  # type: ignore[method-assign]
+
+    reqs = [Request(0, 0.0, 60, 3), Request(1, 0.001, 100, 2)]
+    run_engine(reqs, config=cfg, perf=sp.perf, speculation=sp, on_engine=record)
+    assert seen[:3] == [(60, 0), (60, 1), (40, 1)]
+
+
 # -- invariants under Hypothesis ---------------------------------------------------------
 @st.composite
 def scenarios(draw):

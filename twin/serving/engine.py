@@ -6,7 +6,9 @@ watermark); running sequences grow a block at a time; when a decode step finds
 no free block, the most recently admitted sequence is preempted and will be
 recomputed (its prompt plus the tokens it had produced are prefilled again).
 The queue's order and the preemption victim are the spec's queue policy's
-(:mod:`twin.serving.queuepolicy`; FCFS by default).
+(:mod:`twin.serving.queuepolicy`; FCFS by default). Decoding speculatively
+(:mod:`twin.serving.speculative`), each decode step verifies drafted tokens
+and emits one or more tokens per sequence, drawn when it joins the batch.
 With ``chunked_prefill`` the iteration carries every running decode first and
 fills the rest of a token budget with prefill chunks (Sarathi-Serve style).
 
@@ -888,7 +890,10 @@ class Engine:
             self._landed.clear()
         if cfg.chunked_prefill:
             decoding = self._prepare_decode()
-            budget = cfg.max_batched_tokens - self.decode_count
+            # a verifying decode takes its k + 1 tokens of the budget (vLLM V1
+            # schedules a request's draft tokens with it)
+            width = 1 if self.spec is None else self.spec.k + 1
+            budget = cfg.max_batched_tokens - self.decode_count * width
             chunks = self._take_chunks(budget, chunked=True)
         else:
             chunks = self._take_chunks(cfg.max_batched_tokens, chunked=False)

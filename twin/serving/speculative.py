@@ -52,6 +52,13 @@ the mean context), plus the proposer's own time:
 - ``ngram``: zero. Prompt-lookup proposers match n-grams of the context on
   the CPU; their time is not priced.
 
+A model with latent attention (DeepSeek's MLA) verifies with the absorbed
+decode kernel, each of the ``k + 1`` positions a query over the cached
+latent, so its verify is priced as ``k + 1`` decode sequences per sequence
+(the prompt-chunk shape would price the non-absorbed prefill form and the
+up-projection of the whole context). NOTE: each position then reads the
+latent cache again, an overestimate at long contexts.
+
 NOTE: the perf model prices the LM head once per sequence (a prefill chunk
 needs only its last logits), so the verify's logits for the ``k`` drafted
 positions are not priced; nor are a draft model's weights and KV taken out
