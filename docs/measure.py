@@ -1,4 +1,4 @@
-"""Write the measured outputs the Fidelity, Speed and Speculative decoding pages show.
+"""Write the measured outputs the documentation pages show (Fidelity, Speed, guides).
 
 Each entry of :data:`MEASURED` is a command a reader can run from the
 repository root (the public data at ``../shared/data``); this script runs it
@@ -32,6 +32,7 @@ MEASURED: dict[str, str] = {
     "speculative-1": "twin run speculative",
     "speculative-24": "twin run speculative --set workload.arrival.rate=24",
     "speculative-48": "twin run speculative --set workload.arrival.rate=48",
+    "fabric-aware": "twin run fabric-aware",
 }
 
 
