@@ -137,24 +137,32 @@ def _audit(eng: Engine) -> None:
 
 def test_one_speculative_step_exact_trace():
     # every draft accepted: each step emits k + 1 = 4 tokens. Token 1 comes from the
-    # prefill (10 ms + 100 x 0.1 ms); the 8 left take two verify steps, each the
-    # perf model's time for one prefill-shaped chunk of 4 tokens: 10 + 0.4 ms.
+    # prefill (10 ms + 100 x 1 ms); the 8 left take two verify steps, each the perf
+    # model's time for one prompt-shaped chunk of 4 tokens: 10 + 4 ms.
     log: list[tuple] = []
-    sp = _spec(3, (1.0, 1.0, 1.0))
+    sp = _spec(3, (1.0, 1.0, 1.0), Linear(per_prefill=1e-3))
     eng, done = _run([Request(0, 0.0, 100, 9)], sp, log=log)
     assert log == [
         (0.0, "iteration", 0, (0,), 0),
-        (pytest.approx(0.02), "iteration", 0, (), 1),
-        (pytest.approx(0.0304), "iteration", 0, (), 1),
-        (pytest.approx(0.0408), "finish", 0, 0),
+        (pytest.approx(0.11), "iteration", 0, (), 1),
+        (pytest.approx(0.124), "iteration", 0, (), 1),
+        (pytest.approx(0.138), "finish", 0, 0),
     ]
     s = done[0]
-    assert (s.t_first_token, s.t_finish) == pytest.approx((0.02, 0.0408))
+    assert (s.t_first_token, s.t_finish) == pytest.approx((0.11, 0.138))
     assert s.generated == 9 and eng.steps == 2 and eng.iterations == 3
     tpot = (s.t_finish - s.t_first_token) / 8
-    assert tpot == pytest.approx(0.0026)  # 4 tokens visible per 10.4 ms step
-    assert s.max_gap == pytest.approx(0.0104)
+    assert tpot == pytest.approx(0.0035)  # 4 tokens visible per 14 ms step
+    assert s.max_gap == pytest.approx(0.014)
     assert eng.kv.free == eng.kv.total
+
+
+def test_a_verify_step_never_costs_less_than_the_decode_step():
+    # a model whose prompt tokens are cheaper than decodes (0.1 against 1 ms):
+    # 4 verify tokens would price at 10.4 ms, the decode step it replaces at 11
+    sp = _spec(3, (1.0, 1.0, 1.0))
+    assert sp.iteration_time(Batch((), 1, 101)) == pytest.approx(0.011)
+    assert sp.perf.iteration_time(sp.verify_batch(Batch((), 1, 101))) == pytest.approx(0.0104)
 
 
 def test_one_step_takes_the_blocks_of_its_accepted_tokens_only():

@@ -291,8 +291,14 @@ class Speculation:
 
     def iteration_time(self, batch: Batch) -> float:
         """Seconds of one iteration of ``batch`` with its decodes verifying:
-        the verify shape on the perf model plus the proposer's passes."""
+        the verify shape on the perf model (at least ``batch`` as it is) plus
+        the proposer's passes."""
         t = self.perf.iteration_time(self.verify_batch(batch))
+        if batch.decode_count:
+            # it reads the weights and KV a decode step reads and computes more
+            # tokens: never less (a fitted model's prompt and decode fits may
+            # disagree at a few tokens, DistServe's among them)
+            t = max(t, self.perf.iteration_time(batch))
         if self.proposer is None or batch.is_empty:
             return t
         t += self.proposer.iteration_time(batch)
