@@ -234,6 +234,10 @@ def test_invariants_hold_under_speculation(scenario):
         if s.req.output_tokens > 1:
             tpot = (s.t_finish - s.t_first_token) / (s.req.output_tokens - 1)
             assert s.max_gap >= tpot - 1e-12
+        if s.emit is not None:  # its last decode stretch: 1 to k + 1 tokens a step, to the end
+            steps = np.diff(s.emit)
+            assert steps.min() >= 1 and steps.max() <= sp.k + 1
+            assert s.g_join + s.emit[-1] == s.req.output_tokens
     # KV never above capacity, all of it free at the end (but idle cached prompts),
     # the per-step table spent
     cached = eng.cache.cached_blocks if eng.cache is not None else 0

@@ -160,8 +160,9 @@ class EngineConfig:
         "a request that can never fit: error | reject | truncate (see max_model_len)",
     )  # fmt: skip
     fast_forward: bool = declared(
-        True, BOOL, "cover quiet decode stretches with one event (same results)"
-    )
+        True, BOOL,
+        "cover quiet decode stretches with one event (same results); a speculative instance steps",
+    )  # fmt: skip
     prefix_caching: bool = declared(
         False, BOOL, "keep prompts' KV for requests with the same leading prefix hashes"
     )
