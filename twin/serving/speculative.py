@@ -80,8 +80,6 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-import numpy as np
-
 from twin._check import check_keys, is_int, is_number
 from twin.bundled import package_text
 from twin.errors import SpecError
@@ -249,6 +247,9 @@ class Speculation:
         self.perf = perf
         self.seed = seed
         self.k = config.k
+        import numpy as np  # here, not at import: checking a spec needs no numerics
+
+        self._np = np
         self._neg_q = -np.asarray(config.accept, dtype=np.float64)
         self.latent = model.is_mla
         self.proposer: PerfModel | None = None
@@ -266,6 +267,7 @@ class Speculation:
         0), each step's ``1 + accepted`` drawn from the request's own stream
         (named by the seed, ``req_id`` and ``generated``); the last step emits
         only what is left of ``remaining``."""
+        np = self._np
         ss = np.random.SeedSequence(self.seed, spawn_key=(_STREAM, req_id, generated))
         u = np.random.default_rng(ss).random(remaining)
         emitted = np.searchsorted(self._neg_q, -u, side="left") + 1
