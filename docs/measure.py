@@ -32,6 +32,7 @@ MEASURED: dict[str, str] = {
     "speculative-1": "twin run speculative",
     "speculative-24": "twin run speculative --set workload.arrival.rate=24",
     "speculative-48": "twin run speculative --set workload.arrival.rate=48",
+    "classes": "twin run classes",
     "fabric-aware": "twin run fabric-aware",
 }
 

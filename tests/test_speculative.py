@@ -379,3 +379,28 @@ def test_an_export_carries_the_speculative_config_and_its_assumption(spec, confi
     args, notes = engine_args(small_spec(requests=5, engine={"speculative": spec}))
     assert json.loads(args["--speculative-config"]) == config
     assert any("simulated at an assumed acceptance of" in n for n in notes)
+
+
+def test_a_decoding_request_that_times_out_leaves_the_step_table():
+    """Client time-outs (workload.timeout) take speculative decodes out of the
+    batch: each one's tokens to come leave the per-step table, the context sum
+    stays the brute-force count at every iteration, and nothing is left over.
+    r0 and r1 (400 tokens, some 12 ms a step for 2.2 of them) are decoding at
+    0.5 s; r2 (5 tokens) is done long before."""
+    spec = {"method": "ngram", "k": 3, "acceptance": 0.6}
+    reqs = [Request(0, 0.0, 100, 400), Request(1, 0.0, 100, 400), Request(2, 0.0, 50, 5)]
+    rows: list[dict] = []
+    sim = Simulation(
+        small_spec(engine={"speculative": spec}, cluster={"instances": 1, "tp": 1},
+                   workload={"lengths": "azure-conv", "timeout": "0.5 s",
+                             "arrival": {"process": "poisson", "rate": 1}, "max_requests": 3}),
+        requests=reqs, perf=Linear(per_context=1e-6), on_row=rows.append,
+    )  # fmt: skip
+    _audit(sim.engines[0])
+    sim.run()
+    by_id = {r["id"]: r for r in rows}
+    assert [by_id[i]["status"] for i in range(3)] == ["failed", "failed", "completed"]
+    assert by_id[0]["reason"] == by_id[1]["reason"] == "timeout"
+    e = sim.engines[0]
+    assert e.decode_count == 0 and e.decode_ctx_sum == 0 and not e._spec_delta
+    assert e.kv.free == e.kv.total
