@@ -46,6 +46,7 @@ from twin.serving.kvcache import BlockManager, blocks_for
 from twin.serving.kvpool import KVPools
 from twin.serving.observer import InstanceInfo, Observer, broadcast
 from twin.serving.sequence import DECODE, HANDOFF, INCOMING, LOST, PREFILL, Sequence
+from twin.serving.speculative import Speculation
 from twin.serving.tiers import KVTiers, Tier, build_chain, build_remote
 from twin.sim.classmetrics import ByClass, class_slos
 from twin.sim.control import ControlLoop, apply_plan
@@ -409,9 +410,13 @@ class Simulation:
         blocks = kv_blocks(spec.model, spec.engine, gpu, role, tp, pp, ep, dp)
         watermark = int(spec.engine.watermark * blocks)
         kv = BlockManager(blocks, spec.engine.block_size, watermark)
+        sc = spec.engine.speculative
         eng = Engine(
             self.env, p.instance, self.perfs[key], kv, spec.engine, self.observer, role=role,
             hooks=self.handoff, on_prompt=self.pools.keep_prompt if self.pools else None,
+            speculation=None if sc is None else Speculation(
+                sc, self.perfs[key], spec.model, gpu, tp, spec.seed
+            ),
         )  # fmt: skip
         self.engines.append(eng)
         self.capacity.append(blocks - watermark)

@@ -528,8 +528,9 @@ def _cluster(data: Any, where: str, base_dir: Path) -> _Cluster:
 def _engine(data: Any, where: str, model: ModelSpec) -> tuple[EngineConfig, dict[str, Any]]:
     r = read(EngineConfig, data, f"{where}: engine")
     engine, out = r.value, r.written
-    if "queue_policy" not in r.given:  # results of specs without it read as before it came
-        del out["queue_policy"]
+    for key in ("queue_policy", "speculative"):  # results of specs without them read as before
+        if key not in r.given:
+            del out[key]
     if "max_batched_tokens" not in r.given and engine.chunked_prefill:
         engine = dataclasses.replace(engine, max_batched_tokens=CHUNKED_MAX_BATCHED_TOKENS)
         out["max_batched_tokens"] = CHUNKED_MAX_BATCHED_TOKENS
