@@ -349,7 +349,8 @@ def command(
 
         cap = f" --stage-requests {stage_requests}" if stage_requests else ""
         table = loo_table(runs, held_terms, stage_requests,
-                          f"twin calibrate --runs {folder}{cap} (leave one run out)")  # fmt: skip
+                          f"twin calibrate --runs {folder}{cap} (leave one run out)",
+                          perf_block)  # fmt: skip
         report_table(table, residuals)
     text = perf_yaml(f.terms)
     if out is not None:
