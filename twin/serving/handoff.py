@@ -307,6 +307,8 @@ class KVHandoff:
         pick_decode: Callable[[Sequence], int],
         *,
         layers: int,
+        on_stranded: Callable[[Engine, Sequence], None],
+        on_waiting: Callable[[Sequence], None] | None = None,
     ) -> None:
         self.env = env
         self.engines = engines
@@ -330,11 +332,17 @@ class KVHandoff:
         self.bytes_saved = 0.0  # KV the decode side's prefix cache held: not moved
         self.transfers = 0
         # Takes a prefilled sequence no live instance can decode (all failed):
-        # (prefill engine, sequence); set by the simulation.
-        self.on_stranded: Callable[[Engine, Sequence], None] | None = None
+        # (prefill engine, sequence).
+        self.on_stranded = on_stranded
         # Told of a transfer whose flows wait on a failed link as they start
         # (the simulation bounds that wait by the retry deadline).
-        self.on_waiting: Callable[[Sequence], None] | None = None
+        self.on_waiting = on_waiting
+
+    def add_instance(self, gpus: tuple[int, ...]) -> None:
+        """An instance added during the run (its engine joins ``engines``): the
+        GPUs its KV lives on, and its queue of hand-offs waiting for blocks."""
+        self.gpus.append(gpus)
+        self.pending.append(deque())
 
     def _no_decode_up(self, seq: Sequence) -> bool:
         return seq.decode_instance is None and not any(
@@ -365,7 +373,6 @@ class KVHandoff:
             seq.transfer.uncap()
             return
         if self._no_decode_up(seq):
-            assert self.on_stranded is not None
             self.on_stranded(engine, seq)
             return
         d = self._decode_of(seq)

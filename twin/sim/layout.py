@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from twin.errors import CapacityError, SpecError
+from twin.net.topology import all_to_all_links
 from twin.perf.gpus import GPUSpec, get_gpu
 from twin.perf.llm import ModelSpec
 from twin.serving.cluster import Placement, place_instances, place_on_topology, placement_order
@@ -76,6 +77,18 @@ def kv_blocks(
 def instance_gpu(topology: Any, gpu: GPUSpec, p: Placement) -> GPUSpec:
     """The GPU instance ``p`` runs on: its node's, or without a topology ``gpu``."""
     return get_gpu(topology.gpu_type(p.gpus[0])) if topology is not None else gpu
+
+
+def perf_shape(
+    topology: Any, gpu: GPUSpec, p: Placement, tp: int, pp: int, ep: int, dp: int
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """What instances that share a perf model have in common (the GPU, the
+    shape and, expert-parallel, the links its all-to-alls run on), and
+    those links (:func:`twin.net.topology.all_to_all_links`; none when dense)."""
+    if ep == 1:
+        return (gpu.name, tp, pp), {}
+    a2a = all_to_all_links(topology, p.gpus[: dp * tp]) if topology is not None else {}
+    return (gpu.name, tp, pp, ep, dp, *sorted(a2a.items())), a2a
 
 
 def check_memory(
