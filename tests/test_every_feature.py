@@ -26,13 +26,22 @@ from test_engine import largest_relative_difference
 from test_fastforward import HANDOFFS
 from test_timestamps import check_rows
 
+import schedulers.fabric_aware  # noqa: F401 - registered where installed entry points predate it
 from twin.sim.simulation import Simulation
 from twin.sim.spec import resolve_spec
 
 # this project's policies, per cluster kind (sla-planner serves both)
 POLICIES = {
     "colocated": ["colocated", "colocated-rr", "kv-router", "kv-router-llm-d", "sla-planner"],
-    "split": ["disagg", "distserve", "splitwise", "mooncake", "kv-router", "sla-planner"],
+    "split": [
+        "disagg",
+        "distserve",
+        "splitwise",
+        "mooncake",
+        "kv-router",
+        "sla-planner",
+        "fabric-aware",
+    ],
 }
 SCHEDULERS: dict[str, Any] = {
     "colocated-rr": {"name": "colocated", "routing": "round_robin"},

@@ -1,7 +1,8 @@
 """A pure build: the cluster a run needs, made complete from a resolved spec.
 
 :func:`build_cluster` makes the network, the KV pools and tiers, the
-hand-off, the engines and the router's view of them, in that order, each
+hand-off's routes, the router's view (its fabric priced on those routes),
+the hand-off and the engines, in that order, each
 given its collaborators as it is made (nothing is set on a part after it is
 made). The spec resolved with its instances placed and every check that
 needs only the spec and the topology done (:mod:`twin.sim.layout`); what the
@@ -25,7 +26,8 @@ from twin.perf.iteration import PerfModel
 from twin.scheduler import ClusterView, Objectives
 from twin.serving.cluster import EngineView, Placement
 from twin.serving.engine import Engine
-from twin.serving.handoff import KVHandoff, pick_decode_with, rerouter
+from twin.serving.fabric import HandoffFabric
+from twin.serving.handoff import HandoffRoutes, KVHandoff, pick_decode_with, rerouter
 from twin.serving.kvcache import BlockManager
 from twin.serving.kvpool import KVPools
 from twin.serving.observer import Observer
@@ -173,15 +175,22 @@ def build_cluster(
             spec.engine.block_size, spec.kv_pool_ssd,
         )  # fmt: skip
     tiers = KVTiers(env) if spec.kv_tiers is not None else None
+    engines: list[Engine] = []
+    routes = None
+    if topo is not None and network is not None:
+        routes = HandoffRoutes(
+            engines, [], topo, network, kv_token, spec.transfer, layers=spec.model.layers
+        )
     slo = Objectives(spec.slo.ttft_s, spec.slo.tpot_s)
     # the view grows an instance at a time as the engines are made
-    view = ClusterView((), lambda: env.now, slo, pools.prefix if pools else None, rng=rng)
-    engines: list[Engine] = []
+    view = ClusterView(
+        (), lambda: env.now, slo, pools.prefix if pools else None, rng=rng,
+        fabric=HandoffFabric(routes) if routes is not None else None,
+    )  # fmt: skip
     handoff = None
-    if topo is not None and network is not None:
+    if routes is not None:
         handoff = KVHandoff(
-            env, engines, [], topo, network, kv_token, spec.transfer,
-            pick_decode_with(scheduler, view), layers=spec.model.layers,
+            env, routes, pick_decode_with(scheduler, view),
             on_stranded=on_stranded, on_waiting=on_waiting,
         )  # fmt: skip
     cluster = Cluster(
