@@ -48,6 +48,7 @@ from twin.sim.summary import (
     trace_warnings,
 )
 from twin.sim.timeline import Timeline
+from twin.sim.timeouts import ClientTimeouts
 from twin.sim.trace import EventLog, TraceRecorder
 from twin.workload.stream import file_sha256, iter_requests, own_rate, time_scale
 
@@ -246,7 +247,8 @@ class Simulation:
         self.rng_workload = np.random.default_rng(seeds[0])
         self.rng_scheduler = np.random.default_rng(seeds[1])
         self._requests = requests
-        faults = bool(spec.events or spec.failures) or "retry" in spec.resolved
+        timeout = spec.workload.timeout_s
+        faults = bool(spec.events or spec.failures) or "retry" in spec.resolved or bool(timeout)
         self.residuals = spec_residuals(spec)
         scales = attainment_scales(self.residuals) if self.residuals is not None else None
         self.metrics = Metrics(
@@ -254,6 +256,9 @@ class Simulation:
             scales=scales or (),
         )  # fmt: skip
         subscribers: list[Observer] = [self.metrics]
+        self.timeouts = ClientTimeouts(self, timeout) if timeout is not None else None
+        if self.timeouts is not None:
+            subscribers.append(self.timeouts)
         if log is not None:
             subscribers.append(EventLog(log))
         if trace is not None:
@@ -374,6 +379,10 @@ class Simulation:
     def _route(self, seq: Sequence) -> None:
         """Ask the policy where ``seq``'s next attempt runs, and send it there;
         while no instance can serve it, it waits for one to come back."""
+        if seq.state == LOST:
+            return  # its client gave up while it waited to be retried
+        if self.timeouts is not None:
+            self.timeouts.follow(seq)
         req = seq.req
         if not self._can_serve():
             self._parked.append(seq)
@@ -674,6 +683,8 @@ class Simulation:
         old.state = LOST
         seq = old.retry(now)
         seq.lost_s += now - old.t_attempt
+        if self.timeouts is not None:
+            self.timeouts.follow(seq)
         policy = self.spec.retry
         req = seq.req
         if seq.attempt >= policy.max_attempts:
