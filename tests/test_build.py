@@ -118,9 +118,9 @@ def test_nothing_in_twin_sim_sets_an_attribute_of_a_part_after_it_is_made():
     assert not found, "\n".join(found)
 
 
-def test_faults_and_scaling_act_through_the_protocol_only():
+def test_faults_scaling_and_time_outs_act_through_the_protocol_only():
     for name, tree in _modules():
-        if name not in ("faults.py", "scaling.py"):
+        if name not in ("faults.py", "scaling.py", "timeouts.py"):
             continue
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert "twin.sim.simulation" not in imported, name

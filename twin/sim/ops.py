@@ -1,10 +1,11 @@
 """What failures and scaling may do to a running cluster: a narrow protocol.
 
-:mod:`twin.sim.faults` and :mod:`twin.sim.scaling` act through a
-:class:`ClusterOps` (the :class:`~twin.sim.simulation.Simulation` is one) and
-import nothing of the run itself: they read the cluster's engines and
-placements, fail and restore instances and links, add an instance, and say
-what happened; how a lost request is retried, a hand-off re-routed or an
+:mod:`twin.sim.faults`, :mod:`twin.sim.scaling` and
+:mod:`twin.sim.timeouts` act through a :class:`ClusterOps` (the
+:class:`~twin.sim.simulation.Simulation` is one) and import nothing of the
+run itself: they read the cluster's engines and placements, fail and
+restore instances and links, add an instance, end a request, and say what
+happened; how a lost request is retried, a hand-off re-routed or an
 observer told stays with the run.
 """
 
@@ -18,6 +19,7 @@ import simpy
 from twin.scheduler import FaultEvent
 from twin.serving.cluster import Placement
 from twin.serving.engine import Engine
+from twin.serving.sequence import Sequence as Sequence_
 
 
 class ClusterOps(Protocol):
@@ -76,6 +78,26 @@ class ClusterOps(Protocol):
     def settled(self) -> bool:
         """Every request arrived has ended or waits for an instance, and no
         more arrive: random failures have nothing left to act on."""
+        ...
+
+    # -- requests ------------------------------------------------------------------
+    def kv_tokens(self, seq: Sequence_) -> int:
+        """Tokens whose KV ``seq`` had computed (lost when its attempt stops)."""
+        ...
+
+    def unpark(self, seq: Sequence_) -> bool:
+        """Take ``seq`` out of the requests waiting for an instance to come
+        back; whether it was one of them."""
+        ...
+
+    def drop_handoff(self, seq: Sequence_) -> None:
+        """Stop ``seq``'s KV transfer, if any, and free what a decode side
+        reserved for it."""
+        ...
+
+    def end_failed(self, seq: Sequence_, instance: int, reason: str) -> None:
+        """``seq``'s request ends failed now, for ``reason``, on ``instance``
+        (-1: none)."""
         ...
 
     # -- scaling -------------------------------------------------------------------

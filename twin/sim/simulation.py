@@ -514,7 +514,7 @@ class Simulation:
         if not eng.up or eng.state == "stopped":
             return
         now = self.env.now
-        lost = [(s, self._kv_tokens(s)) for s in eng.fail()]
+        lost = [(s, self.kv_tokens(s)) for s in eng.fail()]
         redirect = self.handoff is not None and self._can_redirect()
         for e in self.engines:
             if e is eng or not e.up:
@@ -525,7 +525,7 @@ class Simulation:
                         assert self.handoff is not None
                         self.handoff.redirect(e, s)
                         continue
-                    lost.append((s, self._kv_tokens(s)))
+                    lost.append((s, self.kv_tokens(s)))
                     e.drop(s)
         self.observer.instance_down(now, i)
         for s, tokens in lost:
@@ -610,7 +610,7 @@ class Simulation:
         if t is None or not self.network.waits(t):
             return
         e = self.engines[s.prefill_instance]
-        s.lost_tokens += self._kv_tokens(s)
+        s.lost_tokens += self.kv_tokens(s)
         e.drop(s)
         self.handoff.drop(s)
         s.state = LOST
@@ -632,7 +632,7 @@ class Simulation:
                 self._route(s)
 
     @staticmethod
-    def _kv_tokens(s: Sequence) -> int:
+    def kv_tokens(s: Sequence) -> int:
         """Tokens whose KV ``s`` had computed (lost with its instance)."""
         if s.state == PREFILL:
             return s.prefilled
@@ -643,7 +643,7 @@ class Simulation:
     def _stranded(self, engine: Engine, s: Sequence) -> None:
         """A prefilled ``s`` that no live instance can decode: its KV is given
         up and it waits, as a new attempt, for a decode instance."""
-        s.lost_tokens += self._kv_tokens(s)
+        s.lost_tokens += self.kv_tokens(s)
         engine.drop(s)
         s.state = LOST
         s.epoch += 1
@@ -664,7 +664,7 @@ class Simulation:
                 t = s.transfer
                 t = getattr(t, "transfer", t)  # a layer-wise stream's flows
                 if t is not None and getattr(t, "id", None) in stuck:
-                    s.lost_tokens += self._kv_tokens(s)
+                    s.lost_tokens += self.kv_tokens(s)
                     e.drop(s)
                     assert self.handoff is not None
                     self.handoff.drop(s)
@@ -672,7 +672,7 @@ class Simulation:
                     s.epoch += 1
                     seq = s.retry(self.env.now)
                     seq.lost_s += self.env.now - s.t_attempt
-                    self._fail(seq, e.id, "link_down")
+                    self.end_failed(seq, e.id, "link_down")
         for t in self.network.stuck:  # none of ours: stop them
             self.network.cancel(t)
 
@@ -688,12 +688,12 @@ class Simulation:
         policy = self.spec.retry
         req = seq.req
         if seq.attempt >= policy.max_attempts:
-            self._fail(seq, instance, why or "max_attempts")
+            self.end_failed(seq, instance, why or "max_attempts")
             return
         when = now + policy.delay_s(seq.attempt)
         deadline = req.arrival_s + policy.deadline_s
         if when > deadline:
-            self._fail(seq, instance, why or "retry_deadline")
+            self.end_failed(seq, instance, why or "retry_deadline")
             return
         at(self.env, when, lambda _ev: self._route(seq))
 
@@ -701,9 +701,20 @@ class Simulation:
         """The retry deadline of a request still waiting for an instance."""
         if any(s is seq for s in self._parked):
             self._parked.remove(seq)
-            self._fail(seq, -1, "retry_deadline")
+            self.end_failed(seq, -1, "retry_deadline")
 
-    def _fail(self, seq: Sequence, instance: int, reason: str) -> None:
+    def unpark(self, seq: Sequence) -> bool:
+        """Take ``seq`` out of the requests waiting for an instance; whether it was there."""
+        if any(s is seq for s in self._parked):
+            self._parked.remove(seq)
+            return True
+        return False
+
+    def drop_handoff(self, seq: Sequence) -> None:
+        if self.handoff is not None:
+            self.handoff.drop(seq)  # its transfer stops; a decode side's reservation is freed
+
+    def end_failed(self, seq: Sequence, instance: int, reason: str) -> None:
         seq.state = LOST
         self.observer.request_ended(self.env.now, instance, seq.req, seq, "failed", reason)
 
@@ -730,7 +741,7 @@ class Simulation:
             # Nothing else can happen: no instance comes back for them.
             parked, self._parked = self._parked, []
             for s in parked:
-                self._fail(s, -1, "no_instance_up")
+                self.end_failed(s, -1, "no_instance_up")
         self.events = events
         self._check_conservation()
         summary = self.metrics.summary()
