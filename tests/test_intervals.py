@@ -332,8 +332,8 @@ def test_calibrate_residuals_replay_each_run_with_the_terms_fitted_to_the_others
     import dataclasses
 
     from twin.studies.calibrate_runs import PRIOR, perf_block
-    from twin.studies.realrun import read_run
     from twin.studies.runresiduals import loo_table
+    from twin.studies.runs import read_run
     from twin.studies.validate_realrun import replay
 
     data = shared_data / "realruns"
