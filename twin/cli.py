@@ -358,7 +358,7 @@ def _measured_run(path: str | None) -> bool:
 
 
 def cmd_validate_real_run(args: argparse.Namespace) -> int:
-    from twin.studies.realrun import read_run
+    from twin.studies.runs import read_run
     from twin.studies.validate_realrun import format_run, replay
 
     run = read_run(args.spec, gpu=args.gpu)
@@ -413,7 +413,7 @@ def _replay_runs(args: argparse.Namespace) -> tuple[list[Any], int]:
     """The runs of ``args.spec`` replayed (overloaded ones only with ``--all``),
     and how many were left out."""
     from twin._progress import Progress
-    from twin.studies.realrun import read_runs
+    from twin.studies.runs import read_runs
     from twin.studies.validate_realrun import replay
 
     runs = read_runs(args.spec, gpu=args.gpu)

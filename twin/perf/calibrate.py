@@ -616,27 +616,13 @@ def held_out_table(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Fit the defaults to the shared data's sources (``twin calibrate
+    --profile`` fits one GPU's terms to measured tables instead:
+    :mod:`twin.perf.fit_profile`, which builds on this module)."""
     ap = argparse.ArgumentParser(prog="python -m twin.perf.calibrate", description=__doc__)
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--data", help="shared data directory")
-    src.add_argument(
-        "--profile", action="append", metavar="TABLE",
-        help="fit one GPU's terms to these native tables instead (see twin.perf.fit_profile)",
-    )  # fmt: skip
+    ap.add_argument("--data", required=True, help="shared data directory")
     ap.add_argument("--starts", type=int, default=3)
-    ap.add_argument("--model", help="--profile: the model measured (default: the sidecar)")
-    ap.add_argument("--gpu", help="--profile: the catalog GPU measured (default: the sidecar)")
-    ap.add_argument("--tp", type=int, help="--profile: the TP measured (default: the sidecar)")
     args = ap.parse_args(argv)
-    if args.profile:
-        from twin.errors import TwinError
-        from twin.perf.fit_profile import command
-
-        try:
-            return command(args.profile, args.model, args.gpu, args.tp)
-        except TwinError as e:
-            print(f"twin: error: {e}", file=sys.stderr)
-            return 2
     # a unit is a fit: each capped GPU's clock, each start and the defaults' refinement
     with Progress(len(CAPPED) + args.starts + 1, "fits", desc="calibrate") as bar:
         clocks = []

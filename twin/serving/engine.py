@@ -48,7 +48,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import simpy
 
@@ -101,6 +101,9 @@ from twin.serving.sequence import (
 from twin.serving.speculative import SCHEMA as SPECULATIVE_SCHEMA
 from twin.serving.speculative import Speculation, SpeculativeConfig, blocks_step
 from twin.serving.speculative import parse as parse_speculative
+
+if TYPE_CHECKING:
+    from twin.serving.kvcache import TierChain  # the tiers a prefix cache writes down to
 
 ROLES = ("mixed", "prefill", "decode")
 _EMPTY = Batch()
@@ -218,8 +221,11 @@ class EngineHooks(Protocol):
 class Engine:
     """A serving instance. ``submit`` hands it a request; what happens is reported
     to ``observer`` (a sequence's end among it, once, when its last token is out);
-    ``hooks`` are the hand-off's (split serving), and ``on_prompt`` is called as
-    each prompt is computed (a KV pool keeps it). All are given at construction."""
+    ``hooks`` are the hand-off's (split serving), ``on_prompt`` is called as
+    each prompt is computed (a KV pool keeps it), ``tiers`` are the KV tiers
+    below its prefix cache (twin.serving.tiers), ``on_lost`` takes a sequence
+    handed to it while it is down, and ``starting`` makes it an instance added
+    during the run, down until :meth:`started`. All are given at construction."""
 
     def __init__(
         self,
@@ -234,6 +240,9 @@ class Engine:
         hooks: EngineHooks | None = None,
         on_prompt: Callable[[Engine, Sequence], None] | None = None,
         speculation: Speculation | None = None,
+        tiers: TierChain | None = None,
+        on_lost: Callable[[Sequence], None] | None = None,
+        starting: bool = False,
     ) -> None:
         if role not in ROLES:
             raise SpecError(
@@ -255,9 +264,11 @@ class Engine:
         self.spec = speculation
         self._spec_delta: dict[int, int] = {}
         self.kv = blocks
-        self.cache = PrefixCache(blocks) if config.prefix_caching else None
-        if self.cache is not None:
-            self.cache.on_freed = self._written_down
+        self.cache = (
+            PrefixCache(blocks, tiers, on_freed=self._written_down)
+            if config.prefix_caching
+            else None
+        )
         self.config = config
         self.observer = observer
         self._iter_observer = observer if observer.wants_iterations else None
@@ -315,14 +326,14 @@ class Engine:
         # failure: a loop of an earlier life stops), its speed (a throttled GPU
         # runs each iteration 1/speed as long), and who takes a sequence handed
         # to it while it is down.
-        self.up = True
+        self.up = not starting
         self.life = 0
         self.speed = 1.0
         self._price_at(1.0)
-        self.on_lost: Callable[[Sequence], None] | None = None
+        self.on_lost = on_lost
         # Scaling: starting | serving | draining | stopped (twin.scheduler.
         # INSTANCE_STATES), and who is told when a draining instance may be empty.
-        self.state = "serving"
+        self.state = "starting" if starting else "serving"
         self.on_idle: Callable[[Engine], None] | None = None
         # told of changes to the queue, role and health (twin.sim.control: a
         # sleeping tick's watch)
@@ -452,12 +463,11 @@ class Engine:
         self._flight = [None] * self.pp
         self._claim_no = [0] * self.pp
         old = self.kv
-        self.kv = BlockManager(old.total, old.block_size, old.watermark)
-        self.kv.peak_used = old.peak_used
+        self.kv = BlockManager(old.total, old.block_size, old.watermark, peak_used=old.peak_used)
         if self.cache is not None:
-            self.cache.on_freed = None  # its writes under way release blocks of the old life
-            self.cache = PrefixCache(self.kv, self.cache.tiers)  # the tiers below stay
-            self.cache.on_freed = self._written_down
+            self.cache.forget_writes()  # its writes under way held blocks of the old life
+            tiers = self.cache.tiers  # the tiers below stay
+            self.cache = PrefixCache(self.kv, tiers, on_freed=self._written_down)
         if self._ff is not None:
             self._ff = FastForward(self)
         if self._pf is not None:
@@ -470,6 +480,28 @@ class Engine:
         if self.watch is not None:
             self.watch.changed(self)
         self._start_loops()
+
+    # -- scaling: starting -> serving -> draining -> stopped ---------------------------
+    def started(self) -> None:
+        """An instance added during the run is done starting: it serves from now."""
+        assert self.state == "starting"
+        self.up = True
+        self.state = "serving"
+
+    def drain(self, on_idle: Callable[[Engine], None]) -> None:
+        """Take nothing new, finish what it holds; ``on_idle`` is told each time
+        it may be empty."""
+        self.state = "draining"
+        self.on_idle = on_idle
+
+    def stop(self) -> None:
+        """Its GPUs are released now: it serves nothing again, and the loops of
+        its life wait on nothing that comes."""
+        self.state = "stopped"
+        self.on_idle = None
+        self.up = False
+        self.life += 1
+        self._wake = None
 
     def drop(self, seq: Sequence) -> None:
         """Give up ``seq`` here, whose decode side failed: queued, prefilling
@@ -702,6 +734,16 @@ class Engine:
             self._ff.sync_blocks()
         elif self._pf is not None:
             self._pf.sync_blocks()
+
+    def watch_changes(self, watch: Any) -> None:
+        """From now ``watch`` (a sleeping tick's) is told of changes to the
+        queue, role and health (:meth:`watch_blocks`: and of free blocks)."""
+        self.watch = watch
+
+    def unwatch(self) -> None:
+        """No watch is told anything from now."""
+        self.watch = None
+        self.kv.watch = None
 
     def watch_blocks(self, watch: Any) -> None:
         """From now ``watch`` (a sleeping tick's) is told of the free blocks: of a

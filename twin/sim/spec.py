@@ -637,6 +637,9 @@ def placed(spec: ExperimentSpec) -> ExperimentSpec:
     placements = layout.place(spec.groups, topo, spec.placement, spec.gpus_per_node, where)
     layout.check_memory(spec.model, spec.engine, spec.gpu, spec.groups, topo, placements, where)
     layout.check_targets(spec.events, spec.failures, spec.kv_tiers, topo, placements, where)
+    layout.check_perf(
+        spec.perf, spec.model, spec.gpu, spec.groups, topo, placements, where, spec.base_dir
+    )
     return dataclasses.replace(spec, placements=tuple(placements))
 
 
