@@ -325,8 +325,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         from twin.perf.calibrate import held_out_table
 
         sources = iteration_sources(data)
-        with Progress(len(sources), "sources", desc="held out") as bar:
-            table = held_out_table(sources, on_source=bar.update)
+        with _executor(args) as ex, Progress(len(sources), "sources", desc="held out") as bar:
+            table = held_out_table(sources, on_source=bar.update, run=ex.run)
         print()
         print(table)
     return 0
@@ -1137,8 +1137,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument(
         "--held-out",
         action="store_true",
-        help="also refit leaving each source out and score it (one fit per source: minutes)",
+        help="also refit leaving each source out and score it (one fit per source, minutes "
+        "each; -j runs them at once)",
     )
+    _parallel_args(v, "held-out fits")
     _add_validate_workload_args(v)
     v.set_defaults(func=cmd_validate)
 
