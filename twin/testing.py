@@ -15,9 +15,14 @@ Gymnasium's ``check_env`` serves environment authors::
     check_scheduler(MyPolicy)            # a class, a zero-argument factory or a name
 
 ``check_scheduler`` runs the policy on small bursty workloads, on a colocated
-cluster and on a split one with a topology, skipping only a cluster that its
-setup refuses (with a ``SpecError``), and fails with an ``AssertionError`` that
-says which promise broke on which cluster.
+cluster and on a split one with a topology (with ``fabric=True`` also on a
+split one whose hand-offs contend for a slow fabric), skipping only a cluster
+that its setup refuses (with a ``SpecError``), and fails with an
+``AssertionError`` that says which promise broke on which cluster.
+
+A policy that reads the fabric (``view.handoff_estimate``) is unit-tested
+with hand-built estimates: ``make_view(..., fabric={(0, 2): HandoffEstimate(0,
+2, transfer_s=0.5)})``.
 
 A hand-built view carries a seeded generator, ``view.rng`` (``make_view(...,
 seed=1)`` picks another), as a simulation hands each policy its own stream.
@@ -27,7 +32,8 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import CodeType
 from typing import Any
@@ -36,7 +42,16 @@ import numpy as np
 
 from twin.errors import SpecError
 from twin.request import Request
-from twin.scheduler import ClusterView, InstanceSnapshot, Role, Scheduler, get_scheduler
+from twin.scheduler import (
+    ClusterView,
+    FabricSnapshot,
+    FabricView,
+    HandoffEstimate,
+    InstanceSnapshot,
+    Role,
+    Scheduler,
+    get_scheduler,
+)
 
 __all__ = ["check_scheduler", "instance", "make_view", "scenario_requests"]
 
@@ -46,18 +61,36 @@ def instance(id: int, role: Role = "mixed", **fields: Any) -> InstanceSnapshot:
     return InstanceSnapshot(id, role=role, **fields)
 
 
-def make_view(*instances: InstanceSnapshot, now: float = 0.0, seed: int = 0) -> ClusterView:
+def make_view(
+    *instances: InstanceSnapshot,
+    now: float = 0.0,
+    seed: int = 0,
+    fabric: FabricView | Mapping[tuple[int, int], HandoffEstimate] | None = None,
+) -> ClusterView:
     """A cluster view of the given instances at time ``now``, its ``rng``
-    seeded with ``seed``; ids must be 0..n-1."""
+    seeded with ``seed``; ids must be 0..n-1. ``fabric``: a
+    :class:`~twin.scheduler.FabricView`, or the hand-off estimate of each
+    (prefill, decode) pair (a :class:`~twin.scheduler.FabricSnapshot`)."""
     ids = [i.id for i in instances]
     if ids != list(range(len(instances))):
         raise ValueError(f"instance ids must be 0..{len(instances) - 1} in order, not {ids}")
-    return ClusterView(instances, now, rng=np.random.default_rng(seed))
+    if isinstance(fabric, Mapping):
+        fabric = FabricSnapshot(fabric)
+    return ClusterView(instances, now, rng=np.random.default_rng(seed), fabric=fabric)
 
 
-def scenario_requests(seed: int, n: int = 60) -> list[Request]:
+# The two classes of traffic of the contract's runs with classes (check_scheduler(classes=...)).
+CLASSES: list[dict[str, Any]] = [
+    {"name": "interactive", "share": 0.6, "priority": 0, "slo": {"ttft": "1 s", "tpot": "50 ms"}},
+    {"name": "batch", "share": 0.4, "priority": 1, "slo": {"ttft": "30 s", "tpot": "200 ms"}},
+]
+
+
+def scenario_requests(seed: int, n: int = 60, classes: bool = False) -> list[Request]:
     """A small, bursty, seeded request stream with short and long prompts,
-    one-token outputs and simultaneous arrivals: the cases policies get wrong."""
+    one-token outputs and simultaneous arrivals: the cases policies get wrong.
+    ``classes``: each request of one of :data:`CLASSES`, drawn by share (after
+    everything else, so the stream is otherwise the same)."""
     rng = np.random.default_rng(seed)
     t = 0.0
     out = []
@@ -67,6 +100,13 @@ def scenario_requests(seed: int, n: int = 60) -> list[Request]:
         output = int(rng.choice([1, 2, 40, 300]))
         hashes = tuple(int(h) for h in rng.integers(0, 8, size=-(-prompt // 512)))
         out.append(Request(i, t, prompt, output, hashes, 512))
+    if classes:
+        draws = np.random.default_rng([seed, 1]).random(n)
+        out = [
+            replace(r, priority=c["priority"], traffic_class=c["name"])
+            for r, u in zip(out, draws, strict=True)
+            for c in [CLASSES[0] if u < CLASSES[0]["share"] else CLASSES[1]]
+        ]
     return out
 
 
@@ -80,10 +120,19 @@ FAULTS = [
 ]
 
 
-def _spec(split: bool, faults: bool = False) -> Any:
+# The contract's loaded fabric (check_scheduler(fabric=True)): one 25 Gb/s TCP
+# NIC a node, so the hand-offs between the two nodes contend for it.
+LOADED_FABRIC = "a100-eth25"
+
+
+def _spec(
+    split: bool, faults: bool = False, fabric: bool = False, classes: bool = False,
+    queue_policy: str | None = None,
+) -> Any:  # fmt: skip
     from twin.sim.spec import resolve_spec
 
-    cluster: dict[str, Any] = {"topology": "dgx-h100-ib400", "nodes": 2, "tp": 4}
+    topology = LOADED_FABRIC if fabric else "dgx-h100-ib400"
+    cluster: dict[str, Any] = {"topology": topology, "nodes": 2, "tp": 4}
     if split:
         cluster.update(prefill=2, decode=2)
     else:
@@ -99,6 +148,10 @@ def _spec(split: bool, faults: bool = False) -> Any:
     }  # fmt: skip
     if faults:
         data["events"] = FAULTS
+    if classes:
+        data["workload"]["classes"] = CLASSES
+    if queue_policy is not None:
+        data["engine"]["queue_policy"] = queue_policy
     return resolve_spec(data, "contract", Path.cwd())
 
 
@@ -133,15 +186,17 @@ def _setup_code(policy: Any) -> CodeType | None:
 
 
 def _run(
-    make: Callable[[], Any], split: bool, seed: int, faults: bool = False
-) -> tuple[str, list[dict[str, Any]]]:
+    make: Callable[[], Any], split: bool, seed: int, faults: bool = False, fabric: bool = False,
+    classes: bool = False, queue_policy: str | None = None,
+) -> tuple[str, list[dict[str, Any]]]:  # fmt: skip
     from twin.sim.simulation import Simulation
 
-    reqs = scenario_requests(seed)
+    reqs = scenario_requests(seed, classes=classes)
     rows: list[dict[str, Any]] = []
     policy = make()
     try:
-        sim = Simulation(_spec(split, faults), requests=reqs, on_row=rows.append, scheduler=policy)
+        spec = _spec(split, faults, fabric, classes, queue_policy)
+        sim = Simulation(spec, requests=reqs, on_row=rows.append, scheduler=policy)
     except SpecError as refusal:
         code = _setup_code(policy)  # None: a setup without Python code; trust the error
         if code is None or _raised_in(refusal, code):
@@ -163,8 +218,21 @@ def _run(
             )
     s = result.summary
     assert s["completed"] + s["rejected"] + s.get("failed", 0) == len(reqs)
+    if classes:
+        per = result.to_dict()["summary"]["classes"]
+        for name, c in per.items():
+            mine = [r for r in rows if r["class"] == name]
+            assert c["requests"] == len(mine), f"class {name}: its requests are not its rows"
+            met = sum(r["slo_met"] for r in mine)
+            assert c["slo_attainment"] == (met / len(mine) if mine else None), (
+                f"class {name}: attainment is not its rows' share that met its SLO"
+            )
+        assert sum(c["requests"] for c in per.values()) == len(reqs)
     for e in sim.engines:
         assert e.kv.free == e.kv.total, f"instance {e.id} ended with KV blocks held"
+    if sim.network is not None:
+        ratio = sim.network.max_link_load_ratio
+        assert ratio <= 1.0 + 1e-9, f"a link carried {ratio:.6f} x its capacity"
     return json.dumps(result.to_dict(), sort_keys=True, default=str), rows
 
 
@@ -173,12 +241,13 @@ def _kind(split: bool) -> str:
 
 
 def _attempt(
-    make: Callable[[], Any], split: bool, seed: int, *, may_refuse: bool, faults: bool = False
-) -> tuple[str, list[dict[str, Any]]]:
+    make: Callable[[], Any], split: bool, seed: int, *, may_refuse: bool, faults: bool = False,
+    fabric: bool = False, **kw: Any,
+) -> tuple[str, list[dict[str, Any]]]:  # fmt: skip
     """One contract run; a failure becomes an ``AssertionError`` naming the
     cluster, except a refusal at setup when ``may_refuse``."""
     try:
-        return _run(make, split, seed, faults)
+        return _run(make, split, seed, faults, fabric, **kw)
     except _Refused as e:
         if may_refuse:
             raise
@@ -200,6 +269,9 @@ def check_scheduler(
     seeds: tuple[int, ...] = (0, 1),
     *,
     faults: bool = False,
+    fabric: bool = False,
+    classes: bool = False,
+    queue_policy: str | None = None,
 ) -> str:
     """Run the scheduler contract on ``policy`` (a class, a factory or a
     registered name) on a colocated and on a split cluster. Returns where it
@@ -222,7 +294,18 @@ def check_scheduler(
     instances that are up (``InstanceView.up``; ``ClusterView.of_role`` and
     ``up()`` list only those), and every request still ends exactly once,
     completed, rejected or failed with a reason.
+
+    ``fabric``: also run the split cluster on :data:`LOADED_FABRIC`, where the
+    hand-offs between the nodes contend for one slow NIC a node (what a
+    policy reading ``ClusterView.handoff_estimate`` sees change under load):
+    the same promises, and no link ever carries more than its capacity.
+
+    ``classes``: the requests are of two classes of traffic (:data:`CLASSES`,
+    with their own SLOs and priorities); each class's summary must count its
+    own requests and their attainment against its SLO. ``queue_policy``: the
+    instances' queue policy (``engine.queue_policy``; default FCFS).
     """
+    kw: dict[str, Any] = {"classes": classes, "queue_policy": queue_policy}
     make = _factory(policy, params)
     probe = make()
     missing = [h for h in ("setup", "route") if not callable(getattr(probe, h, None))]
@@ -233,21 +316,25 @@ def check_scheduler(
     refusals: list[str] = []
     for split in (False, True):
         try:
-            first = _attempt(make, split, seeds[0], may_refuse=True)
+            first = _attempt(make, split, seeds[0], may_refuse=True, **kw)
         except _Refused as e:
             refusals.append(f"{_kind(split)}: {e}")
             continue
         accepted.append(split)
         for seed in seeds:
             if seed != seeds[0]:
-                first = _attempt(make, split, seed, may_refuse=False)
-            second = _attempt(make, split, seed, may_refuse=False)
+                first = _attempt(make, split, seed, may_refuse=False, **kw)
+            second = _attempt(make, split, seed, may_refuse=False, **kw)
             assert first == second, (
                 f"on the {_kind(split)} cluster, two runs with seed {seed} gave different results"
             )
         if faults:
-            a = _attempt(make, split, seeds[0], may_refuse=False, faults=True)
-            b = _attempt(make, split, seeds[0], may_refuse=False, faults=True)
+            a = _attempt(make, split, seeds[0], may_refuse=False, faults=True, **kw)
+            b = _attempt(make, split, seeds[0], may_refuse=False, faults=True, **kw)
             assert a == b, f"on the {_kind(split)} cluster with faults, two runs differ"
+        if fabric and split:
+            a = _attempt(make, split, seeds[0], may_refuse=False, fabric=True, **kw)
+            b = _attempt(make, split, seeds[0], may_refuse=False, fabric=True, **kw)
+            assert a == b, "on the split cluster with a loaded fabric, two runs differ"
     assert accepted, f"the policy's setup refused both clusters: {'; '.join(refusals)}"
     return _kind(accepted[0]) if len(accepted) == 1 else "both"
