@@ -39,7 +39,7 @@ import argparse
 import dataclasses
 import math
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -526,22 +526,47 @@ def held_out_fit(sources: Sequence[Source]) -> dict[str, float]:
     return fit_sources(sources, starts=HELD_OUT_STARTS, from_defaults=False, rounds=HELD_OUT_ROUNDS)
 
 
+Fit = Callable[[Sequence[Source]], dict[str, float]]
+Model = Callable[[dict[str, float], Source], Any]
+# Runs jobs (a function and its arguments) and yields (index, result) as each ends, in any order:
+# twin.studies.sweep.Executor.run, or one after the other here.
+Runner = Callable[[list[tuple[Callable[..., Any], tuple[Any, ...]]]], Iterable[tuple[int, Any]]]
+
+
+def _serial(jobs: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> Iterator[tuple[int, Any]]:
+    for i, (fn, args) in enumerate(jobs):
+        yield i, fn(*args)
+
+
+def held_out_one(
+    sources: Sequence[Source], i: int, fit: Fit, model: Model
+) -> tuple[ValidationRow, dict[str, float]]:
+    """Source ``i``'s errors under the parameters ``fit`` finds on all the others, and those."""
+    p = fit([s for j, s in enumerate(sources) if j != i])
+    return score(sources[i], model(p, sources[i])), p
+
+
 def leave_one_out(
     sources: Sequence[Source],
-    fit: Callable[[Sequence[Source]], dict[str, float]] = held_out_fit,
-    model: Callable[[dict[str, float], Source], Any] = fitted_roofline,
+    fit: Fit = held_out_fit,
+    model: Model = fitted_roofline,
     on_source: Callable[[], None] | None = None,
+    run: Runner | None = None,
 ) -> list[tuple[ValidationRow, dict[str, float]]]:
     """Per source, in order: its errors under the parameters ``fit`` finds on all the other
     sources (``model(params, source)`` builds what is scored), and those parameters;
-    ``on_source`` is called as each source is done."""
-    out = []
-    for i, held in enumerate(sources):
-        p = fit([s for j, s in enumerate(sources) if j != i])
-        out.append((score(held, model(p, held)), p))
+    ``on_source`` is called as each source is done. The fits are independent: ``run``
+    (default: one after the other) may run them at once, in processes (``fit`` and ``model``
+    must then pickle); each gives the same parameters wherever it runs."""
+    jobs: list[tuple[Callable[..., Any], tuple[Any, ...]]] = [
+        (held_out_one, (sources, i, fit, model)) for i in range(len(sources))
+    ]
+    done: dict[int, tuple[ValidationRow, dict[str, float]]] = {}
+    for i, out in (_serial if run is None else run)(jobs):
+        done[i] = out
         if on_source is not None:
             on_source()
-    return out
+    return [done[i] for i in range(len(sources))]
 
 
 # The out-of-sample target: median <= 15% and worst <= 40% per held-out source.
@@ -594,12 +619,13 @@ def held_out_table(
     fit: Callable[[Sequence[Source]], dict[str, float]] = held_out_fit,
     p_all: dict[str, float] | None = None,
     on_source: Callable[[], None] | None = None,
+    run: Runner | None = None,
 ) -> str:
-    """The leave-one-out table of ``sources`` (see :func:`leave_one_out`), a reason under it for
-    each source that misses the out-of-sample target. ``p_all`` is the fit with every source
-    (default: the hard-coded defaults)."""
+    """The leave-one-out table of ``sources`` (see :func:`leave_one_out`, which ``run`` goes
+    to), a reason under it for each source that misses the out-of-sample target. ``p_all`` is
+    the fit with every source (default: the hard-coded defaults)."""
     p_all = default_params() if p_all is None else p_all
-    rows = leave_one_out(sources, fit, on_source=on_source)
+    rows = leave_one_out(sources, fit, on_source=on_source, run=run)
     notes = {}
     for s, (held, p_out) in zip(sources, rows, strict=True):
         if not held.meets(HELD_OUT_MEDIAN, HELD_OUT_WORST):

@@ -51,7 +51,7 @@ from twin.sim.summary import (
 from twin.sim.timeline import Timeline
 from twin.sim.timeouts import ClientTimeouts
 from twin.sim.trace import EventLog, TraceRecorder
-from twin.workload.stream import file_sha256, iter_requests, own_rate, time_scale
+from twin.workload.stream import file_sha256, iter_requests, trace_rates
 
 # The columns of a link's row (twin/net/flows.py, Network.link_stats), besides
 # "series" (with --links-csv)
@@ -843,11 +843,7 @@ class Simulation:
     def _trace_rates(self) -> dict[str, float] | None:
         """A trace replayed at its own times: its own rate and the rate replayed
         (own x the time scale), in requests/s; None otherwise."""
-        w = self.spec.workload
-        own = own_rate(w) if self._requests is None else None
-        if own is None:
-            return None
-        return {"own": own, "replayed": own * time_scale(w)}
+        return trace_rates(self.spec.workload) if self._requests is None else None
 
     def _instance_stats(self) -> list[dict[str, Any]]:
         span = self.metrics.last_end_s
