@@ -852,3 +852,16 @@ def test_a_two_batch_threshold_without_two_batch_overlap_is_refused(capsys):
     b = build_perf_model(None, llama, UNIT_GPU, 1)
     batch = Batch(((300, 0),), 4, 400)
     assert a.name == b.name and a.iteration_time(batch) == b.iteration_time(batch)
+
+
+def test_a_roofline_reports_its_all_to_all_terms_as_used():
+    # what a proposer's Roofline copies from its target (twin.serving.speculative)
+    from twin.perf.gpus import get_gpu
+
+    gpu = get_gpu("h100")
+    names = ("a2a_intra_bytes_s", "a2a_inter_bytes_s", "a2a_ranks_per_node", "a2a_latency_s")
+    dense = Roofline(get_model("llama-3.1-8b"), gpu)
+    assert [getattr(dense, n) for n in names] == [None] * 4
+    ep = Roofline(get_model("deepseek-v3"), gpu, ep=16, dp=16, a2a_ranks_per_node=8,
+                  a2a_inter_bytes_s=50e9)  # fmt: skip
+    assert [getattr(ep, n) for n in names] == [gpu.nvlink_bytes_s, 50e9, 8, ep.hop_latency_s]

@@ -23,9 +23,11 @@ Reading guide: start with these files, in this order.
    policy API (decisions, views, the registry); ``schedulers/`` holds the
    bundled policies, written only against it.
 2. ``twin/sim/spec.py``: the experiment spec, YAML in, a resolved spec out.
-3. ``twin/sim/simulation.py``: how a run is wired (placements, network, KV
-   pools, hand-off, engines, the router's view) and driven (arrivals, routing,
-   the control loop of ``twin/sim/control.py``), and what it returns.
+3. ``twin/sim/build.py``: the cluster built complete from a resolved spec
+   (network, KV pools and tiers, hand-off, engines, the router's view);
+   ``twin/sim/simulation.py``: how a run drives it (arrivals, routing, the
+   control loop of ``twin/sim/control.py``; failures and scaling act through
+   ``twin/sim/ops.py``'s protocol), and what it returns.
 4. ``twin/serving/engine.py``: one instance's continuous batching, one event
    per iteration; ``twin/serving/fastforward.py`` jumps over quiet decode
    stretches in closed form (``twin/serving/pipeforward.py`` over every
@@ -106,10 +108,11 @@ one is missing here, or named here and gone)::
       traces.py lengths.py     trace readers; length distributions and tables
       arrivals.py schedule.py  Poisson and Gamma arrivals; rate schedules
       measured.py inference_perf.py shared_prefix.py   real runs' records; inference-perf
-      classes.py               classes of traffic: their SLOs and priorities
+      classes.py records.py    classes of traffic; one request as a trace gives it
     twin/serving/              one instance and what moves between instances
       __init__.py engine.py    continuous batching, one event per iteration
       fastforward.py pipeforward.py   closed-form jumps over quiet stretches
+      speculative.py           speculative decoding: drafts verified at once
       sequence.py queuepolicy.py queuecost.py   a request's state; queue order; its cost
       kvcache.py tiers.py kvpool.py   KV blocks and prefix cache; tiers; node pools
       handoff.py cluster.py    the KV hand-off; placement and the live views
@@ -117,11 +120,12 @@ one is missing here, or named here and gone)::
       observer.py              what a run reports as it happens
     twin/sim/                  one run
       __init__.py spec.py layout.py   specs; where instances run
+      build.py ops.py          the pure build of a cluster; what faults and scaling may do
       simulation.py control.py   wiring and driving a run; roles and ticks
       faults.py health.py scaling.py   faults and recovery; composed health; scaling
       timeouts.py              client time-outs (workload.timeout)
       metrics.py summary.py intervals.py   streaming summaries; the table; intervals
-      classmetrics.py          the summaries per class of traffic
+      classmetrics.py distribution.py   summaries per class; one latency's distribution
       timeline.py trace.py frames.py   results over time; the event log; data frames
     twin/studies/              many runs
       __init__.py sweep.py sweepdata.py workers.py   sweeps, their folders, workers
@@ -131,6 +135,7 @@ one is missing here, or named here and gone)::
       handoff.py bench.py catalog.py   the idle hand-off; twin bench; what ships
       validate_run.py realrun.py validate_realrun.py runmetrics.py runresiduals.py
       replay.py fidelity.py moe_fidelity.py calibrate_runs.py benchrun.py   against data
+      runs.py                  measured runs read, whatever their kind
     twin/viz/                  pictures (matplotlib only here)
       __init__.py plots.py canvas.py style.py   a sweep folder's figures; shared parts
       attainment.py goodput.py cdf.py   attainment vs rate; goodput bars; CDFs

@@ -104,7 +104,8 @@ _HANDOFF_COSTS = (
 
 def cmd_spec(args: argparse.Namespace) -> int:
     """``twin spec --schema``: the JSON Schema of a spec; ``twin spec SPEC``: the
-    resolved spec (every default filled in) and its sha256."""
+    resolved spec (every default filled in), its sha256 and, for a trace
+    replayed at its own times, the trace's own rate and the rate replayed."""
     if args.schema:
         from twin.sim.spec import spec_schema
         from twin.studies.compare import COMPARE_SCHEMA
@@ -114,6 +115,7 @@ def cmd_spec(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2, sort_keys=True))
         return 0
     from twin.sim.spec import apply_overrides, parse_yaml, read_spec_text, resolve_spec
+    from twin.workload.stream import trace_rates
 
     text, where, base_dir = read_spec_text(args.spec)
     data = parse_yaml(text, where)
@@ -124,7 +126,11 @@ def cmd_spec(args: argparse.Namespace) -> int:
             )
     apply_overrides(data, args.set or [])
     spec = resolve_spec(data, where, base_dir)
-    print(json.dumps({"spec": spec.resolved, "spec_sha256": spec.sha256}, indent=2, sort_keys=True))
+    out: dict[str, Any] = {"spec": spec.resolved, "spec_sha256": spec.sha256}
+    rates = trace_rates(spec.workload)
+    if rates:  # a trace replayed at its own times, as a run's header gives it
+        out["trace_rate_rps"] = rates
+    print(json.dumps(out, indent=2, sort_keys=True))
     return 0
 
 

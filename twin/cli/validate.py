@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from twin.cli._common import model_arg, model_args
+from twin.cli._common import make_executor, model_arg, model_args, parallel_args
 from twin.errors import TwinError
 
 
@@ -65,8 +65,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         from twin.perf.calibrate import held_out_table
 
         sources = iteration_sources(data)
-        with Progress(len(sources), "sources", desc="held out") as bar:
-            table = held_out_table(sources, on_source=bar.update)
+        with make_executor(args) as ex, Progress(len(sources), "sources", desc="held out") as bar:
+            table = held_out_table(sources, on_source=bar.update, run=ex.run)
         print()
         print(table)
     return 0
@@ -94,7 +94,7 @@ def _measured_run(path: str | None) -> bool:
 
 
 def cmd_validate_real_run(args: argparse.Namespace) -> int:
-    from twin.studies.realrun import read_run
+    from twin.studies.runs import read_run
     from twin.studies.validate_realrun import format_run, replay
 
     run = read_run(args.spec, gpu=args.gpu)
@@ -149,7 +149,7 @@ def _replay_runs(args: argparse.Namespace) -> tuple[list[Any], int]:
     """The runs of ``args.spec`` replayed (overloaded ones only with ``--all``),
     and how many were left out."""
     from twin._progress import Progress
-    from twin.studies.realrun import read_runs
+    from twin.studies.runs import read_runs
     from twin.studies.validate_realrun import replay
 
     runs = read_runs(args.spec, gpu=args.gpu)
@@ -317,7 +317,9 @@ def add_validate_parser(sub: Any) -> None:
     v.add_argument(
         "--held-out",
         action="store_true",
-        help="also refit leaving each source out and score it (one fit per source: minutes)",
+        help="also refit leaving each source out and score it (one fit per source, minutes "
+        "each; -j runs them at once)",
     )
+    parallel_args(v, "held-out fits")
     _add_validate_workload_args(v)
     v.set_defaults(func=cmd_validate)

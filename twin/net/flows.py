@@ -148,10 +148,13 @@ class Network:
         env: simpy.Environment,
         series_bucket_s: float | None = None,
         observer: TransferObserver | None = None,
+        reroute: Rerouter | None = None,
     ) -> None:
         """``series_bucket_s``: also keep each link's bytes per time bucket of
         this width (seconds), for utilization over time. ``observer``: told of
-        each transfer as it starts and when it is done."""
+        each transfer as it starts and when it is done. ``reroute``: given by
+        whoever knows the topology, (first vertex, last vertex, failed links)
+        -> another path for a flow that avoids them, or None."""
         if series_bucket_s is not None and not series_bucket_s > 0.0:
             raise SpecError(f"series bucket (={series_bucket_s!r} s) must be > 0")
         self.env = env
@@ -169,6 +172,7 @@ class Network:
         self._states: dict[int, tuple[tuple[_Key, ...], tuple, tuple, bool]] = {}
         self._links: dict[_Key, _LinkState] = {}
         self._faults = LinkFaults()  # the links down and degraded, and the reroute hook
+        self._faults.reroute = reroute
         self._next_transfer = 0
         self._next_flow = 0
         self._gen = 0

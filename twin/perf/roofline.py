@@ -375,6 +375,26 @@ class Roofline:
         ``mlp.csv`` measures (:class:`twin.perf.validate.GemmPart`)."""
         return max(self._flop_token * tokens * self._inv_compute, self._gemm_w_b * self._inv_mem)
 
+    @property
+    def a2a_intra_bytes_s(self) -> float | None:
+        """The all-to-alls' rate to a rank of the same node, as used (None without EP)."""
+        return None if self._experts is None else self._experts.a2a_intra_bytes_s
+
+    @property
+    def a2a_inter_bytes_s(self) -> float | None:
+        """The all-to-alls' rate across nodes, as used (None without EP or within a node)."""
+        return None if self._experts is None else self._experts.a2a_inter_bytes_s
+
+    @property
+    def a2a_ranks_per_node(self) -> int | None:
+        """The EP ranks of one node, as used (None without EP)."""
+        return None if self._experts is None else self._experts.a2a_ranks_per_node
+
+    @property
+    def a2a_latency_s(self) -> float | None:
+        """The latency of one all-to-all, as used (None without EP)."""
+        return None if self._experts is None else self._experts.a2a_latency_s
+
     def all_to_all_time(self, tokens: int) -> float:
         """Seconds of one all-to-all of ``tokens`` tokens over the EP ranks
         (:meth:`twin.perf.moe.ExpertTerms.all_to_all_time`); 0.0 without EP."""
