@@ -38,9 +38,6 @@ once (:mod:`twin.serving.pipeforward`); with one stage, one batch's steps
 from __future__ import annotations
 
 import dataclasses
-import heapq
-import operator
-from bisect import bisect_left
 from collections.abc import Callable
 from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass
@@ -72,6 +69,7 @@ from twin.perf.iteration import (
     stage_steps,
 )
 from twin.request import Request
+from twin.serving.decodebatch import DecodeBatch, first_after_landing
 from twin.serving.fastforward import FastForward
 from twin.serving.kvcache import BlockManager, PrefixCache, blocks_for, cacheable
 from twin.serving.observer import Observer
@@ -97,11 +95,6 @@ from twin.serving.sequence import (
 
 ROLES = ("mixed", "prefill", "decode")
 _EMPTY = Batch()
-# The decode bookkeeping of one pipeline lane; the engine's attributes of these
-# names are those of the lane being planned or completed (see Engine._use_lane).
-_LANE_STATE = ("decode_count", "decode_ctx_sum", "steps", "_finish_heap", "_alloc_heap",
-               "_first_gap", "_gap_steps", "_gap_vals", "_last_decode_end")  # fmt: skip
-_lane_state = operator.attrgetter(*_LANE_STATE)
 # A request no instance can ever hold: stop the run, or reject it; ``truncate``
 # also shortens a request longer than the context instead of rejecting it.
 OVERSIZED = ("error", "reject", "truncate")
@@ -256,21 +249,14 @@ class Engine:
         # Every admitted sequence, in admission order (the last is the first victim).
         self.running: dict[int, Sequence] = {}
         self.prefilling: list[Sequence] = []  # admitted, prompt not fully computed
-        self.decode_count = 0
-        self.decode_ctx_sum = 0  # sum of length_at(next step) over decoding sequences
-        self.steps = 0  # decode steps completed
-        self._finish_heap: list[tuple[int, int, int, Sequence]] = []
-        self._alloc_heap: list[tuple[int, int, int, Sequence]] = []
-        self._first_gap: list[Sequence] = []  # joined decode; gap measured at their first step
-        self._gap_steps: list[int] = []  # monotone stack: step numbers, increasing
-        self._gap_vals: list[float] = []  # ... their gaps, decreasing
-        self._last_decode_end = -1.0
         self._wake: simpy.Event | None = None
         self.pp = pipeline_stages(perf)
-        # pp > 1: the other lanes' decode state (_LANE_STATE order), the lane in
-        # use, and when each pipeline stage is done with the micro-batches given it
+        # each lane's decode batch (one but with pp > 1), the lane being planned
+        # or completed and its batch, and when each pipeline stage is done with
+        # the micro-batches given it
+        self.lanes = [DecodeBatch(blocks.block_size, k) for k in range(self.pp)]
         self._lane = 0
-        self._lanes: list[list] = [[0, 0, 0, [], [], [], [], [], -1.0] for _ in range(self.pp)]
+        self.batch = self.lanes[0]
         self._stage_free = [0.0] * self.pp
         # ... and, for their fast-forward, each lane's micro-batch in flight (its
         # end, and whether it carries prompts) and the order the lanes last took
@@ -322,13 +308,8 @@ class Engine:
     def decode_load(self) -> tuple[int, int]:
         """The decodes a prompt's iteration carries here: their count and context
         sum (pipelined, those of the lane with the most, the first of equals)."""
-        if self.pp == 1:
-            return self.decode_count, self.decode_ctx_sum
-        lanes = [
-            list(_lane_state(self)) if k == self._lane else self._lanes[k] for k in range(self.pp)
-        ]
-        best = max(lanes, key=lambda state: state[0])
-        return best[0], best[1]
+        best = max(self.lanes, key=lambda b: b.count)
+        return best.count, best.ctx_sum
 
     # -- what the control loop changes ------------------------------------------------
     def set_role(self, role: str) -> None:
@@ -397,12 +378,9 @@ class Engine:
         iteration in progress never ends; the instance comes back empty
         (:meth:`recover`)."""
         self._interrupt()  # a stretch ends where the step in progress would have
-        for lane in range(self.pp):
-            self._use_lane(lane)
-            for s in self.running.values():
-                if s.state == DECODE and s.lane == lane:
-                    self._close_gaps(s)
-                    s.generated = s.g_join + (self.steps + 1 - s.d_join)
+        for s in self.running.values():
+            if s.state == DECODE:
+                self.lanes[s.lane].settle(s)
         lost = self.held()
         self.up = False
         if self.watch is not None:
@@ -417,11 +395,9 @@ class Engine:
         self.handoff.clear()
         self._landed.clear()
         self.reserved.clear()
-        fresh = [0, 0, 0, [], [], [], [], [], -1.0]
-        for a, v in zip(_LANE_STATE, fresh, strict=True):
-            setattr(self, a, v)
+        self.lanes = [DecodeBatch(self.kv.block_size, k) for k in range(self.pp)]
         self._lane = 0
-        self._lanes = [[0, 0, 0, [], [], [], [], [], -1.0] for _ in range(self.pp)]
+        self.batch = self.lanes[0]
         self._stage_free = [0.0] * self.pp
         self._flight = [None] * self.pp
         self._claim_no = [0] * self.pp
@@ -613,7 +589,7 @@ class Engine:
         seq.handoff = False
         self.running[seq.req.id] = seq
         if not outside:
-            self._join_decode(seq)
+            self.batch.join(seq)
             return
         seq.state = INCOMING
         self._landed.append(seq)
@@ -710,7 +686,7 @@ class Engine:
                         if self.life != life:
                             return  # it failed during the stretch
                         continue
-                batch = Batch((), self.decode_count, self.decode_ctx_sum)
+                batch = Batch((), self.batch.count, self.batch.ctx_sum)
             elif not chunks:  # an empty batch
                 self._wake = env.event()
                 yield self._wake
@@ -787,7 +763,7 @@ class Engine:
                 continue
             self._use_lane(lane)
             planned, chunks, decoding = self._plan()
-            batch = planned or Batch((), self.decode_count, self.decode_ctx_sum)
+            batch = planned or Batch((), self.batch.count, self.batch.ctx_sum)
             if batch.is_empty:
                 yield self._idle()
                 if self.life != life:
@@ -847,12 +823,8 @@ class Engine:
 
     def _use_lane(self, lane: int) -> None:
         """Make ``lane``'s decode bookkeeping the engine's (``pp > 1``)."""
-        if lane == self._lane:
-            return
-        state = vars(self)  # plain attributes: one C-level read and one update
-        self._lanes[self._lane] = list(_lane_state(self))
-        state.update(zip(_LANE_STATE, self._lanes[lane], strict=True))
         self._lane = lane
+        self.batch = self.lanes[lane]
 
     # -- planning --------------------------------------------------------------------
     def _plan(self) -> tuple[Batch | None, list[tuple[Sequence, int]], bool]:
@@ -863,24 +835,24 @@ class Engine:
         self._preempted = False
         if self._landed:
             for seq in self._landed:
-                self._join_decode(seq)
+                self.batch.join(seq)
             self._landed.clear()
         if cfg.chunked_prefill:
             decoding = self._prepare_decode()
-            budget = cfg.max_batched_tokens - self.decode_count
+            budget = cfg.max_batched_tokens - self.batch.count
             chunks = self._take_chunks(budget, chunked=True)
         else:
             chunks = self._take_chunks(cfg.max_batched_tokens, chunked=False)
             decoding = False
             if not chunks:
                 decoding = self._prepare_decode()
-        if chunks or decoding and self._first_gap:
+        if chunks or decoding and self.batch.joined:
             self._note_decode_start(chunks, decoding)
         if not chunks:
             return (None if decoding else _EMPTY), chunks, decoding
         prefill = tuple((n, s.prefilled) for s, n in chunks)
         if decoding:
-            return Batch(prefill, self.decode_count, self.decode_ctx_sum), chunks, True
+            return Batch(prefill, self.batch.count, self.batch.ctx_sum), chunks, True
         return Batch(prefill), chunks, False
 
     def _note_decode_start(
@@ -894,8 +866,8 @@ class Engine:
             if s.landed and not s.handoff and s.prefilled + n >= s.prefill_len:
                 s.mark("t_decode_start", now)
         if decoding:
-            step = self.steps + 1
-            for s in self._first_gap:
+            step = self.batch.steps + 1
+            for s in self.batch.joined:
                 if s.landed and s.state == DECODE and s.d_join == step:
                     s.mark("t_decode_start", now)
 
@@ -906,7 +878,7 @@ class Engine:
         if not self.prefilling and not self.waiting:
             return chunks
         lane = self._lane
-        seats = self.config.max_num_seqs - self.decode_count  # in this lane
+        seats = self.config.max_num_seqs - self.batch.count  # in this lane
         for s in self.prefilling:
             if s.lane != lane:  # in another lane's micro-batch
                 continue
@@ -993,15 +965,11 @@ class Engine:
     def _prepare_decode(self) -> bool:
         """Give every decoding sequence the block its next token needs, preempting
         the most recently admitted sequences when memory runs out."""
-        if self.decode_count == 0:
+        batch = self.batch
+        if batch.count == 0:
             return False
-        step = self.steps + 1
-        heap = self._alloc_heap
         kv = self.kv
-        while heap and heap[0][0] <= step:
-            _, _, epoch, s = heapq.heappop(heap)
-            if epoch != s.epoch or s.state != DECODE:
-                continue
+        for s in batch.needing_block(batch.steps + 1):
             while kv.free == 0:
                 if self.cache is not None and self.cache.evictable_blocks:
                     self.cache.evict(1, hold=False)  # the step cannot wait for a writer
@@ -1013,9 +981,7 @@ class Engine:
                 continue
             kv.allocate(1)
             s.blocks += 1
-            bs = kv.block_size
-            heapq.heappush(heap, (step + bs, s.req.id, s.epoch, s))
-        return self.decode_count > 0
+        return batch.count > 0
 
     def _victim(self) -> Sequence:
         if self._pick_victim is not None:
@@ -1036,11 +1002,7 @@ class Engine:
     def _preempt(self, s: Sequence) -> None:
         """Free ``s``'s blocks and queue it for recomputation, at the front
         (of the requests its queue policy ranks equal)."""
-        step = self.steps + 1
-        self._close_gaps(s)
-        s.generated = s.g_join + (step - s.d_join)
-        self.decode_count -= 1
-        self.decode_ctx_sum -= s.length_at(step)
+        self.batch.leave(s)
         del self.running[s.req.id]
         self._drop_blocks(s)
         s.epoch += 1
@@ -1064,7 +1026,7 @@ class Engine:
         if now is None:
             now = self.env.now
         if decoded:
-            self._complete_decode_step(now)
+            self.batch.step(now, self._finish)
         if chunks:
             self.queue_changes += 1  # the prompts computed moved on
         for s, n in chunks:
@@ -1082,7 +1044,7 @@ class Engine:
             s.generated += 1
             if not s.mark("t_first_token", now):  # a recompute's token: a gap before it
                 if s.landed:
-                    self._first_after_landing(s, now)
+                    first_after_landing(s, now)
                 elif now - s.t_last_token > s.max_gap:
                     s.max_gap = now - s.t_last_token  # the stall of a recompute
             s.t_last_token = now
@@ -1091,18 +1053,7 @@ class Engine:
             elif s.handoff:
                 self._hand_off(s)
             else:
-                self._join_decode(s)
-
-    @staticmethod
-    def _first_after_landing(s: Sequence, now: float) -> None:
-        """The first token produced here after ``s``'s KV landed (token 2, or a
-        recompute's). The gap since token 1 spans the hand-off and the gap since
-        this side took it up does not; which one the client sees as an
-        inter-token gap depends on where TTFT ends (the metrics decide)."""
-        s.landed = False
-        # the largest over its landings (a retry may move it again)
-        s.landing_gap = max(s.landing_gap, now - s.t_last_token)
-        s.decode_gap = max(s.decode_gap, now - (s.t_decode_start if s.t_decode_start >= 0 else now))
+                self.batch.join(s)
 
     def _hand_off(self, s: Sequence) -> None:
         del self.running[s.req.id]
@@ -1118,49 +1069,6 @@ class Engine:
         self.hooks.on_prefilled(self, s)
         self._handing = None
 
-    def _complete_decode_step(self, now: float) -> None:
-        self.steps += 1
-        step = self.steps
-        if self._last_decode_end >= 0.0:
-            self._push_gap(step, now - self._last_decode_end)
-        self._last_decode_end = now
-        for s in self._first_gap:
-            if s.state == DECODE and s.d_join == step:
-                s.mark("t_first_decode", now)
-                gap = now - s.t_last_token
-                if s.landed:
-                    self._first_after_landing(s, now)
-                elif gap > s.max_gap:
-                    s.max_gap = gap
-        self._first_gap.clear()
-        self.decode_ctx_sum += self.decode_count
-        heap = self._finish_heap
-        while heap and heap[0][0] <= step:
-            _, _, epoch, s = heapq.heappop(heap)
-            if epoch != s.epoch or s.state != DECODE:
-                continue
-            self._close_gaps(s)
-            self.decode_count -= 1
-            self.decode_ctx_sum -= s.length_at(step + 1)
-            s.generated = s.req.output_tokens
-            self._finish(s, now)
-
-    def _join_decode(self, s: Sequence) -> None:
-        step = self.steps + 1
-        s.state = DECODE
-        s.lane = self._lane
-        s.d_join = step
-        s.g_join = s.generated
-        self.decode_count += 1
-        self.decode_ctx_sum += s.length_at(step)
-        self._first_gap.append(s)
-        rid = s.req.id
-        heapq.heappush(
-            self._finish_heap, (step + s.req.output_tokens - s.generated - 1, rid, s.epoch, s)
-        )
-        need_at = step + max(0, s.held_blocks * self.kv.block_size + 1 - s.length_at(step))
-        heapq.heappush(self._alloc_heap, (need_at, rid, s.epoch, s))
-
     def _finish(self, s: Sequence, now: float) -> None:
         s.state = DONE
         s.mark("t_finish", now)
@@ -1173,33 +1081,3 @@ class Engine:
             self.hooks.on_blocks_freed(self)
         if self.on_idle is not None:
             self.on_idle(self)
-
-    # -- inter-token gaps ------------------------------------------------------------
-    def _push_gap(self, step: int, gap: float) -> None:
-        steps, vals = self._gap_steps, self._gap_vals
-        while vals and vals[-1] <= gap:
-            vals.pop()
-            steps.pop()
-        steps.append(step)
-        vals.append(gap)
-        if len(steps) > 4096:
-            self._prune_gaps(step)
-
-    def _prune_gaps(self, step: int) -> None:
-        """Drop gaps from before every running sequence's first decode step."""
-        lane = self._lane
-        oldest = min(
-            (s.d_join for s in self.running.values() if s.state == DECODE and s.lane == lane),
-            default=step,
-        )
-        cut = bisect_left(self._gap_steps, oldest + 1)
-        del self._gap_steps[:cut]
-        del self._gap_vals[:cut]
-
-    def _close_gaps(self, s: Sequence) -> None:
-        """Fold the largest gap between two of ``s``'s decode steps into ``s.max_gap``."""
-        i = bisect_left(self._gap_steps, s.d_join + 1)
-        if i < len(self._gap_vals) and self._gap_vals[i] > s.max_gap:
-            s.max_gap = self._gap_vals[i]
-        if self.steps >= s.d_join:
-            s.t_last_token = self._last_decode_end

@@ -38,7 +38,6 @@ two events were scheduled; single-stage fast-forward takes it the same way.
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_left
 from functools import reduce
 from operator import add, sub
@@ -47,9 +46,8 @@ from typing import TYPE_CHECKING
 import simpy
 
 from twin._clock import arm, at, cancel
-from twin.serving.fastforward import push_gaps, take_blocks
+from twin.serving.fastforward import take_blocks
 from twin.serving.kvcache import blocks_for
-from twin.serving.sequence import DECODE
 
 if TYPE_CHECKING:
     from twin.serving.engine import Engine
@@ -160,13 +158,6 @@ def _end_at(fin: list[int], n_lanes: int) -> int:
     return min(min(x, rounds) * n_lanes + p for p, x in enumerate(fin))
 
 
-def _next_finish(heap: list) -> int | None:
-    """The step of the next valid entry of a lane's finish heap (stale ones dropped)."""
-    while heap and (heap[0][2] != heap[0][3].epoch or heap[0][3].state != DECODE):
-        heapq.heappop(heap)
-    return heap[0][0] if heap else None
-
-
 class PipeForward:
     """The fast-forward of one pipelined engine: the stretch in progress, if
     any, and the micro-batches the next stretch aims at."""
@@ -268,13 +259,14 @@ class PipeForward:
         n_lanes = len(st.order)
         if not self._nothing_to_admit():
             return False
-        fin = _next_finish(eng._finish_heap) if eng.decode_count else None
+        batch = eng.batch
+        fin = batch.next_finish() if batch.count else None
         if fin is None:
             return False  # the lane has nothing left to decode
         nxt = k // n_lanes + 1  # the lane's next micro-batch, from 0
         st.fin[p] = fin - st.step0[p]
-        st.counts[p] = eng.decode_count
-        st.ctx0[p] = eng.decode_ctx_sum
+        st.counts[p] = batch.count
+        st.ctx0[p] = batch.ctx_sum
         st.base[p] = nxt
         del st.firsts_of[p][nxt:], st.laters_of[p][nxt:]
         st.end_at = _end_at(st.fin, n_lanes)
@@ -312,33 +304,35 @@ class PipeForward:
             return False
         now = eng.env.now
         # position 0: the leader, whose micro-batch starts now
-        fin = _next_finish(eng._finish_heap)
+        batch = eng.batch
+        fin = batch.next_finish()
         if fin is None:
             return False
-        lanes = [(0, leader, now, eng.steps + 1, eng.decode_count, eng.decode_ctx_sum, fin)]
+        lanes = [(0, leader, now, batch.steps + 1, batch.count, batch.ctx_sum, fin)]
         flight = eng._flight
         for lane in range(eng.pp):
             if lane == leader:
                 continue
-            count, ctx, steps, finish_heap, _, first_gap = eng._lanes[lane][:6]
+            other = eng.lanes[lane]
+            count, ctx, steps = other.count, other.ctx_sum, other.steps
             fl = flight[lane]
             if count == 0:
                 if fl is not None:
                     return False  # prompts only in flight: the batch changes
                 continue  # idle: it waits for a change, which ends the stretch
             if fl is None:  # out, waiting for the first stage
-                if any(s.landed and s.t_decode_start < 0 for s in first_gap):
+                if any(s.landed and s.t_decode_start < 0 for s in other.joined):
                     return False
-                out_at, step0 = now, steps + 1
+                out_at, first = now, steps + 1
             else:
                 end, prompts = fl
                 if prompts:
                     return False
-                out_at, step0, ctx = end, steps + 2, ctx + count
-            fin = _next_finish(finish_heap)
+                out_at, first, ctx = end, steps + 2, ctx + count
+            fin = other.next_finish()
             if fin is None:
                 return False
-            lanes.append((eng._claim_no[lane], lane, out_at, step0, count, ctx, fin))
+            lanes.append((eng._claim_no[lane], lane, out_at, first, count, ctx, fin))
         lanes[1:] = sorted(lanes[1:])  # the order they took the first stage last
         order = [x[1] for x in lanes]
         ready = [x[2] for x in lanes]
@@ -489,11 +483,11 @@ class PipeForward:
         bs = kv.block_size
         n = len(st.starts)
         n_lanes = len(st.order)
-        lasts = {}
+        lasts = []
         bound = 0
         for p, lane in enumerate(st.order):
             last = st.step0[p] + (n - 1 - p) // n_lanes  # its last micro-batch's step
-            lasts[lane] = last
+            lasts.append((lane, last))
             bound += st.counts[p] * ((last - st.taken[p]) // bs + 1)
         # a sleeping tick watching the free blocks (see twin.sim.control) is told
         # at each allocation; the stretch takes its blocks with no event, so it
@@ -506,10 +500,7 @@ class PipeForward:
         if bound <= kv.free and (at_most is None or kv.free - bound > at_most):
             st.room = kv.free - bound
             return True
-        need = 0
-        for s in eng.running.values():
-            if s.state == DECODE:
-                need += max(0, blocks_for(s.length_at(lasts[s.lane]), bs) - s.held_blocks)
+        need = sum(eng.lanes[lane].blocks_to(last) for lane, last in lasts)
         st.room = kv.free - need
         return need <= kv.free and (at_most is None or kv.free - need > at_most)
 
@@ -531,16 +522,13 @@ class PipeForward:
         """Take the blocks of the first ``begun`` micro-batches."""
         eng = self.engine
         n_lanes = len(st.order)
-        lane0 = eng._lane
         for p, lane in enumerate(st.order):
             if p >= begun:
                 break
             step = st.step0[p] + (begun - 1 - p) // n_lanes
             if step > st.taken[p]:
-                eng._use_lane(lane)
-                take_blocks(eng, step)
+                take_blocks(eng, eng.lanes[lane], step)
                 st.taken[p] = step
-        eng._use_lane(lane0)
 
     def _end(self, st: PipeStretch, end_to: int) -> None:
         """Apply the micro-batches before ``end_to`` that have not been, in bulk:
@@ -554,30 +542,22 @@ class PipeForward:
         eng.iterations += end_to - k0
         n_lanes = len(st.order)
         ends = st.ends
-        lane0 = eng._lane
         for p, lane in enumerate(st.order):
             j = k0 + (p - k0) % n_lanes  # this lane's first micro-batch not applied
             if j >= end_to:
                 continue
             out = ends[j:end_to:n_lanes]
-            eng._use_lane(lane)
-            if j < n_lanes and (eng._first_gap or eng._last_decode_end < 0.0):
+            batch = eng.lanes[lane]
+            if j < n_lanes and batch.fresh:
                 # its first step as stepping completes it (sequences that joined
                 # measure their first gap in it)
-                eng._complete_decode_step(out[0])
+                batch.step(out[0], eng._finish)
                 del out[0]
                 if not out:
                     continue
-            gaps = [out[0] - eng._last_decode_end]
+            gaps = [out[0] - batch.last_end]
             gaps += map(sub, out[1:], out[:-1])
-            n = len(out)
-            push_gaps(eng, eng.steps + 1, gaps)
-            eng.steps += n
-            eng.decode_ctx_sum += eng.decode_count * n
-            eng._last_decode_end = out[-1]
-            if len(eng._gap_steps) > 4096:
-                eng._prune_gaps(eng.steps)
-        eng._use_lane(lane0)
+            batch.run_steps(gaps, out[-1])
         st.ended = end_to
 
     def _settle(self, st: PipeStretch, now: float) -> None:
