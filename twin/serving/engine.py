@@ -74,10 +74,10 @@ from twin.serving.fastforward import FastForward
 from twin.serving.kvcache import BlockManager, PrefixCache, blocks_for, cacheable
 from twin.serving.observer import Observer
 from twin.serving.pipeforward import PipeForward
+from twin.serving.plan import Planner
 from twin.serving.queuepolicy import DEFAULT as DEFAULT_QUEUE_POLICY
 from twin.serving.queuepolicy import SCHEMA as QUEUE_POLICY_SCHEMA
 from twin.serving.queuepolicy import (
-    PicksVictim,
     QueuePolicyChoice,
     parse_choice,
     waiting_queue,
@@ -89,12 +89,10 @@ from twin.serving.sequence import (
     INCOMING,
     LOST,
     PREFILL,
-    WAITING,
     Sequence,
 )
 
 ROLES = ("mixed", "prefill", "decode")
-_EMPTY = Batch()
 # A request no instance can ever hold: stop the run, or reject it; ``truncate``
 # also shortens a request longer than the context instead of rejecting it.
 OVERSIZED = ("error", "reject", "truncate")
@@ -223,7 +221,7 @@ class Engine:
         self.hooks = hooks
         # prefill side: sequences whose KV waits to move -> the blocks they hold
         self.handoff: dict[int, tuple[Sequence, int, list[int]]] = {}
-        self._landed: list[Sequence] = []  # decode side: KV arrived, not yet joined
+        self.landed: list[Sequence] = []  # decode side: KV arrived, not yet joined
         # decode side: request id -> (blocks its KV lands in, the cached prefix
         # units it shares here instead, which do not move)
         self.reserved: dict[int, tuple[int, list[int]]] = {}
@@ -239,9 +237,6 @@ class Engine:
         # the queue, in the order of the spec's queue policy (a deque: FCFS)
         self.queue_policy = config.queue_policy.build()
         self.waiting = waiting_queue(self.queue_policy)
-        self._pick_victim = (
-            self.queue_policy.victim if isinstance(self.queue_policy, PicksVictim) else None
-        )
         self.waiting_tokens = 0
         # bumped by every change to the queue and the prompts being computed but
         # a request joining the queue's back (what a queue estimate may keep)
@@ -255,7 +250,7 @@ class Engine:
         # or completed and its batch, and when each pipeline stage is done with
         # the micro-batches given it
         self.lanes = [DecodeBatch(blocks.block_size, k) for k in range(self.pp)]
-        self._lane = 0
+        self.lane = 0
         self.batch = self.lanes[0]
         self._stage_free = [0.0] * self.pp
         # ... and, for their fast-forward, each lane's micro-batch in flight (its
@@ -267,7 +262,7 @@ class Engine:
         ff = config.fast_forward and self._iter_observer is None
         self._ff = FastForward(self) if ff and self.pp == 1 else None
         self._pf = PipeForward(self) if ff and self.pp > 1 else None
-        self._preempted = False  # a preemption happened while planning this step
+        self.planner = Planner(self)
         self._handing: Sequence | None = None  # the sequence _hand_off is handing off
         self.iterations = 0
         self.busy_s = 0.0
@@ -393,10 +388,10 @@ class Engine:
         self.running.clear()
         self.prefilling.clear()
         self.handoff.clear()
-        self._landed.clear()
+        self.landed.clear()
         self.reserved.clear()
         self.lanes = [DecodeBatch(self.kv.block_size, k) for k in range(self.pp)]
-        self._lane = 0
+        self.lane = 0
         self.batch = self.lanes[0]
         self._stage_free = [0.0] * self.pp
         self._flight = [None] * self.pp
@@ -438,10 +433,10 @@ class Engine:
             assert seq.state == PREFILL, f"request {rid} is {seq.state} on instance {self.id}"
             del self.running[rid]
             self.prefilling.remove(seq)
-            self._drop_blocks(seq)
+            self.drop_blocks(seq)
         else:
             self.waiting.remove(seq)
-            self._waiting_moved(-seq.prefill_len)
+            self.waiting_moved(-seq.prefill_len)
         self._blocks_freed()
 
     def unreserve(self, seq: Sequence) -> None:
@@ -469,11 +464,11 @@ class Engine:
         elif self._pf is not None:
             self._pf.interrupt()
         self.waiting.append(seq)
-        self._waiting_moved(seq.prefill_len)
+        self.waiting_moved(seq.prefill_len)
         self.observer.request_queued(self.env.now, self.id, seq.req)
         self._poke()
 
-    def _waiting_moved(self, tokens: int) -> None:
+    def waiting_moved(self, tokens: int) -> None:
         """The queue's prompt tokens moved by ``tokens``; a sleeping tick's watch is told."""
         self.waiting_tokens += tokens
         if self.watch is not None:
@@ -501,43 +496,19 @@ class Engine:
             hits = hashes[: min(cache.match(hashes), (seq.prefill_len - 1) // unit)] if unit else ()
         shared = len(hits) * (seq.req.prefix_block_tokens // kv.block_size)
         need = blocks_for(seq.prefill_len, kv.block_size) - shared
-        if not self._fits(hits, need):
+        if not self.planner.fits(hits, need):
             return False
         ff, pf = self._ff, self._pf
         # a stretch may go on (nothing joins it) if its steps still find their blocks
         kept = ff.keeps(need) if ff is not None else pf is not None and pf.keeps(need)
         if not kept:
             self._interrupt()
-        if not self._make_room(hits, need):
+        if not self.planner.make_room(hits, need):
             return False  # the rest is being written down: tried again when it is
         kv.allocate(need)
         if kept and ff is not None and kv.watch is not None:
             kv.watch.stretch(self, ff.stretch)  # its steps now cross a threshold sooner
         self.reserved[seq.req.id] = (need, list(hits))
-        return True
-
-    def _fits(self, hits: Sequence_[int], need: int) -> bool:
-        """Whether ``need`` blocks more (beside the cached units ``hits``, which
-        they share) fit above the watermark: free, being written down, or held
-        only by the prefix cache and evictable."""
-        kv, cache = self.kv, self.cache
-        if cache is None:
-            return kv.can_admit(need)
-        spare = kv.free + cache.writing_blocks + cache.evictable_blocks - cache.idle_blocks(hits)
-        return spare - need >= kv.watermark
-
-    def _make_room(self, hits: Sequence_[int], need: int) -> bool:
-        """After :meth:`_fits`: hold ``hits`` and evict for ``need`` free blocks;
-        False (``hits`` let go again) while some of them are still being
-        written down."""
-        cache = self.cache
-        if cache is None:
-            return True
-        cache.acquire(hits)
-        cache.evict(need)
-        if self.kv.free < need:
-            cache.release(hits)
-            return False
         return True
 
     def reserved_prefix_tokens(self, seq: Sequence) -> int:
@@ -560,7 +531,7 @@ class Engine:
         seq.units = units
         seq.shared_blocks = len(units) * (seq.req.prefix_block_tokens // self.kv.block_size)
         if self.cache is not None:
-            self._cache_prompt(seq)
+            self.cache_prompt(seq)
         seq.instance = self.id
         seq.handoff = False  # a recompute after a preemption happens here
         seq.state = INCOMING
@@ -569,7 +540,7 @@ class Engine:
         if ff is None or not ff.lands(seq):
             if ff is not None:
                 self._interrupt()
-            self._landed.append(seq)  # joins at the next step boundary
+            self.landed.append(seq)  # joins at the next step boundary
         self._poke()
 
     def keep(self, seq: Sequence) -> None:
@@ -592,7 +563,7 @@ class Engine:
             self.batch.join(seq)
             return
         seq.state = INCOMING
-        self._landed.append(seq)
+        self.landed.append(seq)
         self._poke()
 
     def release(self, seq: Sequence) -> None:
@@ -633,7 +604,7 @@ class Engine:
 
     def holds_work(self) -> bool:
         """Whether anything is queued, admitted, waiting to move or reserved here."""
-        return bool(self.waiting or self.running or self.handoff or self._landed or self.reserved)
+        return bool(self.waiting or self.running or self.handoff or self.landed or self.reserved)
 
     def sync(self) -> None:
         """Bring the state up to now inside a fast-forwarded stretch, so that a
@@ -674,7 +645,8 @@ class Engine:
         if self.life != life:
             return  # it failed again before this loop first ran
         while True:
-            batch, chunks, decoding = self._plan()
+            plan = self.planner.plan()
+            batch, chunks = plan.batch, plan.chunks
             if batch is None:  # decode only
                 ff = self._ff
                 if ff is not None:
@@ -701,7 +673,7 @@ class Engine:
             if obs is not None or chunks and self.hooks is not None:
                 self._started(batch, chunks, dt)
             if chunks and self._ff is not None:  # prompts completing here may head a stretch
-                stretch = self._ff.plan_head(chunks, dt, decoding)
+                stretch = self._ff.plan_head(chunks, dt, plan.decodes)
                 if stretch is not None:
                     yield from self._ff.run(stretch)
                     if self.life != life:
@@ -714,7 +686,7 @@ class Engine:
             self.busy_s += dt
             if obs is not None:
                 obs.iteration_ended(env.now, self.id)
-            self._complete(chunks, decoding)
+            self._complete(chunks, plan.decodes)
 
     def _bad_time(self, dt: float) -> None:
         raise SpecError(f"perf model {self.perf.name!r} gave iteration time {dt!r} <= 0")
@@ -762,14 +734,15 @@ class Engine:
                     return
                 continue
             self._use_lane(lane)
-            planned, chunks, decoding = self._plan()
-            batch = planned or Batch((), self.batch.count, self.batch.ctx_sum)
+            plan = self.planner.plan()
+            chunks = plan.chunks
+            batch = plan.batch or Batch((), self.batch.count, self.batch.ctx_sum)
             if batch.is_empty:
                 yield self._idle()
                 if self.life != life:
                     return
                 continue
-            if planned is None and pf is not None and pf.plan(lane):
+            if plan.batch is None and pf is not None and pf.plan(lane):
                 continue  # a stretch covers it: wait in it with the other lanes
             first, later = perf.stage_times(batch)
             if self.speed != 1.0:
@@ -800,7 +773,7 @@ class Engine:
             self.busy_s += first  # the time the pipeline's entrance was taken
             if obs is not None:
                 obs.iteration_ended(env.now, self.id)
-            self._complete(chunks, decoding)
+            self._complete(chunks, plan.decodes)
 
     def _idle(self) -> simpy.Event:
         """The event a lane with nothing to do waits on (shared by the lanes)."""
@@ -823,112 +796,10 @@ class Engine:
 
     def _use_lane(self, lane: int) -> None:
         """Make ``lane``'s decode bookkeeping the engine's (``pp > 1``)."""
-        self._lane = lane
+        self.lane = lane
         self.batch = self.lanes[lane]
 
-    # -- planning --------------------------------------------------------------------
-    def _plan(self) -> tuple[Batch | None, list[tuple[Sequence, int]], bool]:
-        """This iteration's batch, its prefill chunks and whether it decodes. A
-        decode-only batch is None: it is the decode aggregate, and a stretch
-        prices it without building it."""
-        cfg = self.config
-        self._preempted = False
-        if self._landed:
-            for seq in self._landed:
-                self.batch.join(seq)
-            self._landed.clear()
-        if cfg.chunked_prefill:
-            decoding = self._prepare_decode()
-            budget = cfg.max_batched_tokens - self.batch.count
-            chunks = self._take_chunks(budget, chunked=True)
-        else:
-            chunks = self._take_chunks(cfg.max_batched_tokens, chunked=False)
-            decoding = False
-            if not chunks:
-                decoding = self._prepare_decode()
-        if chunks or decoding and self.batch.joined:
-            self._note_decode_start(chunks, decoding)
-        if not chunks:
-            return (None if decoding else _EMPTY), chunks, decoding
-        prefill = tuple((n, s.prefilled) for s, n in chunks)
-        if decoding:
-            return Batch(prefill, self.batch.count, self.batch.ctx_sum), chunks, True
-        return Batch(prefill), chunks, False
-
-    def _note_decode_start(
-        self, chunks: list[tuple[Sequence, int]], decoding: bool, now: float | None = None
-    ) -> None:
-        """A landed sequence's first iteration here that produces a token starts
-        now (or at ``now``: a stretch notes it for the step it joins in)."""
-        if now is None:
-            now = self.env.now
-        for s, n in chunks:  # landed, then preempted (or retried) before its first decode step
-            if s.landed and not s.handoff and s.prefilled + n >= s.prefill_len:
-                s.mark("t_decode_start", now)
-        if decoding:
-            step = self.batch.steps + 1
-            for s in self.batch.joined:
-                if s.landed and s.state == DECODE and s.d_join == step:
-                    s.mark("t_decode_start", now)
-
-    def _take_chunks(self, budget: int, *, chunked: bool) -> list[tuple[Sequence, int]]:
-        """Prefill work for this iteration: continue partial prompts, then admit from
-        the head of the queue (its policy's order) while the head fits."""
-        chunks: list[tuple[Sequence, int]] = []
-        if not self.prefilling and not self.waiting:
-            return chunks
-        lane = self._lane
-        seats = self.config.max_num_seqs - self.batch.count  # in this lane
-        for s in self.prefilling:
-            if s.lane != lane:  # in another lane's micro-batch
-                continue
-            seats -= 1
-            if budget <= 0:
-                return chunks
-            n = min(s.prefill_len - s.prefilled, budget)
-            chunks.append((s, n))
-            budget -= n
-        kv = self.kv
-        cache = self.cache
-        now = self.env.now
-        limit = self.config.max_num_seqs * self.pp
-        while self.waiting and self.running_requests < limit and (self.pp == 1 or seats > 0):
-            s = self.waiting[0]
-            hits: Sequence_[int] = ()
-            if cache is not None:
-                hits = s.req.prefix_hashes[: cache.match(self._cacheable(s))]
-            unit = s.req.prefix_block_tokens
-            cached = min(max(len(hits) * unit, s.preloaded_tokens), s.prefill_len - 1)
-            need = s.prefill_len - cached
-            if budget <= 0 or (not chunked and chunks and need > budget):
-                break
-            shared = len(hits) * (unit // kv.block_size)
-            need_blocks = blocks_for(s.prefill_len, kv.block_size) - shared
-            if not self._fits(hits, need_blocks) or not self._make_room(hits, need_blocks):
-                break  # (evicted blocks still being written: tried again when they are)
-            self.waiting.popleft()
-            self.queue_changes += 1
-            self._waiting_moved(-s.prefill_len)
-            kv.allocate(need_blocks)
-            s.blocks = need_blocks
-            s.units = list(hits)
-            s.shared_blocks = shared
-            s.prefilled = cached
-            if s.mark("t_scheduled", now):
-                s.cached_tokens = cached
-            s.state = PREFILL
-            s.lane = lane
-            seats -= 1
-            self.running[s.req.id] = s
-            self.prefilling.append(s)
-            n = min(need, budget) if chunked else need
-            chunks.append((s, n))
-            budget -= n
-        return chunks
-
-    def _cacheable(self, s: Sequence) -> tuple[int, ...]:
-        return self.cacheable(s.req)
-
+    # -- the prefix cache --------------------------------------------------------------
     def cacheable(self, req: Request) -> tuple[int, ...]:
         """The prefix hashes of ``req`` whose blocks are whole units of its prompt."""
         return cacheable(req, self.kv.block_size)
@@ -940,19 +811,19 @@ class Engine:
         self.sync_blocks()  # the units a stretch under way has evicted by now
         return self.cache.match(self.cacheable(req)) * req.prefix_block_tokens
 
-    def _cache_prompt(self, s: Sequence) -> None:
+    def cache_prompt(self, s: Sequence) -> None:
         """The prompt is computed: offer its whole units to the prefix cache."""
         cache = self.cache
         assert cache is not None
         unit_blocks = s.req.prefix_block_tokens // self.kv.block_size
-        new = self._cacheable(s)[len(s.units) :]
+        new = self.cacheable(s.req)[len(s.units) :]
         # up to a unit another sequence cached: the chain continues from there
         n = cache.insert(new, unit_blocks)
         s.blocks -= n * unit_blocks
         s.shared_blocks += n * unit_blocks
         s.units += new[:n]
 
-    def _drop_blocks(self, s: Sequence) -> None:
+    def drop_blocks(self, s: Sequence) -> None:
         """Give back everything ``s`` holds here: its blocks, its cached units."""
         self.kv.release(s.blocks)
         s.blocks = 0
@@ -961,61 +832,6 @@ class Engine:
             self.cache.release(s.units)
             s.units = []
         s.shared_blocks = 0
-
-    def _prepare_decode(self) -> bool:
-        """Give every decoding sequence the block its next token needs, preempting
-        the most recently admitted sequences when memory runs out."""
-        batch = self.batch
-        if batch.count == 0:
-            return False
-        kv = self.kv
-        for s in batch.needing_block(batch.steps + 1):
-            while kv.free == 0:
-                if self.cache is not None and self.cache.evictable_blocks:
-                    self.cache.evict(1, hold=False)  # the step cannot wait for a writer
-                    continue
-                self._preempt(self._victim())
-                if s.state != DECODE:
-                    break
-            if s.state != DECODE:
-                continue
-            kv.allocate(1)
-            s.blocks += 1
-        return batch.count > 0
-
-    def _victim(self) -> Sequence:
-        if self._pick_victim is not None:
-            lane = self._lane
-            running = [s for s in self.running.values() if s.state == DECODE and s.lane == lane]
-            victim = self._pick_victim(running)
-            if not any(s is victim for s in running):
-                raise SpecError(
-                    f"queue policy {self.queue_policy!r}: victim() returned {victim!r}, "
-                    "not one of the running requests it was given"
-                )
-            return victim  # type: ignore[return-value]  # one of ours, just checked
-        for s in reversed(self.running.values()):
-            if s.state == DECODE and s.lane == self._lane:
-                return s
-        raise AssertionError("no decoding sequence to preempt")
-
-    def _preempt(self, s: Sequence) -> None:
-        """Free ``s``'s blocks and queue it for recomputation, at the front
-        (of the requests its queue policy ranks equal)."""
-        self.batch.leave(s)
-        del self.running[s.req.id]
-        self._drop_blocks(s)
-        s.epoch += 1
-        s.state = WAITING
-        s.preemptions += 1
-        self.preemptions += 1
-        self._preempted = True
-        s.prefill_len = s.req.prompt_tokens + s.generated
-        s.prefilled = 0
-        self.queue_changes += 1
-        self.waiting.appendleft(s)
-        self._waiting_moved(s.prefill_len)
-        self.observer.preempted(self.env.now, self.id, s.req)
 
     # -- applying an iteration -------------------------------------------------------
     def _complete(
@@ -1037,7 +853,7 @@ class Engine:
                 continue
             self.prefilling.remove(s)
             if self.cache is not None:
-                self._cache_prompt(s)
+                self.cache_prompt(s)
             if self.on_prompt is not None:
                 self.on_prompt(self, s)
             s.mark("t_prefill_done", now)  # a recompute (preempted, retried) keeps the first
@@ -1074,7 +890,7 @@ class Engine:
         s.mark("t_finish", now)
         s.t_last_token = now
         del self.running[s.req.id]
-        self._drop_blocks(s)
+        self.drop_blocks(s)
         s.epoch += 1
         self.observer.request_ended(now, self.id, s.req, s, "completed", "")
         if self.hooks is not None:

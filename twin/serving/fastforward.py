@@ -125,7 +125,7 @@ class FastForward:
         assert st.event is not None
         move(self.engine.env, st.event, st.ends[k])
         if st.join > k:
-            self.engine._landed[:0] = st.joining
+            self.engine.landed[:0] = st.joining
             st.join = 0
             st.joining = []
 
@@ -145,7 +145,7 @@ class FastForward:
         now = eng.env.now
         k = bisect_left(st.ends, now)  # the step in progress (or ending now)
         if k >= st.stop - 1:
-            eng._landed.append(seq)  # the stretch ends with this step
+            eng.landed.append(seq)  # the stretch ends with this step
             return True
         j = k + 1
         if st.join and st.join != j:
@@ -228,7 +228,7 @@ class FastForward:
         than one step. Arrivals, the only other change, cut it short. The
         first step, the one just planned, is priced with the rest."""
         eng = self.engine
-        if eng._preempted:
+        if eng.planner.preempted:
             return None  # the preempted may be admitted again at the next step
         batch = eng.batch
         finish = batch.next_finish()
@@ -263,7 +263,7 @@ class FastForward:
         prefix cache sees it, and a reader (of the prefix cache too) syncs
         first. Saves the event of the prompts' step."""
         eng = self.engine
-        if eng._preempted or eng.waiting or eng.on_prompt is not None:
+        if eng.planner.preempted or eng.waiting or eng.on_prompt is not None:
             return None
         if eng.cache is not None and eng.cache.tiers is not None:
             return None  # the prompts' units would leave the tiers below unseen
@@ -377,7 +377,7 @@ class FastForward:
                 self._end(j)
             for s in st.joining:
                 eng.batch.join(s)
-            eng._note_decode_start([], True, st.ends[j - 1])
+            eng.planner.note_decode_start([], True, st.ends[j - 1])
             st.joining = []
             if end_to == j:
                 return

@@ -300,7 +300,7 @@ class PipeForward:
             self.skip -= 1
             return False
         eng = self.engine
-        if eng._preempted or not self._nothing_to_admit():
+        if eng.planner.preempted or not self._nothing_to_admit():
             return False
         now = eng.env.now
         # position 0: the leader, whose micro-batch starts now
@@ -464,7 +464,7 @@ class PipeForward:
         admissible: the running limit is reached, or (no prefix cache) its
         blocks are not free, and the stretch only takes more."""
         eng = self.engine
-        if eng.prefilling or eng._landed:
+        if eng.prefilling or eng.landed:
             return False
         if not eng.waiting:
             return True

@@ -851,7 +851,7 @@ class Simulation:
         for e in self.engines:
             cached = e.cache.cached_blocks if e.cache is not None else 0
             idle = e.cache.evictable_blocks if e.cache is not None else 0
-            held = e.running or e.waiting or e.handoff or e._landed or e.reserved
+            held = e.running or e.waiting or e.handoff or e.landed or e.reserved
             if e.kv.free + cached != e.kv.total or idle != cached or held:
                 raise AssertionError(f"instance {e.id} ended with work or blocks held")
 
