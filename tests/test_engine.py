@@ -481,7 +481,7 @@ def _kept_later(keep_at: float, *, ff: bool, busy: bool) -> tuple[list, Engine]:
     def later():
         yield Arrival(env, keep_at)
         assert hooks.held == [first]
-        eng.keep(first)
+        eng.sender.keep(first)
 
     env.process(later())
     env.run()

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -64,14 +63,13 @@ from twin.perf.iteration import (
     PerfModel,
     Pipelined,
     StageSteps,
-    decode_steps,
     pipeline_stages,
-    stage_steps,
 )
 from twin.request import Request
 from twin.serving.decodebatch import DecodeBatch, first_after_landing
 from twin.serving.fastforward import FastForward
-from twin.serving.kvcache import BlockManager, PrefixCache, blocks_for, cacheable
+from twin.serving.faults import Faults
+from twin.serving.kvcache import BlockManager, PrefixCache, cacheable
 from twin.serving.observer import Observer
 from twin.serving.pipeforward import PipeForward
 from twin.serving.plan import Planner
@@ -82,13 +80,11 @@ from twin.serving.queuepolicy import (
     parse_choice,
     waiting_queue,
 )
+from twin.serving.receiving import Receiver
+from twin.serving.sending import Sender
 from twin.serving.sequence import (
-    DECODE,
     DONE,
-    HANDOFF,
-    INCOMING,
     LOST,
-    PREFILL,
     Sequence,
 )
 
@@ -171,14 +167,6 @@ class EngineConfig:
             raise SpecError(f"engine.watermark: {self.watermark!r} must be in [0, 1)")
 
 
-_Stages = tuple[list[float], list[float]]
-
-
-def _slowed(times: _Stages, speed: float) -> _Stages:
-    """Stage times at ``speed`` x the perf model's rate."""
-    return [a / speed for a in times[0]], [b / speed for b in times[1]]
-
-
 class EngineHooks(Protocol):
     """What an engine tells the KV hand-off of a disaggregated cluster."""
 
@@ -197,6 +185,12 @@ class Engine:
     to ``observer`` (a sequence's end among it, once, when its last token is out);
     ``hooks`` are the hand-off's (split serving), and ``on_prompt`` is called as
     each prompt is computed (a KV pool keeps it). All are given at construction."""
+
+    # what an iteration, a stretch of decode steps and (pipelined) their stage
+    # times take at the instance's speed (see Faults.price_at)
+    iteration_time: Callable[[Batch], float]
+    decode_steps: DecodeSteps
+    stage_steps: StageSteps | None
 
     def __init__(
         self,
@@ -219,17 +213,18 @@ class Engine:
         self.id = instance_id
         self.role = role
         self.hooks = hooks
-        # prefill side: sequences whose KV waits to move -> the blocks they hold
-        self.handoff: dict[int, tuple[Sequence, int, list[int]]] = {}
-        self.landed: list[Sequence] = []  # decode side: KV arrived, not yet joined
-        # decode side: request id -> (blocks its KV lands in, the cached prefix
-        # units it shares here instead, which do not move)
-        self.reserved: dict[int, tuple[int, list[int]]] = {}
+        # the two sides of a KV hand-off, and what they hold: prompts whose KV
+        # waits to move, by request id; blocks reserved for KV on its way here
+        self.sender = Sender(self)
+        self.handoff = self.sender.held
+        self.receiver = Receiver(self)
+        self.reserved = self.receiver.reserved
+        self.landed: list[Sequence] = []  # KV landed or kept here, joining at the next step
         self.perf = perf
         self.kv = blocks
         self.cache = PrefixCache(blocks) if config.prefix_caching else None
         if self.cache is not None:
-            self.cache.on_freed = self._written_down
+            self.cache.on_freed = self.written_down
         self.config = config
         self.observer = observer
         self._iter_observer = observer if observer.wants_iterations else None
@@ -252,18 +247,17 @@ class Engine:
         self.lanes = [DecodeBatch(blocks.block_size, k) for k in range(self.pp)]
         self.lane = 0
         self.batch = self.lanes[0]
-        self._stage_free = [0.0] * self.pp
+        self.stage_free = [0.0] * self.pp
         # ... and, for their fast-forward, each lane's micro-batch in flight (its
         # end, and whether it carries prompts) and the order the lanes last took
         # the first stage in (a count at each take)
-        self._flight: list[tuple[float, bool] | None] = [None] * self.pp
-        self._claim_no = [0] * self.pp
-        self._claims = 0
+        self.flight: list[tuple[float, bool] | None] = [None] * self.pp
+        self.claim_no = [0] * self.pp
+        self.claims = 0
         ff = config.fast_forward and self._iter_observer is None
-        self._ff = FastForward(self) if ff and self.pp == 1 else None
-        self._pf = PipeForward(self) if ff and self.pp > 1 else None
+        self.ff = FastForward(self) if ff and self.pp == 1 else None
+        self.pf = PipeForward(self) if ff and self.pp > 1 else None
         self.planner = Planner(self)
-        self._handing: Sequence | None = None  # the sequence _hand_off is handing off
         self.iterations = 0
         self.busy_s = 0.0
         self.preemptions = 0
@@ -274,7 +268,8 @@ class Engine:
         self.up = True
         self.life = 0
         self.speed = 1.0
-        self._price_at(1.0)
+        self.faults = Faults(self)
+        self.faults.price_at(1.0)
         self.on_lost: Callable[[Sequence], None] | None = None
         # Scaling: starting | serving | draining | stopped (twin.scheduler.
         # INSTANCE_STATES), and who is told when a draining instance may be empty.
@@ -283,9 +278,9 @@ class Engine:
         # told of changes to the queue, role and health (twin.sim.control: a
         # sleeping tick's watch)
         self.watch: Any = None
-        self._start_loops()
+        self.start_loops()
 
-    def _start_loops(self) -> None:
+    def start_loops(self) -> None:
         # each loop serves this life only (a failure and recovery at the same
         # instant, before the loop first runs, must not leave two serving)
         if self.pp == 1:
@@ -328,33 +323,23 @@ class Engine:
             max_num_seqs=max_num_seqs or cfg.max_num_seqs,
         )
 
-    # -- failures --------------------------------------------------------------------
+    # -- failures ----------------------------------------------------------------------
     def set_speed(self, speed: float) -> None:
-        """Run at ``speed`` x the perf model's rate from the next iteration
-        (the one in progress keeps its length); 1 is nominal."""
-        self._interrupt()
-        self.speed = speed
-        self._price_at(speed)
+        """See :meth:`Faults.set_speed`."""
+        self.faults.set_speed(speed)
 
-    def _price_at(self, speed: float) -> None:
-        """Seconds one iteration of a batch takes here at ``speed``: the perf
-        model's own methods at speed 1 (no wrapper on the hot path); of a
-        stretch of decode-only steps of one batch, in one call; and, pipelined,
-        the stage times of such micro-batches of one lane."""
-        timed = self.perf.iteration_time
-        self.iteration_time: Callable[[Batch], float] = (
-            timed if speed == 1.0 else (lambda batch: timed(batch) / speed)
-        )
-        steps = decode_steps(self.perf)
-        self.decode_steps: DecodeSteps = (
-            steps if speed == 1.0 else (lambda c, x, n: [d / speed for d in steps(c, x, n)])
-        )
-        staged = stage_steps(self.perf) if self.pp > 1 else None
-        self.stage_steps: StageSteps | None = (
-            staged
-            if staged is None or speed == 1.0
-            else (lambda c, x, n: _slowed(staged(c, x, n), speed))
-        )
+    def fail(self) -> list[Sequence]:
+        """See :meth:`Faults.fail`."""
+        return self.faults.fail()
+
+    def recover(self) -> None:
+        """See :meth:`Faults.recover`."""
+        self.faults.recover()
+
+    def stop_loops(self) -> None:
+        """End this life: its loops wait for an event that never comes."""
+        self.life += 1
+        self._wake = None
 
     def held(self) -> list[Sequence]:
         """Every sequence this instance holds: queued, admitted (any phase) and
@@ -365,90 +350,9 @@ class Engine:
             + [s for s, _, _ in self.handoff.values()]
         )
 
-    def fail(self) -> list[Sequence]:
-        """The instance fails now: everything it holds is gone. Returns the
-        sequences it held (see :meth:`held`), their produced-token counts and
-        last-token times brought up to the last step that ended; the KV
-        reserved here for incoming hand-offs is dropped with the rest. The
-        iteration in progress never ends; the instance comes back empty
-        (:meth:`recover`)."""
-        self._interrupt()  # a stretch ends where the step in progress would have
-        for s in self.running.values():
-            if s.state == DECODE:
-                self.lanes[s.lane].settle(s)
-        lost = self.held()
-        self.up = False
-        if self.watch is not None:
-            self.watch.changed(self)
-        self.life += 1
-        self._wake = None  # the loops of this life wait for it: they never wake
-        self.queue_changes += 1
-        self.waiting.clear()
-        self.waiting_tokens = 0
-        self.running.clear()
-        self.prefilling.clear()
-        self.handoff.clear()
-        self.landed.clear()
-        self.reserved.clear()
-        self.lanes = [DecodeBatch(self.kv.block_size, k) for k in range(self.pp)]
-        self.lane = 0
-        self.batch = self.lanes[0]
-        self._stage_free = [0.0] * self.pp
-        self._flight = [None] * self.pp
-        self._claim_no = [0] * self.pp
-        old = self.kv
-        self.kv = BlockManager(old.total, old.block_size, old.watermark)
-        self.kv.peak_used = old.peak_used
-        if self.cache is not None:
-            self.cache.on_freed = None  # its writes under way release blocks of the old life
-            self.cache = PrefixCache(self.kv, self.cache.tiers)  # the tiers below stay
-            self.cache.on_freed = self._written_down
-        if self._ff is not None:
-            self._ff = FastForward(self)
-        if self._pf is not None:
-            self._pf = PipeForward(self)
-        return lost
-
-    def recover(self) -> None:
-        """The instance serves again, empty, from now."""
-        self.up = True
-        if self.watch is not None:
-            self.watch.changed(self)
-        self._start_loops()
-
     def drop(self, seq: Sequence) -> None:
-        """Give up ``seq`` here, whose decode side failed: queued, prefilling
-        (a chunk in the iteration under way is wasted) or prefilled with its
-        KV waiting to move; everything it holds is freed."""
-        rid = seq.req.id
-        self._interrupt()
-        self.queue_changes += 1
-        if rid in self.handoff:
-            _, blocks, units = self.handoff.pop(rid)
-            self.kv.release(blocks)
-            if units:
-                assert self.cache is not None
-                self.cache.release(units)
-        elif self.running.get(rid) is seq:
-            assert seq.state == PREFILL, f"request {rid} is {seq.state} on instance {self.id}"
-            del self.running[rid]
-            self.prefilling.remove(seq)
-            self.drop_blocks(seq)
-        else:
-            self.waiting.remove(seq)
-            self.waiting_moved(-seq.prefill_len)
-        self._blocks_freed()
-
-    def unreserve(self, seq: Sequence) -> None:
-        """Decode side: give back the blocks reserved for ``seq``'s KV (its
-        prefill side failed)."""
-        self._interrupt()
-        blocks, units = self.reserved.pop(seq.req.id)
-        self.kv.release(blocks)
-        if units:
-            assert self.cache is not None
-            self.cache.release(units)
-        self._blocks_freed()
+        """See :meth:`Sender.drop`."""
+        self.sender.drop(seq)
 
     # -- input -----------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
@@ -459,14 +363,14 @@ class Engine:
         seq.instance = self.id
         seq.prefill_instance = self.id
         seq.mark("t_arrival", self.env.now)
-        if self._ff is not None:
-            self._ff.cut()
-        elif self._pf is not None:
-            self._pf.interrupt()
+        if self.ff is not None:
+            self.ff.cut()
+        elif self.pf is not None:
+            self.pf.interrupt()
         self.waiting.append(seq)
         self.waiting_moved(seq.prefill_len)
         self.observer.request_queued(self.env.now, self.id, seq.req)
-        self._poke()
+        self.poke()
 
     def waiting_moved(self, tokens: int) -> None:
         """The queue's prompt tokens moved by ``tokens``; a sleeping tick's watch is told."""
@@ -474,129 +378,41 @@ class Engine:
         if self.watch is not None:
             self.watch.queue(self)
 
-    def reserve(self, seq: Sequence) -> bool:
-        """Decode side: take the blocks ``seq``'s KV will land in, if they are
-        free (less the watermark) and a running slot is open. They stay
-        reserved (counted as running) until :meth:`receive`.
-
-        With prefix caching, the leading prefix units of ``seq`` this
-        instance holds are shared instead (held from now, so they cannot be
-        evicted before the KV lands) and only the rest is reserved and moved;
-        at least the prompt's last token always moves, as a prefill always
-        computes it."""
-        self.sync_blocks()
-        kv = self.kv
-        if self.running_requests >= self.config.max_num_seqs * self.pp:
-            return False
-        cache = self.cache
-        hits: Sequence_[int] = ()
-        if cache is not None:
-            hashes = self.cacheable(seq.req)
-            unit = seq.req.prefix_block_tokens
-            hits = hashes[: min(cache.match(hashes), (seq.prefill_len - 1) // unit)] if unit else ()
-        shared = len(hits) * (seq.req.prefix_block_tokens // kv.block_size)
-        need = blocks_for(seq.prefill_len, kv.block_size) - shared
-        if not self.planner.fits(hits, need):
-            return False
-        ff, pf = self._ff, self._pf
-        # a stretch may go on (nothing joins it) if its steps still find their blocks
-        kept = ff.keeps(need) if ff is not None else pf is not None and pf.keeps(need)
-        if not kept:
-            self._interrupt()
-        if not self.planner.make_room(hits, need):
-            return False  # the rest is being written down: tried again when it is
-        kv.allocate(need)
-        if kept and ff is not None and kv.watch is not None:
-            kv.watch.stretch(self, ff.stretch)  # its steps now cross a threshold sooner
-        self.reserved[seq.req.id] = (need, list(hits))
-        return True
-
-    def reserved_prefix_tokens(self, seq: Sequence) -> int:
-        """Decode side: prompt tokens of reserved ``seq`` whose KV is cached here
-        (they do not move)."""
-        return len(self.reserved[seq.req.id][1]) * seq.req.prefix_block_tokens
-
-    def receive(self, seq: Sequence) -> None:
-        """Decode side: ``seq``'s KV has landed in its reserved blocks; it
-        decodes from the next step. With prefix caching, its whole prefix
-        units are kept for later requests (as a prefill instance keeps the
-        prompts it computes). A decode stretch under way takes it in where
-        it can (:meth:`FastForward.lands`); otherwise it ends here."""
-        ff = self._ff
-        if ff is None or ff.stretch is None or self.cache is not None:
-            self._interrupt()
-            ff = None  # nothing takes it in: it joins at the next step boundary
-        blocks, units = self.reserved.pop(seq.req.id)
+    def hold(self, seq: Sequence, blocks: int, units: list[int]) -> None:
+        """``seq``'s KV is in ``blocks`` blocks and the cached prefix ``units`` here."""
         seq.blocks = blocks
         seq.units = units
         seq.shared_blocks = len(units) * (seq.req.prefix_block_tokens // self.kv.block_size)
-        if self.cache is not None:
-            self.cache_prompt(seq)
-        seq.instance = self.id
-        seq.handoff = False  # a recompute after a preemption happens here
-        seq.state = INCOMING
-        seq.epoch += 1
-        self.running[seq.req.id] = seq
-        if ff is None or not ff.lands(seq):
-            if ff is not None:
-                self._interrupt()
-            self.landed.append(seq)  # joins at the next step boundary
-        self._poke()
 
-    def keep(self, seq: Sequence) -> None:
-        """Prefill side: the decode instance picked for ``seq`` is this one, so
-        its KV stays where it is; it decodes here from the next step, as a
-        colocated request does (nothing moves, nothing is reserved). Picked as
-        its prompt completes, it joins the batch at once, the iteration being
-        over; picked later (its decode side failed), steps may be under way or
-        the engine idle: it joins at the next step boundary, as a landed KV does."""
-        outside = seq is not self._handing
-        if outside:
-            self._interrupt()
-        _, blocks, units = self.handoff.pop(seq.req.id)
-        seq.blocks = blocks
-        seq.units = units
-        seq.shared_blocks = len(units) * (seq.req.prefix_block_tokens // self.kv.block_size)
-        seq.handoff = False
-        self.running[seq.req.id] = seq
-        if not outside:
-            self.batch.join(seq)
-            return
-        seq.state = INCOMING
-        self.landed.append(seq)
-        self._poke()
-
-    def release(self, seq: Sequence) -> None:
-        """Prefill side: ``seq``'s KV has moved; free the blocks it held here."""
-        self._interrupt()
-        _, blocks, units = self.handoff.pop(seq.req.id)
+    def free(self, blocks: int, units: list[int]) -> None:
+        """Give back ``blocks`` blocks and the cached prefix ``units`` held here."""
         self.kv.release(blocks)
         if units:
             assert self.cache is not None
             self.cache.release(units)
-        self._blocks_freed()
+        self.blocks_freed()
 
-    def _written_down(self, blocks: int) -> None:
+    def written_down(self, blocks: int) -> None:
         """The write down of evicted prefix units has ended: their ``blocks``
         are free (and an admission waiting for them goes on)."""
-        self._interrupt()
+        self.interrupt()
         self.kv.release(blocks)
-        self._blocks_freed()
+        self.blocks_freed()
 
-    def _interrupt(self) -> None:
+    def interrupt(self) -> None:
         """A change from outside: end a fast-forwarded stretch at the step in progress."""
-        if self._ff is not None:
-            self._ff.interrupt()
-        elif self._pf is not None:
-            self._pf.interrupt()
+        if self.ff is not None:
+            self.ff.interrupt()
+        elif self.pf is not None:
+            self.pf.interrupt()
 
-    def _poke(self) -> None:
+    def poke(self) -> None:
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
-    def _blocks_freed(self) -> None:
+    def blocks_freed(self) -> None:
         if self.waiting:
-            self._poke()
+            self.poke()
         if self.hooks is not None:
             self.hooks.on_blocks_freed(self)
         if self.on_idle is not None:
@@ -609,18 +425,18 @@ class Engine:
     def sync(self) -> None:
         """Bring the state up to now inside a fast-forwarded stretch, so that a
         reader sees what stepping would show at this instant."""
-        if self._ff is not None:
-            self._ff.sync()
-        elif self._pf is not None:
-            self._pf.sync()
+        if self.ff is not None:
+            self.ff.sync()
+        elif self.pf is not None:
+            self.pf.sync()
 
     def sync_blocks(self) -> None:
         """:meth:`sync` for a reader of the free blocks only: the blocks the
         decode steps under way have taken (the steps that ended are applied later)."""
-        if self._ff is not None:
-            self._ff.sync_blocks()
-        elif self._pf is not None:
-            self._pf.sync_blocks()
+        if self.ff is not None:
+            self.ff.sync_blocks()
+        elif self.pf is not None:
+            self.pf.sync_blocks()
 
     def watch_blocks(self, watch: Any) -> None:
         """From now ``watch`` (a sleeping tick's) is told of the free blocks: of a
@@ -628,14 +444,14 @@ class Engine:
         pipelined stretch, which does not say when, ends here, and so does one
         whose steps evict prefix units (their blocks' taking is not timed)."""
         self.kv.watch = watch
-        ff = self._ff
+        ff = self.ff
         if ff is not None and ff.stretch is not None:
             if self.cache is not None and self.cache.tiers is None:
                 ff.interrupt()
             else:
                 watch.stretch(self, ff.stretch)
-        if self._pf is not None:
-            self._pf.interrupt()
+        if self.pf is not None:
+            self.pf.interrupt()
 
     # -- the loop --------------------------------------------------------------------
     def serve(self, life: int):  # noqa: ANN201 - a SimPy process
@@ -648,7 +464,7 @@ class Engine:
             plan = self.planner.plan()
             batch, chunks = plan.batch, plan.chunks
             if batch is None:  # decode only
-                ff = self._ff
+                ff = self.ff
                 if ff is not None:
                     stretch = ff.plan()
                     if stretch is not None:
@@ -672,10 +488,10 @@ class Engine:
             obs = self._iter_observer
             if obs is not None or chunks and self.hooks is not None:
                 self._started(batch, chunks, dt)
-            if chunks and self._ff is not None:  # prompts completing here may head a stretch
-                stretch = self._ff.plan_head(chunks, dt, plan.decodes)
+            if chunks and self.ff is not None:  # prompts completing here may head a stretch
+                stretch = self.ff.plan_head(chunks, dt, plan.decodes)
                 if stretch is not None:
-                    yield from self._ff.run(stretch)
+                    yield from self.ff.run(stretch)
                     if self.life != life:
                         return
                     continue
@@ -686,7 +502,7 @@ class Engine:
             self.busy_s += dt
             if obs is not None:
                 obs.iteration_ended(env.now, self.id)
-            self._complete(chunks, plan.decodes)
+            self.complete(chunks, plan.decodes)
 
     def _bad_time(self, dt: float) -> None:
         raise SpecError(f"perf model {self.perf.name!r} gave iteration time {dt!r} <= 0")
@@ -700,8 +516,8 @@ class Engine:
         env = self.env
         perf = self.perf
         assert isinstance(perf, Pipelined)
-        free = self._stage_free
-        pf = self._pf
+        free = self.stage_free
+        pf = self.pf
         if self.life != life:
             return  # it failed again before this loop first ran
         while True:
@@ -720,11 +536,11 @@ class Engine:
                 del st.wake[lane]
                 resumed = st.resume.pop(lane, None)
                 if resumed is not None:  # its micro-batch in flight has just ended
-                    self._flight[lane] = None
-                    self._use_lane(lane)
+                    self.flight[lane] = None
+                    self.use_lane(lane)
                     self.iterations += 1
                     self.busy_s += resumed[1]
-                    self._complete([], True)
+                    self.complete([], True)
                     if not st.settled and pf.went(st, lane):
                         continue  # the stretch goes on with this lane's new batch
                 continue
@@ -733,7 +549,7 @@ class Engine:
                 if self.life != life:
                     return
                 continue
-            self._use_lane(lane)
+            self.use_lane(lane)
             plan = self.planner.plan()
             chunks = plan.chunks
             batch = plan.batch or Batch((), self.batch.count, self.batch.ctx_sum)
@@ -760,20 +576,20 @@ class Engine:
             dt = t - env.now  # this micro-batch's latency through the pipeline
             obs = self._iter_observer
             if pf is not None:
-                self._claims += 1
-                self._claim_no[lane] = self._claims
-                self._flight[lane] = (t, bool(chunks))
+                self.claims += 1
+                self.claim_no[lane] = self.claims
+                self.flight[lane] = (t, bool(chunks))
             self._started(batch, chunks, dt)
             yield at(env, t)
             if self.life != life:
                 return
-            self._flight[lane] = None
-            self._use_lane(lane)
+            self.flight[lane] = None
+            self.use_lane(lane)
             self.iterations += 1
             self.busy_s += first  # the time the pipeline's entrance was taken
             if obs is not None:
                 obs.iteration_ended(env.now, self.id)
-            self._complete(chunks, plan.decodes)
+            self.complete(chunks, plan.decodes)
 
     def _idle(self) -> simpy.Event:
         """The event a lane with nothing to do waits on (shared by the lanes)."""
@@ -794,7 +610,7 @@ class Engine:
                 if seq.handoff and seq.prefilled + n >= seq.prefill_len:
                     self.hooks.on_prefill_start(self, seq, dt)
 
-    def _use_lane(self, lane: int) -> None:
+    def use_lane(self, lane: int) -> None:
         """Make ``lane``'s decode bookkeeping the engine's (``pp > 1``)."""
         self.lane = lane
         self.batch = self.lanes[lane]
@@ -834,7 +650,7 @@ class Engine:
         s.shared_blocks = 0
 
     # -- applying an iteration -------------------------------------------------------
-    def _complete(
+    def complete(
         self, chunks: list[tuple[Sequence, int]], decoded: bool, now: float | None = None
     ) -> None:
         """Apply the iteration that has just ended (at ``now``, by default the
@@ -842,7 +658,7 @@ class Engine:
         if now is None:
             now = self.env.now
         if decoded:
-            self.batch.step(now, self._finish)
+            self.batch.step(now, self.finish)
         if chunks:
             self.queue_changes += 1  # the prompts computed moved on
         for s, n in chunks:
@@ -865,27 +681,13 @@ class Engine:
                     s.max_gap = now - s.t_last_token  # the stall of a recompute
             s.t_last_token = now
             if s.generated >= s.req.output_tokens:
-                self._finish(s, now)
+                self.finish(s, now)
             elif s.handoff:
-                self._hand_off(s)
+                self.sender.hand_off(s)
             else:
                 self.batch.join(s)
 
-    def _hand_off(self, s: Sequence) -> None:
-        del self.running[s.req.id]
-        self.handoff[s.req.id] = (s, s.blocks, s.units)
-        s.blocks = 0
-        s.units = []
-        s.shared_blocks = 0
-        s.state = HANDOFF
-        s.epoch += 1
-        self.observer.prefilled(self.env.now, self.id, s.req)
-        assert self.hooks is not None, "a hand-off needs hooks"
-        self._handing = s  # a keep() from the hook is at the iteration's end
-        self.hooks.on_prefilled(self, s)
-        self._handing = None
-
-    def _finish(self, s: Sequence, now: float) -> None:
+    def finish(self, s: Sequence, now: float) -> None:
         s.state = DONE
         s.mark("t_finish", now)
         s.t_last_token = now

@@ -315,7 +315,7 @@ class FastForward:
         if eng.kv.watch is not None:  # its blocks are taken as time passes
             eng.kv.watch.stretch(eng, st)
         yield st.event
-        if eng._ff is not self:
+        if eng.ff is not self:
             return  # the engine failed: its state was reset
         last = len(st.ends) - 1
         if st.stop <= last:
@@ -333,7 +333,7 @@ class FastForward:
         # The last step, in which the batch changes, as stepping completes it.
         eng.iterations += 1
         eng.busy_s += st.dts[last]
-        eng.batch.step(env.now, eng._finish)
+        eng.batch.step(env.now, eng.finish)
 
     def advance(self, now: float, *, inclusive: bool) -> None:
         """Apply the stretch's steps that stepping would have applied by ``now``:
@@ -388,7 +388,7 @@ class FastForward:
             assert st.head is not None
             eng.iterations += 1
             eng.busy_s += st.dts[0]
-            eng._complete(st.head, st.mixed, ends[0])
+            eng.complete(st.head, st.mixed, ends[0])
             st.ended = k0 = 1
             if end_to <= 1:
                 return
@@ -400,7 +400,7 @@ class FastForward:
             # joined the batch measure their first gap in it.
             eng.iterations += 1
             eng.busy_s += st.dts[k0]
-            batch.step(ends[k0], eng._finish)
+            batch.step(ends[k0], eng.finish)
             st.ended = k0 = k0 + 1
             if end_to <= k0:
                 return

@@ -355,7 +355,7 @@ class KVHandoff:
             # blocks failed.)
             seq.handoff = False
             return
-        if self.pending[d] or not self.engines[d].reserve(seq):
+        if self.pending[d] or not self.engines[d].receiver.reserve(seq):
             return  # reserved later, in order, once the prompt is done
         if self.config.mode == "layerwise":
             self._start(seq, engine.id, d, stream_s=dt)
@@ -370,7 +370,7 @@ class KVHandoff:
             return
         d = self._decode_of(seq)
         if d == engine.id:  # picked now (pull): the KV stays, see on_prefill_start
-            engine.keep(seq)
+            engine.sender.keep(seq)
             return
         if seq.req.id in self.engines[d].reserved:  # reserved when the prefill started
             self._start(seq, engine.id, d)
@@ -405,7 +405,7 @@ class KVHandoff:
                 q.remove(seq)
         d = seq.decode_instance
         if d is not None and self.engines[d].up and seq.req.id in self.engines[d].reserved:
-            self.engines[d].unreserve(seq)
+            self.engines[d].receiver.unreserve(seq)
 
     def redirect(self, engine: Engine, seq: Sequence) -> None:
         """``seq``'s decode instance failed while its KV is still on prefill
@@ -420,7 +420,7 @@ class KVHandoff:
     def _pump(self, d: int) -> None:
         queue = self.pending[d]
         engine = self.engines[d]
-        while queue and engine.reserve(queue[0]):
+        while queue and engine.receiver.reserve(queue[0]):
             seq = queue.popleft()
             self._start(seq, seq.prefill_instance, d)
 
@@ -430,7 +430,7 @@ class KVHandoff:
         # Only what the decode side lacks moves: the leading prefix units its
         # prefix cache holds (taken with the reservation) stay out.
         engine = self.engines[dst]
-        held = engine.reserved_prefix_tokens(seq)
+        held = engine.receiver.prefix_tokens(seq)
         tokens = seq.prefill_len - held
         kv_bytes = float(self.kv_bytes_per_token * tokens)
         saved = float(self.kv_bytes_per_token * held)
@@ -534,8 +534,8 @@ class KVHandoff:
         seq.mark("t_transfer_end", self.env.now)
         seq.transfer = None
         seq.landed = True
-        self.engines[src].release(seq)
-        self.engines[dst].receive(seq)
+        self.engines[src].sender.release(seq)
+        self.engines[dst].receiver.receive(seq)
         self.engines[dst].observer.kv_landed(self.env.now, src, dst, seq.req)
 
 

@@ -225,7 +225,7 @@ class PipeForward:
         self._end(st, k)
         st.ended = k + 1  # its lane applies it
         st.resume[lane] = (now, st.firsts[k])
-        eng._flight[lane] = (now, False)
+        eng.flight[lane] = (now, False)
         arm(eng.env, st.wake[lane], now)
 
     def went(self, st: PipeStretch, lane: int) -> bool:
@@ -309,7 +309,7 @@ class PipeForward:
         if fin is None:
             return False
         lanes = [(0, leader, now, batch.steps + 1, batch.count, batch.ctx_sum, fin)]
-        flight = eng._flight
+        flight = eng.flight
         for lane in range(eng.pp):
             if lane == leader:
                 continue
@@ -332,7 +332,7 @@ class PipeForward:
             fin = other.next_finish()
             if fin is None:
                 return False
-            lanes.append((eng._claim_no[lane], lane, out_at, first, count, ctx, fin))
+            lanes.append((eng.claim_no[lane], lane, out_at, first, count, ctx, fin))
         lanes[1:] = sorted(lanes[1:])  # the order they took the first stage last
         order = [x[1] for x in lanes]
         ready = [x[2] for x in lanes]
@@ -341,7 +341,7 @@ class PipeForward:
         if min(last) < 1 or any(b < a for a, b in zip(ready[1:], ready[2:], strict=False)):
             return False
         st = PipeStretch(order, step0, [x[4] for x in lanes], [x[5] for x in lanes],
-                         last, list(eng._stage_free), ready, now,
+                         last, list(eng.stage_free), ready, now,
                          _end_at(last, len(order)))  # fmt: skip
         st.ahead = self.cap
         if not self._ahead(st):
@@ -551,7 +551,7 @@ class PipeForward:
             if j < n_lanes and batch.fresh:
                 # its first step as stepping completes it (sequences that joined
                 # measure their first gap in it)
-                batch.step(out[0], eng._finish)
+                batch.step(out[0], eng.finish)
                 del out[0]
                 if not out:
                     continue
@@ -569,7 +569,7 @@ class PipeForward:
         self._take(st, begun)
         self._end(st, bisect_left(st.ends, now))
         j = begun - 1
-        eng._stage_free[:] = st.frees[j] if st.frees else (st.starts[j] + st.firsts[j], st.ends[j])
+        eng.stage_free[:] = st.frees[j] if st.frees else (st.starts[j] + st.firsts[j], st.ends[j])
         n_lanes = len(st.order)
         lasts = []
         for p, lane in enumerate(st.order[:begun]):
@@ -577,13 +577,13 @@ class PipeForward:
             lasts.append((j, lane))
             if j >= st.ended:  # still in flight
                 st.resume[lane] = (st.ends[j], st.firsts[j])
-                eng._flight[lane] = (st.ends[j], False)
+                eng.flight[lane] = (st.ends[j], False)
         for _, lane in sorted(lasts):  # the order they took the first stage
-            eng._claims += 1
-            eng._claim_no[lane] = eng._claims
+            eng.claims += 1
+            eng.claim_no[lane] = eng.claims
         env = eng.env
-        out = sorted((eng._claim_no[lane], lane) for lane in st.wake if lane not in st.resume)
-        free0 = eng._stage_free[0]
+        out = sorted((eng.claim_no[lane], lane) for lane in st.wake if lane not in st.resume)
+        free0 = eng.stage_free[0]
         for _, lane in out:  # out and waiting for the first stage, in the order they came out
             arm(env, st.wake[lane], free0 if free0 > now else now)
         for lane, (end, _) in st.resume.items():
