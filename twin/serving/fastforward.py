@@ -31,10 +31,10 @@ import simpy
 
 from twin._clock import at, move
 from twin.serving.decodebatch import DecodeBatch, joiner_need
+from twin.serving.ports import EngineLike
 from twin.serving.sequence import PREFILL
 
 if TYPE_CHECKING:
-    from twin.serving.engine import Engine
     from twin.serving.sequence import Sequence
 
 MIN_STRETCH = 2  # steps; a single step is stepped
@@ -97,7 +97,7 @@ class FastForward:
 
     __slots__ = ("engine", "stretch", "cap")
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineLike) -> None:
         self.engine = engine
         self.stretch: Stretch | None = None
         self.cap = MAX_STRETCH
@@ -182,7 +182,7 @@ class FastForward:
         and nothing it decides changes (what waits to be admitted needs blocks
         or a seat, and has fewer of both); they are counted off its room. A
         tick watching the blocks is told of the stretch again once they are
-        taken (:meth:`Engine.reserve`)."""
+        taken (:meth:`~twin.serving.receiving.Receiver.reserve`)."""
         st = self.stretch
         if st is None or blocks > st.room or self.engine.cache is not None:
             return False
@@ -414,7 +414,7 @@ class FastForward:
         st.ended = end_to
 
 
-def _room(eng: Engine) -> int:
+def _room(eng: EngineLike) -> int:
     """Blocks a stretch's steps may take: the free ones and, with a prefix
     cache, those it holds idle, evicted as the steps take them
     (:func:`take_blocks`); not those with tiers below the cache (stepping
@@ -428,7 +428,7 @@ def _room(eng: Engine) -> int:
     return free + cache.evictable_blocks
 
 
-def take_blocks(eng: Engine, batch: DecodeBatch, last: int) -> None:
+def take_blocks(eng: EngineLike, batch: DecodeBatch, last: int) -> None:
     """The blocks ``batch``'s steps up to ``last`` take on ``eng``, all known to
     be free: each sequence due takes every block it needs by then at once."""
     taken = batch.take_blocks(last)

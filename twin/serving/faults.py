@@ -8,17 +8,12 @@ back empty (:meth:`Faults.recover`). A slowed instance runs each iteration
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from twin.perf.iteration import Batch, DecodeSteps, StageSteps, decode_steps, stage_steps
 from twin.serving.decodebatch import DecodeBatch
-from twin.serving.fastforward import FastForward
 from twin.serving.kvcache import BlockManager, PrefixCache
-from twin.serving.pipeforward import PipeForward
+from twin.serving.ports import EngineLike
 from twin.serving.sequence import DECODE, Sequence
-
-if TYPE_CHECKING:
-    from twin.serving.engine import Engine
 
 _Stages = tuple[list[float], list[float]]
 
@@ -33,7 +28,7 @@ class Faults:
 
     __slots__ = ("engine",)
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineLike) -> None:
         self.engine = engine
 
     def set_speed(self, speed: float) -> None:
@@ -70,8 +65,8 @@ class Faults:
 
     def fail(self) -> list[Sequence]:
         """The instance fails now: everything it holds is gone. Returns the
-        sequences it held (:meth:`Engine.held`), their produced-token counts
-        and last-token times brought up to the last step that ended; the KV
+        sequences it held (:meth:`~twin.serving.engine.Engine.held`), their
+        produced-token counts and last-token times brought up to the last step that ended; the KV
         reserved there for incoming hand-offs is dropped with the rest. The
         iteration in progress never ends; the instance comes back empty
         (:meth:`recover`)."""
@@ -106,11 +101,7 @@ class Faults:
             eng.cache.on_freed = None  # its writes under way release blocks of the old life
             eng.cache = PrefixCache(eng.kv, eng.cache.tiers)  # the tiers below stay
             eng.cache.on_freed = eng.written_down
-        if eng.ff is not None:
-            eng.ff = FastForward(eng)
-        if eng.pf is not None:
-            eng.pf = PipeForward(eng)
-        return lost
+        return lost  # (the engine renews its fast-forward)
 
     def recover(self) -> None:
         """The instance serves again, empty, from now."""

@@ -56,7 +56,7 @@ from twin.perf.gpus import get_gpu
 from twin.request import Request
 from twin.serving.cluster import Placement
 from twin.serving.engine import Engine
-from twin.serving.kvcache import cacheable
+from twin.serving.prefixunits import cacheable
 from twin.serving.sequence import Sequence as Seq
 from twin.serving.tiers import Tier, TierChain, Writer, host_copy_bytes_s, tier_summary
 
@@ -139,7 +139,7 @@ class KVPools:
         for tier in chain.tiers:
             tier.units.clear()
             tier.used_blocks = 0
-            chain._note(tier)
+            chain.note(tier)
         for load in self._loading.pop(node, []):
             seq, engine, transfer, _ = load
             load[3] = True

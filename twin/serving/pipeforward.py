@@ -41,16 +41,13 @@ from __future__ import annotations
 from bisect import bisect_left
 from functools import reduce
 from operator import add, sub
-from typing import TYPE_CHECKING
 
 import simpy
 
 from twin._clock import arm, at, cancel
 from twin.serving.fastforward import take_blocks
 from twin.serving.kvcache import blocks_for
-
-if TYPE_CHECKING:
-    from twin.serving.engine import Engine
+from twin.serving.ports import EngineLike
 
 # Micro-batches one stretch covers at most (it then ends as at a finish).
 MAX_MICRO_BATCHES = 4096
@@ -164,7 +161,7 @@ class PipeForward:
 
     __slots__ = ("engine", "stretch", "cap", "backoff", "skip")
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineLike) -> None:
         self.engine = engine
         self.stretch: PipeStretch | None = None
         self.cap = MIN_AHEAD

@@ -14,16 +14,14 @@ style).
 from __future__ import annotations
 
 from collections.abc import Sequence as Sequence_
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from twin.errors import SpecError
 from twin.perf.iteration import Batch
 from twin.serving.kvcache import blocks_for
+from twin.serving.ports import EngineLike
 from twin.serving.queuepolicy import PicksVictim
 from twin.serving.sequence import DECODE, PREFILL, WAITING, Sequence
-
-if TYPE_CHECKING:
-    from twin.serving.engine import Engine
 
 _EMPTY = Batch()
 Chunks = list[tuple[Sequence, int]]
@@ -47,7 +45,7 @@ class Planner:
 
     __slots__ = ("engine", "preempted", "_pick_victim")
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineLike) -> None:
         self.engine = engine
         self.preempted = False
         policy = engine.queue_policy

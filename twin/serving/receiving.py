@@ -9,13 +9,10 @@ leading prefix units the instance already holds are shared instead of moved.
 from __future__ import annotations
 
 from collections.abc import Sequence as Sequence_
-from typing import TYPE_CHECKING
 
 from twin.serving.kvcache import blocks_for
+from twin.serving.ports import EngineLike
 from twin.serving.sequence import INCOMING, Sequence
-
-if TYPE_CHECKING:
-    from twin.serving.engine import Engine
 
 
 class Receiver:
@@ -25,7 +22,7 @@ class Receiver:
 
     __slots__ = ("engine", "reserved")
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineLike) -> None:
         self.engine = engine
         self.reserved: dict[int, tuple[int, list[int]]] = {}
 

@@ -9,12 +9,8 @@ byte landed: this side never over-commits.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from twin.serving.ports import EngineLike
 from twin.serving.sequence import HANDOFF, INCOMING, PREFILL, Sequence
-
-if TYPE_CHECKING:
-    from twin.serving.engine import Engine
 
 
 class Sender:
@@ -23,7 +19,7 @@ class Sender:
 
     __slots__ = ("engine", "held", "_handing")
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineLike) -> None:
         self.engine = engine
         self.held: dict[int, tuple[Sequence, int, list[int]]] = {}
         self._handing: Sequence | None = None  # the sequence hand_off is handing off

@@ -55,7 +55,7 @@ from twin._declare import BANDWIDTH, NONNEG_INT, choice, declared, nbytes, secon
 from twin.net.flows import Network
 from twin.net.shards import shard_flows
 from twin.net.topology import Topology
-from twin.serving.kvcache import cacheable
+from twin.serving.prefixunits import cacheable
 
 # Share of a PCIe link's rate a bulk copy gets: the catalog gives the raw rate
 # per direction (Gen5 x16: 32 GT/s x 16 lanes = 64 GB/s); 128b/130b encoding
@@ -218,7 +218,8 @@ class TierChain:
         self.block_bytes = block_bytes
         self.gpus = tuple(gpus)  # the instance's GPUs: the near end of a remote tier's flows
 
-    def _note(self, tier: Tier) -> None:
+    def note(self, tier: Tier) -> None:
+        """Record ``tier``'s use now (its peak and its samples over time)."""
         if tier.used_blocks > tier.peak_blocks:
             tier.peak_blocks = tier.used_blocks
         s = tier.samples
@@ -276,7 +277,7 @@ class TierChain:
         for h, b in keep:
             tier.units[h] = [b, end]
         tier.used_blocks += need
-        self._note(tier)
+        self.note(tier)
         if down:
             below = self._write_below(down, level + 1, latest)
             if passed:
@@ -324,7 +325,7 @@ class TierChain:
         tier.used_blocks += need
         nbytes = need * self.block_bytes
         tier.bytes_written += nbytes
-        self._note(tier)
+        self.note(tier)
         flows = tier.store.flows(self.gpus, nbytes, read=False)
         delay = max(0.0, ready - now) + tier.latency_s
         if not flows:  # no path to cross: readable once ready
@@ -346,7 +347,7 @@ class TierChain:
             u = tier.units.pop(h, None)
             if u is not None:
                 tier.used_blocks -= int(u[0])
-                self._note(tier)
+                self.note(tier)
                 return
 
     def run(self, hashes: Sequence[int]) -> list[int]:
@@ -412,7 +413,7 @@ class TierChain:
             tier.read_free_s = end
             tier.bytes_read += nbytes
             tier.hit_tokens += per_tokens[i]
-            self._note(tier)
+            self.note(tier)
             done = max(done, end)
         return done, transfer
 
