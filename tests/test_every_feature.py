@@ -7,8 +7,9 @@ stepping.
 A spec draws a policy of this project (:data:`POLICIES`) on its cluster
 (colocated or split), the KV hand-off (push or pull, serialized or
 layer-wise), 1 or 2 pipeline stages, a fault timeline and random failures,
-KV tiers or a KV pool, a policy that scales, a rate schedule, and a trace
-with shared prefixes (written once per session, from a seeded generator).
+KV tiers or a KV pool, a policy that scales, a rate schedule, client
+time-outs, and a trace with shared prefixes (written once per session, from a
+seeded generator).
 The default run holds a short version; ``-m slow`` the long one.
 """
 
@@ -26,13 +27,22 @@ from test_engine import largest_relative_difference
 from test_fastforward import HANDOFFS
 from test_timestamps import check_rows
 
+import schedulers.fabric_aware  # noqa: F401 - registered where installed entry points predate it
 from twin.sim.simulation import Simulation
 from twin.sim.spec import resolve_spec
 
 # this project's policies, per cluster kind (sla-planner serves both)
 POLICIES = {
     "colocated": ["colocated", "colocated-rr", "kv-router", "kv-router-llm-d", "sla-planner"],
-    "split": ["disagg", "distserve", "splitwise", "mooncake", "kv-router", "sla-planner"],
+    "split": [
+        "disagg",
+        "distserve",
+        "splitwise",
+        "mooncake",
+        "kv-router",
+        "sla-planner",
+        "fabric-aware",
+    ],
 }
 SCHEDULERS: dict[str, Any] = {
     "colocated-rr": {"name": "colocated", "routing": "round_robin"},
@@ -119,6 +129,9 @@ def specs(draw) -> dict[str, Any]:
         "slo": {"ttft": "1 s", "tpot": "50 ms"},
         "retry": {"max_attempts": draw(st.integers(1, 3)), "backoff": "50 ms"},
     }
+    timeout = draw(st.sampled_from([None, "0.15 s", "0.4 s", "1 s"]))  # clients that give up
+    if timeout is not None:
+        spec["workload"]["timeout"] = timeout
     schedule = draw(st.sampled_from(SCHEDULES))
     if schedule is not None:
         spec["workload"]["rate_schedule"] = schedule

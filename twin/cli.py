@@ -343,12 +343,14 @@ def cmd_validate_replay(args: argparse.Namespace) -> int:
 
 
 def _measured_run(path: str | None) -> bool:
-    """Whether ``path`` names a measured run (a folder, or DIR/KEY of a folder with a
-    manifest.csv) rather than a spec."""
+    """Whether ``path`` names a measured run (a folder, DIR/KEY of a folder with a
+    manifest.csv, a vllm bench serve result) rather than a spec."""
     if path is None:
         return False
+    from twin.studies.benchrun import bench_file
+
     p = Path(path)
-    return p.is_dir() or (p.parent / "manifest.csv").is_file()
+    return p.is_dir() or (p.parent / "manifest.csv").is_file() or bench_file(p) is not None
 
 
 def cmd_validate_real_run(args: argparse.Namespace) -> int:

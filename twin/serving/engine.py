@@ -259,6 +259,8 @@ class Engine:
 
     # -- input -----------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
+        if seq.state == LOST:
+            return  # its client gave up while its prefix was loading (twin.serving.abandon)
         if not self.up:  # it failed while the request was on its way (a KV-pool load)
             assert self.on_lost is not None
             self.on_lost(seq)

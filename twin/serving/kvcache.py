@@ -105,12 +105,11 @@ class BlockManager:
 def leading_run(hashes: Sequence[int], held: Container[int]) -> int:
     """How many of ``hashes``, from the first, are in ``held``: a prefix unit is
     reusable only when every unit before it is too."""
-    n = 0
-    for h in hashes:
-        if h not in held:
-            break
-        n += 1
-    return n
+    found = list(map(held.__contains__, hashes))  # one pass in C, then the first miss
+    try:
+        return found.index(False)
+    except ValueError:
+        return len(found)
 
 
 class PrefixCache:
@@ -170,19 +169,27 @@ class PrefixCache:
 
     def idle_blocks(self, hashes: Sequence[int]) -> int:
         """Blocks of the cached ``hashes`` that no sequence holds (evictable)."""
-        return sum(self.units[h][1] for h in hashes if self.units[h][0] == 0)
+        if not self.evictable_blocks:
+            return 0
+        n = 0
+        for u in map(self.units.__getitem__, hashes):
+            if not u[0]:
+                n += u[1]
+        return n
 
     def acquire(self, hashes: Sequence[int]) -> None:
         units = self.units
         clock = self._clock
-        for h in hashes:
-            u = units[h]
-            if u[0] == 0:
-                self.evictable_blocks -= u[1]  # its heap entry goes stale: the stamp moves on
-            u[0] += 1
+        idle = 0
+        for u in map(units.__getitem__, hashes):
+            refs = u[0]
+            if not refs:
+                idle += u[1]  # its heap entry goes stale: the stamp moves on
+            u[0] = refs + 1
             clock += 1
             u[2] = clock
         self._clock = clock
+        self.evictable_blocks -= idle
 
     def release(self, hashes: Sequence[int]) -> None:
         units = self.units
@@ -190,17 +197,19 @@ class PrefixCache:
         freed = 0
         run: list[tuple[int, list[int]]] = []
         last = -1
-        for h in hashes:
-            u = units[h]
-            u[0] -= 1
-            if u[0] == 0:
+        append = run.append
+        for u in map(units.__getitem__, hashes):
+            refs = u[0] - 1
+            u[0] = refs
+            if not refs:
                 freed += u[1]
                 stamp = u[2]
                 if stamp < last:  # out of order: the run ends before it
                     heapq.heappush(idle, (run[0][0], 0, run))
                     self._in_runs += len(run)
                     run = []
-                run.append((stamp, u))
+                    append = run.append
+                append((stamp, u))
                 last = stamp
         if run:
             heapq.heappush(idle, (run[0][0], 0, run))

@@ -40,6 +40,7 @@ from twin.scheduler import (
 )
 from twin.serving.cluster import EngineView, Placement
 from twin.serving.engine import Engine
+from twin.serving.fabric import HandoffFabric
 from twin.serving.handoff import KVHandoff, pick_decode_with, rerouter
 from twin.serving.kvcache import BlockManager, blocks_for
 from twin.serving.kvpool import KVPools
@@ -61,6 +62,7 @@ from twin.sim.summary import (
     trace_warnings,
 )
 from twin.sim.timeline import Timeline
+from twin.sim.timeouts import ClientTimeouts
 from twin.sim.trace import EventLog, TraceRecorder
 from twin.workload.stream import file_sha256, iter_requests, own_rate, time_scale
 
@@ -259,7 +261,8 @@ class Simulation:
         self.rng_workload = np.random.default_rng(seeds[0])
         self.rng_scheduler = np.random.default_rng(seeds[1])
         self._requests = requests
-        faults = bool(spec.events or spec.failures) or "retry" in spec.resolved
+        timeout = spec.workload.timeout_s
+        faults = bool(spec.events or spec.failures) or "retry" in spec.resolved or bool(timeout)
         self.residuals = spec_residuals(spec)
         scales = attainment_scales(self.residuals) if self.residuals is not None else None
         self.metrics = Metrics(
@@ -267,6 +270,9 @@ class Simulation:
             scales=scales or (),
         )  # fmt: skip
         subscribers: list[Observer] = [self.metrics]
+        self.timeouts = ClientTimeouts(self, timeout) if timeout is not None else None
+        if self.timeouts is not None:
+            subscribers.append(self.timeouts)
         if log is not None:
             subscribers.append(EventLog(log))
         if trace is not None:
@@ -365,7 +371,10 @@ class Simulation:
             self._make_engine(p, role, gpu, tp, pp, ep, dp)
         slo = Objectives(spec.slo.ttft_s, spec.slo.tpot_s)
         pools = self.pools.prefix if self.pools else None
-        self.view = ClusterView(views, lambda: self.env.now, slo, pools, rng=self.rng_scheduler)
+        fabric = HandoffFabric(self.handoff) if self.handoff is not None else None
+        self.view = ClusterView(
+            views, lambda: self.env.now, slo, pools, rng=self.rng_scheduler, fabric=fabric
+        )
         pick = pick_decode_with(self.scheduler, self.view)
 
     def _make_engine(
@@ -480,6 +489,10 @@ class Simulation:
     def _route(self, seq: Sequence) -> None:
         """Ask the policy where ``seq``'s next attempt runs, and send it there;
         while no instance can serve it, it waits for one to come back."""
+        if seq.state == LOST:
+            return  # its client gave up while it waited to be retried
+        if self.timeouts is not None:
+            self.timeouts.follow(seq)
         req = seq.req
         if not self._can_serve():
             self._parked.append(seq)
@@ -751,6 +764,8 @@ class Simulation:
         old.state = LOST
         seq = old.retry(now)
         seq.lost_s += now - old.t_attempt
+        if self.timeouts is not None:
+            self.timeouts.follow(seq)
         policy = self.spec.retry
         req = seq.req
         if seq.attempt >= policy.max_attempts:

@@ -19,7 +19,8 @@ YAML (the mapping under ``workload:``)::
 
     trace: path/to/trace.csv      # a trace file, or `lengths:` below (exactly one)
     format: auto                  # auto | azure | mooncake | splitwise | vidur | lengths
-    #                               | inference-perf (its per-request records)
+    #                               | inference-perf (its per-request records) | aiperf
+    #                               | vllm-bench (twin.workload.measured)
     arrival: {process: poisson, rate: 5.0}         # req/s
     #        {process: gamma, rate: 5.0, cv: 2.0}  # cv of inter-arrival gaps
     lengths: azure-conv           # bundled table: azure-conv | azure-code
@@ -44,6 +45,8 @@ YAML (the mapping under ``workload:``)::
     prefix_block_tokens: 512      # tokens per hash id (Mooncake traces; default 512)
     priority: {0: 0.2, 1: 0.8}    # each request's priority (lower first): a share each,
     #                               drawn per request; or one integer for all (default 0)
+    timeout: 300 s                # a client gives up on a request not finished this long
+    #                               after it was sent (failed, reason timeout; null: never)
 
 ``arrival`` is required for ``lengths:`` and for length-only traces; for a
 timed trace it replaces the trace's times (lengths keep the file order).
@@ -68,7 +71,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from twin import yamlio
-from twin._check import check_keys, is_int, is_number
+from twin._check import check_keys, duration, is_int, is_number
 from twin._declare import (
     BOOL,
     NONNEG_INT,
@@ -282,6 +285,12 @@ class WorkloadSpec:
         "timed trace only, instead of rate_scale: replay it at this many requests/s on "
         "average (its times scaled by rate / its own rate over the requests replayed)",
     )  # fmt: skip
+    timeout_s: float | None = declared(
+        None, seconds(),
+        "the client gives up on a request not finished this long after it was sent: its work "
+        "stops, its KV is freed, it ends failed (reason timeout); null: never",
+        key="timeout",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if (self.trace is None) == (self.lengths is None):
@@ -323,6 +332,8 @@ class WorkloadSpec:
                 raise SpecError("give rate (requests/s) or rate_scale (x the trace's), not both")
         if self.duration_s is not None:
             _positive("duration", self.duration_s)
+        if self.timeout_s is not None:
+            _positive("timeout", self.timeout_s)
         if self.max_requests is not None and (
             not is_int(self.max_requests) or self.max_requests < 1
         ):
@@ -376,6 +387,8 @@ class WorkloadSpec:
                     raise SpecError(f"{where}.duration: {e}") from None
             if m.get("max_requests") is not None:
                 kw["max_requests"] = m["max_requests"]
+            if m.get("timeout") is not None:
+                kw["timeout_s"] = duration(m["timeout"], f"{where}.timeout")
             if m.get("prefixes") is not None:
                 kw["prefixes"] = _scoped(_prefixes, m["prefixes"], f"{where}.prefixes")
             if m.get("output_tokens") is not None:
