@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from twin.serving import holding
 from twin.serving.sequence import DECODE, DONE, INCOMING
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ def abandon(engine: Engine, seq: Sequence) -> bool:
     elif seq in engine.landed:  # landed or kept, to join at the next step boundary
         engine.landed.remove(seq)
     del engine.running[seq.req.id]
-    engine.drop_blocks(seq)
+    holding.drop(engine.kv, engine.cache, seq)
     engine.queue_changes += 1
     engine.blocks_freed()
     return True

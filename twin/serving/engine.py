@@ -1,38 +1,17 @@
 """One serving instance: a continuous-batching loop, one SimPy event per iteration.
 
-The policy is vLLM's (v0 scheduler): prefill first, FCFS; a waiting request is
-admitted only when the blocks for its whole prompt are free (less a small
-watermark); running sequences grow a block at a time; when a decode step finds
-no free block, the most recently admitted sequence is preempted and will be
-recomputed (its prompt plus the tokens it had produced are prefilled again).
-The queue's order and the preemption victim are the spec's queue policy's
-(:mod:`twin.serving.queuepolicy`; FCFS by default).
-With ``chunked_prefill`` the iteration carries every running decode first and
-fills the rest of a token budget with prefill chunks (Sarathi-Serve style).
-
-Per-iteration work does not grow with the batch: decode sequences are kept as
-aggregates (count, sum of context lengths), and per-sequence events (a block
-needed, the last token) sit in heaps keyed by the decode step at which they
-happen. A decode step touches only the sequences that finish or need a block
-in that step. The same bookkeeping lets a later change jump over a stretch of
-decode steps in which nothing changes.
-
-Pipeline parallelism (a :class:`~twin.perf.iteration.Pipelined` perf model of
-``pp`` stages): the instance keeps up to ``pp`` micro-batches in flight, as
-vLLM's virtual engines do. Its running sequences are partitioned into ``pp``
-lanes, each with its own decode aggregate and its own loop; a lane's next
-micro-batch starts once its previous one has left the last stage (a sequence
-is in one micro-batch at a time) and the first stage is free, and its tokens
-come out after the batch has passed every stage (each stage FIFO, held for the
-time :meth:`~twin.perf.iteration.Pipelined.stage_times` gives). One SimPy event
-per micro-batch. The waiting queue and the KV blocks are shared: a prompt joins
-the lane whose micro-batch admits it and decodes there until it ends or is
-preempted (then it waits again for any lane); a landed KV hand-off joins the
-next lane to plan. ``max_num_seqs`` holds per lane, as per virtual engine.
-NOTE: vLLM also gives each virtual engine 1/pp of the KV blocks; here they
-are one pool. With ``pp > 1`` a stretch covers every lane's micro-batches at
-once (:mod:`twin.serving.pipeforward`); with one stage, one batch's steps
-(:mod:`twin.serving.fastforward`).
+Each iteration is planned by :mod:`twin.serving.plan` (vLLM's v0 scheduler:
+prefill first, in the order of the spec's queue policy; preemption by
+recomputation when a decode step finds no free block; chunked prefill as
+Sarathi-Serve), its decodes kept by :mod:`twin.serving.decodebatch` (work per
+step that does not grow with the batch), and a stretch of decode steps in
+which nothing changes is covered by one event (:mod:`twin.serving.fastforward`;
+pipelined, every lane's micro-batches at once, :mod:`twin.serving.pipeforward`).
+With pipeline parallelism (a :class:`~twin.perf.iteration.Pipelined` perf
+model of ``pp`` stages) each of ``pp`` lanes runs its own loop
+(:mod:`twin.serving.lanes`). The instance's faults (:mod:`twin.serving.faults`)
+and the two sides of a KV hand-off (:mod:`twin.serving.sending`,
+:mod:`twin.serving.receiving`) are collaborators of their own.
 """
 
 from __future__ import annotations
@@ -43,22 +22,22 @@ from typing import Any
 
 import simpy
 
-from twin._clock import at
 from twin.errors import SpecError
 from twin.perf.iteration import (
     Batch,
     DecodeSteps,
     PerfModel,
-    Pipelined,
     StageSteps,
     pipeline_stages,
 )
 from twin.request import Request
+from twin.serving import holding
 from twin.serving.config import EngineConfig
 from twin.serving.decodebatch import DecodeBatch, first_after_landing
 from twin.serving.fastforward import FastForward
 from twin.serving.faults import Faults
 from twin.serving.kvcache import BlockManager, PrefixCache
+from twin.serving.lanes import serve, serve_lane
 from twin.serving.observer import Observer
 from twin.serving.pipeforward import PipeForward
 from twin.serving.plan import Planner
@@ -78,14 +57,20 @@ from twin.serving.sequence import (
 ROLES = ("mixed", "prefill", "decode")
 
 
+def _check_role(instance_id: int, role: str) -> None:
+    if role not in ROLES:
+        raise SpecError(
+            f"instance {instance_id}: role {role!r}; expected one of {', '.join(ROLES)}"
+        )
+
+
 class Engine:
     """A serving instance. ``submit`` hands it a request; what happens is reported
     to ``observer`` (a sequence's end among it, once, when its last token is out);
     ``hooks`` are the hand-off's (split serving), and ``on_prompt`` is called as
     each prompt is computed (a KV pool keeps it). All are given at construction."""
 
-    # what an iteration, a stretch of decode steps and (pipelined) their stage
-    # times take at the instance's speed (see Faults.price_at)
+    # the prices of an iteration, of decode steps, of stage times (Faults.price_at)
     iteration_time: Callable[[Batch], float]
     decode_steps: DecodeSteps
     stage_steps: StageSteps | None
@@ -103,16 +88,12 @@ class Engine:
         hooks: EngineHooks | None = None,
         on_prompt: Callable[[Engine, Sequence], None] | None = None,
     ) -> None:
-        if role not in ROLES:
-            raise SpecError(
-                f"instance {instance_id}: role {role!r}; expected one of {', '.join(ROLES)}"
-            )
+        _check_role(instance_id, role)
         self.env = env
         self.id = instance_id
         self.role = role
         self.hooks = hooks
-        # the two sides of a KV hand-off, and what they hold: prompts whose KV
-        # waits to move, by request id; blocks reserved for KV on its way here
+        # the two sides of a KV hand-off; KV waiting to move, blocks reserved for KV coming
         self.sender = Sender(self)
         self.handoff = self.sender.held
         self.receiver = Receiver(self)
@@ -125,7 +106,7 @@ class Engine:
             self.cache.on_freed = self.written_down
         self.config = config
         self.observer = observer
-        self._iter_observer = observer if observer.wants_iterations else None
+        self.iteration_observer = observer if observer.wants_iterations else None
         self.on_prompt = on_prompt
         # the queue, in the order of the spec's queue policy (a deque: FCFS)
         self.queue_policy = config.queue_policy.build()
@@ -139,20 +120,18 @@ class Engine:
         self.prefilling: list[Sequence] = []  # admitted, prompt not fully computed
         self._wake: simpy.Event | None = None
         self.pp = pipeline_stages(perf)
-        # each lane's decode batch (one but with pp > 1), the lane being planned
-        # or completed and its batch, and when each pipeline stage is done with
-        # the micro-batches given it
+        # each lane's decode batch (one but with pp > 1), the lane being planned or
+        # completed and its batch, when each pipeline stage is done with its micro-batches
         self.lanes = [DecodeBatch(blocks.block_size, k) for k in range(self.pp)]
         self.lane = 0
         self.batch = self.lanes[0]
         self.stage_free = [0.0] * self.pp
-        # ... and, for their fast-forward, each lane's micro-batch in flight (its
-        # end, and whether it carries prompts) and the order the lanes last took
-        # the first stage in (a count at each take)
+        # ... and, for their fast-forward, each lane's micro-batch in flight (its end, whether
+        # it carries prompts) and the order the lanes last took the first stage (a count)
         self.flight: list[tuple[float, bool] | None] = [None] * self.pp
         self.claim_no = [0] * self.pp
         self.claims = 0
-        ff = config.fast_forward and self._iter_observer is None
+        ff = config.fast_forward and self.iteration_observer is None
         self.ff = FastForward(self) if ff and self.pp == 1 else None
         self.pf = PipeForward(self) if ff and self.pp > 1 else None
         self.planner = Planner(self)
@@ -182,10 +161,10 @@ class Engine:
         # each loop serves this life only (a failure and recovery at the same
         # instant, before the loop first runs, must not leave two serving)
         if self.pp == 1:
-            self.process = self.env.process(self.serve(self.life))
+            self.process = self.env.process(serve(self, self.ff, self.life))
         else:
             for lane in range(self.pp):
-                self.process = self.env.process(self._serve_lane(lane, self.life))
+                self.process = self.env.process(serve_lane(self, self.pf, lane, self.life))
 
     # -- what a router may look at -------------------------------------------------
     @property
@@ -202,10 +181,7 @@ class Engine:
     # -- what the control loop changes ------------------------------------------------
     def set_role(self, role: str) -> None:
         """Serve as ``role`` from now on (what the router sends here follows it)."""
-        if role not in ROLES:
-            raise SpecError(
-                f"instance {self.id}: role {role!r}; expected one of {', '.join(ROLES)}"
-            )
+        _check_role(self.id, role)
         self.role = role
         if self.watch is not None:
             self.watch.changed(self)
@@ -247,11 +223,7 @@ class Engine:
     def held(self) -> list[Sequence]:
         """Every sequence this instance holds: queued, admitted (any phase) and
         prefilled with its KV waiting here to move, in that order."""
-        return (
-            list(self.waiting)
-            + list(self.running.values())
-            + [s for s, _, _ in self.handoff.values()]
-        )
+        return [*self.waiting, *self.running.values(), *(s for s, _, _ in self.handoff.values())]
 
     def drop(self, seq: Sequence) -> None:
         """See :meth:`Sender.drop`."""
@@ -283,20 +255,6 @@ class Engine:
         if self.watch is not None:
             self.watch.queue(self)
 
-    def hold(self, seq: Sequence, blocks: int, units: list[int]) -> None:
-        """``seq``'s KV is in ``blocks`` blocks and the cached prefix ``units`` here."""
-        seq.blocks = blocks
-        seq.units = units
-        seq.shared_blocks = len(units) * (seq.req.prefix_block_tokens // self.kv.block_size)
-
-    def free(self, blocks: int, units: list[int]) -> None:
-        """Give back ``blocks`` blocks and the cached prefix ``units`` held here."""
-        self.kv.release(blocks)
-        if units:
-            assert self.cache is not None
-            self.cache.release(units)
-        self.blocks_freed()
-
     def written_down(self, blocks: int) -> None:
         """The write down of evicted prefix units has ended: their ``blocks``
         are free (and an admission waiting for them goes on)."""
@@ -306,10 +264,9 @@ class Engine:
 
     def interrupt(self) -> None:
         """A change from outside: end a fast-forwarded stretch at the step in progress."""
-        if self.ff is not None:
-            self.ff.interrupt()
-        elif self.pf is not None:
-            self.pf.interrupt()
+        forward = self.ff or self.pf
+        if forward is not None:
+            forward.interrupt()
 
     def poke(self) -> None:
         if self._wake is not None and not self._wake.triggered:
@@ -330,18 +287,16 @@ class Engine:
     def sync(self) -> None:
         """Bring the state up to now inside a fast-forwarded stretch, so that a
         reader sees what stepping would show at this instant."""
-        if self.ff is not None:
-            self.ff.sync()
-        elif self.pf is not None:
-            self.pf.sync()
+        forward = self.ff or self.pf
+        if forward is not None:
+            forward.sync()
 
     def sync_blocks(self) -> None:
         """:meth:`sync` for a reader of the free blocks only: the blocks the
         decode steps under way have taken (the steps that ended are applied later)."""
-        if self.ff is not None:
-            self.ff.sync_blocks()
-        elif self.pf is not None:
-            self.pf.sync_blocks()
+        forward = self.ff or self.pf
+        if forward is not None:
+            forward.sync_blocks()
 
     def watch_blocks(self, watch: Any) -> None:
         """From now ``watch`` (a sleeping tick's) is told of the free blocks: of a
@@ -349,163 +304,21 @@ class Engine:
         pipelined stretch, which does not say when, ends here, and so does one
         whose steps evict prefix units (their blocks' taking is not timed)."""
         self.kv.watch = watch
-        ff = self.ff
-        if ff is not None and ff.stretch is not None:
-            if self.cache is not None and self.cache.tiers is None:
-                ff.interrupt()
-            else:
-                watch.stretch(self, ff.stretch)
-        if self.pf is not None:
-            self.pf.interrupt()
+        forward = self.ff or self.pf
+        if forward is not None:
+            forward.watch_blocks(watch)
 
-    # -- the loop --------------------------------------------------------------------
-    def serve(self, life: int):  # noqa: ANN201 - a SimPy process
-        """Form a batch, run it for the time the perf model gives, apply it;
-        repeat, for as long as the instance's ``life`` lasts."""
-        env = self.env
-        if self.life != life:
-            return  # it failed again before this loop first ran
-        while True:
-            plan = self.planner.plan()
-            batch, chunks = plan.batch, plan.chunks
-            if batch is None:  # decode only
-                ff = self.ff
-                if ff is not None:
-                    stretch = ff.plan()
-                    if stretch is not None:
-                        if not stretch.dts[0] > 0.0:
-                            self._bad_time(stretch.dts[0])
-                        yield from ff.run(stretch)
-                        if self.life != life:
-                            return  # it failed during the stretch
-                        continue
-                batch = Batch((), self.batch.count, self.batch.ctx_sum)
-            elif not chunks:  # an empty batch
-                self._wake = env.event()
-                yield self._wake
-                self._wake = None
-                if self.life != life:
-                    return
-                continue
-            dt = self.iteration_time(batch)
-            if not dt > 0.0:
-                self._bad_time(dt)
-            obs = self._iter_observer
-            if obs is not None or chunks and self.hooks is not None:
-                self._started(batch, chunks, dt)
-            if chunks and self.ff is not None:  # prompts completing here may head a stretch
-                stretch = self.ff.plan_head(chunks, dt, plan.decodes)
-                if stretch is not None:
-                    yield from self.ff.run(stretch)
-                    if self.life != life:
-                        return
-                    continue
-            yield env.timeout(dt)
-            if self.life != life:
-                return  # it failed during the iteration: its work is lost
-            self.iterations += 1
-            self.busy_s += dt
-            if obs is not None:
-                obs.iteration_ended(env.now, self.id)
-            self.complete(chunks, plan.decodes)
-
-    def _bad_time(self, dt: float) -> None:
-        raise SpecError(f"perf model {self.perf.name!r} gave iteration time {dt!r} <= 0")
-
-    def _serve_lane(self, lane: int, life: int):  # noqa: ANN201 - a SimPy process
-        """One pipeline lane (``pp > 1``): wait for the first stage, form a
-        micro-batch of this lane's work, let it pass every stage, apply it; repeat.
-        Inside a fast-forwarded stretch (:mod:`twin.serving.pipeforward`) the lane
-        waits until the stretch ends and its own event fires: it then completes
-        the micro-batch it has in flight, or queues for the first stage."""
-        env = self.env
-        perf = self.perf
-        assert isinstance(perf, Pipelined)
-        free = self.stage_free
-        pf = self.pf
-        if self.life != life:
-            return  # it failed again before this loop first ran
-        while True:
-            st = pf.stretch if pf is not None else None
-            if st is not None:
-                assert pf is not None
-                if lane not in st.lanes:
-                    # An idle lane woken at the instant another planned a stretch:
-                    # stepping would queue it for the first stage and plan (nothing,
-                    # unless a change comes first); end the stretch, stepping goes on.
-                    pf.interrupt()
-                    continue
-                yield pf.wait(st, lane)
-                if self.life != life:
-                    return
-                del st.wake[lane]
-                resumed = st.resume.pop(lane, None)
-                if resumed is not None:  # its micro-batch in flight has just ended
-                    self.flight[lane] = None
-                    self.use_lane(lane)
-                    self.iterations += 1
-                    self.busy_s += resumed[1]
-                    self.complete([], True)
-                    if not st.settled and pf.went(st, lane):
-                        continue  # the stretch goes on with this lane's new batch
-                continue
-            if free[0] > env.now:  # the first stage holds the micro-batch before
-                yield at(env, free[0])
-                if self.life != life:
-                    return
-                continue
-            self.use_lane(lane)
-            plan = self.planner.plan()
-            chunks = plan.chunks
-            batch = plan.batch or Batch((), self.batch.count, self.batch.ctx_sum)
-            if batch.is_empty:
-                yield self._idle()
-                if self.life != life:
-                    return
-                continue
-            if plan.batch is None and pf is not None and pf.plan(lane):
-                continue  # a stretch covers it: wait in it with the other lanes
-            first, later = perf.stage_times(batch)
-            if self.speed != 1.0:
-                first, later = first / self.speed, later / self.speed
-            if not first > 0.0 or not later >= 0.0:
-                raise SpecError(
-                    f"perf model {perf.name!r} gave stage times {(first, later)!r}; "
-                    "expected the first > 0 and the later >= 0"
-                )
-            t = env.now + first
-            free[0] = t
-            for k in range(1, self.pp):  # each stage takes the micro-batches in order
-                t = (t if t > free[k] else free[k]) + later
-                free[k] = t
-            dt = t - env.now  # this micro-batch's latency through the pipeline
-            obs = self._iter_observer
-            if pf is not None:
-                self.claims += 1
-                self.claim_no[lane] = self.claims
-                self.flight[lane] = (t, bool(chunks))
-            self._started(batch, chunks, dt)
-            yield at(env, t)
-            if self.life != life:
-                return
-            self.flight[lane] = None
-            self.use_lane(lane)
-            self.iterations += 1
-            self.busy_s += first  # the time the pipeline's entrance was taken
-            if obs is not None:
-                obs.iteration_ended(env.now, self.id)
-            self.complete(chunks, plan.decodes)
-
-    def _idle(self) -> simpy.Event:
+    # -- the loops (twin.serving.lanes) ------------------------------------------------
+    def idle(self) -> simpy.Event:
         """The event a lane with nothing to do waits on (shared by the lanes)."""
         if self._wake is None or self._wake.triggered:
             self._wake = self.env.event()
         return self._wake
 
-    def _started(self, batch: Batch, chunks: list[tuple[Sequence, int]], dt: float) -> None:
+    def started(self, batch: Batch, chunks: list[tuple[Sequence, int]], dt: float) -> None:
         """Tell the iteration observer and the hand-off hooks that an iteration
         of ``batch`` (prefill ``chunks``) lasting ``dt`` starts now."""
-        obs = self._iter_observer
+        obs = self.iteration_observer
         if obs is not None:
             obs.iteration_started(
                 self.env.now, self.id, dt, tuple(s.req.id for s, _ in chunks), batch
@@ -532,28 +345,6 @@ class Engine:
         self.sync_blocks()  # the units a stretch under way has evicted by now
         return self.cache.match(self.cacheable(req)) * req.prefix_block_tokens
 
-    def cache_prompt(self, s: Sequence) -> None:
-        """The prompt is computed: offer its whole units to the prefix cache."""
-        cache = self.cache
-        assert cache is not None
-        unit_blocks = s.req.prefix_block_tokens // self.kv.block_size
-        new = self.cacheable(s.req)[len(s.units) :]
-        # up to a unit another sequence cached: the chain continues from there
-        n = cache.insert(new, unit_blocks)
-        s.blocks -= n * unit_blocks
-        s.shared_blocks += n * unit_blocks
-        s.units += new[:n]
-
-    def drop_blocks(self, s: Sequence) -> None:
-        """Give back everything ``s`` holds here: its blocks, its cached units."""
-        self.kv.release(s.blocks)
-        s.blocks = 0
-        if s.units:
-            assert self.cache is not None
-            self.cache.release(s.units)
-            s.units = []
-        s.shared_blocks = 0
-
     # -- applying an iteration -------------------------------------------------------
     def complete(
         self, chunks: list[tuple[Sequence, int]], decoded: bool, now: float | None = None
@@ -574,7 +365,7 @@ class Engine:
                 continue
             self.prefilling.remove(s)
             if self.cache is not None:
-                self.cache_prompt(s)
+                holding.cache_prompt(self.kv, self.cache, s)
             if self.on_prompt is not None:
                 self.on_prompt(self, s)
             s.mark("t_prefill_done", now)  # a recompute (preempted, retried) keeps the first
@@ -597,7 +388,7 @@ class Engine:
         s.mark("t_finish", now)
         s.t_last_token = now
         del self.running[s.req.id]
-        self.drop_blocks(s)
+        holding.drop(self.kv, self.cache, s)
         s.epoch += 1
         self.observer.request_ended(now, self.id, s.req, s, "completed", "")
         if self.hooks is not None:

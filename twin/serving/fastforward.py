@@ -25,7 +25,7 @@ from bisect import bisect_left, bisect_right
 from functools import reduce
 from itertools import accumulate
 from operator import add, sub
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import simpy
 
@@ -205,6 +205,18 @@ class FastForward:
         k = bisect_left(st.ends, env.now)  # the step in progress (or ending now)
         if k + 1 < st.stop:
             self._shorten(st, k)
+
+    def watch_blocks(self, watch: Any) -> None:
+        """From now ``watch`` (a sleeping tick's) is told of the free blocks,
+        which the steps of a stretch under way take with no event; a stretch
+        whose steps evict prefix units ends here (their taking is not timed)."""
+        st = self.stretch
+        if st is not None:
+            cache = self.engine.cache
+            if cache is not None and cache.tiers is None:
+                self.interrupt()
+            else:
+                watch.stretch(self.engine, st)
 
     def sync(self) -> None:
         """Bring the engine up to now inside a stretch, so that a reader sees

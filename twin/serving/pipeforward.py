@@ -41,6 +41,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from functools import reduce
 from operator import add, sub
+from typing import Any
 
 import simpy
 
@@ -183,6 +184,12 @@ class PipeForward:
         self._settle(st, env.now)
         if st.event is not None:
             cancel(env, st.event)
+
+    def watch_blocks(self, watch: Any) -> None:
+        """From now a sleeping tick's ``watch`` is told of the free blocks: a
+        stretch under way, which does not say when its micro-batches take
+        them, ends here."""
+        self.interrupt()
 
     def sync(self) -> None:
         """Bring the engine up to now inside a stretch (what stepping would show)."""

@@ -14,28 +14,16 @@ style).
 from __future__ import annotations
 
 from collections.abc import Sequence as Sequence_
-from typing import NamedTuple
 
 from twin.errors import SpecError
 from twin.perf.iteration import Batch
+from twin.serving import holding
 from twin.serving.kvcache import blocks_for
-from twin.serving.ports import EngineLike
+from twin.serving.ports import Chunks, EngineLike, Plan
 from twin.serving.queuepolicy import PicksVictim
 from twin.serving.sequence import DECODE, PREFILL, WAITING, Sequence
 
 _EMPTY = Batch()
-Chunks = list[tuple[Sequence, int]]
-
-
-class Plan(NamedTuple):
-    """One iteration as planned: its ``batch`` (None when it only decodes: the
-    decode batch's aggregate, which a stretch prices without building it; an
-    empty batch when there is nothing to do), the prompt ``chunks`` it
-    computes (sequence, tokens) and whether it ``decodes``."""
-
-    batch: Batch | None
-    chunks: Chunks
-    decodes: bool
 
 
 class Planner:
@@ -220,7 +208,7 @@ class Planner:
         eng = self.engine
         eng.batch.leave(s)
         del eng.running[s.req.id]
-        eng.drop_blocks(s)
+        holding.drop(eng.kv, eng.cache, s)
         s.epoch += 1
         s.state = WAITING
         s.preemptions += 1

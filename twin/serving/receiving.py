@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Sequence_
 
+from twin.serving import holding
 from twin.serving.kvcache import blocks_for
 from twin.serving.ports import EngineLike
 from twin.serving.sequence import INCOMING, Sequence
@@ -69,7 +70,8 @@ class Receiver:
         eng = self.engine
         eng.interrupt()
         blocks, units = self.reserved.pop(seq.req.id)
-        eng.free(blocks, units)
+        holding.release(eng.kv, eng.cache, blocks, units)
+        eng.blocks_freed()
 
     def prefix_tokens(self, seq: Sequence) -> int:
         """Prompt tokens of reserved ``seq`` whose KV is cached here (they do not move)."""
@@ -87,9 +89,9 @@ class Receiver:
             eng.interrupt()
             ff = None  # nothing takes it in: it joins at the next step boundary
         blocks, units = self.reserved.pop(seq.req.id)
-        eng.hold(seq, blocks, units)
+        holding.hold(eng.kv, seq, blocks, units)
         if eng.cache is not None:
-            eng.cache_prompt(seq)
+            holding.cache_prompt(eng.kv, eng.cache, seq)
         seq.instance = eng.id
         seq.handoff = False  # a recompute after a preemption happens here
         seq.state = INCOMING

@@ -9,6 +9,7 @@ byte landed: this side never over-commits.
 
 from __future__ import annotations
 
+from twin.serving import holding
 from twin.serving.ports import EngineLike
 from twin.serving.sequence import HANDOFF, INCOMING, PREFILL, Sequence
 
@@ -52,7 +53,7 @@ class Sender:
         if outside:
             eng.interrupt()
         _, blocks, units = self.held.pop(seq.req.id)
-        eng.hold(seq, blocks, units)
+        holding.hold(eng.kv, seq, blocks, units)
         seq.handoff = False
         eng.running[seq.req.id] = seq
         if not outside:
@@ -67,7 +68,8 @@ class Sender:
         eng = self.engine
         eng.interrupt()
         _, blocks, units = self.held.pop(seq.req.id)
-        eng.free(blocks, units)
+        holding.release(eng.kv, eng.cache, blocks, units)
+        eng.blocks_freed()
 
     def drop(self, seq: Sequence) -> None:
         """Give up ``seq`` here, whose decode side failed: queued, prefilling
@@ -79,13 +81,12 @@ class Sender:
         eng.queue_changes += 1
         if rid in self.held:
             _, blocks, units = self.held.pop(rid)
-            eng.free(blocks, units)
-            return
-        if eng.running.get(rid) is seq:
+            holding.release(eng.kv, eng.cache, blocks, units)
+        elif eng.running.get(rid) is seq:
             assert seq.state == PREFILL, f"request {rid} is {seq.state} on instance {eng.id}"
             del eng.running[rid]
             eng.prefilling.remove(seq)
-            eng.drop_blocks(seq)
+            holding.drop(eng.kv, eng.cache, seq)
         else:
             eng.waiting.remove(seq)
             eng.waiting_moved(-seq.prefill_len)
