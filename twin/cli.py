@@ -127,20 +127,24 @@ def _run_spec(spec: Any, files: dict[str, str | None], bucket: float | None) -> 
 
         recorder = TraceRecorder()
     # The simulation's modules load once the spec is known to be good.
-    from twin.sim.metrics import REQUEST_COLUMNS
+    from twin.sim.metrics import request_columns
     from twin.sim.simulation import Simulation
 
     parquet = None
     if files["requests_parquet"]:
         from twin.sim.frames import RequestParquet
 
-        parquet = RequestParquet(files["requests_parquet"], {"pd-twin.spec_sha256": spec.sha256})
+        parquet = RequestParquet(
+            files["requests_parquet"], {"pd-twin.spec_sha256": spec.sha256},
+            classes=bool(spec.workload.classes),
+        )  # fmt: skip
     csv_file = None
     try:
         csv_file = _open_out(files["requests_csv"]) if files["requests_csv"] else None
         sinks: list[Any] = []
         if csv_file is not None:
-            writer = csv.DictWriter(csv_file, fieldnames=REQUEST_COLUMNS, lineterminator="\n")
+            columns = request_columns(bool(spec.workload.classes))
+            writer = csv.DictWriter(csv_file, fieldnames=columns, lineterminator="\n")
             writer.writeheader()
             sinks.append(writer.writerow)
         if parquet is not None:
@@ -934,7 +938,12 @@ def cmd_plot(args: argparse.Namespace) -> int:
             while label in runs:
                 label += "'"
             runs[label] = path
-        written += plot_cdfs(runs, out / "requests-cdf", opts=_plot_options(args, sweep=False))
+        written += plot_cdfs(
+            runs, out / "requests-cdf", opts=_plot_options(args, sweep=False),
+            by_class=args.by_class,
+        )  # fmt: skip
+    elif args.by_class:
+        raise TwinError("twin plot: --by-class: applies to --requests")
     if args.window and not args.trace:
         raise TwinError("twin plot: --window: applies to --trace")
     if args.trace:
@@ -1259,6 +1268,10 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument(
         "--requests", nargs="+", metavar="CSV", help="TTFT/TPOT CDFs of these --requests-csv files"
     )
+    pt.add_argument(
+        "--by-class", action="store_true",
+        help="--requests: a line per class of traffic of each file (its class column)",
+    )  # fmt: skip
     pt.add_argument("--trace", metavar="FILE", help="a timeline of this --trace-out file")
     pt.add_argument(
         "--window", metavar="START,END", help="the --trace timeline from START to END seconds"

@@ -1,4 +1,5 @@
-"""Planning one iteration of an engine: what it computes, as a named record.
+"""Planning one iteration of an engine: what it computes, as a named record
+(:class:`~twin.serving.ports.Plan`).
 
 The policy is vLLM's (v0 scheduler): prefill first; a waiting request is
 admitted, in the order of the engine's queue policy, only when the blocks for
@@ -6,9 +7,10 @@ its whole prompt are free (less a small watermark); running sequences grow a
 block at a time; when a decode step finds no free block, a decoding sequence
 (the most recently admitted, or the queue policy's victim) is preempted and
 will be recomputed (its prompt plus the tokens it had produced are prefilled
-again). With ``chunked_prefill`` the iteration carries every running decode
-first and fills the rest of a token budget with prefill chunks (Sarathi-Serve
-style).
+again); with classes of traffic the victim is of the lowest class running
+(:mod:`twin.workload.classes`). With ``chunked_prefill`` the iteration
+carries every running decode first and fills the rest of a token budget with
+prefill chunks (Sarathi-Serve style).
 """
 
 from __future__ import annotations
@@ -186,10 +188,22 @@ class Planner:
         return batch.count > 0
 
     def _victim(self) -> Sequence:
+        """The decoding request to preempt: of the lowest class of traffic
+        among them (the largest priority), then the queue policy's choice
+        among those, else the most recently admitted."""
         eng = self.engine
         lane = eng.lane
-        if self._pick_victim is not None:
+        first = next(iter(eng.running.values()), None)
+        classes = first is not None and first.req.traffic_class != ""
+        if self._pick_victim is not None or classes:
             running = [s for s in eng.running.values() if s.state == DECODE and s.lane == lane]
+            if not running:
+                raise AssertionError("no decoding sequence to preempt")
+            if classes:
+                lowest = max(s.req.priority for s in running)
+                running = [s for s in running if s.req.priority == lowest]
+            if self._pick_victim is None:
+                return running[-1]
             victim = self._pick_victim(running)
             if not any(s is victim for s in running):
                 raise SpecError(
