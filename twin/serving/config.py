@@ -19,6 +19,9 @@ from twin.errors import SpecError
 from twin.serving.queuepolicy import DEFAULT as DEFAULT_QUEUE_POLICY
 from twin.serving.queuepolicy import SCHEMA as QUEUE_POLICY_SCHEMA
 from twin.serving.queuepolicy import QueuePolicyChoice, parse_choice
+from twin.serving.speculative import SCHEMA as SPECULATIVE_SCHEMA
+from twin.serving.speculative import SpeculativeConfig
+from twin.serving.speculative import parse as parse_speculative
 
 # A request no instance can ever hold: stop the run, or reject it; ``truncate``
 # also shortens a request longer than the context instead of rejecting it.
@@ -73,8 +76,9 @@ class EngineConfig:
         "a request that can never fit: error | reject | truncate (see max_model_len)",
     )  # fmt: skip
     fast_forward: bool = declared(
-        True, BOOL, "cover quiet decode stretches with one event (same results)"
-    )
+        True, BOOL,
+        "cover quiet decode stretches with one event (same results); a speculative instance steps",
+    )  # fmt: skip
     prefix_caching: bool = declared(
         False, BOOL, "keep prompts' KV for requests with the same leading prefix hashes"
     )
@@ -87,6 +91,13 @@ class EngineConfig:
         "the order prompts are admitted in: fcfs | priority | shortest-prompt-first, "
         "or {name, ...parameters} (twin.serving.queuepolicy)",
         keep=True,
+    )  # fmt: skip
+
+    speculative: SpeculativeConfig | None = declared(
+        None, anything(SPECULATIVE_SCHEMA, parse_speculative),
+        "speculative decoding: {method: draft|eagle|mtp|ngram, k, acceptance: a number, "
+        "a list per position or a measured figure's name, draft} (twin.serving.speculative)",
+        nullable=True, keep=True,
     )  # fmt: skip
 
     def __post_init__(self) -> None:

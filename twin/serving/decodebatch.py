@@ -9,7 +9,10 @@ inter-token gap comes from a monotone stack of the steps' gaps, folded into
 the sequence when it leaves. The engine steps the batch one step at a time
 (:meth:`DecodeBatch.step`); a fast-forward applies a stretch of steps in which
 nothing changes in one call (:meth:`DecodeBatch.run_steps`), with the same
-results.
+results. Decoding speculatively (:mod:`twin.serving.speculative`), each
+step verifies drafted tokens and emits one or more tokens per sequence, drawn
+when it joins the batch; what it adds to the context sum at each step to come
+is kept per step.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from collections.abc import Sequence as Sequence_
 
 from twin.serving.kvcache import blocks_for
 from twin.serving.sequence import DECODE, Sequence
+from twin.serving.speculative import Speculation, blocks_step
 
 # The gap stack is cut back to the running sequences' steps past this length.
 MAX_GAPS = 4096
@@ -33,14 +37,16 @@ class DecodeBatch:
     sequences' lengths at the next step (what the perf model prices),
     ``steps`` the steps completed, ``last_end`` when the last one ended (-1:
     none yet) and ``joined`` the sequences that joined since the last step
-    (their first gap is measured in the next)."""
+    (their first gap is measured in the next); ``spec`` is the instance's
+    speculative decoding, if any."""
 
-    __slots__ = ("lane", "block_size", "count", "ctx_sum", "steps", "last_end", "joined",
-                 "_finish", "_alloc", "_gap_steps", "_gap_vals")  # fmt: skip
+    __slots__ = ("lane", "block_size", "spec", "count", "ctx_sum", "steps", "last_end", "joined",
+                 "_finish", "_alloc", "_gap_steps", "_gap_vals", "_spec_delta")  # fmt: skip
 
-    def __init__(self, block_size: int, lane: int = 0) -> None:
+    def __init__(self, block_size: int, lane: int = 0, spec: Speculation | None = None) -> None:
         self.lane = lane
         self.block_size = block_size
+        self.spec = spec
         self.count = 0
         self.ctx_sum = 0  # sum of length_at(next step) over the decoding sequences
         self.steps = 0
@@ -52,6 +58,8 @@ class DecodeBatch:
         self._alloc: list[tuple[int, int, int, Sequence]] = []  # its next block
         self._gap_steps: list[int] = []  # monotone stack: step numbers, increasing
         self._gap_vals: list[float] = []  # ... their gaps, decreasing
+        # speculative: what the batch adds to ctx_sum at each step to come
+        self._spec_delta: dict[int, int] = {}
 
     # -- membership ------------------------------------------------------------------
     def join(self, s: Sequence) -> None:
@@ -64,6 +72,9 @@ class DecodeBatch:
         self.count += 1
         self.ctx_sum += s.length_at(step)
         self.joined.append(s)
+        if self.spec is not None:
+            self._schedule(s, step)
+            return
         rid = s.req.id
         finish_at = step + s.req.output_tokens - s.generated - 1
         heapq.heappush(self._finish, (finish_at, rid, s.epoch, s))
@@ -73,13 +84,16 @@ class DecodeBatch:
     def settle(self, s: Sequence) -> None:
         """Bring ``s``'s tokens and largest gap up to the last step that ended."""
         self._close_gaps(s)
-        s.generated = s.g_join + (self.steps + 1 - s.d_join)
+        s.generated = s.g_join + s.decoded(self.steps + 1 - s.d_join)
 
     def leave(self, s: Sequence) -> None:
-        """``s`` stops decoding before the next step (it is preempted)."""
+        """``s`` stops decoding before the next step (it is preempted, or given up)."""
+        step = self.steps + 1
         self.settle(s)
         self.count -= 1
-        self.ctx_sum -= s.length_at(self.steps + 1)
+        self.ctx_sum -= s.length_at(step)
+        if s.emit is not None:
+            self._unschedule(s, step)
 
     def members(self) -> Iterator[Sequence]:
         """The sequences decoding (in no particular order)."""
@@ -105,8 +119,16 @@ class DecodeBatch:
             if epoch != s.epoch or s.state != DECODE:
                 continue
             yield s
-            if s.state == DECODE:  # it got its block: the next is due a block later
-                heapq.heappush(heap, (step + bs, rid, s.epoch, s))
+            if s.state != DECODE:
+                continue
+            # it got its block: the next is due a block later (speculative: the
+            # step may emit more tokens than a block holds)
+            need_at = (
+                step + bs
+                if s.emit is None
+                else blocks_step(s.emit, step, s.d_join, s.prefill_len, s.held_blocks * bs)
+            )
+            heapq.heappush(heap, (need_at, rid, s.epoch, s))
 
     def take_blocks(self, last: int) -> int:
         """Give each sequence every block its steps up to ``last`` need, at once
@@ -166,7 +188,10 @@ class DecodeBatch:
                 elif gap > s.max_gap:
                     s.max_gap = gap
         self.joined.clear()
-        self.ctx_sum += self.count
+        if self.spec is None:
+            self.ctx_sum += self.count
+        else:
+            self.ctx_sum += self._spec_delta.pop(step, 0)
         heap = self._finish
         while heap and heap[0][0] <= step:
             _, _, epoch, s = heapq.heappop(heap)
@@ -188,6 +213,39 @@ class DecodeBatch:
         self.last_end = last_end
         if len(self._gap_steps) > MAX_GAPS:
             self._prune_gaps(self.steps)
+
+    # -- speculative decoding --------------------------------------------------------
+    def _schedule(self, s: Sequence, step: int) -> None:
+        """``s`` joins at ``step`` on a speculative instance: its tokens per step
+        are drawn now, which fixes its last step, the steps at which it needs a
+        block, and what it adds to the context sum at each step."""
+        assert self.spec is not None
+        emit = self.spec.schedule(s.req.id, s.generated, s.req.output_tokens - s.generated)
+        s.emit = emit
+        delta = self._spec_delta
+        for j in range(1, len(emit)):
+            at_step = step + j - 1
+            delta[at_step] = delta.get(at_step, 0) + emit[j] - emit[j - 1]
+        rid = s.req.id
+        heapq.heappush(self._finish, (step + len(emit) - 2, rid, s.epoch, s))
+        tokens = s.held_blocks * self.block_size
+        need_at = blocks_step(emit, step, step, s.prefill_len, tokens)
+        heapq.heappush(self._alloc, (need_at, rid, s.epoch, s))
+
+    def _unschedule(self, s: Sequence, step: int) -> None:
+        """``s`` leaves before ``step`` runs: take back what it would have added
+        to the context sum from ``step`` on."""
+        emit = s.emit
+        assert emit is not None
+        delta = self._spec_delta
+        for j in range(step - s.d_join + 1, len(emit)):
+            at_step = s.d_join + j - 1
+            left = delta[at_step] - (emit[j] - emit[j - 1])
+            if left:
+                delta[at_step] = left
+            else:
+                del delta[at_step]
+        s.emit = None
 
     # -- inter-token gaps ------------------------------------------------------------
     def largest_gaps(self) -> list[float]:

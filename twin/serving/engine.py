@@ -9,7 +9,9 @@ which nothing changes is covered by one event (:mod:`twin.serving.fastforward`;
 pipelined, every lane's micro-batches at once, :mod:`twin.serving.pipeforward`).
 With pipeline parallelism (a :class:`~twin.perf.iteration.Pipelined` perf
 model of ``pp`` stages) each of ``pp`` lanes runs its own loop
-(:mod:`twin.serving.lanes`). The instance's faults (:mod:`twin.serving.faults`)
+(:mod:`twin.serving.lanes`). Decoding speculatively
+(:mod:`twin.serving.speculative`), each decode step verifies drafted tokens
+and emits one or more tokens per sequence. The instance's faults (:mod:`twin.serving.faults`)
 and the two sides of a KV hand-off (:mod:`twin.serving.sending`,
 :mod:`twin.serving.receiving`) are collaborators of their own.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import simpy
 
@@ -53,6 +55,10 @@ from twin.serving.sequence import (
     LOST,
     Sequence,
 )
+from twin.serving.speculative import Speculation
+
+if TYPE_CHECKING:
+    from twin.serving.tiers import TierChain  # the tiers a prefix cache writes down to
 
 ROLES = ("mixed", "prefill", "decode")
 
@@ -67,8 +73,11 @@ def _check_role(instance_id: int, role: str) -> None:
 class Engine:
     """A serving instance. ``submit`` hands it a request; what happens is reported
     to ``observer`` (a sequence's end among it, once, when its last token is out);
-    ``hooks`` are the hand-off's (split serving), and ``on_prompt`` is called as
-    each prompt is computed (a KV pool keeps it). All are given at construction."""
+    ``hooks`` are the hand-off's (split serving), ``on_prompt`` is called as
+    each prompt is computed (a KV pool keeps it), ``tiers`` are the KV tiers
+    below its prefix cache (twin.serving.tiers), ``on_lost`` takes a sequence
+    handed to it while it is down, and ``starting`` makes it an instance added
+    during the run, down until :meth:`started`. All are given at construction."""
 
     # the prices of an iteration, of decode steps, of stage times (Faults.price_at)
     iteration_time: Callable[[Batch], float]
@@ -87,6 +96,10 @@ class Engine:
         role: str = "mixed",
         hooks: EngineHooks | None = None,
         on_prompt: Callable[[Engine, Sequence], None] | None = None,
+        speculation: Speculation | None = None,
+        tiers: TierChain | None = None,
+        on_lost: Callable[[Sequence], None] | None = None,
+        starting: bool = False,
     ) -> None:
         _check_role(instance_id, role)
         self.env = env
@@ -100,10 +113,13 @@ class Engine:
         self.reserved = self.receiver.reserved
         self.landed: list[Sequence] = []  # KV landed or kept here, joining at the next step
         self.perf = perf
+        self.spec = speculation  # speculative decoding (twin.serving.speculative)
         self.kv = blocks
-        self.cache = PrefixCache(blocks) if config.prefix_caching else None
-        if self.cache is not None:
-            self.cache.on_freed = self.written_down
+        self.cache = (
+            PrefixCache(blocks, tiers, on_freed=self.written_down)
+            if config.prefix_caching
+            else None
+        )
         self.config = config
         self.observer = observer
         self.iteration_observer = observer if observer.wants_iterations else None
@@ -120,9 +136,14 @@ class Engine:
         self.prefilling: list[Sequence] = []  # admitted, prompt not fully computed
         self._wake: simpy.Event | None = None
         self.pp = pipeline_stages(perf)
+        if speculation is not None and self.pp > 1:
+            raise SpecError(
+                f"instance {instance_id}: engine.speculative with pp={self.pp}; speculative "
+                "decoding runs on one pipeline stage (as in vLLM)"
+            )
         # each lane's decode batch (one but with pp > 1), the lane being planned or
         # completed and its batch, when each pipeline stage is done with its micro-batches
-        self.lanes = [DecodeBatch(blocks.block_size, k) for k in range(self.pp)]
+        self.lanes = [DecodeBatch(blocks.block_size, k, speculation) for k in range(self.pp)]
         self.lane = 0
         self.batch = self.lanes[0]
         self.stage_free = [0.0] * self.pp
@@ -131,7 +152,8 @@ class Engine:
         self.flight: list[tuple[float, bool] | None] = [None] * self.pp
         self.claim_no = [0] * self.pp
         self.claims = 0
-        ff = config.fast_forward and self.iteration_observer is None
+        # a speculative instance steps (its contexts do not grow one token a step)
+        ff = config.fast_forward and self.iteration_observer is None and speculation is None
         self.ff = FastForward(self) if ff and self.pp == 1 else None
         self.pf = PipeForward(self) if ff and self.pp > 1 else None
         self.planner = Planner(self)
@@ -142,15 +164,15 @@ class Engine:
         # failure: a loop of an earlier life stops), its speed (a throttled GPU
         # runs each iteration 1/speed as long), and who takes a sequence handed
         # to it while it is down.
-        self.up = True
+        self.up = not starting
         self.life = 0
         self.speed = 1.0
         self.faults = Faults(self)
         self.faults.price_at(1.0)
-        self.on_lost: Callable[[Sequence], None] | None = None
+        self.on_lost = on_lost
         # Scaling: starting | serving | draining | stopped (twin.scheduler.
         # INSTANCE_STATES), and who is told when a draining instance may be empty.
-        self.state = "serving"
+        self.state = "starting" if starting else "serving"
         self.on_idle: Callable[[Engine], None] | None = None
         # told of changes to the queue, role and health (twin.sim.control: a
         # sleeping tick's watch)
@@ -214,6 +236,27 @@ class Engine:
     def recover(self) -> None:
         """See :meth:`Faults.recover`."""
         self.faults.recover()
+
+    # -- scaling: starting -> serving -> draining -> stopped ---------------------------
+    def started(self) -> None:
+        """An instance added during the run is done starting: it serves from now."""
+        assert self.state == "starting"
+        self.up = True
+        self.state = "serving"
+
+    def drain(self, on_idle: Callable[[Engine], None]) -> None:
+        """Take nothing new, finish what it holds; ``on_idle`` is told each time
+        it may be empty."""
+        self.state = "draining"
+        self.on_idle = on_idle
+
+    def stop(self) -> None:
+        """Its GPUs are released now: it serves nothing again, and the loops of
+        its life wait on nothing that comes."""
+        self.state = "stopped"
+        self.on_idle = None
+        self.up = False
+        self.stop_loops()
 
     def stop_loops(self) -> None:
         """End this life: its loops wait for an event that never comes."""
@@ -298,6 +341,16 @@ class Engine:
         if forward is not None:
             forward.sync_blocks()
 
+    def watch_changes(self, watch: Any) -> None:
+        """From now ``watch`` (a sleeping tick's) is told of changes to the
+        queue, role and health (:meth:`watch_blocks`: and of free blocks)."""
+        self.watch = watch
+
+    def unwatch(self) -> None:
+        """No watch is told anything from now."""
+        self.watch = None
+        self.kv.watch = None
+
     def watch_blocks(self, watch: Any) -> None:
         """From now ``watch`` (a sleeping tick's) is told of the free blocks: of a
         decode stretch under way, whose steps take them with no event; a
@@ -315,7 +368,7 @@ class Engine:
             self._wake = self.env.event()
         return self._wake
 
-    def started(self, batch: Batch, chunks: list[tuple[Sequence, int]], dt: float) -> None:
+    def iteration_starts(self, batch: Batch, chunks: list[tuple[Sequence, int]], dt: float) -> None:
         """Tell the iteration observer and the hand-off hooks that an iteration
         of ``batch`` (prefill ``chunks``) lasting ``dt`` starts now."""
         obs = self.iteration_observer

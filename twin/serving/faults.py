@@ -45,7 +45,7 @@ class Faults:
         hot path); of a stretch of decode-only steps of one batch, in one call;
         and, pipelined, the stage times of such micro-batches of one lane."""
         eng = self.engine
-        timed = eng.perf.iteration_time
+        timed = eng.perf.iteration_time if eng.spec is None else eng.spec.iteration_time
         iteration_time: Callable[[Batch], float] = (
             timed if speed == 1.0 else (lambda batch: timed(batch) / speed)
         )
@@ -89,18 +89,17 @@ class Faults:
         eng.landed.clear()
         eng.reserved.clear()
         pp = eng.pp
-        eng.lanes = [DecodeBatch(eng.kv.block_size, k) for k in range(pp)]
+        eng.lanes = [DecodeBatch(eng.kv.block_size, k, eng.spec) for k in range(pp)]
         eng.use_lane(0)
         eng.stage_free = [0.0] * pp
         eng.flight = [None] * pp
         eng.claim_no = [0] * pp
         old = eng.kv
-        eng.kv = BlockManager(old.total, old.block_size, old.watermark)
-        eng.kv.peak_used = old.peak_used
+        eng.kv = BlockManager(old.total, old.block_size, old.watermark, peak_used=old.peak_used)
         if eng.cache is not None:
-            eng.cache.on_freed = None  # its writes under way release blocks of the old life
-            eng.cache = PrefixCache(eng.kv, eng.cache.tiers)  # the tiers below stay
-            eng.cache.on_freed = eng.written_down
+            eng.cache.forget_writes()  # its writes under way held blocks of the old life
+            tiers = eng.cache.tiers  # the tiers below stay
+            eng.cache = PrefixCache(eng.kv, tiers, on_freed=eng.written_down)
         return lost  # (the engine renews its fast-forward)
 
     def recover(self) -> None:

@@ -61,7 +61,7 @@ def serve(eng: EngineLike, ff: FastForward | None, life: int):  # noqa: ANN201 -
             _bad_time(eng, dt)
         obs = eng.iteration_observer
         if obs is not None or chunks and eng.hooks is not None:
-            eng.started(batch, chunks, dt)
+            eng.iteration_starts(batch, chunks, dt)
         if chunks and ff is not None:  # prompts completing here may head a stretch
             stretch = ff.plan_head(chunks, dt, plan.decodes)
             if stretch is not None:
@@ -154,7 +154,7 @@ def serve_lane(eng: EngineLike, pf: PipeForward | None, lane: int, life: int):  
             eng.claims += 1
             eng.claim_no[lane] = eng.claims
             eng.flight[lane] = (t, bool(chunks))
-        eng.started(batch, chunks, dt)
+        eng.iteration_starts(batch, chunks, dt)
         yield at(env, t)
         if eng.life != life:
             return

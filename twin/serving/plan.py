@@ -54,7 +54,10 @@ class Planner:
             eng.landed.clear()
         if cfg.chunked_prefill:
             decoding = self._prepare_decode()
-            budget = cfg.max_batched_tokens - batch.count
+            # a verifying decode takes its k + 1 tokens of the budget (vLLM V1
+            # schedules a request's draft tokens with it)
+            width = 1 if eng.spec is None else eng.spec.k + 1
+            budget = cfg.max_batched_tokens - batch.count * width
             chunks = self._take_chunks(budget, chunked=True)
         else:
             chunks = self._take_chunks(cfg.max_batched_tokens, chunked=False)

@@ -218,8 +218,15 @@ class TierChain:
         self.block_bytes = block_bytes
         self.gpus = tuple(gpus)  # the instance's GPUs: the near end of a remote tier's flows
 
-    def note(self, tier: Tier) -> None:
-        """Record ``tier``'s use now (its peak and its samples over time)."""
+    def lose_all(self) -> None:
+        """What every tier holds is gone (the host they are on failed); each
+        comes back empty."""
+        for tier in self.tiers:
+            tier.units.clear()
+            tier.used_blocks = 0
+            self._note(tier)
+
+    def _note(self, tier: Tier) -> None:
         if tier.used_blocks > tier.peak_blocks:
             tier.peak_blocks = tier.used_blocks
         s = tier.samples
@@ -277,7 +284,7 @@ class TierChain:
         for h, b in keep:
             tier.units[h] = [b, end]
         tier.used_blocks += need
-        self.note(tier)
+        self._note(tier)
         if down:
             below = self._write_below(down, level + 1, latest)
             if passed:
@@ -325,7 +332,7 @@ class TierChain:
         tier.used_blocks += need
         nbytes = need * self.block_bytes
         tier.bytes_written += nbytes
-        self.note(tier)
+        self._note(tier)
         flows = tier.store.flows(self.gpus, nbytes, read=False)
         delay = max(0.0, ready - now) + tier.latency_s
         if not flows:  # no path to cross: readable once ready
@@ -347,7 +354,7 @@ class TierChain:
             u = tier.units.pop(h, None)
             if u is not None:
                 tier.used_blocks -= int(u[0])
-                self.note(tier)
+                self._note(tier)
                 return
 
     def run(self, hashes: Sequence[int]) -> list[int]:
@@ -413,7 +420,7 @@ class TierChain:
             tier.read_free_s = end
             tier.bytes_read += nbytes
             tier.hit_tokens += per_tokens[i]
-            self.note(tier)
+            self._note(tier)
             done = max(done, end)
         return done, transfer
 
