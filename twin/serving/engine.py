@@ -160,10 +160,8 @@ class Engine:
         self.iterations = 0
         self.busy_s = 0.0
         self.preemptions = 0
-        # Failures: whether the instance serves, its life (bumped by each
-        # failure: a loop of an earlier life stops), its speed (a throttled GPU
-        # runs each iteration 1/speed as long), and who takes a sequence handed
-        # to it while it is down.
+        # Failures (twin.serving.faults): whether it serves, its life (a loop of an earlier
+        # life stops), its speed, and who takes a sequence handed to it while it is down.
         self.up = not starting
         self.life = 0
         self.speed = 1.0
@@ -174,8 +172,7 @@ class Engine:
         # INSTANCE_STATES), and who is told when a draining instance may be empty.
         self.state = "starting" if starting else "serving"
         self.on_idle: Callable[[Engine], None] | None = None
-        # told of changes to the queue, role and health (twin.sim.control: a
-        # sleeping tick's watch)
+        # told of changes to the queue, role and health (a sleeping tick's: twin.sim.control)
         self.watch: Any = None
         self.start_loops()
 
