@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from twin.net.flows import Network
 from twin.net.maxmin import _fill, max_min_rates
+from twin.net.shards import shard_flows
 from twin.net.topology import load_topology
 from twin.net.transfer import FlowSpec
-from twin.serving.handoff import shard_flows
 
 
 @dataclass(frozen=True)

@@ -29,10 +29,11 @@ Reading guide: start with these files, in this order.
    control loop of ``twin/sim/control.py``; failures and scaling act through
    ``twin/sim/ops.py``'s protocol), and what it returns.
 4. ``twin/serving/engine.py``: one instance's continuous batching, one event
-   per iteration; ``twin/serving/fastforward.py`` jumps over quiet decode
-   stretches in closed form (``twin/serving/pipeforward.py`` over every
-   pipeline lane's at once); ``twin/serving/handoff.py`` moves KV from prefill
-   to decode over ``twin/net/flows.py``'s max-min shared links.
+   per iteration, planned by ``twin/serving/plan.py``, its decodes kept by
+   ``twin/serving/decodebatch.py``; ``twin/serving/fastforward.py`` jumps
+   over quiet decode stretches in closed form (``twin/serving/pipeforward.py``
+   over every pipeline lane's at once); ``twin/serving/handoff.py`` moves KV
+   from prefill to decode over ``twin/net/flows.py``'s max-min shared links.
 5. ``twin/perf/iteration.py``: the iteration-time interface, and its models in
    ``twin/perf/roofline.py`` and ``twin/perf/tables.py``.
 6. ``twin/serving/observer.py``: what a run reports as it happens; the metrics
@@ -102,7 +103,7 @@ one is missing here, or named here and gone)::
       report.py                what twin topo prints
       flows.py transfer.py     the flow-level network; flows and transfers
       maxmin.py linkfaults.py  max-min fair filling; failed and degraded links
-      whatif.py                what flows started now would get, from the links' loads
+      whatif.py shards.py      what flows started now would get; a hand-off's shard flows
     twin/workload/             what arrives
       __init__.py stream.py    the workload: section -> the request stream
       traces.py lengths.py     trace readers; length distributions and tables
@@ -111,6 +112,10 @@ one is missing here, or named here and gone)::
       classes.py records.py    classes of traffic; one request as a trace gives it
     twin/serving/              one instance and what moves between instances
       __init__.py engine.py    continuous batching, one event per iteration
+      lanes.py plan.py decodebatch.py   its loops; an iteration's plan; the decode batch
+      config.py ports.py       the engine: section; what collaborators see of an engine
+      faults.py holding.py prefixunits.py   speed and failure; the KV a sequence holds; prefix units
+      sending.py receiving.py  the two sides of a KV hand-off
       fastforward.py pipeforward.py   closed-form jumps over quiet stretches
       speculative.py           speculative decoding: drafts verified at once
       sequence.py queuepolicy.py queuecost.py   a request's state; queue order; its cost
