@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
-import schedulers.disagg  # noqa: F401
+import schedulers.colocated  # registers the built-ins when not installed
+import schedulers.disagg
 import schedulers.splitwise  # noqa: F401
 from twin._declare import (
     BOOL,

@@ -255,7 +255,7 @@ class PrefixCache:
         self.changes += n
         return n
 
-    def evict(self, free_target: int, *, hold: bool = True) -> None:
+    def evict(self, free_target: int, *, hold: bool = True) -> None:  # noqa: C901
         """Evict idle units, least recently used first, until ``free_target``
         blocks are free (counting those held for a write under way) or
         nothing idle is left. With tiers below, the units are written down in

@@ -370,7 +370,7 @@ class Simulation:
             return iter(self._requests)
         return iter_requests(self.spec.workload, self.rng_workload, self._stream_end)
 
-    def arrive(self):  # noqa: ANN201 - a SimPy process
+    def arrive(self):  # a SimPy process
         """Feed requests in arrival order; route each one as it arrives."""
         env = self.env
         last = 0.0
@@ -731,7 +731,7 @@ class Simulation:
         self.observer.request_ended(self.env.now, instance, seq.req, seq, "failed", reason)
 
     # -- running ---------------------------------------------------------------------
-    def run(self) -> Result:
+    def run(self) -> Result:  # noqa: C901
         env = self.env
         env.process(self.arrive())
         self.control.start()

@@ -434,7 +434,7 @@ class _Cluster:
     resolved: dict[str, Any]
 
 
-def _cluster(data: Any, where: str, base_dir: Path) -> _Cluster:
+def _cluster(data: Any, where: str, base_dir: Path) -> _Cluster:  # noqa: C901
     """Instance groups (prefill first, then decode, then mixed), the topology
     and the resolved form of ``cluster:``."""
     at = f"{where}: cluster"

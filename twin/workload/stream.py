@@ -307,7 +307,7 @@ class WorkloadSpec:
         key="timeout",
     )  # fmt: skip
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: C901
         if (self.trace is None) == (self.lengths is None):
             raise SpecError("give exactly one of trace and lengths")
         if self.format not in _FORMATS:
@@ -376,7 +376,7 @@ class WorkloadSpec:
     # ----------------------------------------------------------------- construction
 
     @classmethod
-    def from_mapping(
+    def from_mapping(  # noqa: C901
         cls, m: Mapping[str, object], where: str = "workload", base_dir: Path | None = None
     ) -> WorkloadSpec:
         """Build from the YAML mapping under ``workload:``; errors are prefixed by ``where``."""
@@ -786,7 +786,7 @@ def trace_rates(spec: WorkloadSpec) -> dict[str, float] | None:
     return {"own": own, "replayed": own * time_scale(spec)}
 
 
-def iter_requests(
+def iter_requests(  # noqa: C901
     spec: WorkloadSpec, rng: np.random.Generator, end: dict[str, float] | None = None
 ) -> Iterator[Request]:
     """The requests of ``spec`` in arrival order, lazily, with ids 0, 1, 2, ...
