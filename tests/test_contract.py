@@ -13,6 +13,7 @@ import schedulers.disagg  # noqa: F401
 import schedulers.distserve  # noqa: F401
 import schedulers.kv_router  # noqa: F401
 import schedulers.mooncake  # noqa: F401
+import schedulers.session_affinity  # noqa: F401
 import schedulers.splitwise  # noqa: F401
 from twin.errors import SpecError
 from twin.request import Request

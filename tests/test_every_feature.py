@@ -31,9 +31,11 @@ from twin.sim.spec import resolve_spec
 
 # this project's policies, per cluster kind (sla-planner serves both)
 POLICIES = {
-    "colocated": ["colocated", "colocated-rr", "kv-router", "kv-router-llm-d", "sla-planner"],
-    "split": ["disagg", "distserve", "splitwise", "mooncake", "kv-router", "sla-planner"],
-}
+    "colocated": ["colocated", "colocated-rr", "kv-router", "kv-router-llm-d", "sla-planner",
+                  "session-affinity"],
+    "split": ["disagg", "distserve", "splitwise", "mooncake", "kv-router", "sla-planner",
+              "session-affinity"],
+}  # fmt: skip
 SCHEDULERS: dict[str, Any] = {
     "colocated-rr": {"name": "colocated", "routing": "round_robin"},
     "kv-router-llm-d": {"name": "kv-router", "mode": "llm-d"},
@@ -119,6 +121,18 @@ def specs(draw) -> dict[str, Any]:
         "slo": {"ttft": "1 s", "tpot": "50 ms"},
         "retry": {"max_attempts": draw(st.integers(1, 3)), "backoff": "50 ms"},
     }
+    if draw(st.booleans()):  # sessions of turns, closed loop, instead of the trace
+        spec["workload"] = {
+            "arrival": {"process": "poisson", "rate": draw(st.sampled_from([5.0, 20.0]))},
+            "max_requests": draw(st.integers(3, 15)),
+            "lengths": {"sessions": {
+                "turns": {"dist": "lognormal", "median": 3, "sigma": 0.7, "max": 8},
+                "first_prompt": {"dist": "lognormal", "median": 300, "sigma": 0.8},
+                "growth": {"dist": "lognormal", "median": 100, "sigma": 0.8},
+                "output": {"dist": "lognormal", "median": 60, "sigma": 0.8},
+                "think": {"dist": "exponential", "mean": draw(st.sampled_from([0.0, 0.2]))},
+                "system_prompt_len": 64}},
+        }  # fmt: skip
     schedule = draw(st.sampled_from(SCHEDULES))
     if schedule is not None:
         spec["workload"]["rate_schedule"] = schedule
@@ -164,7 +178,8 @@ def specs(draw) -> dict[str, Any]:
 
 def _run(data: dict[str, Any], trace: Path, fast_forward: bool) -> tuple[dict, Simulation]:
     data = json.loads(json.dumps(data))
-    data["workload"]["trace"] = str(trace)
+    if "lengths" not in data["workload"]:
+        data["workload"]["trace"] = str(trace)
     data["engine"]["fast_forward"] = fast_forward
     spec = resolve_spec(data, "every.yaml", Path.cwd())
     rows: list[dict] = []

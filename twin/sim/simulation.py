@@ -21,7 +21,7 @@ import numpy as np
 import simpy
 
 from twin import _version
-from twin._clock import Arrival, at
+from twin._clock import arrival_at, at
 from twin.errors import CapacityError, SpecError, TwinError
 from twin.net.flows import Network
 from twin.net.topology import all_to_all_links
@@ -53,6 +53,7 @@ from twin.sim.intervals import attainment_scales, summary_intervals
 from twin.sim.layout import instance_gpu, kv_blocks
 from twin.sim.metrics import Metrics
 from twin.sim.scaling import Scaler, ScalingKeys
+from twin.sim.sessions import SessionDriver
 from twin.sim.spec import ExperimentSpec, apply_overrides, load_spec, resolve_spec
 from twin.sim.summary import (
     limit_warnings,
@@ -62,6 +63,7 @@ from twin.sim.summary import (
 )
 from twin.sim.timeline import Timeline
 from twin.sim.trace import EventLog, TraceRecorder
+from twin.workload.sessions import Sessions
 from twin.workload.stream import file_sha256, iter_requests, own_rate, time_scale
 
 # The columns of a link's row (twin/net/flows.py, Network.link_stats), besides
@@ -272,6 +274,14 @@ class Simulation:
         if trace is not None:
             subscribers.append(trace)
         subscribers.extend(observers)
+        lengths = spec.workload.lengths
+        self.sessions = (
+            SessionDriver(self.env, lengths, self._arrive_one)
+            if isinstance(lengths, Sessions)
+            else None
+        )
+        if self.sessions is not None:
+            subscribers.append(self.sessions)
         self.observer = broadcast(subscribers)
         self.scheduler = scheduler or build_scheduler(
             spec.scheduler, spec.scheduler_params, where=f"{spec.source}: scheduler"
@@ -285,7 +295,7 @@ class Simulation:
             spec.scheduler,
         )  # fmt: skip
         self._arrived = 0
-        self._arrivals_done = False
+        self._stream_done = False
         self._stream_end: dict[str, float] = {}  # ran_out_s: when a trace ran out
         self.events = 0
         self.control = ControlLoop(
@@ -459,6 +469,11 @@ class Simulation:
             return iter(self._requests)
         return iter_requests(self.spec.workload, self.rng_workload, self._stream_end)
 
+    @property
+    def _arrivals_done(self) -> bool:
+        """Nothing more arrives: the stream is over and no session has a turn to send."""
+        return self._stream_done and (self.sessions is None or self.sessions.live == 0)
+
     def arrive(self):  # noqa: ANN201 - a SimPy process
         """Feed requests in arrival order; route each one as it arrives."""
         env = self.env
@@ -468,14 +483,17 @@ class Simulation:
                 raise SpecError(f"request {req.id}: arrival {req.arrival_s!r} s before {last!r} s")
             last = req.arrival_s
             if req.arrival_s > env.now:
-                yield Arrival(env, req.arrival_s - env.now)
-            self._arrived += 1
-            self.observer.request_arrived(env.now, req)
-            admitted = self._admit(req)
-            if admitted is None:
-                continue
-            self._route(Sequence(admitted, env.now))
-        self._arrivals_done = True
+                yield arrival_at(env, req.arrival_s)
+            self._arrive_one(req)
+        self._stream_done = True
+
+    def _arrive_one(self, req: Request) -> None:
+        """``req`` arrives now (from the stream, or a session's next turn)."""
+        self._arrived += 1
+        self.observer.request_arrived(self.env.now, req)
+        admitted = self._admit(req)
+        if admitted is not None:
+            self._route(Sequence(admitted, self.env.now))
 
     def _route(self, seq: Sequence) -> None:
         """Ask the policy where ``seq``'s next attempt runs, and send it there;
@@ -837,6 +855,8 @@ class Simulation:
             *trace_warnings(self._stream_end.get("ran_out_s"), self.spec.workload.duration_s),
             *saturation_warnings(timeline, min(faults, default=None), self.spec.slo.target),
         ]
+        if self.sessions is not None:
+            summary["sessions"] = self.sessions.summary()
         if warnings:  # only then: a run that went as meant reads as before
             summary["warnings"] = warnings
         fault_log = self.faults.log() if self.spec.events or self.spec.failures else None

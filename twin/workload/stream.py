@@ -62,6 +62,7 @@ import dataclasses
 import itertools
 import math
 from array import array
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,7 +84,7 @@ from twin._declare import (
 from twin._io import read_text
 from twin.bundled import spec_file
 from twin.errors import SpecError, TraceError
-from twin.request import Request
+from twin.request import Request, Session
 from twin.units import parse_duration
 from twin.workload.arrivals import (
     _CHUNK,
@@ -110,6 +111,9 @@ from twin.workload.schedule import (
     RateSchedule,
     parse_rate_schedule,
 )
+from twin.workload.sessions import KEYS as SESSION_KEYS
+from twin.workload.sessions import REQUIRED as SESSION_REQUIRED
+from twin.workload.sessions import THINK_SCHEMA, VLLM_BLOCK_TOKENS, Sessions, ThinkTime
 from twin.workload.shared_prefix import SCHEMA as SHARED_PREFIX_SCHEMA
 from twin.workload.shared_prefix import SharedPrefix
 from twin.workload.traces import (
@@ -146,7 +150,7 @@ class EmpiricalFile:
     max_total_tokens: int | None = None
 
 
-Lengths = str | IndependentLengths | EmpiricalFile | SharedPrefix
+Lengths = str | IndependentLengths | EmpiricalFile | SharedPrefix | Sessions
 _FORMATS = ("auto", *READERS)
 _POSITIVE = {"type": "number", "exclusiveMinimum": 0}
 _MARGINAL = {
@@ -180,6 +184,13 @@ LENGTHS_SCHEMA = {
                         "max_total_tokens": {"type": "integer", "minimum": 1}}},
         {"type": "object", "required": ["shared_prefix"], "additionalProperties": False,
          "properties": {"shared_prefix": SHARED_PREFIX_SCHEMA}},
+        {"type": "object", "required": ["sessions"], "additionalProperties": False,
+         "properties": {"sessions": {
+             "type": "object", "required": list(SESSION_REQUIRED), "additionalProperties": False,
+             "properties": {"turns": _MARGINAL, "first_prompt": _MARGINAL, "growth": _MARGINAL,
+                            "output": _MARGINAL, "think": THINK_SCHEMA,
+                            "system_prompt_len": {"type": "integer", "minimum": 0},
+                            "block_tokens": {"type": "integer", "minimum": 1}}}}},
     ]
 }  # fmt: skip
 PREFIXES_SCHEMA = {
@@ -329,6 +340,10 @@ class WorkloadSpec:
             raise SpecError(f"max_requests(={self.max_requests!r}) must be an integer >= 1")
         if not is_int(self.skip) or self.skip < 0:
             raise SpecError(f"skip(={self.skip!r}) must be an integer >= 0")
+        if isinstance(self.lengths, Sessions) and self.skip:
+            raise SpecError(
+                "skip applies to a stream of requests, not to sessions (lengths.sessions)"
+            )
         if not isinstance(self.repeat, bool):
             raise SpecError(f"repeat(={self.repeat!r}) must be true or false")
         if not is_int(self.prefix_block_tokens) or self.prefix_block_tokens < 1:
@@ -476,6 +491,9 @@ def _lengths(value: object, where: str, base_dir: Path | None) -> Lengths:
     if "shared_prefix" in value:
         _no_unknown(value, ("shared_prefix",), where)
         return SharedPrefix.from_mapping(value["shared_prefix"], f"{where}.shared_prefix")
+    if "sessions" in value:
+        _no_unknown(value, ("sessions",), where)
+        return _sessions(value["sessions"], f"{where}.sessions")
     if "empirical" in value:
         _no_unknown(value, ("empirical", "format", "max_total_tokens"), where)
         fmt = value.get("format", "auto")
@@ -493,6 +511,27 @@ def _lengths(value: object, where: str, base_dir: Path | None) -> Lengths:
         _scoped(_marginal, _required(value, "prompt", where), f"{where}.prompt"),
         _scoped(_marginal, _required(value, "output", where), f"{where}.output"),
     )
+
+
+def _sessions(value: object, where: str) -> Sessions:
+    if not isinstance(value, Mapping):
+        raise SpecError(
+            f"{where}: {value!r} is not a mapping; expected keys {', '.join(SESSION_KEYS)}"
+        )
+    check_keys(value, where, SESSION_REQUIRED, SESSION_KEYS[len(SESSION_REQUIRED) :])
+
+    def law(key: str) -> Marginal:
+        return _scoped(_marginal, value[key], f"{where}.{key}")
+
+    try:
+        return Sessions(
+            law("turns"), law("first_prompt"), law("growth"), law("output"),
+            ThinkTime.from_mapping(value["think"], f"{where}.think"),
+            value.get("system_prompt_len", 0),  # type: ignore[arg-type]
+            value.get("block_tokens", VLLM_BLOCK_TOKENS),  # type: ignore[arg-type]
+        )  # fmt: skip
+    except SpecError as e:
+        raise SpecError(f"{where}: {e}") from None
 
 
 def _prefixes(value: object, where: str) -> SharedPrefix:
@@ -650,6 +689,21 @@ def _repeat_period(one: _Pass, path: Path) -> float:
     return (last - first) * len(one) / (len(one) - 1)
 
 
+def _first_turns(ss: Sessions, rng: np.random.Generator, out: deque[Session]) -> Iterator[Row]:
+    """Turn 0 of each session of ``ss``; each session goes to ``out`` as its row
+    is drawn (the stream's last step takes it from there)."""
+    for s in ss.stream(rng):
+        out.append(s)
+        turn = s.turns[0]
+        yield (
+            None,
+            turn.prompt_tokens,
+            turn.output_tokens,
+            ss.hashes(s.index, turn.prompt_tokens),
+            ss.block_tokens,
+        )
+
+
 def _shared_prefix(sp: SharedPrefix, rng: np.random.Generator) -> Iterator[Row]:
     for p, o, h, b in sp.stream(rng):
         yield None, p, o, h, b
@@ -749,6 +803,7 @@ def iter_requests(
     """
     arrival_rng, length_rng = rng.spawn(2)
     rows: Iterator[Row]
+    sessions: deque[Session] = deque()  # of the rows drawn, in order (a session workload)
     if spec.trace is not None:
         fmt = detect_format(spec.trace) if spec.format == "auto" else spec.format
         if fmt not in TIMED_FORMATS and spec.arrival is None:
@@ -766,11 +821,12 @@ def iter_requests(
             rows = _timed(arrival_times(spec.arrival, arrival_rng), rows)
     else:
         assert spec.lengths is not None and spec.arrival is not None
-        source = (
-            _shared_prefix(spec.lengths, length_rng)
-            if isinstance(spec.lengths, SharedPrefix)
-            else _sampled(_sampler(spec.lengths), length_rng)
-        )
+        if isinstance(spec.lengths, Sessions):
+            source = _first_turns(spec.lengths, length_rng, sessions)
+        elif isinstance(spec.lengths, SharedPrefix):
+            source = _shared_prefix(spec.lengths, length_rng)
+        else:
+            source = _sampled(_sampler(spec.lengths), length_rng)
         rows = _timed(arrival_times(spec.arrival, arrival_rng), source)
 
     t0 = 0.0
@@ -802,7 +858,11 @@ def iter_requests(
             return
         if arrival_s == math.inf:  # the schedule ends at 0: nothing arrives any more
             return
-        yield Request(i, arrival_s, p, o, h, b, next(priorities))
+        if sessions:
+            s = sessions.popleft()
+            yield Request(s.first_id, arrival_s, p, o, h, b, next(priorities), s)
+        else:
+            yield Request(i, arrival_s, p, o, h, b, next(priorities))
         last = arrival_s
     if end is not None and spec.trace is not None:
         end["ran_out_s"] = last

@@ -1,0 +1,199 @@
+"""Sessions: chat and agent conversations of many turns, closed loop.
+
+A session is a conversation: turn ``t``'s prompt is the whole history (the
+previous turn's prompt and its answer) plus a new part (the user's next
+message, or a tool's result), and the client sends it only when the previous
+answer has come back and a think (or tool) time has passed. So a session's
+KV is worth keeping between its turns, and how long the turns take sets when
+the next ones arrive: the load a cluster sees depends on how fast it serves.
+
+``workload.lengths: {sessions: {...}}`` draws each session when it starts
+(``workload.arrival`` is the process of session starts):
+
+- ``turns``: turns per session, a length law (``{dist: fixed, value: N}`` or
+  lognormal);
+- ``first_prompt``: turn 0's new tokens (after the shared system prompt);
+- ``growth``: each later turn's new tokens (the user's message, a tool's output);
+- ``output``: each turn's answer;
+- ``think``: seconds between an answer and the next turn's send:
+  ``{dist: fixed, value: S}``, ``{dist: exponential, mean: S}`` or
+  ``{dist: lognormal, median | mean: S, sigma | cv: X}``;
+- ``system_prompt_len``: tokens of a system prompt every session shares (0);
+- ``block_tokens``: tokens per prefix hash (16, vLLM's block).
+
+Turn ``t`` (from 0) of a session therefore sends
+``S + F + sum_{j<t} (O_j + G_{j+1})`` tokens, where ``S`` is the system prompt,
+``F`` the first prompt, ``O_j`` turn ``j``'s answer and ``G_j`` turn ``j``'s new
+part. Its prefix hashes name its full blocks: a block inside the system
+prompt by its position (every session shares it), any later block by
+(session, position), so turn ``t + 1`` finds turn ``t``'s prompt blocks where
+the cache kept them. As in :mod:`twin.workload.shared_prefix`, a twin engine
+caches prompt blocks only, so turn ``t + 1`` recomputes turn ``t``'s answer once.
+
+Every draw of a session happens when it starts, from the workload's seeded
+stream, so the turns do not depend on the order in which they complete. A
+session's turns take consecutive request ids from its first. A turn that
+does not complete (rejected or failed) ends its session there: the client
+gives up, and the later turns are never sent.
+
+Sources for the shape: multi-turn chat grows each prompt by the history (the
+OpenAI chat API resends it; inference-perf's ``shared_prefix`` multi-turn,
+``apis/user_session.py``); agentic sessions alternate model calls and tool
+calls (Mooncake's tool-agent trace, Qin et al., FAST 2025, Sec. 2). The laws
+and their values are the user's: the defaults here are no claim about a
+real population.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from twin._check import check_keys, is_int, is_number
+from twin.errors import SpecError
+from twin.request import Session, Turn
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from twin.workload.lengths import Marginal
+
+VLLM_BLOCK_TOKENS = 16
+"""Tokens per KV block in vLLM (``--block-size`` default 16, vLLM docs, engine
+arguments); prefix caching hashes whole blocks."""
+
+KEYS = ("turns", "first_prompt", "growth", "output", "think", "system_prompt_len",
+        "block_tokens")  # fmt: skip
+REQUIRED = KEYS[:5]
+THINK_DISTS = ("fixed", "exponential", "lognormal")
+
+_NUMBER = {"type": "number", "minimum": 0}
+THINK_SCHEMA = {
+    "type": "object",
+    "required": ["dist"],
+    "properties": {"dist": {"enum": list(THINK_DISTS)}, "value": _NUMBER, "mean": _NUMBER,
+                   "median": _NUMBER, "sigma": _NUMBER, "cv": _NUMBER},
+    "additionalProperties": False,
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkTime:
+    """Seconds between an answer and the next turn: ``fixed`` (``value``),
+    ``exponential`` (``mean``) or ``lognormal`` (``median`` and ``sigma``)."""
+
+    dist: str
+    value: float = 0.0
+    sigma: float = 0.0
+
+    @classmethod
+    def from_mapping(cls, m: object, where: str) -> ThinkTime:
+        if not isinstance(m, Mapping):
+            raise SpecError(f"{where}: {m!r} is not a mapping; expected {{dist: fixed, value: S}}")
+        dist = m.get("dist")
+        if dist not in THINK_DISTS:
+            raise SpecError(
+                f"{where}.dist: {dist!r} unknown; expected one of {', '.join(THINK_DISTS)}"
+            )
+        if dist == "fixed":
+            check_keys(m, where, ("dist", "value"))
+            return cls("fixed", _seconds(m, "value", where))
+        if dist == "exponential":
+            check_keys(m, where, ("dist", "mean"))
+            return cls("exponential", _seconds(m, "mean", where))
+        check_keys(m, where, ("dist",), ("median", "mean", "sigma", "cv"))
+        if ("median" in m) == ("mean" in m):
+            raise SpecError(f"{where}: give exactly one of median and mean")
+        if ("sigma" in m) == ("cv" in m):
+            raise SpecError(f"{where}: give exactly one of sigma and cv")
+        sigma = (
+            _seconds(m, "sigma", where)
+            if "sigma" in m
+            else math.sqrt(math.log1p(_seconds(m, "cv", where) ** 2))
+        )
+        if "median" in m:
+            median = _seconds(m, "median", where)
+        else:  # mean = median * exp(sigma^2 / 2)
+            median = _seconds(m, "mean", where) * math.exp(-(sigma**2) / 2)
+        return cls("lognormal", median, sigma)
+
+    def draw(self, rng: np.random.Generator, n: int) -> list[float]:
+        if self.dist == "fixed" or n == 0:
+            return [self.value] * n
+        if self.dist == "exponential":
+            return rng.exponential(self.value, n).tolist() if self.value > 0 else [0.0] * n
+        if self.value <= 0:
+            return [0.0] * n
+        return (self.value * rng.lognormal(0.0, self.sigma, n)).tolist()
+
+
+def _seconds(m: Mapping[str, object], key: str, where: str) -> float:
+    if key not in m:
+        raise SpecError(f"{where}: missing key '{key}'")
+    v = m[key]
+    if not is_number(v) or not 0 <= float(v) < math.inf:  # type: ignore[arg-type]
+        raise SpecError(f"{where}.{key}: {v!r} is not a number of seconds >= 0")
+    return float(v)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class Sessions:
+    """The session workload of the module (see there)."""
+
+    turns: Marginal
+    first_prompt: Marginal
+    growth: Marginal
+    output: Marginal
+    think: ThinkTime
+    system_prompt_len: int = 0
+    block_tokens: int = VLLM_BLOCK_TOKENS
+
+    def __post_init__(self) -> None:
+        if not is_int(self.system_prompt_len) or self.system_prompt_len < 0:
+            raise SpecError(
+                f"system_prompt_len(={self.system_prompt_len!r}) must be an integer >= 0"
+            )
+        if not is_int(self.block_tokens) or self.block_tokens < 1:
+            raise SpecError(f"block_tokens(={self.block_tokens!r}) must be an integer >= 1")
+
+    def hashes(self, session: int, tokens: int) -> tuple[int, ...]:
+        """Hashes of the full blocks of a prompt of ``tokens`` tokens of
+        ``session``: a block inside the system prompt is named by its position
+        alone (shared), a later one by (session, position); distinct integers >= 0."""
+        b = self.block_tokens
+        shared = self.system_prompt_len // b
+        out = []
+        for k in range(tokens // b):
+            if k < shared:
+                out.append(k)
+            else:  # Cantor's pairing of (session, k), moved past the shared names
+                s = session + k
+                out.append(shared + s * (s + 1) // 2 + k)
+        return tuple(out)
+
+    def draw(self, rng: np.random.Generator, index: int, first_id: int) -> Session:
+        """Session ``index`` (its turn 0 has request id ``first_id``), all its
+        draws from ``rng`` in a fixed order."""
+        n = int(self.turns.draw(rng, 1)[0])
+        first = int(self.first_prompt.draw(rng, 1)[0])
+        growth = self.growth.draw(rng, n).tolist()
+        outputs = self.output.draw(rng, n).tolist()
+        thinks = self.think.draw(rng, n)
+        prompt = self.system_prompt_len + first
+        turns = []
+        for t in range(n):
+            turns.append(Turn(prompt, int(outputs[t]), float(thinks[t])))
+            prompt += int(outputs[t]) + int(growth[t])
+        return Session(index, 0, first_id, tuple(turns))
+
+    def stream(self, rng: np.random.Generator) -> Iterator[Session]:
+        """Sessions 0, 1, 2, ... (endless), turn 0 of each, ids consecutive."""
+        first_id = 0
+        index = 0
+        while True:
+            s = self.draw(rng, index, first_id)
+            yield s
+            first_id += len(s.turns)
+            index += 1
