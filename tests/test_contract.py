@@ -11,6 +11,7 @@ from helpers import own_policies
 import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
 import schedulers.disagg  # noqa: F401
 import schedulers.distserve  # noqa: F401
+import schedulers.fabric_aware  # noqa: F401
 import schedulers.kv_router  # noqa: F401
 import schedulers.mooncake  # noqa: F401
 import schedulers.session_affinity  # noqa: F401
@@ -25,6 +26,27 @@ from twin.testing import check_scheduler, instance, make_view
 def test_every_registered_scheduler_keeps_the_contract(name):
     kind = check_scheduler(name)
     assert kind in ("colocated", "split", "both")  # sla-planner serves both
+
+
+@pytest.mark.parametrize("name", own_policies())
+def test_every_registered_scheduler_keeps_the_contract_on_a_loaded_fabric(name):
+    """The split cluster again, its hand-offs contending for one 25 Gb/s NIC a node."""
+    assert check_scheduler(name, seeds=(0,), fabric=True) in ("colocated", "split", "both")
+
+
+def test_a_policy_that_reads_the_fabric_is_tested_on_hand_built_estimates():
+    from twin.scheduler import HandoffEstimate
+
+    view = make_view(
+        instance(0, role="prefill"), instance(1, role="decode"), instance(2, role="decode"),
+        fabric={(0, 1): HandoffEstimate(0, 1, transfer_s=2.0),
+                (0, 2): HandoffEstimate(0, 2, transfer_s=0.1)},
+    )  # fmt: skip
+    assert view.handoff_estimate(0, 2, Request(0, 0.0, 100, 10)).total_s == 0.1
+    from twin.scheduler import build_scheduler
+
+    policy = build_scheduler("fabric-aware", {"decide": "arrival"})
+    assert policy.route(Request(0, 0.0, 100, 10), view) == Route(0, 2)
 
 
 def test_the_contract_knows_which_cluster_a_policy_wants():

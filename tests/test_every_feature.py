@@ -26,6 +26,7 @@ from test_engine import largest_relative_difference
 from test_fastforward import HANDOFFS
 from test_timestamps import check_rows
 
+import schedulers.fabric_aware  # noqa: F401 - registered where installed entry points predate it
 from twin.sim.simulation import Simulation
 from twin.sim.spec import resolve_spec
 
@@ -34,7 +35,7 @@ POLICIES = {
     "colocated": ["colocated", "colocated-rr", "kv-router", "kv-router-llm-d", "sla-planner",
                   "session-affinity"],
     "split": ["disagg", "distserve", "splitwise", "mooncake", "kv-router", "sla-planner",
-              "session-affinity"],
+              "fabric-aware", "session-affinity"],
 }  # fmt: skip
 SCHEDULERS: dict[str, Any] = {
     "colocated-rr": {"name": "colocated", "routing": "round_robin"},

@@ -311,6 +311,98 @@ class InstanceSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
+class LinkLoad:
+    """One directed link of the fabric as it is now: its usable rate (bytes/s,
+    degradation applied, 0 while it is down), the sum of the rates of the
+    flows sending on it and how many flows send on it."""
+
+    src: str
+    dst: str
+    usable_bytes_s: float
+    load_bytes_s: float = 0.0
+    flows: int = 0
+
+    @property
+    def utilisation(self) -> float:
+        """Load over usable rate (1 on a link that is down)."""
+        if self.usable_bytes_s <= 0.0:
+            return 1.0
+        return self.load_bytes_s / self.usable_bytes_s
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffEstimate:
+    """What moving one request's KV from instance ``prefill`` to ``decode``
+    would cost if it started now, at the current link loads.
+
+    ``bytes`` would cross (``flows`` flows: one per source GPU, or per NIC
+    with ``multi_nic``); ``saved_tokens`` prompt tokens (``saved_bytes``)
+    would not, as the decode side's prefix cache holds them. The bytes take
+    ``transfer_s`` (first byte to last delivered), each flow at the max-min
+    rate the network would give it now; ``rate_bytes_s`` is the rate of the
+    flow delivered last and ``bottleneck`` the link that holds it (None when
+    nothing crosses a link). ``fixed_s`` is the hand-off's fixed costs
+    (control round trip, registration, descriptors, router hop), as a
+    serialized hand-off pays them. ``links`` is each link of the paths with
+    its load now; ``rail_aligned`` says that every flow between nodes leaves
+    and enters through NICs of the same number (the same rail).
+
+    NOTE: the rate is the one the transfer would start with (the new flows'
+    instantaneous max-min share, before the flows already there are
+    reallocated; :mod:`twin.net.whatif`); flows that start or end meanwhile
+    change it."""
+
+    prefill: int
+    decode: int
+    bytes: float = 0.0
+    saved_tokens: int = 0
+    saved_bytes: float = 0.0
+    flows: int = 0
+    rate_bytes_s: float = float("inf")
+    bottleneck: LinkLoad | None = None
+    transfer_s: float = 0.0
+    fixed_s: float = 0.0
+    links: tuple[LinkLoad, ...] = ()
+    rail_aligned: bool = True
+
+    @property
+    def total_s(self) -> float:
+        """The hand-off's time: fixed costs plus the bytes."""
+        return self.fixed_s + self.transfer_s
+
+    @property
+    def utilisation(self) -> float:
+        """The highest utilisation among ``links`` (0 with none)."""
+        return max((ln.utilisation for ln in self.links), default=0.0)
+
+
+@runtime_checkable
+class FabricView(Protocol):
+    """The network between the instances as a router may know it: the
+    hand-off a pair would pay now, and the load on the links it would take."""
+
+    def handoff(self, prefill: int, decode: int, req: Request) -> HandoffEstimate: ...
+
+    def path_links(self, prefill: int, decode: int) -> tuple[LinkLoad, ...]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class FabricSnapshot:
+    """A hand-built :class:`FabricView`, for tests of a policy: the estimate
+    of each (prefill, decode) pair, whatever the request; a pair not given
+    moves nothing (instances of one GPU, say)."""
+
+    estimates: Mapping[tuple[int, int], HandoffEstimate] = field(default_factory=dict)
+
+    def handoff(self, prefill: int, decode: int, req: Request) -> HandoffEstimate:
+        return self.estimates.get((prefill, decode)) or HandoffEstimate(prefill, decode)
+
+    def path_links(self, prefill: int, decode: int) -> tuple[LinkLoad, ...]:
+        got = self.estimates.get((prefill, decode))
+        return got.links if got is not None else ()
+
+
+@dataclass(frozen=True, slots=True)
 class Objectives:
     """The run's latency objectives, seconds (``inf`` when not set)."""
 
@@ -325,9 +417,13 @@ class ClusterView:
     ``rng`` is the policy's own random stream: a simulation passes the
     scheduler stream it spawns from the run's seed, so the same seed gives the
     same draws; a view built without one gets ``default_rng(0)``.
+
+    ``fabric`` (a :class:`FabricView`) prices hand-offs between instances at
+    the current link loads; a cluster without a topology (where KV moves at
+    no cost) has none, and :meth:`handoff_estimate` is then None.
     """
 
-    __slots__ = ("instances", "_now", "slo", "_pools", "rng")
+    __slots__ = ("instances", "_now", "slo", "_pools", "rng", "fabric")
 
     def __init__(
         self,
@@ -336,8 +432,10 @@ class ClusterView:
         slo: Objectives | None = None,
         pools: Callable[[Request], dict[int, int]] | None = None,
         rng: np.random.Generator | None = None,
+        fabric: FabricView | None = None,
     ):
         self.instances: tuple[InstanceView, ...] = tuple(instances)
+        self.fabric = fabric
         self._now = now
         self.slo = slo or Objectives()
         self._pools = pools
@@ -351,6 +449,18 @@ class ClusterView:
         """Node -> prompt tokens of ``req`` whose KV that node's pool holds
         (nodes holding none left out; empty without KV pools)."""
         return self._pools(req) if self._pools is not None else {}
+
+    def handoff_estimate(self, prefill: int, decode: int, req: Request) -> HandoffEstimate | None:
+        """What moving ``req``'s KV from instance ``prefill`` to ``decode``
+        would cost if it started now (:class:`HandoffEstimate`), from the
+        network model itself; None without a fabric. O(path length) a call,
+        however many flows are in flight."""
+        return self.fabric.handoff(prefill, decode, req) if self.fabric is not None else None
+
+    def path_links(self, prefill: int, decode: int) -> tuple[LinkLoad, ...]:
+        """Each link a hand-off from ``prefill`` to ``decode`` would take, with
+        its load now (empty without a fabric, or when nothing would cross)."""
+        return self.fabric.path_links(prefill, decode) if self.fabric is not None else ()
 
     @property
     def now(self) -> float:

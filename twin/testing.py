@@ -15,9 +15,14 @@ Gymnasium's ``check_env`` serves environment authors::
     check_scheduler(MyPolicy)            # a class, a zero-argument factory or a name
 
 ``check_scheduler`` runs the policy on small bursty workloads, on a colocated
-cluster and on a split one with a topology, skipping only a cluster that its
-setup refuses (with a ``SpecError``), and fails with an ``AssertionError`` that
-says which promise broke on which cluster.
+cluster and on a split one with a topology (with ``fabric=True`` also on a
+split one whose hand-offs contend for a slow fabric), skipping only a cluster
+that its setup refuses (with a ``SpecError``), and fails with an
+``AssertionError`` that says which promise broke on which cluster.
+
+A policy that reads the fabric (``view.handoff_estimate``) is unit-tested
+with hand-built estimates: ``make_view(..., fabric={(0, 2): HandoffEstimate(0,
+2, transfer_s=0.5)})``.
 
 A hand-built view carries a seeded generator, ``view.rng`` (``make_view(...,
 seed=1)`` picks another), as a simulation hands each policy its own stream.
@@ -27,7 +32,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import CodeType
 from typing import Any
@@ -36,7 +41,16 @@ import numpy as np
 
 from twin.errors import SpecError
 from twin.request import Request
-from twin.scheduler import ClusterView, InstanceSnapshot, Role, Scheduler, get_scheduler
+from twin.scheduler import (
+    ClusterView,
+    FabricSnapshot,
+    FabricView,
+    HandoffEstimate,
+    InstanceSnapshot,
+    Role,
+    Scheduler,
+    get_scheduler,
+)
 
 __all__ = ["check_scheduler", "instance", "make_view", "scenario_requests"]
 
@@ -46,13 +60,22 @@ def instance(id: int, role: Role = "mixed", **fields: Any) -> InstanceSnapshot:
     return InstanceSnapshot(id, role=role, **fields)
 
 
-def make_view(*instances: InstanceSnapshot, now: float = 0.0, seed: int = 0) -> ClusterView:
+def make_view(
+    *instances: InstanceSnapshot,
+    now: float = 0.0,
+    seed: int = 0,
+    fabric: FabricView | Mapping[tuple[int, int], HandoffEstimate] | None = None,
+) -> ClusterView:
     """A cluster view of the given instances at time ``now``, its ``rng``
-    seeded with ``seed``; ids must be 0..n-1."""
+    seeded with ``seed``; ids must be 0..n-1. ``fabric``: a
+    :class:`~twin.scheduler.FabricView`, or the hand-off estimate of each
+    (prefill, decode) pair (a :class:`~twin.scheduler.FabricSnapshot`)."""
     ids = [i.id for i in instances]
     if ids != list(range(len(instances))):
         raise ValueError(f"instance ids must be 0..{len(instances) - 1} in order, not {ids}")
-    return ClusterView(instances, now, rng=np.random.default_rng(seed))
+    if isinstance(fabric, Mapping):
+        fabric = FabricSnapshot(fabric)
+    return ClusterView(instances, now, rng=np.random.default_rng(seed), fabric=fabric)
 
 
 def scenario_requests(seed: int, n: int = 60) -> list[Request]:
@@ -80,10 +103,16 @@ FAULTS = [
 ]
 
 
-def _spec(split: bool, faults: bool = False) -> Any:
+# The contract's loaded fabric (check_scheduler(fabric=True)): one 25 Gb/s TCP
+# NIC a node, so the hand-offs between the two nodes contend for it.
+LOADED_FABRIC = "a100-eth25"
+
+
+def _spec(split: bool, faults: bool = False, fabric: bool = False) -> Any:
     from twin.sim.spec import resolve_spec
 
-    cluster: dict[str, Any] = {"topology": "dgx-h100-ib400", "nodes": 2, "tp": 4}
+    topology = LOADED_FABRIC if fabric else "dgx-h100-ib400"
+    cluster: dict[str, Any] = {"topology": topology, "nodes": 2, "tp": 4}
     if split:
         cluster.update(prefill=2, decode=2)
     else:
@@ -133,7 +162,7 @@ def _setup_code(policy: Any) -> CodeType | None:
 
 
 def _run(
-    make: Callable[[], Any], split: bool, seed: int, faults: bool = False
+    make: Callable[[], Any], split: bool, seed: int, faults: bool = False, fabric: bool = False
 ) -> tuple[str, list[dict[str, Any]]]:
     from twin.sim.simulation import Simulation
 
@@ -141,7 +170,8 @@ def _run(
     rows: list[dict[str, Any]] = []
     policy = make()
     try:
-        sim = Simulation(_spec(split, faults), requests=reqs, on_row=rows.append, scheduler=policy)
+        spec = _spec(split, faults, fabric)
+        sim = Simulation(spec, requests=reqs, on_row=rows.append, scheduler=policy)
     except SpecError as refusal:
         code = _setup_code(policy)  # None: a setup without Python code; trust the error
         if code is None or _raised_in(refusal, code):
@@ -165,6 +195,9 @@ def _run(
     assert s["completed"] + s["rejected"] + s.get("failed", 0) == len(reqs)
     for e in sim.engines:
         assert e.kv.free == e.kv.total, f"instance {e.id} ended with KV blocks held"
+    if sim.network is not None:
+        ratio = sim.network.max_link_load_ratio
+        assert ratio <= 1.0 + 1e-9, f"a link carried {ratio:.6f} x its capacity"
     return json.dumps(result.to_dict(), sort_keys=True, default=str), rows
 
 
@@ -173,12 +206,18 @@ def _kind(split: bool) -> str:
 
 
 def _attempt(
-    make: Callable[[], Any], split: bool, seed: int, *, may_refuse: bool, faults: bool = False
+    make: Callable[[], Any],
+    split: bool,
+    seed: int,
+    *,
+    may_refuse: bool,
+    faults: bool = False,
+    fabric: bool = False,
 ) -> tuple[str, list[dict[str, Any]]]:
     """One contract run; a failure becomes an ``AssertionError`` naming the
     cluster, except a refusal at setup when ``may_refuse``."""
     try:
-        return _run(make, split, seed, faults)
+        return _run(make, split, seed, faults, fabric)
     except _Refused as e:
         if may_refuse:
             raise
@@ -200,6 +239,7 @@ def check_scheduler(
     seeds: tuple[int, ...] = (0, 1),
     *,
     faults: bool = False,
+    fabric: bool = False,
 ) -> str:
     """Run the scheduler contract on ``policy`` (a class, a factory or a
     registered name) on a colocated and on a split cluster. Returns where it
@@ -222,6 +262,11 @@ def check_scheduler(
     instances that are up (``InstanceView.up``; ``ClusterView.of_role`` and
     ``up()`` list only those), and every request still ends exactly once,
     completed, rejected or failed with a reason.
+
+    ``fabric``: also run the split cluster on :data:`LOADED_FABRIC`, where the
+    hand-offs between the nodes contend for one slow NIC a node (what a
+    policy reading ``ClusterView.handoff_estimate`` sees change under load):
+    the same promises, and no link ever carries more than its capacity.
     """
     make = _factory(policy, params)
     probe = make()
@@ -249,5 +294,9 @@ def check_scheduler(
             a = _attempt(make, split, seeds[0], may_refuse=False, faults=True)
             b = _attempt(make, split, seeds[0], may_refuse=False, faults=True)
             assert a == b, f"on the {_kind(split)} cluster with faults, two runs differ"
+        if fabric and split:
+            a = _attempt(make, split, seeds[0], may_refuse=False, fabric=True)
+            b = _attempt(make, split, seeds[0], may_refuse=False, fabric=True)
+            assert a == b, "on the split cluster with a loaded fabric, two runs differ"
     assert accepted, f"the policy's setup refused both clusters: {'; '.join(refusals)}"
     return _kind(accepted[0]) if len(accepted) == 1 else "both"

@@ -379,7 +379,9 @@ def _spread(series: dict[int, float], t0: float, t1: float, rate: float, width: 
 
 
 class _LinkState:
-    __slots__ = ("src", "dst", "base", "usable", "bytes", "busy_s", "load", "peak", "series")
+    __slots__ = (
+        "src", "dst", "base", "usable", "bytes", "busy_s", "load", "peak", "series", "flows",
+    )  # fmt: skip
 
     def __init__(self, link: LinkLike, factor: float = 1.0) -> None:
         self.src = link.src
@@ -391,6 +393,7 @@ class _LinkState:
         self.load = 0.0  # sum of the current rates, bytes/s
         self.peak = 0.0
         self.series: dict[int, float] = {}  # time bucket -> bytes (when a bucket width is set)
+        self.flows = 0  # flows sending on it, a group's once per member that crosses it
 
 
 class _Flow:
@@ -1050,6 +1053,26 @@ class Network:
         dt = self.env.now - self._last
         return self._sent + dt * sum(f.rate * f.n for f in self._flows.values())
 
+    def link_loads(self, links: Iterable[LinkLike]) -> list[tuple[float, float, int]]:
+        """For each of ``links``: its usable rate now (degradation applied, 0
+        while it is down), the sum of the rates of the flows sending on it,
+        and how many flows send on it (a group's once per member that
+        crosses it): the aggregates the sharing keeps, O(1) a link. Lone
+        groups that finished by now leave their links first, as for
+        :meth:`rates`; nothing else changes (a delayed start due now is left
+        to its own event)."""
+        self._catch_up(self.env.now, 0)
+        out = []
+        for link in links:
+            s = self._links.get((link.src, link.dst))
+            if s is None:  # never used: idle, at the capacity it would be given
+                key = (link.src, link.dst)
+                usable = 0.0 if key in self._down else link.usable_bytes_s
+                out.append((usable * self._factors.get(key, 1.0), 0.0, 0))
+            else:
+                out.append((s.usable, s.load if s.flows else 0.0, s.flows))
+        return out
+
     def rates(self) -> dict[tuple[int, int], float]:
         """Current rate (bytes/s) of every flow still sending, keyed by
         (transfer id, flow index), in creation order."""
@@ -1147,6 +1170,8 @@ class Network:
                 self._states.clear()
             self._states[id(keys)] = got
         _, f.states, f.ustates, f.flat = got
+        for s, m in zip(f.ustates, f.mult.values(), strict=True):
+            s.flows += m
         woke = self._wake(f.mult) if self._parked else False
         if not woke and on.keys().isdisjoint(f.mult.keys()):
             self._parked[f.fid] = f  # alone on its links
@@ -1177,6 +1202,8 @@ class Network:
 
     def _remove(self, f: _Flow) -> None:
         del self._flows[f.fid]
+        for s, m in zip(f.ustates, f.mult.values(), strict=True):
+            s.flows -= m
         self._lazy.pop(f.fid, None)
         if self._parked.pop(f.fid, None) is not None:
             return

@@ -424,6 +424,35 @@ class KVHandoff:
             seq = queue.popleft()
             self._start(seq, seq.prefill_instance, d)
 
+    def paths(self, src: int, dst: int) -> list[tuple[FlowSpec, int]]:
+        """The shards' paths from instance ``src`` to ``dst`` (:func:`shard_paths`),
+        kept: routing is static and an instance's GPUs never change."""
+        pair = (src, dst)
+        paths = self._paths.get(pair)
+        if paths is None:
+            paths = self._paths[pair] = shard_paths(
+                self.topology, self.gpus[src], self.gpus[dst], multi_nic=self.config.multi_nic
+            )
+        return paths
+
+    def costs(self, dst: int, tokens: int, layer_s: float) -> tuple[HandoffCosts, float, float]:
+        """The fixed costs of moving ``tokens`` tokens of KV to instance ``dst``
+        (``layer_s`` > 0: streamed over layers of that length), with their
+        delays before the first byte and after the last."""
+        config = self.config
+        # what handoff_costs reads of the blocks: all of them, or whether there is one
+        if config.descriptors == "block":
+            n = blocks_for(tokens, self.engines[dst].kv.block_size)
+        else:
+            n = 1 if tokens > 0 else 0
+        got = self._costs.get((n, layer_s))
+        if got is None:
+            if len(self._costs) >= 4096:
+                self._costs.clear()
+            costs = handoff_costs(config, n, self.layers, layer_s)
+            got = self._costs[n, layer_s] = (costs, costs.before_s, costs.after_s)
+        return got
+
     def _start(self, seq: Sequence, src: int, dst: int, stream_s: float | None = None) -> None:
         if seq.state == LOST:
             return
@@ -437,31 +466,13 @@ class KVHandoff:
         # The flows are immutable: those of a size moved before are taken again.
         flows = self._sized.get((src, dst, kv_bytes))
         if flows is None:
-            pair = (src, dst)
-            paths = self._paths.get(pair)
-            if paths is None:
-                paths = self._paths[pair] = shard_paths(
-                    self.topology, self.gpus[src], self.gpus[dst], multi_nic=self.config.multi_nic
-                )
             if len(self._sized) >= 4096:
                 self._sized.clear()
-            flows = sized_flows(paths, len(self.gpus[src]), kv_bytes)
+            flows = sized_flows(self.paths(src, dst), len(self.gpus[src]), kv_bytes)
             self._sized[src, dst, kv_bytes] = flows
         now = self.env.now
         layer_s = 0.0 if stream_s is None else stream_s / self.layers
-        config = self.config
-        # what handoff_costs reads of the blocks: all of them, or whether there is one
-        if config.descriptors == "block":
-            n = blocks_for(tokens, engine.kv.block_size)
-        else:
-            n = 1 if tokens > 0 else 0
-        got = self._costs.get((n, layer_s))
-        if got is None:
-            if len(self._costs) >= 4096:
-                self._costs.clear()
-            costs = handoff_costs(config, n, self.layers, layer_s)
-            got = self._costs[n, layer_s] = (costs, costs.before_s, costs.after_s)
-        costs, before_s, after_s = got
+        costs, before_s, after_s = self.costs(dst, tokens, layer_s)
         # Layer l's KV exists after l/L of the iteration: a stream starts one
         # layer late (or once the control round trip and registration are
         # done, when later).

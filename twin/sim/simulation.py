@@ -40,6 +40,7 @@ from twin.scheduler import (
 )
 from twin.serving.cluster import EngineView, Placement
 from twin.serving.engine import Engine
+from twin.serving.fabric import HandoffFabric
 from twin.serving.handoff import KVHandoff, pick_decode_with, rerouter
 from twin.serving.kvcache import BlockManager, blocks_for
 from twin.serving.kvpool import KVPools
@@ -375,7 +376,10 @@ class Simulation:
             self._make_engine(p, role, gpu, tp, pp, ep, dp)
         slo = Objectives(spec.slo.ttft_s, spec.slo.tpot_s)
         pools = self.pools.prefix if self.pools else None
-        self.view = ClusterView(views, lambda: self.env.now, slo, pools, rng=self.rng_scheduler)
+        fabric = HandoffFabric(self.handoff) if self.handoff is not None else None
+        self.view = ClusterView(
+            views, lambda: self.env.now, slo, pools, rng=self.rng_scheduler, fabric=fabric
+        )
         pick = pick_decode_with(self.scheduler, self.view)
 
     def _make_engine(
