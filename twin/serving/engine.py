@@ -655,6 +655,24 @@ class Engine:
         if self.on_idle is not None:
             self.on_idle(self)
 
+    def let_go(
+        self, hashes: Sequence_[int], *, write_down: bool, stamps: Sequence_[int] | None = None
+    ) -> None:
+        """A retention policy lets the idle cached units among ``hashes`` go now
+        (written down to the tiers below when ``write_down``; with ``stamps``,
+        those of :meth:`cached_stamps`, a unit used since is kept; see
+        :meth:`PrefixCache.let_go`)."""
+        cache = self.cache
+        if cache is None or not self.up:
+            return
+        self.sync()  # inside a fast-forwarded stretch: the state stepping shows now
+        if cache.let_go(hashes, write_down=write_down, stamps=stamps):
+            self._blocks_freed()
+
+    def cached_stamps(self, hashes: Sequence_[int]) -> list[int]:
+        """The last-use stamps of the cached ``hashes`` (-1: not cached here)."""
+        return self.cache.stamps(hashes) if self.cache is not None else [-1] * len(hashes)
+
     def holds_work(self) -> bool:
         """Whether anything is queued, admitted, waiting to move or reserved here."""
         return bool(self.waiting or self.running or self.handoff or self._landed or self.reserved)

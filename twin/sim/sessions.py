@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from twin._clock import arrival_at
+from twin._clock import arrival_at, at
 from twin.request import Request
 from twin.serving.observer import Observer, Outcome
 from twin.sim.metrics import Distribution
 
 if TYPE_CHECKING:
+    from twin.serving.engine import Engine
     from twin.serving.sequence import Sequence
     from twin.workload.sessions import Sessions
 
@@ -35,11 +36,20 @@ class SessionDriver(Observer):
     due: the arrivals are over only when it is 0."""
 
     def __init__(
-        self, env: simpy.Environment, sessions: Sessions, send: Callable[[Request], None]
+        self,
+        env: simpy.Environment,
+        sessions: Sessions,
+        send: Callable[[Request], None],
+        engine: Callable[[int], Engine] | None = None,
+        retention: Any = None,
     ) -> None:
         self.env = env
         self.sessions = sessions
         self.send = send
+        self.engine = engine  # instance id -> its engine
+        # the hook asked at each turn's end: decide(session) -> (policy, ttl_s)
+        self.retention = retention if retention is not None else sessions.retention
+        self.let_go = 0  # turns whose KV a retention policy let go (or set a TTL on)
         self.live = 0
         self.started = 0
         self.completed = 0
@@ -68,6 +78,8 @@ class SessionDriver(Observer):
             self._end(s.index)
             return
         self.turns_done += 1
+        if seq is not None:
+            self._retain(req, seq, instance)
         if seq is not None and seq.t_first_token >= 0.0:
             self.turn_ttft[s.turn].add(seq.t_first_token - req.arrival_s)
         if s.last:
@@ -87,6 +99,32 @@ class SessionDriver(Observer):
         )  # fmt: skip
         arrival_at(self.env, follow.arrival_s).callbacks.append(lambda _ev: self.send(follow))  # type: ignore[union-attr]
 
+    def _retain(self, req: Request, seq: Sequence, instance: int) -> None:
+        """Apply the retention policy to the turn's own KV (its prompt blocks past
+        the shared system prompt) where it is cached: the instance that
+        prefilled it and the one that decoded it."""
+        assert req.session is not None
+        policy, ttl = self.retention.decide(req.session)
+        if policy == "keep" or self.engine is None:
+            return
+        own = req.prefix_hashes[self.sessions.system_prompt_len // self.sessions.block_tokens :]
+        if not own:
+            return
+        self.let_go += 1
+        for i in dict.fromkeys((seq.prefill_instance, instance)):
+            if i < 0:
+                continue
+            eng = self.engine(i)
+            if policy == "ttl":
+                stamps = eng.cached_stamps(own)
+
+                def expire(_ev: object, e: Engine = eng, s: list[int] = stamps) -> None:
+                    e.let_go(own, write_down=False, stamps=s)
+
+                at(self.env, self.env.now + ttl, expire)
+            else:
+                eng.let_go(own, write_down=policy == "offload")
+
     def _end(self, index: int) -> None:
         self.live -= 1
         del self._start[index]
@@ -98,6 +136,9 @@ class SessionDriver(Observer):
             "completed": self.completed,
             "abandoned": self.abandoned,
             "turns_completed": self.turns_done,
+            "retention": self.sessions.retention.policy
+            if self.retention is self.sessions.retention
+            else type(self.retention).__name__,
             "duration_s": self.durations.summary(),
             "ttft_by_turn_s": {str(t): d.summary() for t, d in sorted(self.turn_ttft.items())},
         }

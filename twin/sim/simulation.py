@@ -234,7 +234,10 @@ class Simulation:
     each link's bytes per time bucket of that width; ``trace`` (a
     :class:`twin.sim.trace.TraceRecorder`) records iteration and transfer spans;
     ``observers`` are told what happens as it happens
-    (:class:`twin.serving.observer.Observer`); ``keep_requests`` keeps every
+    (:class:`twin.serving.observer.Observer`); ``retention`` replaces a session
+    workload's KV retention policy with one's own (an object with
+    ``decide(session) -> (policy, ttl_s)``, :class:`twin.workload.sessions.Retention`);
+    ``keep_requests`` keeps every
     request's row in the Result (``Result.requests``; memory grows with the
     run). An observer that wants every iteration (the log and the trace do)
     turns the engines' fast-forward off."""
@@ -252,6 +255,7 @@ class Simulation:
         trace: TraceRecorder | None = None,
         observers: Iterable[Observer] = (),
         keep_requests: bool = False,
+        retention: Any = None,
     ) -> None:
         self.spec = spec
         self._rows: list[dict[str, Any]] | None = [] if keep_requests else None
@@ -277,7 +281,7 @@ class Simulation:
         subscribers.extend(observers)
         lengths = spec.workload.lengths
         self.sessions = (
-            SessionDriver(self.env, lengths, self._arrive_one)
+            SessionDriver(self.env, lengths, self._arrive_one, lambda i: self.engines[i], retention)
             if isinstance(lengths, Sessions)
             else None
         )

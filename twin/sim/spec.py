@@ -77,6 +77,7 @@ from twin.sim.faults import (
 from twin.sim.metrics import SLO
 from twin.sim.scaling import ScalingKeys
 from twin.sim.timeline import DEFAULT_WINDOW_S
+from twin.workload.sessions import Sessions
 from twin.workload.stream import WorkloadSpec
 
 PLACEMENTS = ("packed", "interleaved")
@@ -727,6 +728,7 @@ def resolve_spec(
                 tiers, value=dataclasses.replace(tiers.value, remote=remote.value)
             )
             out["kv_tiers"] = {**tiers.written, "remote": remote.written}
+    _check_retention(workload, engine.prefix_caching, "kv_tiers" in top_read.given, where)
     # Only when given, so that specs without it keep their resolved form and sha256.
     output = read(OutputKeys, top.output, f"{where}: output")
     if "output" in top_read.given:
@@ -772,3 +774,16 @@ def resolve_spec(
         ),
     )
     return placed(spec) if place else spec
+
+
+def _check_retention(workload: WorkloadSpec, caching: bool, tiers: bool, where: str) -> None:
+    """A session workload's KV retention needs what it acts on: a prefix cache,
+    and for ``offload`` the tiers it writes down to."""
+    lengths = workload.lengths
+    if not isinstance(lengths, Sessions) or lengths.retention.policy == "keep":
+        return
+    key = f"{where}: workload.lengths.sessions.retention.policy: {lengths.retention.policy}"
+    if not caching:
+        raise SpecError(f"{key} acts on the prefix cache; set engine.prefix_caching: true")
+    if lengths.retention.policy == "offload" and not tiers:
+        raise SpecError(f"{key} writes a session's KV down to the tiers; give kv_tiers")

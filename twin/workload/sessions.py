@@ -19,7 +19,9 @@ the next ones arrive: the load a cluster sees depends on how fast it serves.
   ``{dist: fixed, value: S}``, ``{dist: exponential, mean: S}`` or
   ``{dist: lognormal, median | mean: S, sigma | cv: X}``;
 - ``system_prompt_len``: tokens of a system prompt every session shares (0);
-- ``block_tokens``: tokens per prefix hash (16, vLLM's block).
+- ``block_tokens``: tokens per prefix hash (16, vLLM's block);
+- ``retention``: what the server does with a session's KV between its turns,
+  ``{policy: keep | drop | ttl | offload, ttl: DURATION}`` (:class:`Retention`).
 
 Turn ``t`` (from 0) of a session therefore sends
 ``S + F + sum_{j<t} (O_j + G_{j+1})`` tokens, where ``S`` is the system prompt,
@@ -54,6 +56,7 @@ from typing import TYPE_CHECKING
 from twin._check import check_keys, is_int, is_number
 from twin.errors import SpecError
 from twin.request import Session, Turn
+from twin.units import parse_duration
 
 if TYPE_CHECKING:
     import numpy as np
@@ -65,11 +68,18 @@ VLLM_BLOCK_TOKENS = 16
 arguments); prefix caching hashes whole blocks."""
 
 KEYS = ("turns", "first_prompt", "growth", "output", "think", "system_prompt_len",
-        "block_tokens")  # fmt: skip
+        "block_tokens", "retention")  # fmt: skip
+RETENTION = ("keep", "drop", "ttl", "offload")
 REQUIRED = KEYS[:5]
 THINK_DISTS = ("fixed", "exponential", "lognormal")
 
 _NUMBER = {"type": "number", "minimum": 0}
+RETENTION_SCHEMA = {
+    "type": "object",
+    "required": ["policy"],
+    "properties": {"policy": {"enum": list(RETENTION)}, "ttl": {"type": "string"}},
+    "additionalProperties": False,
+}
 THINK_SCHEMA = {
     "type": "object",
     "required": ["dist"],
@@ -139,6 +149,56 @@ def _seconds(m: Mapping[str, object], key: str, where: str) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class Retention:
+    """What the serving side does with a session's own KV (its prompt blocks
+    past the shared system prompt) when a turn ends, until the next turn:
+
+    - ``keep``: it stays cached, evicted least recently used first as any
+      prefix (vLLM's automatic prefix caching; the default);
+    - ``drop``: it is evicted at once (a server that frees a conversation's
+      KV when the answer is sent: no reuse between turns);
+    - ``ttl``: it stays for ``ttl_s``, then is evicted unless a turn used it
+      again (a session cache with an expiry, as an agent framework's pinned
+      context);
+    - ``offload``: it is written down to the KV tiers below HBM at once
+      (``kv_tiers``), freeing HBM once written (LMCache-style offload of an
+      idle conversation), and loaded back from there by the next turn.
+
+    The hook: :class:`twin.sim.sessions.SessionDriver` asks ``decide(session)``
+    at each turn's end (the turn just ended); a policy of one's own is any
+    object with that method returning ``(policy, ttl_s)``, given to
+    :class:`~twin.sim.simulation.Simulation` as ``retention=``."""
+
+    policy: str = "keep"
+    ttl_s: float = 0.0
+
+    @classmethod
+    def from_mapping(cls, m: object, where: str) -> Retention:
+        if not isinstance(m, Mapping):
+            raise SpecError(f"{where}: {m!r} is not a mapping; expected {{policy: keep}}")
+        check_keys(m, where, ("policy",), ("ttl",))
+        policy = m["policy"]
+        if policy not in RETENTION:
+            raise SpecError(
+                f"{where}.policy: {policy!r} unknown; expected one of {', '.join(RETENTION)}"
+            )
+        if (policy == "ttl") != ("ttl" in m):
+            raise SpecError(f"{where}: ttl goes with policy: ttl, and policy: ttl needs one")
+        ttl = 0.0
+        if "ttl" in m:
+            try:
+                ttl = parse_duration(m["ttl"])  # type: ignore[arg-type]
+            except (TypeError, ValueError) as e:
+                raise SpecError(f"{where}.ttl: {m['ttl']!r} is not a duration ({e})") from None
+            if not 0 <= ttl < math.inf:
+                raise SpecError(f"{where}.ttl: {m['ttl']!r} must be a finite duration >= 0")
+        return cls(str(policy), ttl)
+
+    def decide(self, session: Session) -> tuple[str, float]:
+        return self.policy, self.ttl_s
+
+
+@dataclass(frozen=True, slots=True)
 class Sessions:
     """The session workload of the module (see there)."""
 
@@ -149,6 +209,7 @@ class Sessions:
     think: ThinkTime
     system_prompt_len: int = 0
     block_tokens: int = VLLM_BLOCK_TOKENS
+    retention: Retention = Retention()
 
     def __post_init__(self) -> None:
         if not is_int(self.system_prompt_len) or self.system_prompt_len < 0:

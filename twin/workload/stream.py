@@ -113,7 +113,14 @@ from twin.workload.schedule import (
 )
 from twin.workload.sessions import KEYS as SESSION_KEYS
 from twin.workload.sessions import REQUIRED as SESSION_REQUIRED
-from twin.workload.sessions import THINK_SCHEMA, VLLM_BLOCK_TOKENS, Sessions, ThinkTime
+from twin.workload.sessions import (
+    RETENTION_SCHEMA,
+    THINK_SCHEMA,
+    VLLM_BLOCK_TOKENS,
+    Retention,
+    Sessions,
+    ThinkTime,
+)
 from twin.workload.shared_prefix import SCHEMA as SHARED_PREFIX_SCHEMA
 from twin.workload.shared_prefix import SharedPrefix
 from twin.workload.traces import (
@@ -190,7 +197,8 @@ LENGTHS_SCHEMA = {
              "properties": {"turns": _MARGINAL, "first_prompt": _MARGINAL, "growth": _MARGINAL,
                             "output": _MARGINAL, "think": THINK_SCHEMA,
                             "system_prompt_len": {"type": "integer", "minimum": 0},
-                            "block_tokens": {"type": "integer", "minimum": 1}}}}},
+                            "block_tokens": {"type": "integer", "minimum": 1},
+                            "retention": RETENTION_SCHEMA}}}},
     ]
 }  # fmt: skip
 PREFIXES_SCHEMA = {
@@ -523,12 +531,19 @@ def _sessions(value: object, where: str) -> Sessions:
     def law(key: str) -> Marginal:
         return _scoped(_marginal, value[key], f"{where}.{key}")
 
+    turns, first, growth, output = (law(k) for k in ("turns", "first_prompt", "growth", "output"))
+    think = ThinkTime.from_mapping(value["think"], f"{where}.think")
+    retention = (
+        Retention.from_mapping(value["retention"], f"{where}.retention")
+        if "retention" in value
+        else Retention()
+    )
     try:
         return Sessions(
-            law("turns"), law("first_prompt"), law("growth"), law("output"),
-            ThinkTime.from_mapping(value["think"], f"{where}.think"),
+            turns, first, growth, output, think,
             value.get("system_prompt_len", 0),  # type: ignore[arg-type]
             value.get("block_tokens", VLLM_BLOCK_TOKENS),  # type: ignore[arg-type]
+            retention,
         )  # fmt: skip
     except SpecError as e:
         raise SpecError(f"{where}: {e}") from None
