@@ -29,6 +29,7 @@ MEASURED: dict[str, str] = {
     "validate-perf-azure-code": "twin validate perf --data ../shared/data --workload azure-code",
     "validate-perf-mooncake": "twin validate perf --data ../shared/data --workload mooncake",
     "bench": "twin bench --sizes 10k,100k",
+    "classes": "twin run classes",
     "fabric-aware": "twin run fabric-aware",
 }
 

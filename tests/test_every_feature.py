@@ -7,8 +7,9 @@ stepping.
 A spec draws a policy of this project (:data:`POLICIES`) on its cluster
 (colocated or split), the KV hand-off (push or pull, serialized or
 layer-wise), 1 or 2 pipeline stages, a fault timeline and random failures,
-KV tiers or a KV pool, a policy that scales, a rate schedule, and a trace
-with shared prefixes (written once per session, from a seeded generator).
+KV tiers or a KV pool, a policy that scales, a rate schedule, client
+time-outs, and a trace with shared prefixes (written once per session, from a
+seeded generator).
 The default run holds a short version; ``-m slow`` the long one.
 """
 
@@ -134,6 +135,9 @@ def specs(draw) -> dict[str, Any]:
                 "think": {"dist": "exponential", "mean": draw(st.sampled_from([0.0, 0.2]))},
                 "system_prompt_len": 64}},
         }  # fmt: skip
+    timeout = draw(st.sampled_from([None, "0.15 s", "0.4 s", "1 s"]))  # clients that give up
+    if timeout is not None:
+        spec["workload"]["timeout"] = timeout
     schedule = draw(st.sampled_from(SCHEDULES))
     if schedule is not None:
         spec["workload"]["rate_schedule"] = schedule

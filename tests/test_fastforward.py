@@ -103,6 +103,9 @@ def runs(draw, policy: str | None = None):
         "max_requests": draw(st.integers(5, 60)),
         "priority": {0: 1, 1: 1, 2: 1},
     }
+    timeout = draw(st.sampled_from([None, 0.2, 0.7, 2.0]))  # clients that give up
+    if timeout is not None:
+        workload["timeout"] = timeout
     events = []
     for _ in range(draw(st.integers(0, 3))):
         action = draw(st.sampled_from(["fail", "recover", "degrade", "restore"]))
@@ -145,8 +148,9 @@ def outcome(kind: str, data: dict, ff: bool, perf=None):
 @given(data=st.data(), model=st.sampled_from(["spec", "profile", "distserve"]))
 def test_whole_runs_fast_forwarded_are_those_stepped(policy, data, model):
     """Every timestamp, counter and summary of a run, colocated or split, with
-    preemptions, chunked prefill, failures and throttled GPUs, is the same to
-    the last bit with fast-forward as stepping, under each queue policy."""
+    preemptions, chunked prefill, failures, throttled GPUs and client time-outs,
+    is the same to the last bit with fast-forward as stepping, under each queue
+    policy."""
     kind, data = data.draw(runs(policy))
     perf = {"spec": None, "profile": table(), "distserve": fit()}[model]
     stepped, n_stepped = outcome(kind, data, False, perf)

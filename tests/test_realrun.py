@@ -120,6 +120,7 @@ def test_reads_an_inference_perf_run_folder(tmp_path):
         read_run(d)
     run = read_run(d, gpu="h100-sxm")
     assert run.key == "run-a" and run.stages == ((1.0, 4.0), (2.0, 4.0)) and not run.overloaded
+    assert run.completed == 3  # the summary report's successes.count
     assert run.actual[-1]["e2e_mean"] == 1.0 and run.actual[1]["ttft_p90"] == pytest.approx(0.3)
     assert run.actual[0]["itl_mean"] == pytest.approx((0.8 - 0.05) / 6)
     assert run.output_means()[0] == pytest.approx(7.0)
@@ -331,3 +332,30 @@ def test_inline_models_from_config_json_count_their_parameters(realruns, name, b
     assert spec.layers == config.get("text_config", config)["num_hidden_layers"]
     if "FP8" in name:
         assert spec.weight_dtype_bytes == 1 and spec.experts == 16 and spec.shared_experts == 1
+
+
+def test_the_client_time_out_comes_from_the_run_config(tmp_path):
+    """inference-perf's ``load.request_timeout``, or aiohttp's 300 s when it is
+    null or left out."""
+    run = read_run(make_run_folder(tmp_path, with_records=False), gpu="h100-sxm")
+    assert run.spec["workload"]["timeout"] == "300 s"  # profile.yaml leaves it out
+    d = make_run_folder(tmp_path, name="run-b")
+    profile = json.loads((d / "profile.yaml").read_text())
+    profile["load"]["request_timeout"] = 60
+    (d / "profile.yaml").write_text(json.dumps(profile))
+    assert read_run(d, gpu="h100-sxm").spec["workload"]["timeout"] == "60 s"
+    profile["load"]["request_timeout"] = "soon"
+    (d / "profile.yaml").write_text(json.dumps(profile))
+    with pytest.raises(TwinError, match=r"run-b: load.request_timeout: 'soon'"):
+        read_run(d, gpu="h100-sxm")
+
+
+def test_the_overloaded_runs_of_the_data_time_out_at_300_s(realruns):
+    """They state ``request_timeout: null`` (their failed requests end 300 to 301 s
+    after their sends); a run without a load generator config states none."""
+    overloaded = [r for r in read_runs(realruns) if r.overloaded]
+    assert len(overloaded) == 4
+    assert {r.spec["workload"].get("timeout") for r in overloaded} == {"300 s"}
+    # 4800 sent, 4068 failed (the manifest): the report sets the twin's count beside it
+    assert overloaded[0].completed == 4800 - 4068
+    assert "timeout" not in read_run(realruns / AGGREGATE).spec["workload"]

@@ -127,20 +127,24 @@ def _run_spec(spec: Any, files: dict[str, str | None], bucket: float | None) -> 
 
         recorder = TraceRecorder()
     # The simulation's modules load once the spec is known to be good.
-    from twin.sim.metrics import REQUEST_COLUMNS
+    from twin.sim.metrics import request_columns
     from twin.sim.simulation import Simulation
 
     parquet = None
     if files["requests_parquet"]:
         from twin.sim.frames import RequestParquet
 
-        parquet = RequestParquet(files["requests_parquet"], {"pd-twin.spec_sha256": spec.sha256})
+        parquet = RequestParquet(
+            files["requests_parquet"], {"pd-twin.spec_sha256": spec.sha256},
+            classes=bool(spec.workload.classes),
+        )  # fmt: skip
     csv_file = None
     try:
         csv_file = _open_out(files["requests_csv"]) if files["requests_csv"] else None
         sinks: list[Any] = []
         if csv_file is not None:
-            writer = csv.DictWriter(csv_file, fieldnames=REQUEST_COLUMNS, lineterminator="\n")
+            columns = request_columns(bool(spec.workload.classes))
+            writer = csv.DictWriter(csv_file, fieldnames=columns, lineterminator="\n")
             writer.writeheader()
             sinks.append(writer.writerow)
         if parquet is not None:
@@ -343,12 +347,14 @@ def cmd_validate_replay(args: argparse.Namespace) -> int:
 
 
 def _measured_run(path: str | None) -> bool:
-    """Whether ``path`` names a measured run (a folder, or DIR/KEY of a folder with a
-    manifest.csv) rather than a spec."""
+    """Whether ``path`` names a measured run (a folder, DIR/KEY of a folder with a
+    manifest.csv, a vllm bench serve result) rather than a spec."""
     if path is None:
         return False
+    from twin.studies.benchrun import bench_file
+
     p = Path(path)
-    return p.is_dir() or (p.parent / "manifest.csv").is_file()
+    return p.is_dir() or (p.parent / "manifest.csv").is_file() or bench_file(p) is not None
 
 
 def cmd_validate_real_run(args: argparse.Namespace) -> int:
@@ -932,7 +938,12 @@ def cmd_plot(args: argparse.Namespace) -> int:
             while label in runs:
                 label += "'"
             runs[label] = path
-        written += plot_cdfs(runs, out / "requests-cdf", opts=_plot_options(args, sweep=False))
+        written += plot_cdfs(
+            runs, out / "requests-cdf", opts=_plot_options(args, sweep=False),
+            by_class=args.by_class,
+        )  # fmt: skip
+    elif args.by_class:
+        raise TwinError("twin plot: --by-class: applies to --requests")
     if args.window and not args.trace:
         raise TwinError("twin plot: --window: applies to --trace")
     if args.trace:
@@ -1257,6 +1268,10 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument(
         "--requests", nargs="+", metavar="CSV", help="TTFT/TPOT CDFs of these --requests-csv files"
     )
+    pt.add_argument(
+        "--by-class", action="store_true",
+        help="--requests: a line per class of traffic of each file (its class column)",
+    )  # fmt: skip
     pt.add_argument("--trace", metavar="FILE", help="a timeline of this --trace-out file")
     pt.add_argument(
         "--window", metavar="START,END", help="the --trace timeline from START to END seconds"

@@ -15,6 +15,8 @@ class Request:
     is the number of prompt tokens each hash covers (512 in the Mooncake trace).
     ``priority`` orders it under the ``priority`` queue policy (lower first,
     as vLLM's priority scheduling; 0 unless the workload gives one).
+    ``traffic_class`` names its class of traffic (``workload.classes``; empty
+    without classes): its SLO, and its priority, which is the class's.
     ``session`` places it in a session of turns (:mod:`twin.workload.sessions`):
     None for a request on its own.
     """
@@ -26,6 +28,7 @@ class Request:
     prefix_hashes: tuple[int, ...] = ()
     prefix_block_tokens: int = 0
     priority: int = 0
+    traffic_class: str = ""
     session: Session | None = None
 
 

@@ -6,7 +6,8 @@ watermark); running sequences grow a block at a time; when a decode step finds
 no free block, the most recently admitted sequence is preempted and will be
 recomputed (its prompt plus the tokens it had produced are prefilled again).
 The queue's order and the preemption victim are the spec's queue policy's
-(:mod:`twin.serving.queuepolicy`; FCFS by default).
+(:mod:`twin.serving.queuepolicy`; FCFS by default); with classes of traffic
+the victim is of the lowest class running (:mod:`twin.workload.classes`).
 With ``chunked_prefill`` the iteration carries every running decode first and
 fills the rest of a token budget with prefill chunks (Sarathi-Serve style).
 
@@ -481,6 +482,8 @@ class Engine:
 
     # -- input -----------------------------------------------------------------------
     def submit(self, seq: Sequence) -> None:
+        if seq.state == LOST:
+            return  # its client gave up while its prefix was loading (twin.serving.abandon)
         if not self.up:  # it failed while the request was on its way (a KV-pool load)
             assert self.on_lost is not None
             self.on_lost(seq)
@@ -1036,9 +1039,21 @@ class Engine:
         return self.decode_count > 0
 
     def _victim(self) -> Sequence:
-        if self._pick_victim is not None:
-            lane = self._lane
+        """The decoding request to preempt: of the lowest class of traffic
+        among them (the largest priority), then the queue policy's choice
+        among those, else the most recently admitted."""
+        lane = self._lane
+        first = next(iter(self.running.values()), None)
+        classes = first is not None and first.req.traffic_class != ""
+        if self._pick_victim is not None or classes:
             running = [s for s in self.running.values() if s.state == DECODE and s.lane == lane]
+            if not running:
+                raise AssertionError("no decoding sequence to preempt")
+            if classes:
+                lowest = max(s.req.priority for s in running)
+                running = [s for s in running if s.req.priority == lowest]
+            if self._pick_victim is None:
+                return running[-1]
             victim = self._pick_victim(running)
             if not any(s is victim for s in running):
                 raise SpecError(
@@ -1047,7 +1062,7 @@ class Engine:
                 )
             return victim  # type: ignore[return-value]  # one of ours, just checked
         for s in reversed(self.running.values()):
-            if s.state == DECODE and s.lane == self._lane:
+            if s.state == DECODE and s.lane == lane:
                 return s
         raise AssertionError("no decoding sequence to preempt")
 

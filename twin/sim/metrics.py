@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -253,6 +253,15 @@ REQUEST_COLUMNS = (
 )
 
 
+CLASS_COLUMN = "class"  # after REQUEST_COLUMNS, in a run with classes of traffic only
+
+
+def request_columns(classes: bool = False) -> tuple[str, ...]:
+    """The per-request columns of a run: :data:`REQUEST_COLUMNS`, then the
+    request's class of traffic when the workload has ``classes``."""
+    return (*REQUEST_COLUMNS, CLASS_COLUMN) if classes else REQUEST_COLUMNS
+
+
 class Metrics(Observer):
     """Folds ended requests into summaries; optionally streams one row each to
     ``on_row`` (a dict keyed by :data:`REQUEST_COLUMNS`).
@@ -282,7 +291,10 @@ class Metrics(Observer):
     the instants; the rule is applied here, and only here.
 
     ``timeline`` (a :class:`~twin.sim.timeline.Timeline`), when given, gets the
-    same requests and the instances' changes, window by window."""
+    same requests and the instances' changes, window by window.
+
+    ``classes`` (name -> SLO, for a workload with classes of traffic): each
+    request is judged against its class's SLO, and its row names its class."""
 
     def __init__(
         self,
@@ -292,8 +304,10 @@ class Metrics(Observer):
         timeline: Timeline | None = None,
         faults: bool = False,
         scales: Seq[tuple[float, float]] = (),
+        classes: Mapping[str, SLO] | None = None,
     ) -> None:
         self.slo = slo
+        self.classes = classes
         # SLO attainment counted again with TTFT and TPOT scaled by each
         # (TTFT factor, TPOT factor) pair (twin.sim.intervals)
         self.scales = tuple(scales)
@@ -376,7 +390,8 @@ class Metrics(Observer):
             first, max_gap = s.t_decode_start, max(s.max_gap, s.decode_gap)
         else:
             first, max_gap = s.t_first_token, max(s.max_gap, s.landing_gap)
-        client = self.slo.client_latency_s
+        slo = self.slo if self.classes is None else self.classes[req.traffic_class]
+        client = slo.client_latency_s
         ttft = first - req.arrival_s + client
         e2e = s.t_finish - req.arrival_s + client
         queue = s.t_scheduled - req.arrival_s
@@ -395,15 +410,15 @@ class Metrics(Observer):
             sent_from = max(s.t_transfer_start, s.t_prefill_done)
             transfer = s.t_transfer_end - sent_from
             self.transfer.add(transfer)
-        ttft_ok = ttft <= self.slo.ttft_s
-        tpot_ok = tpot is None or tpot <= self.slo.tpot_s
+        ttft_ok = ttft <= slo.ttft_s
+        tpot_ok = tpot is None or tpot <= slo.tpot_s
         self.completed += 1
         self.ttft_met += ttft_ok
         self.tpot_met += tpot_ok
         self.slo_met += ttft_ok and tpot_ok
         for i, (ft, fp) in enumerate(self.scales):
-            self.scaled_met[i] += _within(ttft, ft, self.slo.ttft_s) and (
-                tpot is None or _within(tpot, fp, self.slo.tpot_s)
+            self.scaled_met[i] += _within(ttft, ft, slo.ttft_s) and (
+                tpot is None or _within(tpot, fp, slo.tpot_s)
             )
         self.output_tokens += req.output_tokens
         self.prompt_tokens += req.prompt_tokens
@@ -464,6 +479,7 @@ class Metrics(Observer):
                     "lost_tokens": s.lost_tokens,
                     "time_lost_s": s.lost_s,
                     **_hit_cells(s),
+                    **self._class_cell(req),
                 }
             )
         self._tally(s)
@@ -506,6 +522,7 @@ class Metrics(Observer):
             self.timeline.ended(req.arrival_s, now, outcome)
         if self.on_row is not None:
             row: dict[str, Any] = dict.fromkeys(REQUEST_COLUMNS, "")
+            row.update(self._class_cell(req))
             row.update(
                 id=req.id,
                 status=status,
@@ -517,6 +534,10 @@ class Metrics(Observer):
                 **counts,
             )
             self.on_row(row)
+
+    def _class_cell(self, req: Request) -> dict[str, str]:
+        """The row's class column, in a run with classes (none without)."""
+        return {} if self.classes is None else {CLASS_COLUMN: req.traffic_class}
 
     def summary(self) -> dict[str, Any]:
         """The stable summary keys (DESIGN.md; other tools read them)."""

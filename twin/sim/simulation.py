@@ -47,6 +47,7 @@ from twin.serving.kvpool import KVPools
 from twin.serving.observer import InstanceInfo, Observer, broadcast
 from twin.serving.sequence import DECODE, HANDOFF, INCOMING, LOST, PREFILL, Sequence
 from twin.serving.tiers import KVTiers, Tier, build_chain, build_remote
+from twin.sim.classmetrics import ByClass, class_slos
 from twin.sim.control import ControlLoop, apply_plan
 from twin.sim.faults import Faults
 from twin.sim.frames import flatten
@@ -63,6 +64,7 @@ from twin.sim.summary import (
     trace_warnings,
 )
 from twin.sim.timeline import Timeline
+from twin.sim.timeouts import ClientTimeouts
 from twin.sim.trace import EventLog, TraceRecorder
 from twin.workload.sessions import Sessions
 from twin.workload.stream import file_sha256, iter_requests, own_rate, time_scale
@@ -129,6 +131,9 @@ class Result:
     # One dict per ended request, in the order they ended (REQUEST_COLUMNS);
     # None when the run did not keep them. Not in to_dict.
     request_rows: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+    # Each class's timeline rows (twin.sim.classmetrics), in a run with classes of
+    # traffic; None, and not in to_dict, without them.
+    class_timelines: dict[str, list[dict[str, Any]]] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.summary, Summary):
@@ -145,6 +150,8 @@ class Result:
         }
         if self.fault_log is not None:
             out["fault_log"] = self.fault_log
+        if self.class_timelines is not None:
+            out["timeline_by_class"] = self.class_timelines
         return out
 
     # -- as data (pandas, imported here only) -----------------------------------------
@@ -266,14 +273,24 @@ class Simulation:
         self.rng_workload = np.random.default_rng(seeds[0])
         self.rng_scheduler = np.random.default_rng(seeds[1])
         self._requests = requests
-        faults = bool(spec.events or spec.failures) or "retry" in spec.resolved
+        timeout = spec.workload.timeout_s
+        faults = bool(spec.events or spec.failures) or "retry" in spec.resolved or bool(timeout)
         self.residuals = spec_residuals(spec)
         scales = attainment_scales(self.residuals) if self.residuals is not None else None
+        classes = spec.workload.classes
+        slos = class_slos(spec.slo, classes) if classes else None
         self.metrics = Metrics(
             spec.slo, on_row, spec.ttft_at, Timeline(spec.window_s), faults=faults,
-            scales=scales or (),
+            scales=scales or (), classes=slos,
         )  # fmt: skip
         subscribers: list[Observer] = [self.metrics]
+        self.by_class = None
+        if slos is not None:
+            self.by_class = ByClass(classes, slos, spec.ttft_at, spec.window_s, faults)
+            subscribers.append(self.by_class)
+        self.timeouts = ClientTimeouts(self, timeout) if timeout is not None else None
+        if self.timeouts is not None:
+            subscribers.append(self.timeouts)
         if log is not None:
             subscribers.append(EventLog(log))
         if trace is not None:
@@ -506,6 +523,10 @@ class Simulation:
     def _route(self, seq: Sequence) -> None:
         """Ask the policy where ``seq``'s next attempt runs, and send it there;
         while no instance can serve it, it waits for one to come back."""
+        if seq.state == LOST:
+            return  # its client gave up while it waited to be retried
+        if self.timeouts is not None:
+            self.timeouts.follow(seq)
         req = seq.req
         if not self._can_serve():
             self._parked.append(seq)
@@ -777,6 +798,8 @@ class Simulation:
         old.state = LOST
         seq = old.retry(now)
         seq.lost_s += now - old.t_attempt
+        if self.timeouts is not None:
+            self.timeouts.follow(seq)
         policy = self.spec.retry
         req = seq.req
         if seq.attempt >= policy.max_attempts:
@@ -834,6 +857,10 @@ class Simulation:
         ):  # GPU -> pool copies (only with a pool: runs without read as before)
             summary["kv_bytes_copied"] = self.pools.bytes_copied
             summary["kv_pool"] = self.pools.summary(self.metrics.prompt_tokens)  # per pool tier
+        class_timelines = None
+        if self.by_class is not None:  # only then: a run without classes reads as before
+            summary["classes"] = self.by_class.summary()
+            class_timelines = self.by_class.timeline_rows(self.metrics.last_end_s)
         occupancy = None
         timeline = self.metrics.timeline_rows()
         if self.tiers is not None:
@@ -870,7 +897,7 @@ class Simulation:
         fault_log = self.faults.log() if self.spec.events or self.spec.failures else None
         return Result(
             self._header(), summary, self._instance_stats(), links, timeline, fault_log,
-            request_rows=self._rows,
+            request_rows=self._rows, class_timelines=class_timelines,
         )  # fmt: skip
 
     def _check_conservation(self) -> None:

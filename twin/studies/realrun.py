@@ -63,6 +63,15 @@ CAMPAIGN_LOADGEN = {"groups": 10, "users": 10, "multi_turn": False}
 # vLLM's default --gpu-memory-utilization (vLLM engine arguments: 0.9).
 VLLM_GPU_MEMORY_UTILIZATION = 0.9
 
+# inference-perf's client time-out (its config's ``load.request_timeout``) when the
+# config leaves it null: the aiohttp session then keeps aiohttp's default
+# ClientTimeout, total = 5 min (inference-perf @7de5ef2,
+# inference_perf/client/modelserver/openai_client.py; aiohttp's client reference).
+# The four overloaded runs of shared/data/realruns agree: their failed requests end
+# 300.0 to 301.0 s after their sends (aiohttp rounds a deadline over 5 s up to the
+# next whole second of its loop's clock).
+AIOHTTP_TOTAL_TIMEOUT_S = 300.0
+
 # A run past saturation (PROVENANCE.md): more than 5% of requests failed or median
 # TTFT over 10 s.
 OVERLOAD_FAILED_SHARE = 0.05
@@ -80,6 +89,7 @@ class RealRun:
     stages: tuple[tuple[float, float], ...]
     actual: dict[int, dict[str, float]]
     overloaded: bool
+    completed: int | None = None  # requests that succeeded in the run (None: not recorded)
 
     def output_means(self) -> dict[int, float]:
         """Per stage, the mean output length the measured ``itl_mean`` divides by:
@@ -96,7 +106,8 @@ class RealRun:
 
 def read_run(path: str | Path, *, gpu: str | None = None) -> RealRun:
     """The run at ``path`` (see the module): a run folder, or ``DATA/<key>`` /
-    ``DATA/runs/<run>`` of a folder with a ``manifest.csv``. ``gpu`` (a catalog name)
+    ``DATA/runs/<run>`` of a folder with a ``manifest.csv``, or a ``vllm bench serve``
+    result or an AIPerf export (:mod:`twin.studies.benchrun`). ``gpu`` (a catalog name)
     is needed where the run's files do not name one (an inference-perf folder)."""
     p = Path(path)
     for data, key in ((p.parent, p.name), (p.parent.parent, p.name)):
@@ -107,6 +118,11 @@ def read_run(path: str | Path, *, gpu: str | None = None) -> RealRun:
             )
             if row is not None:
                 return _manifest_run(data, row, gpu)
+    from twin.studies.benchrun import bench_file, read_bench_run
+
+    kind = bench_file(p)
+    if kind is not None:  # vllm bench serve's result, AIPerf's export
+        return read_bench_run(p, kind, gpu)
     if p.is_dir():
         return _folder_run(p, gpu)
     raise TwinError(
@@ -122,9 +138,20 @@ def read_runs(folder: str | Path, *, gpu: str | None = None) -> list[RealRun]:
         return [_manifest_run(f, row, gpu) for row in _manifest(f).values()]
     if not f.is_dir():
         raise TwinError(f"{f}: not a folder")
-    runs = [_folder_run(d, gpu) for d in sorted(f.iterdir()) if _is_run_folder(d)]
+    from twin.studies.benchrun import bench_file, read_bench_run
+
+    runs = []
+    for d in sorted(f.iterdir()):
+        kind = bench_file(d)
+        if kind is not None:
+            runs.append(read_bench_run(d, kind, gpu))
+        elif _is_run_folder(d):
+            runs.append(_folder_run(d, gpu))
     if not runs:
-        raise TwinError(f"{f}: no manifest.csv and no inference-perf run folder in it")
+        raise TwinError(
+            f"{f}: no manifest.csv and no measured run in it (an inference-perf run folder, "
+            "a vllm bench serve result, an AIPerf export)"
+        )
     return runs
 
 
@@ -172,6 +199,7 @@ def _manifest_run(data: Path, row: Mapping[str, str], gpu: str | None) -> RealRu
     folder = data / "runs" / row["training_run"] if row.get("training_run") else None
     resolved = _read_profile(folder) if folder is not None and folder.is_dir() else None
     sp = _shared_prefix(resolved, where) if resolved is not None else None
+    timeout = _client_timeout(resolved, where) if resolved is not None else None
     if sp is None:
         sp = {
             "system_prompt_len": _int(_number(row, "system_prompt_len", where)),
@@ -197,9 +225,12 @@ def _manifest_run(data: Path, row: Mapping[str, str], gpu: str | None) -> RealRu
         if blocks:
             offload = blocks * VLLM_BLOCK_TOKENS * get_model(model, where).kv_bytes_per_token()
     trace = data / row["trace"] if row.get("trace") else None
-    spec = _spec(key, model, gpu_name, _int(_number(row, "tp", where)) or 1, engine, offload,
-                 stages, sp, trace)  # fmt: skip
-    return RealRun(key, spec, stages, _actuals(data, key), row.get("overloaded") == "True")
+    spec = replay_spec(key, model, gpu_name, _int(_number(row, "tp", where)) or 1, engine,
+                       offload, _workload(stages, sp, trace, timeout))  # fmt: skip
+    sent, failed = _number(row, "n_requests", where), _number(row, "n_failed", where)
+    completed = _int(sent - failed) if sent is not None and failed is not None else None
+    return RealRun(key, spec, stages, _actuals(data, key), row.get("overloaded") == "True",
+                   completed)  # fmt: skip
 
 
 def _actuals(data: Path, key: str) -> dict[int, dict[str, float]]:
@@ -326,6 +357,18 @@ def _shared_prefix(profile: Mapping[str, Any], where: str) -> dict[str, Any] | N
     return out
 
 
+def _client_timeout(profile: Mapping[str, Any], where: str) -> float:
+    """How long the load generator waited for a request (s): its config's
+    ``load.request_timeout``, or aiohttp's default when that is null or left out."""
+    load = profile.get("load") or {}
+    value = load.get("request_timeout") if isinstance(load, Mapping) else None
+    if value is None:
+        return AIOHTTP_TOTAL_TIMEOUT_S
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise TwinError(f"{where}: load.request_timeout: {value!r} is not a number of seconds > 0")
+    return float(value)
+
+
 def _folder_run(folder: Path, gpu: str | None) -> RealRun:
     where = str(folder)
     exp = folder / "exp-config.yaml"
@@ -357,15 +400,18 @@ def _folder_run(folder: Path, gpu: str | None) -> RealRun:
     hf_id = str(args["model"])
     model = _model(hf_id, (folder / "config.json", folder / _config_name(hf_id)), where, False)
     trace = _find(folder, "per_request_lifecycle_metrics.json")
-    spec = _spec(folder.name, model, gpu, int(args.get("tensor_parallelism", 1)), engine,
-                 offload, stages, sp, trace)  # fmt: skip
-    actual, overloaded = _lifecycle(folder, len(stages))
-    return RealRun(folder.name, spec, stages, actual, overloaded)
+    workload = _workload(stages, sp, trace, _client_timeout(profile, where))
+    spec = replay_spec(folder.name, model, gpu, int(args.get("tensor_parallelism", 1)), engine,
+                       offload, workload)  # fmt: skip
+    actual, overloaded, completed = _lifecycle(folder, len(stages))
+    return RealRun(folder.name, spec, stages, actual, overloaded, completed)
 
 
-def _lifecycle(folder: Path, stages: int) -> tuple[dict[int, dict[str, float]], bool]:
+def _lifecycle(folder: Path, stages: int) -> tuple[dict[int, dict[str, float]], bool, int | None]:
+    """Measured per stage, whether past saturation, the requests that succeeded."""
     out: dict[int, dict[str, float]] = {}
     overloaded = False
+    completed = None
     for s in (WHOLE, *range(stages)):
         name = (
             "summary_lifecycle_metrics.json" if s == WHOLE else f"stage_{s}_lifecycle_metrics.json"
@@ -388,34 +434,28 @@ def _lifecycle(folder: Path, stages: int) -> tuple[dict[int, dict[str, float]], 
         if s == WHOLE:
             n_ok = ok.get("count") or 0
             n_bad = (doc.get("failures") or {}).get("count") or 0
-            share = n_bad / (n_ok + n_bad) if n_ok + n_bad else 0.0
-            overloaded = (
-                share > OVERLOAD_FAILED_SHARE or ttft.get("median", 0) > OVERLOAD_MEDIAN_TTFT_S
-            )
-    return out, overloaded
+            overloaded = is_overloaded(n_bad, n_ok + n_bad, ttft.get("median", 0))
+            completed = n_ok
+    return out, overloaded, completed
+
+
+def is_overloaded(failed: int, requests: int, median_ttft_s: float) -> bool:
+    """Past saturation (PROVENANCE.md): more than 5% of the requests failed, or the
+    median TTFT is over 10 s."""
+    share = failed / requests if requests else 0.0
+    return share > OVERLOAD_FAILED_SHARE or median_ttft_s > OVERLOAD_MEDIAN_TTFT_S
 
 
 # --------------------------------------------------------------------------- the spec
 
 
-def _spec(
-    key: str,
-    model: str | dict[str, Any],
-    gpu: str,
-    tp: int,
-    engine: dict[str, Any],
-    offload_bytes: float | None,
+def _workload(
     stages: tuple[tuple[float, float], ...],
     sp: dict[str, Any],
     trace: Path | None,
+    timeout_s: float | None,
 ) -> dict[str, Any]:
-    eng = {
-        "block_size": VLLM_BLOCK_TOKENS,
-        "chunked_prefill": True,
-        "prefix_caching": True,
-        "oversized": "reject",  # vLLM refuses a prompt past max_model_len (HTTP 400)
-        **{k: v for k, v in engine.items() if v is not None},
-    }
+    """An inference-perf run's workload: its per-request trace, else its profile."""
     workload: dict[str, Any]
     if trace is not None:
         workload = {
@@ -437,6 +477,30 @@ def _spec(
                 points.append([f"{t:g} s", rate / rate0])
                 t += d
             workload["rate_schedule"] = {"kind": "steps", "points": points}
+    if timeout_s is not None:  # the load generator's: it gives up on a request then
+        workload["timeout"] = f"{timeout_s:g} s"
+    return workload
+
+
+def replay_spec(
+    key: str,
+    model: str | dict[str, Any],
+    gpu: str,
+    tp: int,
+    engine: dict[str, Any],
+    offload_bytes: float | None,
+    workload: dict[str, Any],
+) -> dict[str, Any]:
+    """The spec that replays a measured vLLM run: its model on one instance of its GPU
+    at its TP, colocated, with vLLM V1's engine (``engine``: its arguments, None for
+    vLLM's default) and the client's latency term; ``workload`` as the run sent it."""
+    eng = {
+        "block_size": VLLM_BLOCK_TOKENS,
+        "chunked_prefill": True,
+        "prefix_caching": True,
+        "oversized": "reject",  # vLLM refuses a prompt past max_model_len (HTTP 400)
+        **{k: v for k, v in engine.items() if v is not None},
+    }
     spec: dict[str, Any] = {
         "name": key,
         "description": f"measured vLLM run {key}, replayed",

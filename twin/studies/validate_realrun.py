@@ -36,8 +36,9 @@ from twin.studies.realrun import (
 
 @dataclass(frozen=True)
 class RunScore:
-    """One replayed run: how many requests the twin replayed and completed, and per
-    (stage, metric) its :class:`~twin.studies.realrun.Score`."""
+    """One replayed run: how many requests the twin replayed and completed, per
+    (stage, metric) its :class:`~twin.studies.realrun.Score`, and how many succeeded
+    in the measured run (of all it sent; a capped replay sends fewer)."""
 
     key: str
     overloaded: bool
@@ -45,6 +46,7 @@ class RunScore:
     completed: int
     stage_requests: int | None
     scores: dict[tuple[int, str], Score]
+    measured_completed: int | None = None  # succeeded in the run (None: not recorded)
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -94,7 +96,7 @@ def replay(
     predicted = twin_metrics(rows, run.stages, output_means=run.output_means())
     done = sum(1 for r in rows if r.get("status") == "completed")
     return RunScore(run.key, run.overloaded, len(rows), done, stage_requests,
-                    score(predicted, run.actual))  # fmt: skip
+                    score(predicted, run.actual), run.completed)  # fmt: skip
 
 
 def _stage_name(s: int) -> str:
@@ -106,6 +108,7 @@ def format_run(r: RunScore) -> str:
     cap = f", first {r.stage_requests} per stage" if r.stage_requests else ""
     lines = [
         f"{r.key}: {r.replayed} requests replayed{cap}, {r.completed} completed by the twin"
+        + (f" ({r.measured_completed} in the run)" if r.measured_completed is not None else "")
         + (" (overloaded in the run: not an accuracy target)" if r.overloaded else ""),
         f"{'stage':<8} {'metric':<10} {'twin':>11} {'measured':>11} {'MAPE':>9} {'signed':>9}",
     ]

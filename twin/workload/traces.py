@@ -30,6 +30,10 @@ Supported formats (``format=`` names):
 ``inference-perf``
     inference-perf's ``per_request_lifecycle_metrics.json``, or those records
     reduced to CSV (gzipped or not); see :mod:`twin.workload.inference_perf`.
+``aiperf``, ``vllm-bench``
+    the successful requests of AIPerf's ``profile_export.jsonl`` and of a ``vllm
+    bench serve --save-result --save-detailed`` JSON at their send times; see
+    :mod:`twin.workload.measured`.
 ``lengths``
     Length-only CSV (ShareGPT / arXiv samples of Sarathi-Serve and Vidur):
     ``num_prefill_tokens,num_decode_tokens,...``; no times, so
@@ -423,9 +427,28 @@ def read_inference_perf(path: str | Path) -> list[TraceRecord]:
     return list(iter_inference_perf(path))
 
 
+def read_aiperf(path: str | Path) -> list[TraceRecord]:
+    """AIPerf's successful requests (:mod:`twin.workload.measured`)."""
+    return _measured(path, "aiperf")
+
+
+def read_vllm_bench(path: str | Path) -> list[TraceRecord]:
+    """A detailed ``vllm bench serve`` result's successful requests."""
+    return _measured(path, "vllm")
+
+
+def _measured(path: str | Path, fmt: str) -> list[TraceRecord]:
+    from twin.workload.measured import read_measured
+
+    run = read_measured(path, fmt)
+    return [TraceRecord(r.send_s, r.prompt_tokens, r.output_tokens) for r in run.requests]
+
+
 ITERATORS: dict[str, Callable[[Path], Iterator[TraceRecord]]] = {
     "azure": iter_azure,
     "inference-perf": iter_inference_perf,
+    "aiperf": lambda p: iter(read_aiperf(p)),
+    "vllm-bench": lambda p: iter(read_vllm_bench(p)),
     "mooncake": iter_mooncake,
     "splitwise": iter_splitwise,
     "vidur": iter_vidur,
@@ -436,6 +459,8 @@ ITERATORS: dict[str, Callable[[Path], Iterator[TraceRecord]]] = {
 READERS: dict[str, Callable[[Path], list[TraceRecord]]] = {
     "azure": read_azure,
     "inference-perf": read_inference_perf,
+    "aiperf": read_aiperf,
+    "vllm-bench": read_vllm_bench,
     "mooncake": read_mooncake,
     "splitwise": read_splitwise,
     "vidur": read_vidur,
@@ -443,7 +468,9 @@ READERS: dict[str, Callable[[Path], list[TraceRecord]]] = {
 }
 """Reader per format name; ``auto`` (see :func:`detect_format`) picks one of these."""
 
-TIMED_FORMATS = frozenset({"azure", "inference-perf", "mooncake", "splitwise", "vidur"})
+TIMED_FORMATS = frozenset(
+    {"aiperf", "azure", "inference-perf", "mooncake", "splitwise", "vidur", "vllm-bench"}
+)
 
 
 def detect_format(path: str | Path) -> str:
@@ -456,6 +483,10 @@ def detect_format(path: str | Path) -> str:
             return "inference-perf"
     with open_text(path, "trace", TraceError) as f:
         first = f.readline(1 << 16).strip()  # a header, not a whole file without newlines
+    if '"request_start_ns"' in first:
+        return "aiperf"
+    if first.startswith("{") and '"input_lens"' in first and '"start_times"' in first:
+        return "vllm-bench"
     if path.suffix in (".jsonl", ".json") or first.startswith("{"):
         return "mooncake"
     if not first:
