@@ -152,6 +152,13 @@ def specs(draw) -> dict[str, Any]:
     elif tiers != "none":
         engine["prefix_caching"] = True
         spec["kv_tiers"] = {"dram": "2 GB"} | ({"ssd": "8 GB"} if tiers == "dram+ssd" else {})
+    sessions = spec["workload"].get("lengths", {}).get("sessions")
+    if sessions is not None:  # what the server keeps of a session between its turns
+        kinds = ["keep", "drop", "ttl"] + (["offload"] if "kv_tiers" in spec else [])
+        kind = draw(st.sampled_from(kinds))
+        engine["session_retention"] = {"policy": kind} | ({"ttl": "0.3 s"} if kind == "ttl" else {})
+        if kind != "keep":
+            engine["prefix_caching"] = True
     if policy == "sla-planner" or draw(st.booleans()):
         spec["scaling"] = {"weights_from": draw(st.sampled_from(["storage", "network"])),
                            "storage_bandwidth": "20 GB/s", "warmup": "0.5 s"}  # fmt: skip

@@ -176,3 +176,75 @@ def test_skip_is_refused_with_sessions():
     data["workload"]["skip"] = 3
     with pytest.raises(SpecError, match="skip applies to a stream of requests"):
         resolve_spec(data, "s.yaml", Path.cwd())
+
+
+@pytest.mark.parametrize(
+    ("retention", "tiers", "hbm", "dram"),
+    [
+        ({"policy": "keep"}, None, 8 * 16, 0),  # the whole prompt of turn 0 is reused
+        ({"policy": "drop"}, None, 2 * 16, 0),  # the shared system prompt only
+        ({"policy": "ttl", "ttl": "2 s"}, None, 8 * 16, 0),  # back within the TTL
+        ({"policy": "ttl", "ttl": "0.5 s"}, None, 2 * 16, 0),  # after it: let go
+        ({"policy": "offload"}, {"dram": "1 GB"}, 2 * 16, 6 * 16),  # from host memory
+    ],
+)
+def test_retention_between_turns(retention, tiers, hbm, dram):
+    # turn 0: 32 system + 100 tokens (8 full blocks, 2 of them the system prompt's);
+    # turn 1 comes 1 s after turn 0's answer
+    data = _spec(engine={"prefix_caching": True, "session_retention": retention})
+    if tiers is not None:
+        data["kv_tiers"] = tiers
+    summary, rows = _run(data)
+    second = rows[1]
+    assert (second["hbm_hit_tokens"], second["dram_hit_tokens"]) == (hbm, dram)
+    assert (
+        summary["sessions"]["completed"] == 1
+        and summary["sessions"]["retention"] == (retention["policy"])
+    )
+
+
+def test_a_retention_policy_of_ones_own_is_asked_at_each_turn_end():
+    asked = []
+
+    class DropAfterTurnOne:
+        def decide(self, session):
+            asked.append(session.turn)
+            return ("drop", 0.0) if session.turn >= 1 else ("keep", 0.0)
+
+    data = _spec(sessions={"turns": {"dist": "fixed", "value": 3}})
+    summary, rows = _run(data, retention=DropAfterTurnOne())
+    assert asked == [0, 1, 2]
+    assert rows[1]["hbm_hit_tokens"] > 2 * 16 and rows[2]["hbm_hit_tokens"] == 2 * 16
+    assert summary["sessions"]["retention"] == "DropAfterTurnOne"
+
+
+@pytest.mark.parametrize(
+    ("retention", "caching", "message"),
+    [
+        ({"policy": "offload"}, True, "give kv_tiers"),
+        ({"policy": "drop"}, False, "prefix_caching: true"),
+        ({"policy": "ttl"}, True, "policy: ttl needs one"),
+        ({"policy": "forever"}, True, "'forever' unknown"),
+    ],
+)
+def test_a_retention_without_what_it_acts_on_is_refused(retention, caching, message):
+    engine = {"prefix_caching": caching, "session_retention": retention}
+    with pytest.raises(SpecError, match=message):
+        resolve_spec(_spec(engine=engine), "s.yaml", Path.cwd())
+
+
+def test_retention_needs_sessions():
+    data = _spec(engine={"prefix_caching": True, "session_retention": {"policy": "drop"}})
+    data["workload"] = {"arrival": {"process": "poisson", "rate": 1.0}, "max_requests": 3,
+                        "lengths": {"prompt": {"dist": "fixed", "value": 100},
+                                    "output": {"dist": "fixed", "value": 10}}}  # fmt: skip
+    with pytest.raises(SpecError, match="acts between a session's turns"):
+        resolve_spec(data, "s.yaml", Path.cwd())
+
+
+def test_a_session_whose_turn_times_out_is_abandoned():
+    data = _spec(sessions={"turns": {"dist": "fixed", "value": 3}})
+    data["workload"]["timeout"] = "10 ms"  # shorter than any turn
+    summary, rows = _run(data)
+    assert [(r["status"], r["reason"]) for r in rows] == [("failed", "timeout")]
+    assert summary["sessions"]["abandoned"] == 1

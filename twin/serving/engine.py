@@ -95,6 +95,7 @@ from twin.serving.sequence import (
     WAITING,
     Sequence,
 )
+from twin.workload.sessions import RETENTION_SCHEMA, Retention
 
 ROLES = ("mixed", "prefill", "decode")
 _EMPTY = Batch()
@@ -170,6 +171,12 @@ class EngineConfig:
         "the order prompts are admitted in: fcfs | priority | shortest-prompt-first, "
         "or {name, ...parameters} (twin.serving.queuepolicy)",
         keep=True,
+    )  # fmt: skip
+
+    session_retention: Retention = declared(
+        {"policy": "keep"}, anything(RETENTION_SCHEMA, Retention.from_mapping),
+        "a session's KV between its turns: {policy: keep | drop | ttl | offload, ttl} "
+        "(twin.workload.sessions.Retention)",
     )  # fmt: skip
 
     def __post_init__(self) -> None:

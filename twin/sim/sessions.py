@@ -23,6 +23,7 @@ from twin._clock import arrival_at, at
 from twin.request import Request
 from twin.serving.observer import Observer, Outcome
 from twin.sim.metrics import Distribution
+from twin.workload.sessions import Retention
 
 if TYPE_CHECKING:
     from twin.serving.engine import Engine
@@ -48,7 +49,7 @@ class SessionDriver(Observer):
         self.send = send
         self.engine = engine  # instance id -> its engine
         # the hook asked at each turn's end: decide(session) -> (policy, ttl_s)
-        self.retention = retention if retention is not None else sessions.retention
+        self.retention = retention if retention is not None else Retention()
         self.let_go = 0  # turns whose KV a retention policy let go (or set a TTL on)
         self.live = 0
         self.started = 0
@@ -136,8 +137,8 @@ class SessionDriver(Observer):
             "completed": self.completed,
             "abandoned": self.abandoned,
             "turns_completed": self.turns_done,
-            "retention": self.sessions.retention.policy
-            if self.retention is self.sessions.retention
+            "retention": self.retention.policy
+            if isinstance(self.retention, Retention)
             else type(self.retention).__name__,
             "duration_s": self.durations.summary(),
             "ttft_by_turn_s": {str(t): d.summary() for t, d in sorted(self.turn_ttft.items())},

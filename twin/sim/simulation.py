@@ -298,7 +298,13 @@ class Simulation:
         subscribers.extend(observers)
         lengths = spec.workload.lengths
         self.sessions = (
-            SessionDriver(self.env, lengths, self._arrive_one, lambda i: self.engines[i], retention)
+            SessionDriver(
+                self.env,
+                lengths,
+                self._arrive_one,
+                lambda i: self.engines[i],
+                retention if retention is not None else spec.engine.session_retention,
+            )  # fmt: skip
             if isinstance(lengths, Sessions)
             else None
         )

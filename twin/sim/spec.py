@@ -529,8 +529,9 @@ def _cluster(data: Any, where: str, base_dir: Path) -> _Cluster:
 def _engine(data: Any, where: str, model: ModelSpec) -> tuple[EngineConfig, dict[str, Any]]:
     r = read(EngineConfig, data, f"{where}: engine")
     engine, out = r.value, r.written
-    if "queue_policy" not in r.given:  # results of specs without it read as before it came
-        del out["queue_policy"]
+    for key in ("queue_policy", "session_retention"):
+        if key not in r.given:  # results of specs without it read as before it came
+            del out[key]
     if "max_batched_tokens" not in r.given and engine.chunked_prefill:
         engine = dataclasses.replace(engine, max_batched_tokens=CHUNKED_MAX_BATCHED_TOKENS)
         out["max_batched_tokens"] = CHUNKED_MAX_BATCHED_TOKENS
@@ -728,7 +729,7 @@ def resolve_spec(
                 tiers, value=dataclasses.replace(tiers.value, remote=remote.value)
             )
             out["kv_tiers"] = {**tiers.written, "remote": remote.written}
-    _check_retention(workload, engine.prefix_caching, "kv_tiers" in top_read.given, where)
+    _check_retention(engine, workload, "kv_tiers" in top_read.given, where)
     # Only when given, so that specs without it keep their resolved form and sha256.
     output = read(OutputKeys, top.output, f"{where}: output")
     if "output" in top_read.given:
@@ -776,14 +777,16 @@ def resolve_spec(
     return placed(spec) if place else spec
 
 
-def _check_retention(workload: WorkloadSpec, caching: bool, tiers: bool, where: str) -> None:
-    """A session workload's KV retention needs what it acts on: a prefix cache,
-    and for ``offload`` the tiers it writes down to."""
-    lengths = workload.lengths
-    if not isinstance(lengths, Sessions) or lengths.retention.policy == "keep":
+def _check_retention(engine: EngineConfig, workload: WorkloadSpec, tiers: bool, where: str) -> None:
+    """``engine.session_retention`` needs what it acts on: sessions, a prefix
+    cache, and for ``offload`` the tiers it writes down to."""
+    policy = engine.session_retention.policy
+    if policy == "keep":
         return
-    key = f"{where}: workload.lengths.sessions.retention.policy: {lengths.retention.policy}"
-    if not caching:
+    key = f"{where}: engine.session_retention.policy: {policy}"
+    if not isinstance(workload.lengths, Sessions):
+        raise SpecError(f"{key} acts between a session's turns; give workload.lengths.sessions")
+    if not engine.prefix_caching:
         raise SpecError(f"{key} acts on the prefix cache; set engine.prefix_caching: true")
-    if lengths.retention.policy == "offload" and not tiers:
+    if policy == "offload" and not tiers:
         raise SpecError(f"{key} writes a session's KV down to the tiers; give kv_tiers")

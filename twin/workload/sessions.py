@@ -19,9 +19,10 @@ the next ones arrive: the load a cluster sees depends on how fast it serves.
   ``{dist: fixed, value: S}``, ``{dist: exponential, mean: S}`` or
   ``{dist: lognormal, median | mean: S, sigma | cv: X}``;
 - ``system_prompt_len``: tokens of a system prompt every session shares (0);
-- ``block_tokens``: tokens per prefix hash (16, vLLM's block);
-- ``retention``: what the server does with a session's KV between its turns,
-  ``{policy: keep | drop | ttl | offload, ttl: DURATION}`` (:class:`Retention`).
+- ``block_tokens``: tokens per prefix hash (16, vLLM's block).
+
+What the server does with a session's KV between its turns is the engine's
+``engine.session_retention`` (:class:`Retention`).
 
 Turn ``t`` (from 0) of a session therefore sends
 ``S + F + sum_{j<t} (O_j + G_{j+1})`` tokens, where ``S`` is the system prompt,
@@ -68,7 +69,7 @@ VLLM_BLOCK_TOKENS = 16
 arguments); prefix caching hashes whole blocks."""
 
 KEYS = ("turns", "first_prompt", "growth", "output", "think", "system_prompt_len",
-        "block_tokens", "retention")  # fmt: skip
+        "block_tokens")  # fmt: skip
 RETENTION = ("keep", "drop", "ttl", "offload")
 REQUIRED = KEYS[:5]
 THINK_DISTS = ("fixed", "exponential", "lognormal")
@@ -164,7 +165,8 @@ class Retention:
       (``kv_tiers``), freeing HBM once written (LMCache-style offload of an
       idle conversation), and loaded back from there by the next turn.
 
-    The hook: :class:`twin.sim.sessions.SessionDriver` asks ``decide(session)``
+    The spec's ``engine.session_retention``. The hook:
+    :class:`twin.sim.sessions.SessionDriver` asks ``decide(session)``
     at each turn's end (the turn just ended); a policy of one's own is any
     object with that method returning ``(policy, ttl_s)``, given to
     :class:`~twin.sim.simulation.Simulation` as ``retention=``."""
@@ -209,7 +211,6 @@ class Sessions:
     think: ThinkTime
     system_prompt_len: int = 0
     block_tokens: int = VLLM_BLOCK_TOKENS
-    retention: Retention = Retention()
 
     def __post_init__(self) -> None:
         if not is_int(self.system_prompt_len) or self.system_prompt_len < 0:

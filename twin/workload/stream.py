@@ -127,10 +127,8 @@ from twin.workload.schedule import (
 from twin.workload.sessions import KEYS as SESSION_KEYS
 from twin.workload.sessions import REQUIRED as SESSION_REQUIRED
 from twin.workload.sessions import (
-    RETENTION_SCHEMA,
     THINK_SCHEMA,
     VLLM_BLOCK_TOKENS,
-    Retention,
     Sessions,
     ThinkTime,
 )
@@ -210,8 +208,7 @@ LENGTHS_SCHEMA = {
              "properties": {"turns": _MARGINAL, "first_prompt": _MARGINAL, "growth": _MARGINAL,
                             "output": _MARGINAL, "think": THINK_SCHEMA,
                             "system_prompt_len": {"type": "integer", "minimum": 0},
-                            "block_tokens": {"type": "integer", "minimum": 1},
-                            "retention": RETENTION_SCHEMA}}}},
+                            "block_tokens": {"type": "integer", "minimum": 1}}}}},
     ]
 }  # fmt: skip
 PREFIXES_SCHEMA = {
@@ -585,17 +582,11 @@ def _sessions(value: object, where: str) -> Sessions:
 
     turns, first, growth, output = (law(k) for k in ("turns", "first_prompt", "growth", "output"))
     think = ThinkTime.from_mapping(value["think"], f"{where}.think")
-    retention = (
-        Retention.from_mapping(value["retention"], f"{where}.retention")
-        if "retention" in value
-        else Retention()
-    )
     try:
         return Sessions(
             turns, first, growth, output, think,
             value.get("system_prompt_len", 0),  # type: ignore[arg-type]
             value.get("block_tokens", VLLM_BLOCK_TOKENS),  # type: ignore[arg-type]
-            retention,
         )  # fmt: skip
     except SpecError as e:
         raise SpecError(f"{where}: {e}") from None
