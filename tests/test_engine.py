@@ -45,32 +45,34 @@ class Linear:
         )
 
 
+def audit(e: Engine, b: Batch) -> None:
+    """Check the engine's aggregates, as ``b`` starts, against a brute-force count."""
+    dec = [s for s in e.running.values() if s.state == "decode"]
+    if b.decode_count:
+        assert b.decode_count == len(dec)
+        step = e.steps + 1
+        assert b.decode_context_sum == sum(s.length_at(step) for s in dec)
+        for s in dec:
+            assert s.held_blocks >= blocks_for(s.length_at(step), e.kv.block_size)
+    cached = e.cache.cached_blocks if e.cache is not None else 0
+    assert e.kv.used == sum(s.blocks for s in e.running.values()) + cached
+    assert 0 <= e.kv.free <= e.kv.total
+    if e.cache is not None:
+        refs = {}
+        for s in e.running.values():
+            for h in s.units:
+                refs[h] = refs.get(h, 0) + 1
+        assert {h: u[0] for h, u in e.cache.units.items() if u[0]} == refs
+        assert e.cache.evictable_blocks == sum(u[1] for u in e.cache.units.values() if u[0] == 0)
+
+
 class Auditing(Linear):
     """Checks, at every iteration, the engine's aggregates against a brute-force count."""
 
     engine: Engine
 
     def iteration_time(self, b: Batch) -> float:
-        e = self.engine
-        dec = [s for s in e.running.values() if s.state == "decode"]
-        if b.decode_count:
-            assert b.decode_count == len(dec)
-            step = e.steps + 1
-            assert b.decode_context_sum == sum(s.length_at(step) for s in dec)
-            for s in dec:
-                assert s.held_blocks >= blocks_for(s.length_at(step), e.kv.block_size)
-        cached = e.cache.cached_blocks if e.cache is not None else 0
-        assert e.kv.used == sum(s.blocks for s in e.running.values()) + cached
-        assert 0 <= e.kv.free <= e.kv.total
-        if e.cache is not None:
-            refs = {}
-            for s in e.running.values():
-                for h in s.units:
-                    refs[h] = refs.get(h, 0) + 1
-            assert {h: u[0] for h, u in e.cache.units.items() if u[0]} == refs
-            assert e.cache.evictable_blocks == sum(
-                u[1] for u in e.cache.units.values() if u[0] == 0
-            )
+        audit(self.engine, b)
         return super().iteration_time(b)
 
     def decode_steps(self, count: int, context_sum: int, n: int) -> list[float]:
@@ -93,7 +95,11 @@ def observing(done: list[Sequence], log: list[tuple] | None = None) -> Observer:
     return broadcast([Done(done)] + ([EventLog(log)] if log is not None else []))
 
 
-def run_engine(reqs, *, blocks=1000, config=None, perf=None, log=None, probe=None):
+def run_engine(
+    reqs, *, blocks=1000, config=None, perf=None, log=None, probe=None, speculation=None,
+    on_engine=None,
+):  # fmt: skip
+    """Serve ``reqs`` on one engine; ``on_engine`` is given it before the run."""
     env = simpy.Environment()
     done: list[Sequence] = []
     perf = perf or Linear()
@@ -104,9 +110,12 @@ def run_engine(reqs, *, blocks=1000, config=None, perf=None, log=None, probe=Non
         BlockManager(blocks, (config or EngineConfig()).block_size),
         config or EngineConfig(),
         observing(done, log),
+        speculation=speculation,
     )
     if isinstance(perf, Auditing):
         perf.engine = eng
+    if on_engine is not None:
+        on_engine(eng)
 
     def arrive():
         for r in reqs:

@@ -50,9 +50,8 @@ def run(reqs, *, hbm_blocks, tiers, check=None, setup=None):
     perf = Linear()
     obs = Done()
     cfg = EngineConfig(prefix_caching=True, watermark=0.0)
-    eng = Engine(env, 0, perf, BlockManager(hbm_blocks, 16), cfg, obs)
     chain = TierChain(env, [Tier(*t) for t in tiers], MB)
-    eng.cache.tiers = chain
+    eng = Engine(env, 0, perf, BlockManager(hbm_blocks, 16), cfg, obs, tiers=chain)
     kvt = KVTiers(env)
     kvt.add(0, chain)
     if check is not None:
@@ -490,8 +489,7 @@ def test_a_remote_read_stuck_on_a_failed_link_is_given_up_and_the_prompt_compute
     env, topo, net, chain, remote = _remote_chain()
     obs = Done()
     eng = Engine(env, 0, Linear(), BlockManager(4, 16),
-                 EngineConfig(prefix_caching=True, watermark=0.0), obs)  # fmt: skip
-    eng.cache.tiers = chain
+                 EngineConfig(prefix_caching=True, watermark=0.0), obs, tiers=chain)  # fmt: skip
     kvt = KVTiers(env)
     kvt.add(0, chain)
     chain.write_down([(h, 1) for h in A])

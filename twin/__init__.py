@@ -23,9 +23,11 @@ Reading guide: start with these files, in this order.
    policy API (decisions, views, the registry); ``schedulers/`` holds the
    bundled policies, written only against it.
 2. ``twin/sim/spec.py``: the experiment spec, YAML in, a resolved spec out.
-3. ``twin/sim/simulation.py``: how a run is wired (placements, network, KV
-   pools, hand-off, engines, the router's view) and driven (arrivals, routing,
-   the control loop of ``twin/sim/control.py``), and what it returns.
+3. ``twin/sim/build.py``: the cluster built complete from a resolved spec
+   (network, KV pools and tiers, hand-off, engines, the router's view);
+   ``twin/sim/simulation.py``: how a run drives it (arrivals, routing, the
+   control loop of ``twin/sim/control.py``; failures and scaling act through
+   ``twin/sim/ops.py``'s protocol), and what it returns.
 4. ``twin/serving/engine.py``: one instance's continuous batching, one event
    per iteration; ``twin/serving/fastforward.py`` jumps over quiet decode
    stretches in closed form (``twin/serving/pipeforward.py`` over every

@@ -38,9 +38,11 @@ def abandon(engine: Engine, seq: Sequence) -> bool:
         engine._use_lane(seq.lane)
         step = engine.steps + 1  # the step in progress (or the next, pipelined)
         engine._close_gaps(seq)
-        seq.generated = seq.g_join + (step - seq.d_join)
+        seq.generated = seq.g_join + seq.decoded(step - seq.d_join)
         engine.decode_count -= 1
         engine.decode_ctx_sum -= seq.length_at(step)
+        if seq.emit is not None:  # speculative: its tokens to come leave the step table
+            engine._unschedule(seq, step)
         engine._use_lane(lane)
     elif seq in engine._landed:  # landed or kept, to join at the next step boundary
         engine._landed.remove(seq)

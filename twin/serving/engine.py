@@ -8,6 +8,9 @@ recomputed (its prompt plus the tokens it had produced are prefilled again).
 The queue's order and the preemption victim are the spec's queue policy's
 (:mod:`twin.serving.queuepolicy`; FCFS by default); with classes of traffic
 the victim is of the lowest class running (:mod:`twin.workload.classes`).
+Decoding speculatively (:mod:`twin.serving.speculative`), each decode step
+verifies drafted tokens and emits one or more tokens per sequence, drawn when
+it joins the batch.
 With ``chunked_prefill`` the iteration carries every running decode first and
 fills the rest of a token budget with prefill chunks (Sarathi-Serve style).
 
@@ -45,7 +48,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import simpy
 
@@ -95,6 +98,12 @@ from twin.serving.sequence import (
     WAITING,
     Sequence,
 )
+from twin.serving.speculative import SCHEMA as SPECULATIVE_SCHEMA
+from twin.serving.speculative import Speculation, SpeculativeConfig, blocks_step
+from twin.serving.speculative import parse as parse_speculative
+
+if TYPE_CHECKING:
+    from twin.serving.kvcache import TierChain  # the tiers a prefix cache writes down to
 from twin.workload.sessions import RETENTION_SCHEMA, Retention
 
 ROLES = ("mixed", "prefill", "decode")
@@ -157,8 +166,9 @@ class EngineConfig:
         "a request that can never fit: error | reject | truncate (see max_model_len)",
     )  # fmt: skip
     fast_forward: bool = declared(
-        True, BOOL, "cover quiet decode stretches with one event (same results)"
-    )
+        True, BOOL,
+        "cover quiet decode stretches with one event (same results); a speculative instance steps",
+    )  # fmt: skip
     prefix_caching: bool = declared(
         False, BOOL, "keep prompts' KV for requests with the same leading prefix hashes"
     )
@@ -171,6 +181,12 @@ class EngineConfig:
         "the order prompts are admitted in: fcfs | priority | shortest-prompt-first, "
         "or {name, ...parameters} (twin.serving.queuepolicy)",
         keep=True,
+    )  # fmt: skip
+    speculative: SpeculativeConfig | None = declared(
+        None, anything(SPECULATIVE_SCHEMA, parse_speculative),
+        "speculative decoding: {method: draft|eagle|mtp|ngram, k, acceptance: a number, "
+        "a list per position or a measured figure's name, draft} (twin.serving.speculative)",
+        nullable=True, keep=True,
     )  # fmt: skip
 
     session_retention: Retention = declared(
@@ -212,8 +228,11 @@ class EngineHooks(Protocol):
 class Engine:
     """A serving instance. ``submit`` hands it a request; what happens is reported
     to ``observer`` (a sequence's end among it, once, when its last token is out);
-    ``hooks`` are the hand-off's (split serving), and ``on_prompt`` is called as
-    each prompt is computed (a KV pool keeps it). All are given at construction."""
+    ``hooks`` are the hand-off's (split serving), ``on_prompt`` is called as
+    each prompt is computed (a KV pool keeps it), ``tiers`` are the KV tiers
+    below its prefix cache (twin.serving.tiers), ``on_lost`` takes a sequence
+    handed to it while it is down, and ``starting`` makes it an instance added
+    during the run, down until :meth:`started`. All are given at construction."""
 
     def __init__(
         self,
@@ -227,6 +246,10 @@ class Engine:
         role: str = "mixed",
         hooks: EngineHooks | None = None,
         on_prompt: Callable[[Engine, Sequence], None] | None = None,
+        speculation: Speculation | None = None,
+        tiers: TierChain | None = None,
+        on_lost: Callable[[Sequence], None] | None = None,
+        starting: bool = False,
     ) -> None:
         if role not in ROLES:
             raise SpecError(
@@ -243,10 +266,16 @@ class Engine:
         # units it shares here instead, which do not move)
         self.reserved: dict[int, tuple[int, list[int]]] = {}
         self.perf = perf
+        # speculative decoding (twin.serving.speculative): its draws and step
+        # prices, and the tokens the batch emits at each decode step to come
+        self.spec = speculation
+        self._spec_delta: dict[int, int] = {}
         self.kv = blocks
-        self.cache = PrefixCache(blocks) if config.prefix_caching else None
-        if self.cache is not None:
-            self.cache.on_freed = self._written_down
+        self.cache = (
+            PrefixCache(blocks, tiers, on_freed=self._written_down)
+            if config.prefix_caching
+            else None
+        )
         self.config = config
         self.observer = observer
         self._iter_observer = observer if observer.wants_iterations else None
@@ -275,6 +304,11 @@ class Engine:
         self._last_decode_end = -1.0
         self._wake: simpy.Event | None = None
         self.pp = pipeline_stages(perf)
+        if speculation is not None and self.pp > 1:
+            raise SpecError(
+                f"instance {instance_id}: engine.speculative with pp={self.pp}; speculative "
+                "decoding runs on one pipeline stage (as in vLLM)"
+            )
         # pp > 1: the other lanes' decode state (_LANE_STATE order), the lane in
         # use, and when each pipeline stage is done with the micro-batches given it
         self._lane = 0
@@ -286,7 +320,8 @@ class Engine:
         self._flight: list[tuple[float, bool] | None] = [None] * self.pp
         self._claim_no = [0] * self.pp
         self._claims = 0
-        ff = config.fast_forward and self._iter_observer is None
+        # a speculative instance steps (its contexts do not grow one token a step)
+        ff = config.fast_forward and self._iter_observer is None and speculation is None
         self._ff = FastForward(self) if ff and self.pp == 1 else None
         self._pf = PipeForward(self) if ff and self.pp > 1 else None
         self._preempted = False  # a preemption happened while planning this step
@@ -298,14 +333,14 @@ class Engine:
         # failure: a loop of an earlier life stops), its speed (a throttled GPU
         # runs each iteration 1/speed as long), and who takes a sequence handed
         # to it while it is down.
-        self.up = True
+        self.up = not starting
         self.life = 0
         self.speed = 1.0
         self._price_at(1.0)
-        self.on_lost: Callable[[Sequence], None] | None = None
+        self.on_lost = on_lost
         # Scaling: starting | serving | draining | stopped (twin.scheduler.
         # INSTANCE_STATES), and who is told when a draining instance may be empty.
-        self.state = "serving"
+        self.state = "starting" if starting else "serving"
         self.on_idle: Callable[[Engine], None] | None = None
         # told of changes to the queue, role and health (twin.sim.control: a
         # sleeping tick's watch)
@@ -373,7 +408,7 @@ class Engine:
         model's own methods at speed 1 (no wrapper on the hot path); of a
         stretch of decode-only steps of one batch, in one call; and, pipelined,
         the stage times of such micro-batches of one lane."""
-        timed = self.perf.iteration_time
+        timed = self.perf.iteration_time if self.spec is None else self.spec.iteration_time
         self.iteration_time: Callable[[Batch], float] = (
             timed if speed == 1.0 else (lambda batch: timed(batch) / speed)
         )
@@ -410,7 +445,7 @@ class Engine:
             for s in self.running.values():
                 if s.state == DECODE and s.lane == lane:
                     self._close_gaps(s)
-                    s.generated = s.g_join + (self.steps + 1 - s.d_join)
+                    s.generated = s.g_join + s.decoded(self.steps + 1 - s.d_join)
         lost = self.held()
         self.up = False
         if self.watch is not None:
@@ -425,6 +460,7 @@ class Engine:
         self.handoff.clear()
         self._landed.clear()
         self.reserved.clear()
+        self._spec_delta.clear()
         fresh = [0, 0, 0, [], [], [], [], [], -1.0]
         for a, v in zip(_LANE_STATE, fresh, strict=True):
             setattr(self, a, v)
@@ -434,12 +470,11 @@ class Engine:
         self._flight = [None] * self.pp
         self._claim_no = [0] * self.pp
         old = self.kv
-        self.kv = BlockManager(old.total, old.block_size, old.watermark)
-        self.kv.peak_used = old.peak_used
+        self.kv = BlockManager(old.total, old.block_size, old.watermark, peak_used=old.peak_used)
         if self.cache is not None:
-            self.cache.on_freed = None  # its writes under way release blocks of the old life
-            self.cache = PrefixCache(self.kv, self.cache.tiers)  # the tiers below stay
-            self.cache.on_freed = self._written_down
+            self.cache.forget_writes()  # its writes under way held blocks of the old life
+            tiers = self.cache.tiers  # the tiers below stay
+            self.cache = PrefixCache(self.kv, tiers, on_freed=self._written_down)
         if self._ff is not None:
             self._ff = FastForward(self)
         if self._pf is not None:
@@ -452,6 +487,28 @@ class Engine:
         if self.watch is not None:
             self.watch.changed(self)
         self._start_loops()
+
+    # -- scaling: starting -> serving -> draining -> stopped ---------------------------
+    def started(self) -> None:
+        """An instance added during the run is done starting: it serves from now."""
+        assert self.state == "starting"
+        self.up = True
+        self.state = "serving"
+
+    def drain(self, on_idle: Callable[[Engine], None]) -> None:
+        """Take nothing new, finish what it holds; ``on_idle`` is told each time
+        it may be empty."""
+        self.state = "draining"
+        self.on_idle = on_idle
+
+    def stop(self) -> None:
+        """Its GPUs are released now: it serves nothing again, and the loops of
+        its life wait on nothing that comes."""
+        self.state = "stopped"
+        self.on_idle = None
+        self.up = False
+        self.life += 1
+        self._wake = None
 
     def drop(self, seq: Sequence) -> None:
         """Give up ``seq`` here, whose decode side failed: queued, prefilling
@@ -703,6 +760,16 @@ class Engine:
         elif self._pf is not None:
             self._pf.sync_blocks()
 
+    def watch_changes(self, watch: Any) -> None:
+        """From now ``watch`` (a sleeping tick's) is told of changes to the
+        queue, role and health (:meth:`watch_blocks`: and of free blocks)."""
+        self.watch = watch
+
+    def unwatch(self) -> None:
+        """No watch is told anything from now."""
+        self.watch = None
+        self.kv.watch = None
+
     def watch_blocks(self, watch: Any) -> None:
         """From now ``watch`` (a sleeping tick's) is told of the free blocks: of a
         decode stretch under way, whose steps take them with no event; a
@@ -895,7 +962,10 @@ class Engine:
             self._landed.clear()
         if cfg.chunked_prefill:
             decoding = self._prepare_decode()
-            budget = cfg.max_batched_tokens - self.decode_count
+            # a verifying decode takes its k + 1 tokens of the budget (vLLM V1
+            # schedules a request's draft tokens with it)
+            width = 1 if self.spec is None else self.spec.k + 1
+            budget = cfg.max_batched_tokens - self.decode_count * width
             chunks = self._take_chunks(budget, chunked=True)
         else:
             chunks = self._take_chunks(cfg.max_batched_tokens, chunked=False)
@@ -1042,7 +1112,12 @@ class Engine:
             kv.allocate(1)
             s.blocks += 1
             bs = kv.block_size
-            heapq.heappush(heap, (step + bs, s.req.id, s.epoch, s))
+            if s.emit is None:
+                heapq.heappush(heap, (step + bs, s.req.id, s.epoch, s))
+                continue
+            # speculative: the step may emit more tokens than a block holds
+            need_at = blocks_step(s.emit, step, s.d_join, s.prefill_len, s.held_blocks * bs)
+            heapq.heappush(heap, (need_at, s.req.id, s.epoch, s))
         return self.decode_count > 0
 
     def _victim(self) -> Sequence:
@@ -1078,9 +1153,11 @@ class Engine:
         (of the requests its queue policy ranks equal)."""
         step = self.steps + 1
         self._close_gaps(s)
-        s.generated = s.g_join + (step - s.d_join)
+        s.generated = s.g_join + s.decoded(step - s.d_join)
         self.decode_count -= 1
         self.decode_ctx_sum -= s.length_at(step)
+        if s.emit is not None:
+            self._unschedule(s, step)
         del self.running[s.req.id]
         self._drop_blocks(s)
         s.epoch += 1
@@ -1173,7 +1250,10 @@ class Engine:
                 elif gap > s.max_gap:
                     s.max_gap = gap
         self._first_gap.clear()
-        self.decode_ctx_sum += self.decode_count
+        if self.spec is None:
+            self.decode_ctx_sum += self.decode_count
+        else:
+            self.decode_ctx_sum += self._spec_delta.pop(step, 0)
         heap = self._finish_heap
         while heap and heap[0][0] <= step:
             _, _, epoch, s = heapq.heappop(heap)
@@ -1195,11 +1275,48 @@ class Engine:
         self.decode_ctx_sum += s.length_at(step)
         self._first_gap.append(s)
         rid = s.req.id
+        if self.spec is not None:
+            self._schedule(s, step)
+            return
         heapq.heappush(
             self._finish_heap, (step + s.req.output_tokens - s.generated - 1, rid, s.epoch, s)
         )
         need_at = step + max(0, s.held_blocks * self.kv.block_size + 1 - s.length_at(step))
         heapq.heappush(self._alloc_heap, (need_at, rid, s.epoch, s))
+
+    # -- speculative decoding ----------------------------------------------------------
+    def _schedule(self, s: Sequence, step: int) -> None:
+        """``s`` joins the decode batch at ``step`` on a speculative instance: its
+        tokens per step are drawn now, which fixes its last step, the steps at
+        which it needs a block, and what it adds to the batch's context sum at
+        each step (the per-step table ``_spec_delta``)."""
+        assert self.spec is not None
+        emit = self.spec.schedule(s.req.id, s.generated, s.req.output_tokens - s.generated)
+        s.emit = emit
+        delta = self._spec_delta
+        for j in range(1, len(emit)):
+            at_step = step + j - 1
+            delta[at_step] = delta.get(at_step, 0) + emit[j] - emit[j - 1]
+        rid = s.req.id
+        heapq.heappush(self._finish_heap, (step + len(emit) - 2, rid, s.epoch, s))
+        tokens = s.held_blocks * self.kv.block_size
+        need_at = blocks_step(emit, step, step, s.prefill_len, tokens)
+        heapq.heappush(self._alloc_heap, (need_at, rid, s.epoch, s))
+
+    def _unschedule(self, s: Sequence, step: int) -> None:
+        """``s`` leaves the batch before ``step`` runs: take back what it would
+        have added to the context sum from ``step`` on."""
+        emit = s.emit
+        assert emit is not None
+        delta = self._spec_delta
+        for j in range(step - s.d_join + 1, len(emit)):
+            at_step = s.d_join + j - 1
+            left = delta[at_step] - (emit[j] - emit[j - 1])
+            if left:
+                delta[at_step] = left
+            else:
+                del delta[at_step]
+        s.emit = None
 
     def _finish(self, s: Sequence, now: float) -> None:
         s.state = DONE

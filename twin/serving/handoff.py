@@ -288,53 +288,120 @@ def sized_flows(paths: Seq[tuple[FlowSpec, int]], shards: int, kv_bytes: float) 
     return [f.resized(share if n == 1 else share / n) for f, n in paths]
 
 
-class KVHandoff:
-    """Moves KV between the engines of one simulation (the engines' hooks).
-
-    It is made before the engines, which are built with it as their hooks:
-    ``engines`` is the cluster's list of engines by id, complete before the
-    run starts, and ``gpus`` the GPUs of each instance."""
+class HandoffRoutes:
+    """What moving KV between two instances of one simulation takes, before
+    anything moves: the shards' paths and the fixed costs (both kept), over
+    ``network`` on ``topology``. The hand-off (:class:`KVHandoff`) moves KV
+    along them and the router's view of the fabric
+    (:class:`twin.serving.fabric.HandoffFabric`) prices a hand-off with them,
+    so both are made from it, before the engines: ``engines`` is the
+    cluster's list of engines by id, complete before the run starts, and
+    ``gpus`` the GPUs of each instance."""
 
     def __init__(
         self,
-        env: simpy.Environment,
         engines: Seq[Engine],
         gpus: Seq[tuple[int, ...]],
         topology: Topology,
         network: Network,
         kv_bytes_per_token: int,
         config: TransferConfig,
-        pick_decode: Callable[[Sequence], int],
         *,
         layers: int,
     ) -> None:
-        self.env = env
         self.engines = engines
         self.gpus = list(gpus)  # grows as instances are added
         self.topology = topology
         self.network = network
         self.kv_bytes_per_token = kv_bytes_per_token
         self.config = config
-        self.pick_decode = pick_decode
         self.layers = layers
-        self.pending: list[deque[Sequence]] = [deque() for _ in gpus]
         # (source instance, destination instance) -> the shards' paths (static
         # routing: an instance's GPUs never change)
         self._paths: dict[tuple[int, int], list[tuple[FlowSpec, int]]] = {}
-        # (source instance, destination instance, bytes) -> the flows that move them
-        self._sized: dict[tuple[int, int, float], list[FlowSpec]] = {}
         # (descriptors per layer region, layer length) -> the fixed costs (immutable,
         # shared) and their delays before the first byte and after the last
         self._costs: dict[tuple[int, float], tuple[HandoffCosts, float, float]] = {}
+
+    def add_instance(self, gpus: tuple[int, ...]) -> None:
+        """An instance added during the run: the GPUs its KV lives on."""
+        self.gpus.append(gpus)
+
+    def paths(self, src: int, dst: int) -> list[tuple[FlowSpec, int]]:
+        """The shards' paths from instance ``src`` to ``dst`` (:func:`shard_paths`),
+        kept: routing is static and an instance's GPUs never change."""
+        pair = (src, dst)
+        paths = self._paths.get(pair)
+        if paths is None:
+            paths = self._paths[pair] = shard_paths(
+                self.topology, self.gpus[src], self.gpus[dst], multi_nic=self.config.multi_nic
+            )
+        return paths
+
+    def costs(self, dst: int, tokens: int, layer_s: float) -> tuple[HandoffCosts, float, float]:
+        """The fixed costs of moving ``tokens`` tokens of KV to instance ``dst``
+        (``layer_s`` > 0: streamed over layers of that length), with their
+        delays before the first byte and after the last."""
+        config = self.config
+        # what handoff_costs reads of the blocks: all of them, or whether there is one
+        if config.descriptors == "block":
+            n = blocks_for(tokens, self.engines[dst].kv.block_size)
+        else:
+            n = 1 if tokens > 0 else 0
+        got = self._costs.get((n, layer_s))
+        if got is None:
+            if len(self._costs) >= 4096:
+                self._costs.clear()
+            costs = handoff_costs(config, n, self.layers, layer_s)
+            got = self._costs[n, layer_s] = (costs, costs.before_s, costs.after_s)
+        return got
+
+
+class KVHandoff:
+    """Moves KV between the engines of one simulation (the engines' hooks),
+    along ``routes``; ``pick_decode`` picks the decode instance of a prompt
+    routed without one, ``on_stranded`` takes a prefilled sequence no live
+    instance can decode, ``on_waiting`` is told of a transfer whose flows
+    wait on a failed link. It is made before the engines, which are built
+    with it as their hooks."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        routes: HandoffRoutes,
+        pick_decode: Callable[[Sequence], int],
+        *,
+        on_stranded: Callable[[Engine, Sequence], None],
+        on_waiting: Callable[[Sequence], None] | None = None,
+    ) -> None:
+        self.env = env
+        self.routes = routes
+        self.engines = routes.engines
+        self.gpus = routes.gpus  # the same list: it grows as instances are added
+        self.topology = routes.topology
+        self.network = routes.network
+        self.kv_bytes_per_token = routes.kv_bytes_per_token
+        self.config = routes.config
+        self.pick_decode = pick_decode
+        self.layers = routes.layers
+        self.pending: list[deque[Sequence]] = [deque() for _ in routes.gpus]
+        # (source instance, destination instance, bytes) -> the flows that move them
+        self._sized: dict[tuple[int, int, float], list[FlowSpec]] = {}
         self.bytes_moved = 0.0
         self.bytes_saved = 0.0  # KV the decode side's prefix cache held: not moved
         self.transfers = 0
         # Takes a prefilled sequence no live instance can decode (all failed):
-        # (prefill engine, sequence); set by the simulation.
-        self.on_stranded: Callable[[Engine, Sequence], None] | None = None
+        # (prefill engine, sequence).
+        self.on_stranded = on_stranded
         # Told of a transfer whose flows wait on a failed link as they start
         # (the simulation bounds that wait by the retry deadline).
-        self.on_waiting: Callable[[Sequence], None] | None = None
+        self.on_waiting = on_waiting
+
+    def add_instance(self, gpus: tuple[int, ...]) -> None:
+        """An instance added during the run (its engine joins ``engines``): the
+        GPUs its KV lives on, and its queue of hand-offs waiting for blocks."""
+        self.routes.add_instance(gpus)
+        self.pending.append(deque())
 
     def _no_decode_up(self, seq: Sequence) -> bool:
         return seq.decode_instance is None and not any(
@@ -365,7 +432,6 @@ class KVHandoff:
             seq.transfer.uncap()
             return
         if self._no_decode_up(seq):
-            assert self.on_stranded is not None
             self.on_stranded(engine, seq)
             return
         d = self._decode_of(seq)
@@ -424,35 +490,6 @@ class KVHandoff:
             seq = queue.popleft()
             self._start(seq, seq.prefill_instance, d)
 
-    def paths(self, src: int, dst: int) -> list[tuple[FlowSpec, int]]:
-        """The shards' paths from instance ``src`` to ``dst`` (:func:`shard_paths`),
-        kept: routing is static and an instance's GPUs never change."""
-        pair = (src, dst)
-        paths = self._paths.get(pair)
-        if paths is None:
-            paths = self._paths[pair] = shard_paths(
-                self.topology, self.gpus[src], self.gpus[dst], multi_nic=self.config.multi_nic
-            )
-        return paths
-
-    def costs(self, dst: int, tokens: int, layer_s: float) -> tuple[HandoffCosts, float, float]:
-        """The fixed costs of moving ``tokens`` tokens of KV to instance ``dst``
-        (``layer_s`` > 0: streamed over layers of that length), with their
-        delays before the first byte and after the last."""
-        config = self.config
-        # what handoff_costs reads of the blocks: all of them, or whether there is one
-        if config.descriptors == "block":
-            n = blocks_for(tokens, self.engines[dst].kv.block_size)
-        else:
-            n = 1 if tokens > 0 else 0
-        got = self._costs.get((n, layer_s))
-        if got is None:
-            if len(self._costs) >= 4096:
-                self._costs.clear()
-            costs = handoff_costs(config, n, self.layers, layer_s)
-            got = self._costs[n, layer_s] = (costs, costs.before_s, costs.after_s)
-        return got
-
     def _start(self, seq: Sequence, src: int, dst: int, stream_s: float | None = None) -> None:
         if seq.state == LOST:
             return
@@ -468,11 +505,11 @@ class KVHandoff:
         if flows is None:
             if len(self._sized) >= 4096:
                 self._sized.clear()
-            flows = sized_flows(self.paths(src, dst), len(self.gpus[src]), kv_bytes)
+            flows = sized_flows(self.routes.paths(src, dst), len(self.gpus[src]), kv_bytes)
             self._sized[src, dst, kv_bytes] = flows
         now = self.env.now
         layer_s = 0.0 if stream_s is None else stream_s / self.layers
-        costs, before_s, after_s = self.costs(dst, tokens, layer_s)
+        costs, before_s, after_s = self.routes.costs(dst, tokens, layer_s)
         # Layer l's KV exists after l/L of the iteration: a stream starts one
         # layer late (or once the control round trip and registration are
         # done, when later).

@@ -135,11 +135,7 @@ class KVPools:
         """``node`` failed: its pool's contents are gone, in DRAM and on SSD (it
         comes back empty), and the loads from it under way are given up:
         their requests are submitted without the prefix, which is computed again."""
-        chain = self.chains[node]
-        for tier in chain.tiers:
-            tier.units.clear()
-            tier.used_blocks = 0
-            chain._note(tier)
+        self.chains[node].lose_all()
         for load in self._loading.pop(node, []):
             seq, engine, transfer, _ = load
             load[3] = True

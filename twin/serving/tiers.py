@@ -218,6 +218,14 @@ class TierChain:
         self.block_bytes = block_bytes
         self.gpus = tuple(gpus)  # the instance's GPUs: the near end of a remote tier's flows
 
+    def lose_all(self) -> None:
+        """What every tier holds is gone (the host they are on failed); each
+        comes back empty."""
+        for tier in self.tiers:
+            tier.units.clear()
+            tier.used_blocks = 0
+            self._note(tier)
+
     def _note(self, tier: Tier) -> None:
         if tier.used_blocks > tier.peak_blocks:
             tier.peak_blocks = tier.used_blocks

@@ -841,6 +841,16 @@ def time_scale(spec: WorkloadSpec) -> float:
     return spec.rate / native
 
 
+def trace_rates(spec: WorkloadSpec) -> dict[str, float] | None:
+    """A trace replayed at its own times: its own rate (:func:`own_rate`) and
+    the rate replayed (own x :func:`time_scale`), in requests/s; None for an
+    arrival process or a trace without a rate of its own."""
+    own = own_rate(spec)
+    if own is None:
+        return None
+    return {"own": own, "replayed": own * time_scale(spec)}
+
+
 def iter_requests(
     spec: WorkloadSpec, rng: np.random.Generator, end: dict[str, float] | None = None
 ) -> Iterator[Request]:
