@@ -50,7 +50,7 @@ def audit(e: Engine, b: Batch) -> None:
     dec = [s for s in e.running.values() if s.state == "decode"]
     if b.decode_count:
         assert b.decode_count == len(dec)
-        step = e.steps + 1
+        step = e.batch.steps + 1
         assert b.decode_context_sum == sum(s.length_at(step) for s in dec)
         for s in dec:
             assert s.held_blocks >= blocks_for(s.length_at(step), e.kv.block_size)
@@ -129,7 +129,7 @@ def run_engine(
             yield Arrival(env, 0.0037 * (k + 1) - env.now)
             eng.sync()
             cached = sorted(eng.cache.units) if eng.cache is not None else []
-            probe.append((eng.kv.free, eng.iterations, eng.steps, len(eng.waiting), cached))
+            probe.append((eng.kv.free, eng.iterations, eng.batch.steps, len(eng.waiting), cached))
 
     env.process(arrive())
     if probe is not None:
@@ -281,8 +281,8 @@ def test_invariants_hold_for_random_workloads(scenario):
     # the clock never goes back
     times = [e[0] for e in log]
     assert times == sorted(times)
-    assert not eng.running and not eng.waiting and eng.decode_count == 0
-    assert eng.decode_ctx_sum == 0
+    assert not eng.running and not eng.waiting and eng.batch.count == 0
+    assert eng.batch.ctx_sum == 0
     assert math.isfinite(eng.busy_s)
 
 
@@ -490,7 +490,7 @@ def _kept_later(keep_at: float, *, ff: bool, busy: bool) -> tuple[list, Engine]:
     def later():
         yield Arrival(env, keep_at)
         assert hooks.held == [first]
-        eng.keep(first)
+        eng.sender.keep(first)
 
     env.process(later())
     env.run()
@@ -508,7 +508,7 @@ def test_a_kv_kept_after_its_prompt_decodes_from_the_next_step_boundary(busy):
     jumped, e2 = _kept_later(keep_at, ff=True, busy=busy)
     assert sorted(r[0] for r in stepped) == ([0, 1] if busy else [0])
     assert jumped == stepped
-    assert (e1.iterations, e1.steps) == (e2.iterations, e2.steps)
+    assert (e1.iterations, e1.batch.steps) == (e2.iterations, e2.batch.steps)
     kept = next(r for r in stepped if r[0] == 0)
     assert kept[2] > keep_at  # its first decode step starts after it was taken up
     assert e1.kv.free == e1.kv.total and e2.kv.free == e2.kv.total

@@ -12,11 +12,6 @@ import twin
 
 TWIN = Path(twin.__file__).parent
 
-# The cycles among twin/serving's own modules are being removed on their own;
-# until then a cycle that lies wholly inside twin/serving is let through (a
-# cycle with any module outside it is not). Remove this exemption with them.
-EXEMPT_INSIDE = "twin.serving."
-
 
 def modules(root: Path, package: str) -> dict[str, tuple[Path, bool]]:
     """Dotted module name -> (its file, whether it is a package's __init__)."""
@@ -127,7 +122,6 @@ def test_twin_has_no_import_circles():
     circles = [
         f"{' -> '.join(a_cycle(graph, c))} (on a cycle together: {', '.join(c)})"
         for c in strongly_connected(graph)
-        if not all(m.startswith(EXEMPT_INSIDE) for m in c)
     ]
     assert not circles, "import circles in twin/:\n" + "\n".join(circles)
 

@@ -150,7 +150,7 @@ def test_one_speculative_step_exact_trace():
     ]
     s = done[0]
     assert (s.t_first_token, s.t_finish) == pytest.approx((0.11, 0.138))
-    assert s.generated == 9 and eng.steps == 2 and eng.iterations == 3
+    assert s.generated == 9 and eng.batch.steps == 2 and eng.iterations == 3
     tpot = (s.t_finish - s.t_first_token) / 8
     assert tpot == pytest.approx(0.0035)  # 4 tokens visible per 14 ms step
     assert s.max_gap == pytest.approx(0.014)
@@ -172,14 +172,14 @@ def test_one_step_takes_the_blocks_of_its_accepted_tokens_only():
     sp = _spec(3, (0.0, 0.0, 0.0))
     cfg = EngineConfig(block_size=4, watermark=0.0, speculative=sp.config)
     eng, done = _run([Request(0, 0.0, 7, 4)], sp, config=cfg, audit=True)
-    assert done[0].generated == 4 and eng.steps == 3
+    assert done[0].generated == 4 and eng.batch.steps == 3
     assert eng.kv.peak_used == 3  # 7 + 3 tokens with KV: blocks_for(10, 4)
 
 
 def test_fast_forward_is_off_and_pipelines_are_refused():
     sp = _spec(2, (0.5, 0.25))
     eng, _ = _run([Request(0, 0.0, 10, 30)], sp)
-    assert eng._ff is None and eng.steps < 29  # stepped, and more than a token a step
+    assert eng.ff is None and eng.batch.steps < 29  # stepped, and more than a token a step
     model, gpu = get_model("llama-3.1-8b"), get_gpu("h100-sxm")
     piped = Speculation(sp.config, Roofline(model, gpu, 1, 2), model, gpu, 1, 0)
     cfg = EngineConfig(speculative=sp.config)
@@ -242,7 +242,7 @@ def test_invariants_hold_under_speculation(scenario):
     # the per-step table spent
     cached = eng.cache.cached_blocks if eng.cache is not None else 0
     assert eng.kv.peak_used <= blocks and eng.kv.free + cached == eng.kv.total
-    assert eng.decode_count == 0 and eng.decode_ctx_sum == 0 and not eng._spec_delta
+    assert eng.batch.count == 0 and eng.batch.ctx_sum == 0 and not eng.batch._spec_delta
     times = [e[0] for e in log]
     assert times == sorted(times)
 
@@ -341,7 +341,7 @@ def speculative_specs(draw):
 def test_every_feature_with_speculation_conserves_and_orders(data, trace):
     out, sim = _every_feature_run(data, trace, True)  # fast-forward asked for: it stays off
     check_run(out, sim)
-    assert all(e.spec is not None and e._ff is None for e in sim.engines)
+    assert all(e.spec is not None and e.ff is None for e in sim.engines)
 
 
 def test_a_routers_estimates_see_the_verify_step_and_its_tokens():
@@ -402,5 +402,5 @@ def test_a_decoding_request_that_times_out_leaves_the_step_table():
     assert [by_id[i]["status"] for i in range(3)] == ["failed", "failed", "completed"]
     assert by_id[0]["reason"] == by_id[1]["reason"] == "timeout"
     e = sim.engines[0]
-    assert e.decode_count == 0 and e.decode_ctx_sum == 0 and not e._spec_delta
+    assert e.batch.count == 0 and e.batch.ctx_sum == 0 and not e.batch._spec_delta
     assert e.kv.free == e.kv.total

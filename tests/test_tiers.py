@@ -389,7 +389,7 @@ def _remote_chain(capacity_blocks=16):
 
 
 def test_a_remote_store_read_takes_its_bytes_over_the_bottleneck_and_shares_links():
-    from twin.serving.handoff import shard_flows
+    from twin.net.shards import shard_flows
 
     env, topo, net, chain, remote = _remote_chain()
     path = topo.path(8, 0)  # the store's node 1 (GPU 8) to GPU 0
@@ -527,20 +527,21 @@ def test_the_compare_table_shows_the_remote_stores_share_when_a_run_has_one():
 def test_a_decode_reservation_waits_for_blocks_being_written_down(monkeypatch):
     from pathlib import Path
 
-    import twin.serving.engine as engine_mod
+    import twin.serving.receiving as receiving_mod
     from twin.sim.simulation import Simulation
     from twin.sim.spec import resolve_spec
 
     waited = []
-    reserve = engine_mod.Engine.reserve
+    reserve = receiving_mod.Receiver.reserve
 
     def watched(self, seq):
         ok = reserve(self, seq)
-        if not ok and self.cache is not None and self.cache.writing_blocks:
-            waited.append(self.env.now)
+        eng = self.engine
+        if not ok and eng.cache is not None and eng.cache.writing_blocks:
+            waited.append(eng.env.now)
         return ok
 
-    monkeypatch.setattr(engine_mod.Engine, "reserve", watched)
+    monkeypatch.setattr(receiving_mod.Receiver, "reserve", watched)
     data = {
         "model": "llama-3.1-8b",
         "cluster": {"topology": "dgx-h100-ib400", "nodes": 1,

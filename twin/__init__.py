@@ -29,10 +29,11 @@ Reading guide: start with these files, in this order.
    control loop of ``twin/sim/control.py``; failures and scaling act through
    ``twin/sim/ops.py``'s protocol), and what it returns.
 4. ``twin/serving/engine.py``: one instance's continuous batching, one event
-   per iteration; ``twin/serving/fastforward.py`` jumps over quiet decode
-   stretches in closed form (``twin/serving/pipeforward.py`` over every
-   pipeline lane's at once); ``twin/serving/handoff.py`` moves KV from prefill
-   to decode over ``twin/net/flows.py``'s max-min shared links.
+   per iteration, planned by ``twin/serving/plan.py``, its decodes kept by
+   ``twin/serving/decodebatch.py``; ``twin/serving/fastforward.py`` jumps
+   over quiet decode stretches in closed form (``twin/serving/pipeforward.py``
+   over every pipeline lane's at once); ``twin/serving/handoff.py`` moves KV
+   from prefill to decode over ``twin/net/flows.py``'s max-min shared links.
 5. ``twin/perf/iteration.py``: the iteration-time interface, and its models in
    ``twin/perf/roofline.py`` and ``twin/perf/tables.py``.
 6. ``twin/serving/observer.py``: what a run reports as it happens; the metrics

@@ -2,7 +2,7 @@
 
 :class:`HandoffFabric` is the :class:`twin.scheduler.FabricView` of a
 simulation with a topology. It builds the flows a hand-off would start with
-the hand-off's own code (:meth:`HandoffRoutes.paths`, :func:`sized_flows`, the
+the hand-off's own code (:meth:`HandoffRoutes.paths`, :func:`~twin.net.shards.sized_flows`, the
 fixed costs of :meth:`HandoffRoutes.costs`) and asks the network what they would
 get now (:func:`twin.net.whatif.share_now`): no second formula for either the
 bytes, the paths or the rates. It reads; it starts nothing.
@@ -11,11 +11,12 @@ bytes, the paths or the rates. It reads; it starts nothing.
 from __future__ import annotations
 
 from twin.net.flows import FlowSpec
+from twin.net.shards import sized_flows
 from twin.net.topology import Topology
 from twin.net.whatif import share_now
 from twin.request import Request
 from twin.scheduler import HandoffEstimate, LinkLoad
-from twin.serving.handoff import HandoffRoutes, sized_flows
+from twin.serving.handoff import HandoffRoutes
 
 
 class HandoffFabric:

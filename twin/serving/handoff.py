@@ -59,6 +59,7 @@ import simpy
 from twin._declare import BOOL, choice, declared, seconds
 from twin.errors import SpecError
 from twin.net.flows import FlowSpec, Network
+from twin.net.shards import shard_paths, sized_flows
 from twin.net.topology import Topology
 from twin.scheduler import ClusterView, decode_hook
 from twin.serving.engine import Engine
@@ -242,52 +243,6 @@ def handoff_costs(
     )
 
 
-def shard_flows(
-    topology: Topology,
-    src_gpus: Seq[int],
-    dst_gpus: Seq[int],
-    kv_bytes: float,
-    *,
-    multi_nic: bool = False,
-) -> list[FlowSpec]:
-    """The flows that move ``kv_bytes`` of KV from one instance's GPUs to another's.
-
-    Source GPU ``i`` holds ``1/len(src_gpus)`` of the KV (TP shards the heads,
-    PP the layers) and sends it to destination GPU ``i mod len(dst_gpus)``.
-    NOTE: when the two sides' parallelism differs, a real system reshards; here
-    each source shard goes whole to one destination GPU, so the per-GPU load on
-    the destination side is approximate.
-    """
-    paths = shard_paths(topology, src_gpus, dst_gpus, multi_nic=multi_nic)
-    return sized_flows(paths, len(src_gpus), kv_bytes)
-
-
-def shard_paths(
-    topology: Topology, src_gpus: Seq[int], dst_gpus: Seq[int], *, multi_nic: bool = False
-) -> list[tuple[FlowSpec, int]]:
-    """The flows of :func:`shard_flows` with no bytes yet, each with the number
-    of NICs its source GPU's share is spread over (1 but with ``multi_nic``)."""
-    out: list[tuple[FlowSpec, int]] = []
-    for i, g in enumerate(src_gpus):
-        d = dst_gpus[i % len(dst_gpus)]
-        if g == d:
-            continue  # the same GPU: nothing moves
-        src_node = topology.node_of(g)
-        if multi_nic and src_node != topology.node_of(d):
-            n = topology.nic_count(src_node)
-            for k in range(n):
-                out.append((FlowSpec(topology.path(g, d, nic=k), 0.0), n))
-        else:
-            out.append((FlowSpec(topology.path(g, d), 0.0), 1))
-    return out
-
-
-def sized_flows(paths: Seq[tuple[FlowSpec, int]], shards: int, kv_bytes: float) -> list[FlowSpec]:
-    """``kv_bytes`` over ``paths`` (:func:`shard_paths`) from ``shards`` source GPUs."""
-    share = kv_bytes / shards
-    return [f.resized(share if n == 1 else share / n) for f, n in paths]
-
-
 class HandoffRoutes:
     """What moving KV between two instances of one simulation takes, before
     anything moves: the shards' paths and the fixed costs (both kept), over
@@ -328,8 +283,9 @@ class HandoffRoutes:
         self.gpus.append(gpus)
 
     def paths(self, src: int, dst: int) -> list[tuple[FlowSpec, int]]:
-        """The shards' paths from instance ``src`` to ``dst`` (:func:`shard_paths`),
-        kept: routing is static and an instance's GPUs never change."""
+        """The shards' paths from instance ``src`` to ``dst``
+        (:func:`~twin.net.shards.shard_paths`), kept: routing is static and an
+        instance's GPUs never change."""
         pair = (src, dst)
         paths = self._paths.get(pair)
         if paths is None:
@@ -422,7 +378,7 @@ class KVHandoff:
             # blocks failed.)
             seq.handoff = False
             return
-        if self.pending[d] or not self.engines[d].reserve(seq):
+        if self.pending[d] or not self.engines[d].receiver.reserve(seq):
             return  # reserved later, in order, once the prompt is done
         if self.config.mode == "layerwise":
             self._start(seq, engine.id, d, stream_s=dt)
@@ -436,7 +392,7 @@ class KVHandoff:
             return
         d = self._decode_of(seq)
         if d == engine.id:  # picked now (pull): the KV stays, see on_prefill_start
-            engine.keep(seq)
+            engine.sender.keep(seq)
             return
         if seq.req.id in self.engines[d].reserved:  # reserved when the prefill started
             self._start(seq, engine.id, d)
@@ -471,7 +427,7 @@ class KVHandoff:
                 q.remove(seq)
         d = seq.decode_instance
         if d is not None and self.engines[d].up and seq.req.id in self.engines[d].reserved:
-            self.engines[d].unreserve(seq)
+            self.engines[d].receiver.unreserve(seq)
 
     def redirect(self, engine: Engine, seq: Sequence) -> None:
         """``seq``'s decode instance failed while its KV is still on prefill
@@ -486,7 +442,7 @@ class KVHandoff:
     def _pump(self, d: int) -> None:
         queue = self.pending[d]
         engine = self.engines[d]
-        while queue and engine.reserve(queue[0]):
+        while queue and engine.receiver.reserve(queue[0]):
             seq = queue.popleft()
             self._start(seq, seq.prefill_instance, d)
 
@@ -496,7 +452,7 @@ class KVHandoff:
         # Only what the decode side lacks moves: the leading prefix units its
         # prefix cache holds (taken with the reservation) stay out.
         engine = self.engines[dst]
-        held = engine.reserved_prefix_tokens(seq)
+        held = engine.receiver.prefix_tokens(seq)
         tokens = seq.prefill_len - held
         kv_bytes = float(self.kv_bytes_per_token * tokens)
         saved = float(self.kv_bytes_per_token * held)
@@ -582,8 +538,8 @@ class KVHandoff:
         seq.mark("t_transfer_end", self.env.now)
         seq.transfer = None
         seq.landed = True
-        self.engines[src].release(seq)
-        self.engines[dst].receive(seq)
+        self.engines[src].sender.release(seq)
+        self.engines[dst].receiver.receive(seq)
         self.engines[dst].observer.kv_landed(self.env.now, src, dst, seq.req)
 
 

@@ -12,7 +12,6 @@ from collections.abc import Callable, Container, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twin.errors import CapacityError
-from twin.request import Request
 
 if TYPE_CHECKING:
     from twin.serving.tiers import TierChain
@@ -101,15 +100,6 @@ class BlockManager:
         self.free += blocks
         if self.watch is not None:
             self.watch.free(self)
-
-
-def cacheable(req: Request, block_size: int) -> tuple[int, ...]:
-    """The prefix hashes of ``req`` whose units are whole blocks of its prompt
-    (none when a unit is not a multiple of ``block_size``)."""
-    unit = req.prefix_block_tokens
-    if unit <= 0 or unit % block_size:
-        return ()
-    return req.prefix_hashes[: req.prompt_tokens // unit]
 
 
 def leading_run(hashes: Sequence[int], held: Container[int]) -> int:

@@ -22,6 +22,7 @@ import simpy
 from twin._clock import arrival_at, at
 from twin.request import Request
 from twin.serving.observer import Observer, Outcome
+from twin.serving.retention import cached_stamps, let_go
 from twin.sim.metrics import Distribution
 from twin.workload.sessions import Retention
 
@@ -117,14 +118,14 @@ class SessionDriver(Observer):
                 continue
             eng = self.engine(i)
             if policy == "ttl":
-                stamps = eng.cached_stamps(own)
+                stamps = cached_stamps(eng, own)
 
                 def expire(_ev: object, e: Engine = eng, s: list[int] = stamps) -> None:
-                    e.let_go(own, write_down=False, stamps=s)
+                    let_go(e, own, write_down=False, stamps=s)
 
                 at(self.env, self.env.now + ttl, expire)
             else:
-                eng.let_go(own, write_down=policy == "offload")
+                let_go(eng, own, write_down=policy == "offload")
 
     def _end(self, index: int) -> None:
         self.live -= 1
