@@ -318,20 +318,20 @@ def test_perf_keys_are_checked_when_the_spec_is_loaded(perf, error, message):
     assert str(e.value).startswith(message), str(e.value)
 
 
-def test_a_profile_table_is_found_at_load_and_read_at_build(tmp_path):
+def test_a_profile_table_is_found_and_read_when_the_spec_resolves(tmp_path):
+    # the table is read as the spec resolves (twin/sim/layout.py: check_perf), so
+    # twin spec refuses a bad one as twin run does
     (tmp_path / "prof.csv").write_text("not a table yet\n")
     spec = tmp_path / "s.yaml"
     spec.write_text(json.dumps({**BASE, "perf": {"kind": "profile", "path": "prof.csv",
                                                  "format": "native", "tp": 1}}))  # fmt: skip
-    loaded = load_spec(str(spec))  # the path resolves against the spec's folder
-    assert loaded.perf == {"kind": "profile", "path": "prof.csv", "format": "native", "tp": 1}
-    assert loaded.resolved["perf"] == loaded.perf
+    with pytest.raises(TwinError, match="prof.csv: header"):  # found beside the spec, read
+        load_spec(str(spec))
     with pytest.raises(SpecError, match=f"{spec}: perf.tp: 0 must be a positive integer"):
-        load_spec(str(spec), ["perf.tp=0"])
-    from twin.sim.simulation import Simulation
-
-    with pytest.raises(TwinError, match="prof.csv"):  # the table itself is read here
-        Simulation(loaded)
+        load_spec(str(spec), ["perf.tp=0"])  # the key is checked before the table is read
+    (tmp_path / "prof.csv").write_text("phase,batch_size,tokens,context,time_s\n")
+    with pytest.raises(TwinError, match="prof.csv"):  # read, and holds nothing to serve with
+        load_spec(str(spec))
 
 
 def test_twin_spec_prints_the_resolved_spec_and_its_hash(capsys):
