@@ -14,6 +14,7 @@ import schedulers.distserve
 import schedulers.fabric_aware
 import schedulers.kv_router
 import schedulers.mooncake
+import schedulers.session_affinity
 import schedulers.splitwise  # noqa: F401
 from twin.errors import SpecError
 from twin.request import Request

@@ -67,7 +67,12 @@ Extension points, each with the module that defines it:
   ``twin/perf/catalogs.py``);
 - a workload: a trace file (``twin/workload/traces.py``), a length table or
   distribution (``twin/workload/lengths.py``), an arrival process and a rate
-  schedule (``twin/workload/arrivals.py``, ``twin/workload/schedule.py``);
+  schedule (``twin/workload/arrivals.py``, ``twin/workload/schedule.py``),
+  or sessions of turns sent closed loop (``twin/workload/sessions.py``,
+  ``twin/sim/sessions.py``);
+- a KV retention policy between a session's turns: the spec's
+  ``engine.session_retention``, or any object with ``decide(session)``
+  given as ``Simulation(spec, retention=...)`` (``twin/workload/sessions.py``);
 - an observer (``twin/serving/observer.py``) and a topology file
   (``topologies/README.md``, ``twin/net/topofile.py``).
 
@@ -110,6 +115,7 @@ one is missing here, or named here and gone)::
       arrivals.py schedule.py  Poisson and Gamma arrivals; rate schedules
       measured.py inference_perf.py shared_prefix.py   real runs' records; inference-perf
       classes.py records.py    classes of traffic; one request as a trace gives it
+      sessions.py              sessions of turns, closed loop; KV retention's choices
     twin/serving/              one instance and what moves between instances
       __init__.py engine.py    continuous batching, one event per iteration
       lanes.py plan.py decodebatch.py   its loops; an iteration's plan; the decode batch
@@ -122,13 +128,15 @@ one is missing here, or named here and gone)::
       kvcache.py tiers.py kvpool.py   KV blocks and prefix cache; tiers; node pools
       handoff.py cluster.py    the KV hand-off; placement and the live views
       fabric.py abandon.py     the fabric in the router's view; requests given up
+      retention.py             a session's KV let go between its turns
       observer.py              what a run reports as it happens
     twin/sim/                  one run
       __init__.py spec.py layout.py   specs; where instances run
       build.py ops.py          the pure build of a cluster; what faults and scaling may do
       simulation.py control.py   wiring and driving a run; roles and ticks
       faults.py health.py scaling.py   faults and recovery; composed health; scaling
-      timeouts.py              client time-outs (workload.timeout)
+      timeouts.py sessions.py  client time-outs (workload.timeout); sessions' turns sent
+      result.py                what a run returns: Result and its Summary
       metrics.py summary.py intervals.py   streaming summaries; the table; intervals
       classmetrics.py distribution.py   summaries per class; one latency's distribution
       timeline.py trace.py frames.py   results over time; the event log; data frames
@@ -184,7 +192,8 @@ if TYPE_CHECKING:
     from twin.serving.observer import Observer
     from twin.serving.queuepolicy import PicksVictim, Queued, QueuePolicy, register_queue_policy
     from twin.sim.metrics import REQUEST_COLUMNS
-    from twin.sim.simulation import Result, Simulation, run
+    from twin.sim.result import Result
+    from twin.sim.simulation import Simulation, run
     from twin.sim.spec import ExperimentSpec, load_spec, read_spec
     from twin.sim.summary import format_summary
     from twin.sim.trace import EventLog, TraceRecorder, write_chrome_trace
@@ -215,7 +224,7 @@ _LAZY = {
     "REQUEST_COLUMNS": "twin.sim.metrics",
     "Reject": "twin.scheduler",
     "Request": "twin.request",
-    "Result": "twin.sim.simulation",
+    "Result": "twin.sim.result",
     "Role": "twin.scheduler",
     "Route": "twin.scheduler",
     "Scheduler": "twin.scheduler",
