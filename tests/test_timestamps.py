@@ -5,15 +5,17 @@ from __future__ import annotations
 import math
 
 import pytest
+import simpy
 from helpers import small_spec
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_disagg import run, split_spec
-from test_engine import Auditing, run_engine
+from test_engine import Auditing, Linear, observing, run_engine
 
 import schedulers.splitwise  # noqa: F401 - registers the policy when not installed
 from twin.request import Request
-from twin.serving.engine import EngineConfig
+from twin.serving.engine import Engine, EngineConfig
+from twin.serving.kvcache import BlockManager
 from twin.serving.sequence import Sequence
 from twin.sim.spec import load_spec
 
@@ -206,6 +208,56 @@ def test_a_landed_request_recomputed_for_another_hand_off_starts_where_it_decode
     assert r["first_token_s"] == pytest.approx(3.0501906)
     assert r["ttft_s"] == pytest.approx(3.0501906 - r["arrival_s"])
     assert r["max_itl_s"] == pytest.approx(0.1323848)  # its first decode step after the recompute
+
+
+class KeptHere:
+    """Hand-off hooks that pick the prefilling instance (a prompt machine turned
+    mixed) to decode each prompt as it starts, as the push hand-off does: the
+    KV stays."""
+
+    def on_prefill_start(self, engine, seq, dt):
+        seq.handoff = False
+
+    def on_prefilled(self, engine, seq):
+        raise AssertionError(f"request {seq.req.id} is handed off")
+
+    def on_blocks_freed(self, engine):
+        pass
+
+
+def test_a_landed_retry_kept_where_it_is_prefilled_starts_decoding_there():
+    # Attempt 1 handed token 1 (0.1 s) off; its KV landed (0.2 s) on an
+    # instance that failed before taking it up. The retry, bound for another
+    # hand-off, recomputes the 8-token prompt and token 1 (10 ms + 9 x 0.1 ms)
+    # on a prompt machine that picks itself to decode it as the iteration
+    # starts (1.0 s): that iteration is its decode start, where the client
+    # sees token 1 (not -1), and its decode steps (11 ms) follow.
+    env = simpy.Environment()
+    done: list[Sequence] = []
+    config = EngineConfig(block_size=4)
+    eng = Engine(env, 0, Linear(), BlockManager(100, 4), config, observing(done), hooks=KeptHere())
+    lost = Sequence(Request(0, 0.0, 8, 4), 0.0)
+    lost.handoff = True
+    for name, t in (
+        ("t_arrival", 0.0),
+        ("t_scheduled", 0.0),
+        ("t_transfer_start", 0.05),
+        ("t_prefill_done", 0.1),
+        ("t_first_token", 0.1),
+        ("t_transfer_end", 0.2),
+    ):
+        assert lost.mark(name, t)
+    lost.generated, lost.t_last_token, lost.landed = 1, 0.1, True
+    retry = lost.retry(1.0)
+    retry.handoff = True
+    env.run(until=1.0)
+    eng.submit(retry)
+    env.run()
+    assert done == [retry] and retry.t_finish == pytest.approx(1.0329)
+    assert retry.t_decode_start == 1.0
+    assert retry.t_first_decode == pytest.approx(1.0219)
+    assert retry.decode_gap == pytest.approx(0.0109)  # the recompute, from the decode start
+    assert not retry.landed
 
 
 _FAULT = st.tuples(

@@ -846,6 +846,8 @@ class Engine:
             for seq, n in chunks:
                 if seq.handoff and seq.prefilled + n >= seq.prefill_len:
                     self.hooks.on_prefill_start(self, seq, dt)
+                    if not seq.handoff:  # to decode here after all: its KV stays
+                        self._note_decode_start([(seq, n)], False)
 
     def _use_lane(self, lane: int) -> None:
         """Make ``lane``'s decode bookkeeping the engine's (``pp > 1``)."""
