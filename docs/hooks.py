@@ -82,13 +82,17 @@ def spec_keys() -> str:
 
 def columns() -> str:
     import twin
+    from twin.sim.classmetrics import CLASS_TIMELINE_COLUMNS
     from twin.sim.frames import REQUEST_KINDS
+    from twin.sim.metrics import CLASS_COLUMN
     from twin.sim.simulation import LINK_COLUMNS
     from twin.sim.timeline import TIMELINE_COLUMNS
 
     out = ["## Per-request rows (`--requests-csv`, `result.requests`)", ""]
     out += ["| column | kind |", "|---|---|"]
     out += [f"| `{c}` | {REQUEST_KINDS[c]} |" for c in twin.REQUEST_COLUMNS]
+    out += [f"| `{CLASS_COLUMN}` | str: the request's class, after the others in a run with "
+            "`workload.classes` only |"]  # fmt: skip
     out += ["", "## Timeline rows (`--timeline-csv`, `result.timeline`)", ""]
     out += ["| column |", "|---|"] + [f"| `{c}` |" for c in TIMELINE_COLUMNS]
     out += ["", "## Link rows (`--links-csv`, besides `series`)", ""]
@@ -109,6 +113,24 @@ def columns() -> str:
             continue  # its flat keys follow
         shown = f"{value:.6g}" if isinstance(value, float) else value
         out.append(f"| `{key}` | {_cell(shown)} |")
+    sets = ["workload.max_requests=200", "compare=null", "engine.queue_policy=priority"]
+    classed = twin.run("classes", overrides=sets)
+    first = next(iter(classed.summary["classes"]))
+    out += ["", "## Per-class keys (`summary.classes.<name>`, `timeline_by_class.<name>`)", ""]
+    out += [
+        "A run with `workload.classes` adds, for each class, these keys (its requests "
+        "only, judged against its SLO), with their values for the class "
+        f"`{first}` in `twin run classes --set {' --set '.join(sets)}`; and in "
+        "`--json`, `timeline_by_class.<name>`: the class's timeline rows, of the columns "
+        f"{', '.join(f'`{c}`' for c in CLASS_TIMELINE_COLUMNS)}.",
+        "",
+        "| key | example |",
+        "|---|---|",
+    ]
+    for key, value in classed.summary.items():
+        if key.startswith(f"classes.{first}.") and not isinstance(value, dict):
+            shown = f"{value:.6g}" if isinstance(value, float) else value
+            out.append(f"| `{key.replace(first, '<name>', 1)}` | {_cell(shown)} |")
     return "\n".join(out)
 
 

@@ -1,4 +1,4 @@
-"""Write the measured outputs the Fidelity and Speed pages show.
+"""Write the measured outputs the documentation pages show (Fidelity, Speed, guides).
 
 Each entry of :data:`MEASURED` is a command a reader can run from the
 repository root (the public data at ``../shared/data``); this script runs it
@@ -29,6 +29,10 @@ MEASURED: dict[str, str] = {
     "validate-perf-azure-code": "twin validate perf --data ../shared/data --workload azure-code",
     "validate-perf-mooncake": "twin validate perf --data ../shared/data --workload mooncake",
     "bench": "twin bench --sizes 10k,100k",
+    "speculative-1": "twin run speculative",
+    "speculative-24": "twin run speculative --set workload.arrival.rate=24",
+    "speculative-48": "twin run speculative --set workload.arrival.rate=48",
+    "classes": "twin run classes",
     "fabric-aware": "twin run fabric-aware",
 }
 

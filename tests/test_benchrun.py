@@ -14,7 +14,7 @@ import pytest
 
 from twin.cli import main
 from twin.errors import TwinError
-from twin.studies.realrun import read_run, read_runs
+from twin.studies.runs import read_run, read_runs
 from twin.workload.measured import read_measured
 from twin.workload.traces import detect_format, read_trace
 

@@ -16,7 +16,7 @@ from twin.perf.gpus import get_gpu
 from twin.perf.llm import get_model
 from twin.perf.roofline import Roofline
 from twin.studies.calibrate_runs import PRIOR, Replayer, _loss, fit, free_terms, perf_block
-from twin.studies.realrun import read_run
+from twin.studies.runs import read_run
 from twin.studies.validate_realrun import replay
 
 SMALL = "20260217-162547-llama-2-7b-tp1-roleplay"  # one stage, TP 1

@@ -140,8 +140,8 @@ def run(ops, delayed: bool):
     cancelled."""
     env = simpy.Environment()
     seen = Seen()
-    net = Network(env, observer=seen)
-    net.reroute = lambda first, last, down: None  # flows on a failed link wait
+    # without another path, flows on a failed link wait
+    net = Network(env, observer=seen, reroute=lambda first, last, down: None)
     handles: list[dict] = []
     down: set = set()
 

@@ -84,6 +84,42 @@ def test_the_api_reference_documents_every_exported_name():
             assert f"::: {module}.{exported}\n" in text
 
 
+RAW_ROLE = re.compile(r":(?:class|func|meth|attr|data|mod|exc|obj):`")
+
+
+def _api_docstrings(extensions: list) -> list[str]:
+    """The docstrings the API page renders: each exported object's and its members'."""
+    import griffe
+
+    loader = griffe.GriffeLoader(
+        extensions=griffe.load_extensions(*extensions), search_paths=[str(ROOT)]
+    )
+    package = loader.load("twin")
+    out: list[str] = []
+
+    def walk(obj) -> None:
+        if obj.docstring is not None:
+            out.append(obj.docstring.value)
+        for key, member in obj.members.items():
+            if not key.startswith("_") and not member.is_alias:
+                walk(member)
+
+    for exported, module in twin._LAZY.items():
+        if not exported.startswith("_") and exported != "REQUEST_COLUMNS":
+            walk(package[f"{module.removeprefix('twin.')}.{exported}"])
+    return out
+
+
+def test_the_api_reference_reads_the_docstrings_roles_as_markdown():
+    roles = _module("docs/griffe_roles.py")
+    assert roles.markdown("see :class:`Result` and :func:`~twin.x.own_rate`") == (
+        "see `Result` and `own_rate`"
+    )
+    assert "docs/griffe_roles.py:SphinxRoles" in (ROOT / "mkdocs.yml").read_text()
+    assert any(RAW_ROLE.search(d) for d in _api_docstrings([]))  # the code writes roles
+    assert not [d[:80] for d in _api_docstrings([roles.SphinxRoles()]) if RAW_ROLE.search(d)]
+
+
 def test_each_measured_file_is_the_output_of_its_command():
     files = sorted((ROOT / "docs" / "data").glob("*.txt"))
     assert {f.stem for f in files} == set(measure.MEASURED)

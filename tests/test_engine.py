@@ -45,32 +45,34 @@ class Linear:
         )
 
 
+def audit(e: Engine, b: Batch) -> None:
+    """Check the engine's aggregates, as ``b`` starts, against a brute-force count."""
+    dec = [s for s in e.running.values() if s.state == "decode"]
+    if b.decode_count:
+        assert b.decode_count == len(dec)
+        step = e.batch.steps + 1
+        assert b.decode_context_sum == sum(s.length_at(step) for s in dec)
+        for s in dec:
+            assert s.held_blocks >= blocks_for(s.length_at(step), e.kv.block_size)
+    cached = e.cache.cached_blocks if e.cache is not None else 0
+    assert e.kv.used == sum(s.blocks for s in e.running.values()) + cached
+    assert 0 <= e.kv.free <= e.kv.total
+    if e.cache is not None:
+        refs = {}
+        for s in e.running.values():
+            for h in s.units:
+                refs[h] = refs.get(h, 0) + 1
+        assert {h: u[0] for h, u in e.cache.units.items() if u[0]} == refs
+        assert e.cache.evictable_blocks == sum(u[1] for u in e.cache.units.values() if u[0] == 0)
+
+
 class Auditing(Linear):
     """Checks, at every iteration, the engine's aggregates against a brute-force count."""
 
     engine: Engine
 
     def iteration_time(self, b: Batch) -> float:
-        e = self.engine
-        dec = [s for s in e.running.values() if s.state == "decode"]
-        if b.decode_count:
-            assert b.decode_count == len(dec)
-            step = e.steps + 1
-            assert b.decode_context_sum == sum(s.length_at(step) for s in dec)
-            for s in dec:
-                assert s.held_blocks >= blocks_for(s.length_at(step), e.kv.block_size)
-        cached = e.cache.cached_blocks if e.cache is not None else 0
-        assert e.kv.used == sum(s.blocks for s in e.running.values()) + cached
-        assert 0 <= e.kv.free <= e.kv.total
-        if e.cache is not None:
-            refs = {}
-            for s in e.running.values():
-                for h in s.units:
-                    refs[h] = refs.get(h, 0) + 1
-            assert {h: u[0] for h, u in e.cache.units.items() if u[0]} == refs
-            assert e.cache.evictable_blocks == sum(
-                u[1] for u in e.cache.units.values() if u[0] == 0
-            )
+        audit(self.engine, b)
         return super().iteration_time(b)
 
     def decode_steps(self, count: int, context_sum: int, n: int) -> list[float]:
@@ -93,7 +95,11 @@ def observing(done: list[Sequence], log: list[tuple] | None = None) -> Observer:
     return broadcast([Done(done)] + ([EventLog(log)] if log is not None else []))
 
 
-def run_engine(reqs, *, blocks=1000, config=None, perf=None, log=None, probe=None):
+def run_engine(
+    reqs, *, blocks=1000, config=None, perf=None, log=None, probe=None, speculation=None,
+    on_engine=None,
+):  # fmt: skip
+    """Serve ``reqs`` on one engine; ``on_engine`` is given it before the run."""
     env = simpy.Environment()
     done: list[Sequence] = []
     perf = perf or Linear()
@@ -104,9 +110,12 @@ def run_engine(reqs, *, blocks=1000, config=None, perf=None, log=None, probe=Non
         BlockManager(blocks, (config or EngineConfig()).block_size),
         config or EngineConfig(),
         observing(done, log),
+        speculation=speculation,
     )
     if isinstance(perf, Auditing):
         perf.engine = eng
+    if on_engine is not None:
+        on_engine(eng)
 
     def arrive():
         for r in reqs:
@@ -120,7 +129,7 @@ def run_engine(reqs, *, blocks=1000, config=None, perf=None, log=None, probe=Non
             yield Arrival(env, 0.0037 * (k + 1) - env.now)
             eng.sync()
             cached = sorted(eng.cache.units) if eng.cache is not None else []
-            probe.append((eng.kv.free, eng.iterations, eng.steps, len(eng.waiting), cached))
+            probe.append((eng.kv.free, eng.iterations, eng.batch.steps, len(eng.waiting), cached))
 
     env.process(arrive())
     if probe is not None:
@@ -272,8 +281,8 @@ def test_invariants_hold_for_random_workloads(scenario):
     # the clock never goes back
     times = [e[0] for e in log]
     assert times == sorted(times)
-    assert not eng.running and not eng.waiting and eng.decode_count == 0
-    assert eng.decode_ctx_sum == 0
+    assert not eng.running and not eng.waiting and eng.batch.count == 0
+    assert eng.batch.ctx_sum == 0
     assert math.isfinite(eng.busy_s)
 
 
@@ -481,7 +490,7 @@ def _kept_later(keep_at: float, *, ff: bool, busy: bool) -> tuple[list, Engine]:
     def later():
         yield Arrival(env, keep_at)
         assert hooks.held == [first]
-        eng.keep(first)
+        eng.sender.keep(first)
 
     env.process(later())
     env.run()
@@ -499,7 +508,7 @@ def test_a_kv_kept_after_its_prompt_decodes_from_the_next_step_boundary(busy):
     jumped, e2 = _kept_later(keep_at, ff=True, busy=busy)
     assert sorted(r[0] for r in stepped) == ([0, 1] if busy else [0])
     assert jumped == stepped
-    assert (e1.iterations, e1.steps) == (e2.iterations, e2.steps)
+    assert (e1.iterations, e1.batch.steps) == (e2.iterations, e2.batch.steps)
     kept = next(r for r in stepped if r[0] == 0)
     assert kept[2] > keep_at  # its first decode step starts after it was taken up
     assert e1.kv.free == e1.kv.total and e2.kv.free == e2.kv.total

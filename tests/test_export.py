@@ -302,14 +302,22 @@ def test_both_exports_validate_against_the_published_schemas(planned, render, sc
     doc = json.loads((SCHEMAS / schema).read_text())
     for dep in (planned[2], _wide_ep()):
         jsonschema.validate(yaml.safe_load(render(dep)), doc)
-    # the schemas can fail: a parallelism key llm-d does not know, a node count of 1
-    bad = yaml.safe_load(render(planned[2]))
-    if render is llm_d_yaml:
-        bad["decode"]["parallelism"]["pipeline"] = 2
-    else:
-        _worker(bad, "decode")["multinode"] = {"nodeCount": 1}
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(bad, doc)
+    # the schemas can fail: a parallelism key llm-d does not know; in Dynamo's CRD a node
+    # count of 1, a component type it does not list, a v1alpha1 key v1beta1 would prune
+    breaks = (
+        [lambda d: d["decode"]["parallelism"].update(pipeline=2)]
+        if render is llm_d_yaml
+        else [
+            lambda d: _worker(d, "decode").update(multinode={"nodeCount": 1}),
+            lambda d: _worker(d, "decode").update(type="backend"),
+            lambda d: _worker(d, "prefill").update(envFromSecret="hf-token-secret"),
+        ]
+    )
+    for brk in breaks:
+        bad = yaml.safe_load(render(planned[2]))
+        brk(bad)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, doc)
 
 
 def test_the_workers_carry_the_engine_flags_the_twin_simulated(planned):

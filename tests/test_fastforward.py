@@ -211,8 +211,8 @@ def test_a_cut_stretch_reads_as_stepping_until_its_step_ends():
             for t in (0.05, 0.1055, 0.107, 0.11, 0.3):
                 yield env.timeout(t - env.now)
                 eng.sync()
-                seen.append((env.now, eng.kv.free, eng.steps, eng.iterations, eng.busy_s,
-                             eng.decode_ctx_sum, list(eng._gap_vals)))  # fmt: skip
+                seen.append((env.now, eng.kv.free, eng.batch.steps, eng.iterations, eng.busy_s,
+                             eng.batch.ctx_sum, eng.batch.largest_gaps()))  # fmt: skip
 
         env.process(arrive())
         env.process(read())

@@ -595,23 +595,6 @@ def test_random_failures_reach_the_fault_log():
         assert not back or back[0]["time_s"] == pytest.approx(f["time_s"] + 0.05)
 
 
-def test_the_bundled_link_flap_slows_the_handoff_for_a_minute():
-    from twin.sim.simulation import run as run_spec
-
-    result = run_spec("link-flap", overrides=["workload.max_requests=1500"]).to_dict()
-    rows = result["timeline"]
-
-    def p50(lo, hi):
-        vals = [r["transfer_p50_s"] for r in rows if lo <= r["start_s"] < hi]
-        vals = [v for v in vals if v is not None]  # windows with no arrival have none
-        return max(vals), min(vals)
-
-    before, during, after = p50(0, 30), p50(30, 90), p50(90, 1e9)
-    assert during[1] > 1.5 * before[0]  # every window of the flap above every one before
-    assert after[0] < during[1] and result["summary"]["failed"] == 0
-    assert len(result["fault_log"]) == 64  # 32 NICs degraded, then restored
-
-
 def test_random_failures_end_when_every_request_left_waits_for_an_instance():
     # A node down for good and random NIC failures: the waiting requests can
     # only end failed, and the NIC failures (which bring no instance back)

@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twin.net.flows import FlowSpec, Network, _fill, max_min_rates
+from twin.net.shards import shard_flows
 from twin.net.topology import load_topology
-from twin.serving.handoff import shard_flows
 
 
 @dataclass(frozen=True)

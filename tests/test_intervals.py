@@ -332,8 +332,8 @@ def test_calibrate_residuals_replay_each_run_with_the_terms_fitted_to_the_others
     import dataclasses
 
     from twin.studies.calibrate_runs import PRIOR, perf_block
-    from twin.studies.realrun import read_run
     from twin.studies.runresiduals import loo_table
+    from twin.studies.runs import read_run
     from twin.studies.validate_realrun import replay
 
     data = shared_data / "realruns"
@@ -342,7 +342,7 @@ def test_calibrate_residuals_replay_each_run_with_the_terms_fitted_to_the_others
     runs = [read_run(data / "runs" / "20260217-162547-llama-2-7b-tp1-roleplay"),
             read_run(data / "runs" / "20260218-150304-codellama-34b-tp2-general")]  # fmt: skip
     terms = {runs[0].key: dict(PRIOR), runs[1].key: {**PRIOR, "overhead_s": 3e-3}}
-    table = loo_table(runs, terms, 30, "t")
+    table = loo_table(runs, terms, 30, "t", perf_block)
     assert table.runs() == sorted(r.key for r in runs)
     for run in runs:  # each run's rows are its replay with its own held-out terms
         spec = {**run.spec, "perf": perf_block(terms[run.key]),

@@ -181,10 +181,9 @@ def test_degrading_and_failing_a_lone_flows_link_re_shares_it():
 
 def test_a_lone_flow_on_a_failing_link_takes_the_other_path():
     env = simpy.Environment()
-    net = Network(env)
     a, b = Link("a", "b", 10.0), Link("b", "c", 20.0)
     other = (Link("a", "x", 4.0), Link("x", "c", 4.0))
-    net.reroute = lambda first, last, down: other if ("b", "c") in down else None
+    net = Network(env, reroute=lambda first, last, down: other if ("b", "c") in down else None)
     t = net.start([FlowSpec((a, b), 100.0)])  # alone at 10 B/s: would end at 10
     run_at(env, 2.0, lambda: net.fail_link("b", "c"))  # 80 left, at 4 B/s on the other
     env.run()
@@ -206,9 +205,12 @@ TWO_PATHS = {
 
 def two_path_network(series_bucket_s: float | None = None) -> tuple[simpy.Environment, Network]:
     env = simpy.Environment()
-    net = Network(env, series_bucket_s=series_bucket_s)
     around = TWO_PATHS["around"]
-    net.reroute = lambda first, last, down: around if ("b", "c") in down else None
+    net = Network(
+        env,
+        series_bucket_s=series_bucket_s,
+        reroute=lambda first, last, down: around if ("b", "c") in down else None,
+    )
     return env, net
 
 
@@ -258,10 +260,9 @@ def test_a_flow_moving_off_a_shared_link_gives_its_share_back():
 def test_a_group_member_moved_off_a_failed_rail_leaves_its_rail_what_crossed_it():
     # two shards on rails 0 and 1 move as one group; rail 0 fails at 2 s
     env = simpy.Environment()
-    net = Network(env)
     rail = [(Link(f"a{i}", f"s{i}", 10.0), Link(f"s{i}", f"c{i}", 10.0)) for i in (0, 1)]
     around = (Link("a0", "x", 4.0), Link("x", "c0", 4.0))
-    net.reroute = lambda first, last, down: around if ("s0", "c0") in down else None
+    net = Network(env, reroute=lambda first, last, down: around if ("s0", "c0") in down else None)
     t = net.start([FlowSpec(rail[0], 100.0), FlowSpec(rail[1], 100.0)])
     assert net.groups() == [(0, (0, 1))]
     run_at(env, 2.0, lambda: net.fail_link("s0", "c0"))
@@ -599,8 +600,9 @@ def reroutes(draw):
 def test_a_failing_link_moves_flows_and_their_bytes_are_conserved(case):
     paths, transfers, fail, repair = case
     env = simpy.Environment()
-    net = Network(env)
-    net.reroute = lambda first, last, down: paths["around"] if ("b", "c") in down else None
+    net = Network(
+        env, reroute=lambda first, last, down: paths["around"] if ("b", "c") in down else None
+    )
     run_at(env, fail, lambda: net.fail_link("b", "c"))
     if repair is not None:
         run_at(env, fail + repair, lambda: net.recover_link("b", "c"))

@@ -251,6 +251,7 @@ def test_there_are_notebooks():
         "03-topology-whatif",
         "04-your-own-scheduler",
         "05-failures-and-autoscaling",
+        "06-speculative-decoding",
     }
 
 

@@ -68,8 +68,7 @@ def engine_run(reqs, blocks, cfg, perf, *, probe_every=0.0037):
         for k in range(300):
             yield Arrival(env, probe_every * (k + 1) - env.now)
             eng.sync()
-            lanes = [eng._lanes[i] if i != eng._lane else None for i in range(eng.pp)]
-            steps = [eng.steps if v is None else v[2] for v in lanes]
+            steps = [batch.steps for batch in eng.lanes]
             probe.append((eng.kv.free, eng.iterations, eng.busy_s, steps, eng.decode_load()))
 
     env.process(observe())

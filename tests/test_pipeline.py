@@ -49,11 +49,11 @@ class PipeLinear(Linear):
 
     def stage_times(self, b: Batch) -> tuple[float, float]:
         e = self.engine
-        lane = e._lane
+        lane = e.batch.lane
         dec = [s for s in e.running.values() if s.state == "decode" and s.lane == lane]
         assert b.decode_count in (0, len(dec))
         if b.decode_count:
-            step = e.steps + 1
+            step = e.batch.steps + 1
             assert b.decode_context_sum == sum(s.length_at(step) for s in dec)
             for s in dec:
                 assert s.held_blocks >= blocks_for(s.length_at(step), e.kv.block_size)
@@ -196,9 +196,8 @@ def test_invariants_hold_with_micro_batches_in_flight(scenario, pp):
     times = [e[0] for e in log]
     assert times == sorted(times)
     assert not eng.running and not eng.waiting
-    for lane in range(pp):
-        eng._use_lane(lane)
-        assert eng.decode_count == 0 and eng.decode_ctx_sum == 0
+    for batch in eng.lanes:
+        assert batch.count == 0 and batch.ctx_sum == 0
     assert math.isfinite(eng.busy_s)
 
 

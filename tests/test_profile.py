@@ -13,7 +13,6 @@ import pytest
 
 from twin.cli import main
 from twin.perf.build import build_perf_model
-from twin.perf.calibrate import main as calibrate_main
 from twin.perf.fit_profile import DEFAULT_FIT, fit_tables, load_table
 from twin.perf.gpus import get_gpu
 from twin.perf.iteration import Batch
@@ -173,7 +172,7 @@ def test_calibrate_two_models_leave_one_table_out(tmp_path, capsys):
     for path, model in ((a, "llama-3.1-8b"), (b, "qwen3-8b")):
         path.with_suffix(".json").write_text(json.dumps({"model": model, "gpu": "h200", "tp": 1}))
     # sidecars that name the model by catalog name (twin profile writes the full mapping)
-    rc = calibrate_main(["--profile", str(a), "--profile", str(b)])
+    rc = main(["calibrate", "--profile", str(a), "--profile", str(b)])
     out = capsys.readouterr().out
     assert rc == 0 and "leave-one-table-out" in out
     assert out.count("PASS") >= 4 and "FAIL" not in out

@@ -12,7 +12,8 @@ import pytest
 
 from twin.cli import main
 from twin.errors import TwinError
-from twin.studies.realrun import read_run, read_runs, score, stage_of, twin_metrics
+from twin.studies.realrun import score, stage_of, twin_metrics
+from twin.studies.runs import read_run, read_runs
 from twin.workload.inference_perf import read_records
 from twin.workload.traces import detect_format, read_trace
 

@@ -31,6 +31,7 @@ from twin.errors import SpecError, TwinError, UnknownNameError
 from twin.serving.engine import EngineConfig
 from twin.serving.handoff import TransferConfig
 from twin.serving.queuepolicy import QueuePolicyChoice
+from twin.serving.speculative import SpeculativeConfig
 from twin.sim.metrics import SLO
 from twin.sim.spec import ClusterKeys, TopKeys, load_spec, resolve_spec
 
@@ -150,9 +151,10 @@ def test_engine_defaults_live_in_engine_config_alone():
         "prefix_caching": False,
         "max_model_len": None,
     }
-    # every key but queue_policy, written only when given (results of specs
-    # without it read as before the key came)
-    assert list(spec.resolved["engine"]) == [k for k in keys(EngineConfig) if k != "queue_policy"]
+    # every key but queue_policy and speculative, written only when given (results
+    # of specs without them read as before the keys came)
+    later = ("queue_policy", "speculative")
+    assert list(spec.resolved["engine"]) == [k for k in keys(EngineConfig) if k not in later]
     assert (spec.memory_utilization, spec.activation_reserve_bytes, spec.oversized) == (
         0.9, 2 * 2**30, "error")  # fmt: skip
     assert spec.resolved["slo"] == {
@@ -169,13 +171,14 @@ def test_every_declared_engine_key_is_read_from_yaml():
              "chunked_prefill": True, "watermark": 0.0, "gpu_memory_utilization": 0.8,
              "activation_reserve": "1 GiB", "oversized": "reject", "fast_forward": False,
              "prefix_caching": True, "max_model_len": 1024,
-             "queue_policy": {"name": "priority"}}  # fmt: skip
+             "queue_policy": {"name": "priority"},
+             "speculative": {"method": "ngram", "k": 2, "acceptance": 0.5}}  # fmt: skip
     assert set(given) == set(keys(EngineConfig))
     spec = resolve(engine=given)
     assert spec.resolved["engine"] == given
     assert spec.engine == EngineConfig(
         32, 8, 512, True, 0.0, 0.8, 2**30, "reject", False, True, 1024,
-        QueuePolicyChoice("priority", {}),
+        QueuePolicyChoice("priority", {}), SpeculativeConfig("ngram", 2, (0.5, 0.25)),
     )  # fmt: skip
 
 
@@ -311,20 +314,20 @@ def test_perf_keys_are_checked_when_the_spec_is_loaded(perf, error, message):
     assert str(e.value).startswith(message), str(e.value)
 
 
-def test_a_profile_table_is_found_at_load_and_read_at_build(tmp_path):
+def test_a_profile_table_is_found_and_read_when_the_spec_resolves(tmp_path):
+    # the table is read as the spec resolves (twin/sim/layout.py: check_perf), so
+    # twin spec refuses a bad one as twin run does
     (tmp_path / "prof.csv").write_text("not a table yet\n")
     spec = tmp_path / "s.yaml"
     spec.write_text(json.dumps({**BASE, "perf": {"kind": "profile", "path": "prof.csv",
                                                  "format": "native", "tp": 1}}))  # fmt: skip
-    loaded = load_spec(str(spec))  # the path resolves against the spec's folder
-    assert loaded.perf == {"kind": "profile", "path": "prof.csv", "format": "native", "tp": 1}
-    assert loaded.resolved["perf"] == loaded.perf
+    with pytest.raises(TwinError, match="prof.csv: header"):  # found beside the spec, read
+        load_spec(str(spec))
     with pytest.raises(SpecError, match=f"{spec}: perf.tp: 0 must be a positive integer"):
-        load_spec(str(spec), ["perf.tp=0"])
-    from twin.sim.simulation import Simulation
-
-    with pytest.raises(TwinError, match="prof.csv"):  # the table itself is read here
-        Simulation(loaded)
+        load_spec(str(spec), ["perf.tp=0"])  # the key is checked before the table is read
+    (tmp_path / "prof.csv").write_text("phase,batch_size,tokens,context,time_s\n")
+    with pytest.raises(TwinError, match="prof.csv"):  # read, and holds nothing to serve with
+        load_spec(str(spec))
 
 
 def test_twin_spec_prints_the_resolved_spec_and_its_hash(capsys):

@@ -1,8 +1,9 @@
 """Every check that needs to know where the instances run is done as the spec
 resolves, so ``twin spec`` refuses what ``twin run`` refuses, with the same
 one line: the instances fit the topology and leave room for a KV cache,
-every fault target is a part of the cluster, and a remote KV store sits on
-a node of its own."""
+every fault target is a part of the cluster, a remote KV store sits on
+a node of its own, and the perf model builds for every instance on the GPU
+it is placed on."""
 
 from __future__ import annotations
 
@@ -44,6 +45,30 @@ BAD = [
      r"disagg\.yaml: cluster\.decode: no memory left for the KV cache"),
     ("quickstart", ["model=llama-2-70b", "cluster.tp=1"],
      r"quickstart\.yaml: cluster: no memory left for the KV cache"),
+    ("quickstart", ["perf={kind: roofline, moe_overlap_min_tokens: 10}"],
+     r"quickstart\.yaml: perf\.moe_overlap_min_tokens: 10 acts only with moe_overlap: two-batch"),
+]  # fmt: skip
+
+# The perf model for each instance's GPU and shape: {table} is a profile
+# table's path (the check refuses the kind before reading it), {data} the
+# shared data folder.
+WIDE_EP = [
+    "model=deepseek-v3", "cluster.topology=dgx-h100-ib400", "cluster.nodes=8", "cluster.tp=1",
+    "cluster.ep=16", "cluster.dp=16", "cluster.prefill={instances: 2}",
+    "cluster.decode={instances: 1, ep: 32, dp: 32}", "scheduler.name=disagg",
+]  # fmt: skip
+BAD_PERF = [
+    ("disagg", [*WIDE_EP, "perf={kind: profile, path: '{table}'}"],
+     r"disagg\.yaml: perf\.kind: profile has no expert parallelism; use kind: roofline"),
+]  # fmt: skip
+BAD_TABLES = [
+    ("quickstart",
+     ["perf={kind: distserve, path: '{data}/profiles/distserve/profiler-a100-80g.distserve.json'}"],
+     r"quickstart\.yaml: perf: .*profiler-a100-80g\.distserve\.json: no fit for "
+     r"model='llama-3\.1-70b' tp=8"),
+    ("quickstart", ["perf={kind: profile, path: '{data}/profiles/splitwise_sim/perf_model.csv'}"],
+     r"quickstart\.yaml: perf: .*perf_model\.csv: no rows for model='llama-3\.1-70b' "
+     r"hardware='h100-sxm' tp=8"),
 ]  # fmt: skip
 
 
@@ -54,12 +79,34 @@ def _error(capsys, *argv: str) -> str:
     return err
 
 
-@pytest.mark.parametrize(("spec", "sets", "message"), BAD, ids=[m[:40] for *_, m in BAD])
-def test_twin_spec_and_twin_run_refuse_it_with_the_same_line(capsys, spec, sets, message):
+def _same_refusal(capsys, spec: str, sets: list[str], message: str) -> None:
     args = [a for s in [*sets, "workload.max_requests=5"] for a in ("--set", s)]
     said = _error(capsys, "spec", spec, *args)
     assert re.search(message, said), said
     assert _error(capsys, "run", spec, *args) == said
+
+
+@pytest.mark.parametrize(("spec", "sets", "message"), BAD, ids=[m[:40] for *_, m in BAD])
+def test_twin_spec_and_twin_run_refuse_it_with_the_same_line(capsys, spec, sets, message):
+    _same_refusal(capsys, spec, sets, message)
+
+
+@pytest.mark.parametrize(("spec", "sets", "message"), BAD_PERF, ids=[m[:40] for *_, m in BAD_PERF])
+def test_a_perf_model_that_cannot_serve_an_instance_is_refused_alike(
+    capsys, tmp_path, spec, sets, message
+):
+    table = tmp_path / "table.csv"
+    table.write_text("")
+    _same_refusal(capsys, spec, [s.replace("{table}", str(table)) for s in sets], message)
+
+
+@pytest.mark.parametrize(
+    ("spec", "sets", "message"), BAD_TABLES, ids=[m[:40] for *_, m in BAD_TABLES]
+)
+def test_a_table_without_rows_for_an_instance_is_refused_alike(
+    capsys, shared_data, spec, sets, message
+):
+    _same_refusal(capsys, spec, [s.replace("{data}", str(shared_data)) for s in sets], message)
 
 
 def test_a_resolved_spec_carries_where_its_instances_run():

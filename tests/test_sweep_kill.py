@@ -1,5 +1,6 @@
 """A sweep killed outright (SIGKILL): its pool workers end with it, and the
-next sweep into the folder removes the temporary files it left."""
+next sweep into the folder removes the temporary files it left. A pool sent
+SIGTERM as a process group (workers included) ends, workers and all."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import shared_data_dir
 from helpers import child_pids
 
 from twin._io import remove_stale_tmp
@@ -90,6 +92,67 @@ def test_sigkill_ends_the_workers_and_resume_removes_the_tmp_file(tmp_path):
     assert not (out / tmp).exists()
     assert not list(out.glob(".*.tmp*")) and not list((out / "runs").glob(".*.tmp*"))
     assert (out / "runs.csv").is_file()
+
+
+def _term_handler() -> bool:
+    return signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_a_pool_worker_does_not_keep_the_sigterm_handler_it_forked_with():
+    # the parent's handler (SIGTERM raises SystemExit, so that it stops its
+    # pool) would make a worker report the signal as a job's error and go on
+    from concurrent.futures import ProcessPoolExecutor
+
+    from twin.studies.sweep import _restore_term, _terminate_raises
+    from twin.studies.workers import init_worker
+
+    previous = _terminate_raises()
+    try:
+        with ProcessPoolExecutor(1, initializer=init_worker, initargs=(os.getpid(),)) as pool:
+            assert pool.submit(_term_handler).result(timeout=60)
+    finally:
+        _restore_term(previous)
+
+
+@pytest.mark.parametrize("what", ["sweep", "held-out fits"])
+def test_sigterm_to_the_whole_process_group_ends_the_pool_and_its_workers(tmp_path, what):
+    # what `kill -- -PGID` sends: the workers get the signal too, and must end
+    # rather than report it as a job's error and go on with the next job
+    spec = tmp_path / "killed.yaml"
+    spec.write_text(SPEC)
+    twin = [sys.executable, "-m", "twin.cli"]
+    if what == "sweep":
+        args = ["sweep", str(spec), "--out", str(tmp_path / "out"), "-j", "2", "--no-plots"]
+    else:
+        data = shared_data_dir()
+        if data is None:
+            pytest.skip("reads the public data: set TWIN_DATA or place it at ../shared/data")
+        args = ["validate", "perf", "--data", str(data), "--held-out", "-j", "2"]
+    proc = subprocess.Popen(
+        [*twin, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp_path,
+        start_new_session=True,
+    )  # fmt: skip
+    workers: list[int] = []
+    try:
+        workers = _wait_for(lambda: len(child_pids(proc.pid)) >= 2 and child_pids(proc.pid), 120)
+        assert workers and len(workers) >= 2, "no pool started"
+        time.sleep(2.0)  # the workers are busy
+        assert proc.poll() is None, "the command ended before it was stopped"
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("still running 30 s after SIGTERM to its process group")
+        assert proc.returncode != 0
+        left = _wait_for(lambda: not any(_running(w) for w in workers), 5.0)
+        assert left, f"workers {[w for w in workers if _running(w)]} outlived the SIGTERM"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for w in workers:
+            if _running(w):
+                os.kill(w, signal.SIGKILL)
 
 
 def test_only_the_tmp_files_of_dead_writers_are_removed(tmp_path):

@@ -50,9 +50,8 @@ def run(reqs, *, hbm_blocks, tiers, check=None, setup=None):
     perf = Linear()
     obs = Done()
     cfg = EngineConfig(prefix_caching=True, watermark=0.0)
-    eng = Engine(env, 0, perf, BlockManager(hbm_blocks, 16), cfg, obs)
     chain = TierChain(env, [Tier(*t) for t in tiers], MB)
-    eng.cache.tiers = chain
+    eng = Engine(env, 0, perf, BlockManager(hbm_blocks, 16), cfg, obs, tiers=chain)
     kvt = KVTiers(env)
     kvt.add(0, chain)
     if check is not None:
@@ -390,7 +389,7 @@ def _remote_chain(capacity_blocks=16):
 
 
 def test_a_remote_store_read_takes_its_bytes_over_the_bottleneck_and_shares_links():
-    from twin.serving.handoff import shard_flows
+    from twin.net.shards import shard_flows
 
     env, topo, net, chain, remote = _remote_chain()
     path = topo.path(8, 0)  # the store's node 1 (GPU 8) to GPU 0
@@ -490,8 +489,7 @@ def test_a_remote_read_stuck_on_a_failed_link_is_given_up_and_the_prompt_compute
     env, topo, net, chain, remote = _remote_chain()
     obs = Done()
     eng = Engine(env, 0, Linear(), BlockManager(4, 16),
-                 EngineConfig(prefix_caching=True, watermark=0.0), obs)  # fmt: skip
-    eng.cache.tiers = chain
+                 EngineConfig(prefix_caching=True, watermark=0.0), obs, tiers=chain)  # fmt: skip
     kvt = KVTiers(env)
     kvt.add(0, chain)
     chain.write_down([(h, 1) for h in A])
@@ -529,20 +527,21 @@ def test_the_compare_table_shows_the_remote_stores_share_when_a_run_has_one():
 def test_a_decode_reservation_waits_for_blocks_being_written_down(monkeypatch):
     from pathlib import Path
 
-    import twin.serving.engine as engine_mod
+    import twin.serving.receiving as receiving_mod
     from twin.sim.simulation import Simulation
     from twin.sim.spec import resolve_spec
 
     waited = []
-    reserve = engine_mod.Engine.reserve
+    reserve = receiving_mod.Receiver.reserve
 
     def watched(self, seq):
         ok = reserve(self, seq)
-        if not ok and self.cache is not None and self.cache.writing_blocks:
-            waited.append(self.env.now)
+        eng = self.engine
+        if not ok and eng.cache is not None and eng.cache.writing_blocks:
+            waited.append(eng.env.now)
         return ok
 
-    monkeypatch.setattr(engine_mod.Engine, "reserve", watched)
+    monkeypatch.setattr(receiving_mod.Receiver, "reserve", watched)
     data = {
         "model": "llama-3.1-8b",
         "cluster": {"topology": "dgx-h100-ib400", "nodes": 1,

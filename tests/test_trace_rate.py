@@ -52,6 +52,20 @@ def test_the_summary_prints_a_traces_own_rate(tmp_path, capsys):
     assert "trace: its own rate 2 req/s, replayed at 4 req/s" in out
 
 
+def test_twin_spec_prints_a_traces_own_rate_and_the_rate_replayed(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(spec(tmp_path, rate=8)))
+    assert main(["spec", str(path)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["trace_rate_rps"] == pytest.approx({"own": 2.0, "replayed": 8.0})
+    ran = run(spec(tmp_path, rate=8)).header["trace_rate_rps"]
+    assert doc["trace_rate_rps"] == pytest.approx(ran)
+    poisson = spec(tmp_path, arrival={"process": "poisson", "rate": 3})
+    path.write_text(yaml.safe_dump(poisson))
+    assert main(["spec", str(path)]) == 0
+    assert "trace_rate_rps" not in json.loads(capsys.readouterr().out)  # no rate of its own
+
+
 @pytest.mark.parametrize(
     ("workload", "message"),
     [

@@ -84,7 +84,7 @@ def test_the_vllm_preset_terms_are_within_their_stated_bounds() -> None:
     assert preset["no_overlap"] == 0.0 and preset["seq_overhead_s"] == 0.0
 
 
-def test_a_new_spec_gets_the_vllm_preset_and_bundled_experiments_keep_distserve() -> None:
+def test_new_specs_and_the_bundled_runs_get_the_vllm_preset_a_pinned_one_keeps_its_own() -> None:
     from twin.sim.spec import load_spec, resolve_spec
 
     assert DEFAULT_ENGINE == "vllm"
@@ -95,7 +95,9 @@ def test_a_new_spec_gets_the_vllm_preset_and_bundled_experiments_keep_distserve(
 
     spec = resolve_spec(data, "new.yaml", Path("."))
     assert build_perf_model(spec.perf, L70, H100, 1).engine == "vllm"  # type: ignore[attr-defined]
-    for name in ("quickstart", "disagg", "azure-conv"):
-        loaded = load_spec(name)
-        perf = build_perf_model(loaded.perf, L70, H100, 1)
-        assert perf.engine == "distserve", name  # type: ignore[attr-defined]
+    for name in ("quickstart", "disagg", "diurnal", "link-flap", "node-failure"):
+        perf = build_perf_model(load_spec(name).perf, L70, H100, 1)
+        assert perf.engine == "vllm", name  # type: ignore[attr-defined]
+    pinned = resolve_spec({**data, "perf": {"kind": "roofline", "engine": "distserve"}},
+                          "pinned.yaml", Path("."))  # fmt: skip
+    assert build_perf_model(pinned.perf, L70, H100, 1).engine == "distserve"  # type: ignore[attr-defined]

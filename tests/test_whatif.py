@@ -9,9 +9,9 @@ import simpy
 from test_network import Link, run_at
 
 from twin.net.flows import FlowSpec, Network
+from twin.net.shards import shard_flows
 from twin.net.topology import load_topology
 from twin.net.whatif import share_now
-from twin.serving.handoff import shard_flows
 
 GB = 1e9
 

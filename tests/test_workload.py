@@ -430,7 +430,7 @@ BAD_SPECS = [
     ({"trace": "a.csv", "rates": 5},
      r"^w: unknown key 'rates'\..* Expected one of trace, format, arrival, lengths, rate_scale, "
      r"duration, max_requests, repeat, prefix_block_tokens, skip, rate_schedule, output_tokens, "
-     r"prefixes, priority, rate, timeout$"),
+     r"prefixes, priority, rate, classes, timeout$"),
     ({"lengths": "azure-conv", "arrival": POISSON5},
      r"w: a synthetic workload needs duration or max_requests"),
     ({"trace": "a.csv", "repeat": True}, r"w: repeat: true needs duration or max_requests"),

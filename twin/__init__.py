@@ -23,14 +23,17 @@ Reading guide: start with these files, in this order.
    policy API (decisions, views, the registry); ``schedulers/`` holds the
    bundled policies, written only against it.
 2. ``twin/sim/spec.py``: the experiment spec, YAML in, a resolved spec out.
-3. ``twin/sim/simulation.py``: how a run is wired (placements, network, KV
-   pools, hand-off, engines, the router's view) and driven (arrivals, routing,
-   the control loop of ``twin/sim/control.py``), and what it returns.
+3. ``twin/sim/build.py``: the cluster built complete from a resolved spec
+   (network, KV pools and tiers, hand-off, engines, the router's view);
+   ``twin/sim/simulation.py``: how a run drives it (arrivals, routing, the
+   control loop of ``twin/sim/control.py``; failures and scaling act through
+   ``twin/sim/ops.py``'s protocol), and what it returns.
 4. ``twin/serving/engine.py``: one instance's continuous batching, one event
-   per iteration; ``twin/serving/fastforward.py`` jumps over quiet decode
-   stretches in closed form (``twin/serving/pipeforward.py`` over every
-   pipeline lane's at once); ``twin/serving/handoff.py`` moves KV from prefill
-   to decode over ``twin/net/flows.py``'s max-min shared links.
+   per iteration, planned by ``twin/serving/plan.py``, its decodes kept by
+   ``twin/serving/decodebatch.py``; ``twin/serving/fastforward.py`` jumps
+   over quiet decode stretches in closed form (``twin/serving/pipeforward.py``
+   over every pipeline lane's at once); ``twin/serving/handoff.py`` moves KV
+   from prefill to decode over ``twin/net/flows.py``'s max-min shared links.
 5. ``twin/perf/iteration.py``: the iteration-time interface, and its models in
    ``twin/perf/roofline.py`` and ``twin/perf/tables.py``.
 6. ``twin/serving/observer.py``: what a run reports as it happens; the metrics

@@ -127,20 +127,24 @@ def _run_spec(spec: Any, files: dict[str, str | None], bucket: float | None) -> 
 
         recorder = TraceRecorder()
     # The simulation's modules load once the spec is known to be good.
-    from twin.sim.metrics import REQUEST_COLUMNS
+    from twin.sim.metrics import request_columns
     from twin.sim.simulation import Simulation
 
     parquet = None
     if files["requests_parquet"]:
         from twin.sim.frames import RequestParquet
 
-        parquet = RequestParquet(files["requests_parquet"], {"pd-twin.spec_sha256": spec.sha256})
+        parquet = RequestParquet(
+            files["requests_parquet"], {"pd-twin.spec_sha256": spec.sha256},
+            classes=bool(spec.workload.classes),
+        )  # fmt: skip
     csv_file = None
     try:
         csv_file = _open_out(files["requests_csv"]) if files["requests_csv"] else None
         sinks: list[Any] = []
         if csv_file is not None:
-            writer = csv.DictWriter(csv_file, fieldnames=REQUEST_COLUMNS, lineterminator="\n")
+            columns = request_columns(bool(spec.workload.classes))
+            writer = csv.DictWriter(csv_file, fieldnames=columns, lineterminator="\n")
             writer.writeheader()
             sinks.append(writer.writerow)
         if parquet is not None:
@@ -325,8 +329,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         from twin.perf.calibrate import held_out_table
 
         sources = iteration_sources(data)
-        with Progress(len(sources), "sources", desc="held out") as bar:
-            table = held_out_table(sources, on_source=bar.update)
+        with _executor(args) as ex, Progress(len(sources), "sources", desc="held out") as bar:
+            table = held_out_table(sources, on_source=bar.update, run=ex.run)
         print()
         print(table)
     return 0
@@ -354,7 +358,7 @@ def _measured_run(path: str | None) -> bool:
 
 
 def cmd_validate_real_run(args: argparse.Namespace) -> int:
-    from twin.studies.realrun import read_run
+    from twin.studies.runs import read_run
     from twin.studies.validate_realrun import format_run, replay
 
     run = read_run(args.spec, gpu=args.gpu)
@@ -409,7 +413,7 @@ def _replay_runs(args: argparse.Namespace) -> tuple[list[Any], int]:
     """The runs of ``args.spec`` replayed (overloaded ones only with ``--all``),
     and how many were left out."""
     from twin._progress import Progress
-    from twin.studies.realrun import read_runs
+    from twin.studies.runs import read_runs
     from twin.studies.validate_realrun import replay
 
     runs = read_runs(args.spec, gpu=args.gpu)
@@ -791,7 +795,8 @@ def _executor(args: argparse.Namespace) -> Any:
 
 def cmd_spec(args: argparse.Namespace) -> int:
     """``twin spec --schema``: the JSON Schema of a spec; ``twin spec SPEC``: the
-    resolved spec (every default filled in) and its sha256."""
+    resolved spec (every default filled in), its sha256 and, for a trace
+    replayed at its own times, the trace's own rate and the rate replayed."""
     if args.schema:
         from twin.sim.spec import spec_schema
         from twin.studies.compare import COMPARE_SCHEMA
@@ -801,6 +806,7 @@ def cmd_spec(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2, sort_keys=True))
         return 0
     from twin.sim.spec import apply_overrides, parse_yaml, read_spec_text, resolve_spec
+    from twin.workload.stream import trace_rates
 
     text, where, base_dir = read_spec_text(args.spec)
     data = parse_yaml(text, where)
@@ -811,7 +817,11 @@ def cmd_spec(args: argparse.Namespace) -> int:
             )
     apply_overrides(data, args.set or [])
     spec = resolve_spec(data, where, base_dir)
-    print(json.dumps({"spec": spec.resolved, "spec_sha256": spec.sha256}, indent=2, sort_keys=True))
+    out: dict[str, Any] = {"spec": spec.resolved, "spec_sha256": spec.sha256}
+    rates = trace_rates(spec.workload)
+    if rates:  # a trace replayed at its own times, as a run's header gives it
+        out["trace_rate_rps"] = rates
+    print(json.dumps(out, indent=2, sort_keys=True))
     return 0
 
 
@@ -934,7 +944,12 @@ def cmd_plot(args: argparse.Namespace) -> int:
             while label in runs:
                 label += "'"
             runs[label] = path
-        written += plot_cdfs(runs, out / "requests-cdf", opts=_plot_options(args, sweep=False))
+        written += plot_cdfs(
+            runs, out / "requests-cdf", opts=_plot_options(args, sweep=False),
+            by_class=args.by_class,
+        )  # fmt: skip
+    elif args.by_class:
+        raise TwinError("twin plot: --by-class: applies to --requests")
     if args.window and not args.trace:
         raise TwinError("twin plot: --window: applies to --trace")
     if args.trace:
@@ -1133,8 +1148,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument(
         "--held-out",
         action="store_true",
-        help="also refit leaving each source out and score it (one fit per source: minutes)",
+        help="also refit leaving each source out and score it (one fit per source, minutes "
+        "each; -j runs them at once)",
     )
+    _parallel_args(v, "held-out fits")
     _add_validate_workload_args(v)
     v.set_defaults(func=cmd_validate)
 
@@ -1259,6 +1276,10 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument(
         "--requests", nargs="+", metavar="CSV", help="TTFT/TPOT CDFs of these --requests-csv files"
     )
+    pt.add_argument(
+        "--by-class", action="store_true",
+        help="--requests: a line per class of traffic of each file (its class column)",
+    )  # fmt: skip
     pt.add_argument("--trace", metavar="FILE", help="a timeline of this --trace-out file")
     pt.add_argument(
         "--window", metavar="START,END", help="the --trace timeline from START to END seconds"

@@ -15,6 +15,8 @@ class Request:
     is the number of prompt tokens each hash covers (512 in the Mooncake trace).
     ``priority`` orders it under the ``priority`` queue policy (lower first,
     as vLLM's priority scheduling; 0 unless the workload gives one).
+    ``traffic_class`` names its class of traffic (``workload.classes``; empty
+    without classes): its SLO, and its priority, which is the class's.
     """
 
     id: int
@@ -24,3 +26,4 @@ class Request:
     prefix_hashes: tuple[int, ...] = ()
     prefix_block_tokens: int = 0
     priority: int = 0
+    traffic_class: str = ""

@@ -202,7 +202,9 @@ class InstanceView(Protocol):
 
     def estimate_decode_s(self, count: int, context_sum: int) -> float:
         """Time of one decode step of ``count`` sequences with ``context_sum``
-        context tokens in all, on this instance."""
+        context tokens in all, on this instance; decoding speculatively, a
+        verify step's time over the tokens it emits on average (per-token
+        time, what an inter-token-latency target compares with)."""
         ...
 
     def estimate_queue_s(self) -> float:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import CodeType
 from typing import Any
@@ -78,9 +79,18 @@ def make_view(
     return ClusterView(instances, now, rng=np.random.default_rng(seed), fabric=fabric)
 
 
-def scenario_requests(seed: int, n: int = 60) -> list[Request]:
+# The two classes of traffic of the contract's runs with classes (check_scheduler(classes=...)).
+CLASSES: list[dict[str, Any]] = [
+    {"name": "interactive", "share": 0.6, "priority": 0, "slo": {"ttft": "1 s", "tpot": "50 ms"}},
+    {"name": "batch", "share": 0.4, "priority": 1, "slo": {"ttft": "30 s", "tpot": "200 ms"}},
+]
+
+
+def scenario_requests(seed: int, n: int = 60, classes: bool = False) -> list[Request]:
     """A small, bursty, seeded request stream with short and long prompts,
-    one-token outputs and simultaneous arrivals: the cases policies get wrong."""
+    one-token outputs and simultaneous arrivals: the cases policies get wrong.
+    ``classes``: each request of one of :data:`CLASSES`, drawn by share (after
+    everything else, so the stream is otherwise the same)."""
     rng = np.random.default_rng(seed)
     t = 0.0
     out = []
@@ -90,6 +100,13 @@ def scenario_requests(seed: int, n: int = 60) -> list[Request]:
         output = int(rng.choice([1, 2, 40, 300]))
         hashes = tuple(int(h) for h in rng.integers(0, 8, size=-(-prompt // 512)))
         out.append(Request(i, t, prompt, output, hashes, 512))
+    if classes:
+        draws = np.random.default_rng([seed, 1]).random(n)
+        out = [
+            replace(r, priority=c["priority"], traffic_class=c["name"])
+            for r, u in zip(out, draws, strict=True)
+            for c in [CLASSES[0] if u < CLASSES[0]["share"] else CLASSES[1]]
+        ]
     return out
 
 
@@ -108,7 +125,10 @@ FAULTS = [
 LOADED_FABRIC = "a100-eth25"
 
 
-def _spec(split: bool, faults: bool = False, fabric: bool = False) -> Any:
+def _spec(
+    split: bool, faults: bool = False, fabric: bool = False, classes: bool = False,
+    queue_policy: str | None = None,
+) -> Any:  # fmt: skip
     from twin.sim.spec import resolve_spec
 
     topology = LOADED_FABRIC if fabric else "dgx-h100-ib400"
@@ -128,6 +148,10 @@ def _spec(split: bool, faults: bool = False, fabric: bool = False) -> Any:
     }  # fmt: skip
     if faults:
         data["events"] = FAULTS
+    if classes:
+        data["workload"]["classes"] = CLASSES
+    if queue_policy is not None:
+        data["engine"]["queue_policy"] = queue_policy
     return resolve_spec(data, "contract", Path.cwd())
 
 
@@ -162,15 +186,16 @@ def _setup_code(policy: Any) -> CodeType | None:
 
 
 def _run(
-    make: Callable[[], Any], split: bool, seed: int, faults: bool = False, fabric: bool = False
-) -> tuple[str, list[dict[str, Any]]]:
+    make: Callable[[], Any], split: bool, seed: int, faults: bool = False, fabric: bool = False,
+    classes: bool = False, queue_policy: str | None = None,
+) -> tuple[str, list[dict[str, Any]]]:  # fmt: skip
     from twin.sim.simulation import Simulation
 
-    reqs = scenario_requests(seed)
+    reqs = scenario_requests(seed, classes=classes)
     rows: list[dict[str, Any]] = []
     policy = make()
     try:
-        spec = _spec(split, faults, fabric)
+        spec = _spec(split, faults, fabric, classes, queue_policy)
         sim = Simulation(spec, requests=reqs, on_row=rows.append, scheduler=policy)
     except SpecError as refusal:
         code = _setup_code(policy)  # None: a setup without Python code; trust the error
@@ -193,6 +218,16 @@ def _run(
             )
     s = result.summary
     assert s["completed"] + s["rejected"] + s.get("failed", 0) == len(reqs)
+    if classes:
+        per = result.to_dict()["summary"]["classes"]
+        for name, c in per.items():
+            mine = [r for r in rows if r["class"] == name]
+            assert c["requests"] == len(mine), f"class {name}: its requests are not its rows"
+            met = sum(r["slo_met"] for r in mine)
+            assert c["slo_attainment"] == (met / len(mine) if mine else None), (
+                f"class {name}: attainment is not its rows' share that met its SLO"
+            )
+        assert sum(c["requests"] for c in per.values()) == len(reqs)
     for e in sim.engines:
         assert e.kv.free == e.kv.total, f"instance {e.id} ended with KV blocks held"
     if sim.network is not None:
@@ -206,18 +241,13 @@ def _kind(split: bool) -> str:
 
 
 def _attempt(
-    make: Callable[[], Any],
-    split: bool,
-    seed: int,
-    *,
-    may_refuse: bool,
-    faults: bool = False,
-    fabric: bool = False,
-) -> tuple[str, list[dict[str, Any]]]:
+    make: Callable[[], Any], split: bool, seed: int, *, may_refuse: bool, faults: bool = False,
+    fabric: bool = False, **kw: Any,
+) -> tuple[str, list[dict[str, Any]]]:  # fmt: skip
     """One contract run; a failure becomes an ``AssertionError`` naming the
     cluster, except a refusal at setup when ``may_refuse``."""
     try:
-        return _run(make, split, seed, faults, fabric)
+        return _run(make, split, seed, faults, fabric, **kw)
     except _Refused as e:
         if may_refuse:
             raise
@@ -240,6 +270,8 @@ def check_scheduler(
     *,
     faults: bool = False,
     fabric: bool = False,
+    classes: bool = False,
+    queue_policy: str | None = None,
 ) -> str:
     """Run the scheduler contract on ``policy`` (a class, a factory or a
     registered name) on a colocated and on a split cluster. Returns where it
@@ -267,7 +299,13 @@ def check_scheduler(
     hand-offs between the nodes contend for one slow NIC a node (what a
     policy reading ``ClusterView.handoff_estimate`` sees change under load):
     the same promises, and no link ever carries more than its capacity.
+
+    ``classes``: the requests are of two classes of traffic (:data:`CLASSES`,
+    with their own SLOs and priorities); each class's summary must count its
+    own requests and their attainment against its SLO. ``queue_policy``: the
+    instances' queue policy (``engine.queue_policy``; default FCFS).
     """
+    kw: dict[str, Any] = {"classes": classes, "queue_policy": queue_policy}
     make = _factory(policy, params)
     probe = make()
     missing = [h for h in ("setup", "route") if not callable(getattr(probe, h, None))]
@@ -278,25 +316,25 @@ def check_scheduler(
     refusals: list[str] = []
     for split in (False, True):
         try:
-            first = _attempt(make, split, seeds[0], may_refuse=True)
+            first = _attempt(make, split, seeds[0], may_refuse=True, **kw)
         except _Refused as e:
             refusals.append(f"{_kind(split)}: {e}")
             continue
         accepted.append(split)
         for seed in seeds:
             if seed != seeds[0]:
-                first = _attempt(make, split, seed, may_refuse=False)
-            second = _attempt(make, split, seed, may_refuse=False)
+                first = _attempt(make, split, seed, may_refuse=False, **kw)
+            second = _attempt(make, split, seed, may_refuse=False, **kw)
             assert first == second, (
                 f"on the {_kind(split)} cluster, two runs with seed {seed} gave different results"
             )
         if faults:
-            a = _attempt(make, split, seeds[0], may_refuse=False, faults=True)
-            b = _attempt(make, split, seeds[0], may_refuse=False, faults=True)
+            a = _attempt(make, split, seeds[0], may_refuse=False, faults=True, **kw)
+            b = _attempt(make, split, seeds[0], may_refuse=False, faults=True, **kw)
             assert a == b, f"on the {_kind(split)} cluster with faults, two runs differ"
         if fabric and split:
-            a = _attempt(make, split, seeds[0], may_refuse=False, fabric=True)
-            b = _attempt(make, split, seeds[0], may_refuse=False, fabric=True)
+            a = _attempt(make, split, seeds[0], may_refuse=False, fabric=True, **kw)
+            b = _attempt(make, split, seeds[0], may_refuse=False, fabric=True, **kw)
             assert a == b, "on the split cluster with a loaded fabric, two runs differ"
     assert accepted, f"the policy's setup refused both clusters: {'; '.join(refusals)}"
     return _kind(accepted[0]) if len(accepted) == 1 else "both"

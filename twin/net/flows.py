@@ -566,10 +566,13 @@ class Network:
         env: simpy.Environment,
         series_bucket_s: float | None = None,
         observer: TransferObserver | None = None,
+        reroute: Callable[[str, str, frozenset], tuple[LinkLike, ...] | None] | None = None,
     ) -> None:
         """``series_bucket_s``: also keep each link's bytes per time bucket of
         this width (seconds), for utilization over time. ``observer``: told of
-        each transfer as it starts and when it is done."""
+        each transfer as it starts and when it is done. ``reroute``: given by
+        whoever knows the topology, (first vertex, last vertex, failed links)
+        -> another path for a flow that avoids them, or None."""
         if series_bucket_s is not None and not series_bucket_s > 0.0:
             raise SpecError(f"series bucket (={series_bucket_s!r} s) must be > 0")
         self.env = env
@@ -588,9 +591,7 @@ class Network:
         self._links: dict[_Key, _LinkState] = {}
         self._factors: dict[_Key, float] = {}  # degraded links: (src, dst) -> factor
         self._down: set[_Key] = set()  # failed links: they carry nothing
-        # (first vertex, last vertex, failed links) -> another path for a flow
-        # that avoids them, or None; given by whoever knows the topology.
-        self.reroute: Callable[[str, str, frozenset], tuple[LinkLike, ...] | None] | None = None
+        self.reroute = reroute
         self._next_transfer = 0
         self._next_flow = 0
         self._gen = 0

@@ -39,7 +39,7 @@ import argparse
 import dataclasses
 import math
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -526,22 +526,47 @@ def held_out_fit(sources: Sequence[Source]) -> dict[str, float]:
     return fit_sources(sources, starts=HELD_OUT_STARTS, from_defaults=False, rounds=HELD_OUT_ROUNDS)
 
 
+Fit = Callable[[Sequence[Source]], dict[str, float]]
+Model = Callable[[dict[str, float], Source], Any]
+# Runs jobs (a function and its arguments) and yields (index, result) as each ends, in any order:
+# twin.studies.sweep.Executor.run, or one after the other here.
+Runner = Callable[[list[tuple[Callable[..., Any], tuple[Any, ...]]]], Iterable[tuple[int, Any]]]
+
+
+def _serial(jobs: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> Iterator[tuple[int, Any]]:
+    for i, (fn, args) in enumerate(jobs):
+        yield i, fn(*args)
+
+
+def held_out_one(
+    sources: Sequence[Source], i: int, fit: Fit, model: Model
+) -> tuple[ValidationRow, dict[str, float]]:
+    """Source ``i``'s errors under the parameters ``fit`` finds on all the others, and those."""
+    p = fit([s for j, s in enumerate(sources) if j != i])
+    return score(sources[i], model(p, sources[i])), p
+
+
 def leave_one_out(
     sources: Sequence[Source],
-    fit: Callable[[Sequence[Source]], dict[str, float]] = held_out_fit,
-    model: Callable[[dict[str, float], Source], Any] = fitted_roofline,
+    fit: Fit = held_out_fit,
+    model: Model = fitted_roofline,
     on_source: Callable[[], None] | None = None,
+    run: Runner | None = None,
 ) -> list[tuple[ValidationRow, dict[str, float]]]:
     """Per source, in order: its errors under the parameters ``fit`` finds on all the other
     sources (``model(params, source)`` builds what is scored), and those parameters;
-    ``on_source`` is called as each source is done."""
-    out = []
-    for i, held in enumerate(sources):
-        p = fit([s for j, s in enumerate(sources) if j != i])
-        out.append((score(held, model(p, held)), p))
+    ``on_source`` is called as each source is done. The fits are independent: ``run``
+    (default: one after the other) may run them at once, in processes (``fit`` and ``model``
+    must then pickle); each gives the same parameters wherever it runs."""
+    jobs: list[tuple[Callable[..., Any], tuple[Any, ...]]] = [
+        (held_out_one, (sources, i, fit, model)) for i in range(len(sources))
+    ]
+    done: dict[int, tuple[ValidationRow, dict[str, float]]] = {}
+    for i, out in (_serial if run is None else run)(jobs):
+        done[i] = out
         if on_source is not None:
             on_source()
-    return out
+    return [done[i] for i in range(len(sources))]
 
 
 # The out-of-sample target: median <= 15% and worst <= 40% per held-out source.
@@ -594,12 +619,13 @@ def held_out_table(
     fit: Callable[[Sequence[Source]], dict[str, float]] = held_out_fit,
     p_all: dict[str, float] | None = None,
     on_source: Callable[[], None] | None = None,
+    run: Runner | None = None,
 ) -> str:
-    """The leave-one-out table of ``sources`` (see :func:`leave_one_out`), a reason under it for
-    each source that misses the out-of-sample target. ``p_all`` is the fit with every source
-    (default: the hard-coded defaults)."""
+    """The leave-one-out table of ``sources`` (see :func:`leave_one_out`, which ``run`` goes
+    to), a reason under it for each source that misses the out-of-sample target. ``p_all`` is
+    the fit with every source (default: the hard-coded defaults)."""
     p_all = default_params() if p_all is None else p_all
-    rows = leave_one_out(sources, fit, on_source=on_source)
+    rows = leave_one_out(sources, fit, on_source=on_source, run=run)
     notes = {}
     for s, (held, p_out) in zip(sources, rows, strict=True):
         if not held.meets(HELD_OUT_MEDIAN, HELD_OUT_WORST):
@@ -616,27 +642,13 @@ def held_out_table(
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Fit the defaults to the shared data's sources (``twin calibrate
+    --profile`` fits one GPU's terms to measured tables instead:
+    :mod:`twin.perf.fit_profile`, which builds on this module)."""
     ap = argparse.ArgumentParser(prog="python -m twin.perf.calibrate", description=__doc__)
-    src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--data", help="shared data directory")
-    src.add_argument(
-        "--profile", action="append", metavar="TABLE",
-        help="fit one GPU's terms to these native tables instead (see twin.perf.fit_profile)",
-    )  # fmt: skip
+    ap.add_argument("--data", required=True, help="shared data directory")
     ap.add_argument("--starts", type=int, default=3)
-    ap.add_argument("--model", help="--profile: the model measured (default: the sidecar)")
-    ap.add_argument("--gpu", help="--profile: the catalog GPU measured (default: the sidecar)")
-    ap.add_argument("--tp", type=int, help="--profile: the TP measured (default: the sidecar)")
     args = ap.parse_args(argv)
-    if args.profile:
-        from twin.errors import TwinError
-        from twin.perf.fit_profile import command
-
-        try:
-            return command(args.profile, args.model, args.gpu, args.tp)
-        except TwinError as e:
-            print(f"twin: error: {e}", file=sys.stderr)
-            return 2
     # a unit is a fit: each capped GPU's clock, each start and the defaults' refinement
     with Progress(len(CAPPED) + args.starts + 1, "fits", desc="calibrate") as bar:
         clocks = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from twin.serving import holding
 from twin.serving.sequence import DECODE, DONE, INCOMING
 
 if TYPE_CHECKING:
@@ -27,25 +28,19 @@ def abandon(engine: Engine, seq: Sequence) -> bool:
     a decoding one's produced tokens are brought up to the last step that ended.
     False when, brought up to now (a stretch applies the steps that ended by
     now), it had finished: nothing is taken out."""
-    engine._interrupt()  # a stretch ends at the step in progress, as stepping has it
+    engine.interrupt()  # a stretch ends at the step in progress, as stepping has it
     if seq.state == DONE:
         return False
     if seq.state not in (DECODE, INCOMING):
         engine.drop(seq)  # queued, prefilling, or its KV waiting here to move
         return True
     if seq.state == DECODE:
-        lane = engine._lane
-        engine._use_lane(seq.lane)
-        step = engine.steps + 1  # the step in progress (or the next, pipelined)
-        engine._close_gaps(seq)
-        seq.generated = seq.g_join + (step - seq.d_join)
-        engine.decode_count -= 1
-        engine.decode_ctx_sum -= seq.length_at(step)
-        engine._use_lane(lane)
-    elif seq in engine._landed:  # landed or kept, to join at the next step boundary
-        engine._landed.remove(seq)
+        # out of its lane's batch before the step in progress (or the next, pipelined)
+        engine.lanes[seq.lane].leave(seq)
+    elif seq in engine.landed:  # landed or kept, to join at the next step boundary
+        engine.landed.remove(seq)
     del engine.running[seq.req.id]
-    engine._drop_blocks(seq)
+    holding.drop(engine.kv, engine.cache, seq)
     engine.queue_changes += 1
-    engine._blocks_freed()
+    engine.blocks_freed()
     return True

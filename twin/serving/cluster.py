@@ -227,12 +227,18 @@ class EngineView:
         return self._engine.up and self._engine.state == "serving"
 
     def estimate_prefill_s(self, tokens: int, cached: int = 0) -> float:
-        return self._engine.perf.iteration_time(Batch(((max(tokens, 1), cached),)))
+        spec = self._engine.spec
+        timed = self._engine.perf.iteration_time if spec is None else spec.iteration_time
+        return timed(Batch(((max(tokens, 1), cached),)))
 
     def estimate_decode_s(self, count: int, context_sum: int) -> float:
         if count <= 0:
             return 0.0
-        return self._engine.perf.iteration_time(Batch((), count, context_sum))
+        batch = Batch((), count, context_sum)
+        spec = self._engine.spec
+        if spec is None:
+            return self._engine.perf.iteration_time(batch)
+        return spec.iteration_time(batch) / spec.config.mean_emitted
 
     def estimate_queue_s(self) -> float:
         return self._cost.estimate_s(self._engine)

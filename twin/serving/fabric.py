@@ -2,8 +2,8 @@
 
 :class:`HandoffFabric` is the :class:`twin.scheduler.FabricView` of a
 simulation with a topology. It builds the flows a hand-off would start with
-the hand-off's own code (:meth:`KVHandoff.paths`, :func:`sized_flows`, the
-fixed costs of :meth:`KVHandoff.costs`) and asks the network what they would
+the hand-off's own code (:meth:`HandoffRoutes.paths`, :func:`~twin.net.shards.sized_flows`, the
+fixed costs of :meth:`HandoffRoutes.costs`) and asks the network what they would
 get now (:func:`twin.net.whatif.share_now`): no second formula for either the
 bytes, the paths or the rates. It reads; it starts nothing.
 """
@@ -11,11 +11,12 @@ bytes, the paths or the rates. It reads; it starts nothing.
 from __future__ import annotations
 
 from twin.net.flows import FlowSpec
+from twin.net.shards import sized_flows
 from twin.net.topology import Topology
 from twin.net.whatif import share_now
 from twin.request import Request
 from twin.scheduler import HandoffEstimate, LinkLoad
-from twin.serving.handoff import KVHandoff, sized_flows
+from twin.serving.handoff import HandoffRoutes
 
 
 class HandoffFabric:
@@ -32,7 +33,7 @@ class HandoffFabric:
 
     __slots__ = ("_handoff", "_rails")
 
-    def __init__(self, handoff: KVHandoff) -> None:
+    def __init__(self, handoff: HandoffRoutes) -> None:
         self._handoff = handoff
         # (source, destination) -> whether each flow between nodes keeps its rail
         self._rails: dict[tuple[int, int], bool] = {}
@@ -86,7 +87,7 @@ class HandoffFabric:
         return got
 
 
-def _bytes(h: KVHandoff, tokens: int) -> float:
+def _bytes(h: HandoffRoutes, tokens: int) -> float:
     return float(h.kv_bytes_per_token * tokens)
 
 

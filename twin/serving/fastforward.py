@@ -21,22 +21,20 @@ side).
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence as Sequence_
 from functools import reduce
 from itertools import accumulate
 from operator import add, sub
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import simpy
 
 from twin._clock import at, move
-from twin.serving.kvcache import blocks_for
-from twin.serving.sequence import DECODE, PREFILL
+from twin.serving.decodebatch import DecodeBatch, joiner_need
+from twin.serving.ports import EngineLike
+from twin.serving.sequence import PREFILL
 
 if TYPE_CHECKING:
-    from twin.serving.engine import Engine
     from twin.serving.sequence import Sequence
 
 MIN_STRETCH = 2  # steps; a single step is stepped
@@ -99,7 +97,7 @@ class FastForward:
 
     __slots__ = ("engine", "stretch", "cap")
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineLike) -> None:
         self.engine = engine
         self.stretch: Stretch | None = None
         self.cap = MAX_STRETCH
@@ -127,7 +125,7 @@ class FastForward:
         assert st.event is not None
         move(self.engine.env, st.event, st.ends[k])
         if st.join > k:
-            self.engine._landed[:0] = st.joining
+            self.engine.landed[:0] = st.joining
             st.join = 0
             st.joining = []
 
@@ -147,21 +145,21 @@ class FastForward:
         now = eng.env.now
         k = bisect_left(st.ends, now)  # the step in progress (or ending now)
         if k >= st.stop - 1:
-            eng._landed.append(seq)  # the stretch ends with this step
+            eng.landed.append(seq)  # the stretch ends with this step
             return True
         j = k + 1
         if st.join and st.join != j:
             self.advance(now, inclusive=False)  # the earlier join is behind: apply it
         left = seq.req.output_tokens - seq.generated - 1  # its finish: `left` steps after j
         last = min(st.stop - 1, j + left)
-        need = _joiner_need(seq, last - j, eng.kv.block_size)
+        need = joiner_need(seq, last - j, eng.kv.block_size)
         if need > st.room:
             return False
         st.room -= need
         st.join = j
         st.joining.append(seq)
-        count = eng.decode_count
-        ctx = eng.decode_ctx_sum + count * (j - st.ended)
+        count = eng.batch.count
+        ctx = eng.batch.ctx_sum + count * (j - st.ended)
         for s in st.joining:
             count += 1
             ctx += s.prefill_len + 1  # its length_at(the step it joins in)
@@ -184,7 +182,7 @@ class FastForward:
         and nothing it decides changes (what waits to be admitted needs blocks
         or a seat, and has fewer of both); they are counted off its room. A
         tick watching the blocks is told of the stretch again once they are
-        taken (:meth:`Engine.reserve`)."""
+        taken (:meth:`~twin.serving.receiving.Receiver.reserve`)."""
         st = self.stretch
         if st is None or blocks > st.room or self.engine.cache is not None:
             return False
@@ -208,6 +206,18 @@ class FastForward:
         if k + 1 < st.stop:
             self._shorten(st, k)
 
+    def watch_blocks(self, watch: Any) -> None:
+        """From now ``watch`` (a sleeping tick's) is told of the free blocks,
+        which the steps of a stretch under way take with no event; a stretch
+        whose steps evict prefix units ends here (their taking is not timed)."""
+        st = self.stretch
+        if st is not None:
+            cache = self.engine.cache
+            if cache is not None and cache.tiers is None:
+                self.interrupt()
+            else:
+                watch.stretch(self.engine, st)
+
     def sync(self) -> None:
         """Bring the engine up to now inside a stretch, so that a reader sees
         what stepping would show at this instant."""
@@ -230,20 +240,21 @@ class FastForward:
         than one step. Arrivals, the only other change, cut it short. The
         first step, the one just planned, is priced with the rest."""
         eng = self.engine
-        if eng._preempted:
+        if eng.planner.preempted:
             return None  # the preempted may be admitted again at the next step
-        finish = self._next_finish()
+        batch = eng.batch
+        finish = batch.next_finish()
         if finish is None:
             return None
-        first = eng.steps + 1
+        first = batch.steps + 1
         last = min(finish, first + self.cap - 1)
         if last - first < MIN_STRETCH - 1:
             return None
         free = _room(eng)
-        need = self._need(first, last, (), free)
+        need = batch.blocks_needed(first, last, (), free)
         if need > free:
             return None
-        dts = eng.decode_steps(eng.decode_count, eng.decode_ctx_sum, last - first + 1)
+        dts = eng.decode_steps(batch.count, batch.ctx_sum, last - first + 1)
         # the same float sums stepping makes: now + dt, then one step at a time
         ends = list(accumulate(dts, initial=eng.env.now))
         del ends[0]
@@ -264,7 +275,7 @@ class FastForward:
         prefix cache sees it, and a reader (of the prefix cache too) syncs
         first. Saves the event of the prompts' step."""
         eng = self.engine
-        if eng._preempted or eng.waiting or eng.on_prompt is not None:
+        if eng.planner.preempted or eng.waiting or eng.on_prompt is not None:
             return None
         if eng.cache is not None and eng.cache.tiers is not None:
             return None  # the prompts' units would leave the tiers below unseen
@@ -272,7 +283,8 @@ class FastForward:
             return None
         joined = 0
         new_ctx = 0
-        first = eng.steps + 1 + mixed  # the decode step after the head
+        batch = eng.batch
+        first = batch.steps + 1 + mixed  # the decode step after the head
         end = first + self.cap - 2  # the stretch's length is capped head included
         for s, n in chunks:
             if s.prefilled + n < s.prefill_len or s.handoff or s.landed:
@@ -287,51 +299,25 @@ class FastForward:
                 end = first + left - 1
             joined += 1
             new_ctx += s.prefill_len + 1  # its length_at(first)
-        for s in eng._first_gap:
+        for s in batch.joined:
             if s.landed:
                 return None  # its decode start is noted as the next step is planned
-        finish = self._next_finish()
+        finish = batch.next_finish()
         if finish is not None and finish < end:
             end = finish
         if end < first:
             return None  # a sequence finishes in the head or none is left to decode
-        count = eng.decode_count + joined
+        count = batch.count + joined
         free = _room(eng)
-        need = self._need(first, end, [s for s, _ in chunks], free)
+        need = batch.blocks_needed(first, end, [s for s, _ in chunks], free)
         if need > free:
             return None
-        ctx = eng.decode_ctx_sum + (eng.decode_count if mixed else 0) + new_ctx
+        ctx = batch.ctx_sum + (batch.count if mixed else 0) + new_ctx
         dts = [dt]
         dts += eng.decode_steps(count, ctx, end - first + 1)
         ends = list(accumulate(dts, initial=eng.env.now))
         del ends[0]
         return Stretch(dts, ends, free - need, chunks, mixed)
-
-    def _next_finish(self) -> int | None:
-        """The decode step in which the next running sequence finishes (None:
-        none decodes); stale entries of the finish heap are dropped."""
-        heap = self.engine._finish_heap
-        while heap and (heap[0][2] != heap[0][3].epoch or heap[0][3].state != DECODE):
-            heapq.heappop(heap)
-        return heap[0][0] if heap else None
-
-    def _need(self, first: int, last: int, joining: Sequence_[Sequence], free: int) -> int:
-        """Blocks the decode steps ``first`` to ``last`` take: of the decoding
-        sequences, and of ``joining``, which join the batch at ``first``. Each
-        takes at most one block per block_size steps; counted exactly only
-        when that bound is more than ``free``."""
-        eng = self.engine
-        bs = eng.kv.block_size
-        need = (eng.decode_count + len(joining)) * ((last - first) // bs + 1)
-        if need <= free:
-            return need
-        need = 0
-        for s in eng.running.values():
-            if s.state == DECODE:
-                need += max(0, blocks_for(s.length_at(last), bs) - s.held_blocks)
-        for s in joining:
-            need += _joiner_need(s, last - first, bs)
-        return need
 
     def run(self, st: Stretch):  # noqa: ANN201 - part of the engine's serve process
         eng = self.engine
@@ -341,7 +327,7 @@ class FastForward:
         if eng.kv.watch is not None:  # its blocks are taken as time passes
             eng.kv.watch.stretch(eng, st)
         yield st.event
-        if eng._ff is not self:
+        if eng.ff is not self:
             return  # the engine failed: its state was reset
         last = len(st.ends) - 1
         if st.stop <= last:
@@ -359,7 +345,7 @@ class FastForward:
         # The last step, in which the batch changes, as stepping completes it.
         eng.iterations += 1
         eng.busy_s += st.dts[last]
-        eng._complete_decode_step(env.now)
+        eng.batch.step(env.now, eng.finish)
 
     def advance(self, now: float, *, inclusive: bool) -> None:
         """Apply the stretch's steps that stepping would have applied by ``now``:
@@ -382,7 +368,8 @@ class FastForward:
                 self._end(st.first)
             if st.join and begin_to > st.join:  # the landed join before their first step
                 self._end(st.join)
-            take_blocks(self.engine, self.engine.steps + 1 + (begin_to - 1 - st.ended))
+            eng = self.engine
+            take_blocks(eng, eng.batch, eng.batch.steps + 1 + (begin_to - 1 - st.ended))
             st.begun = begin_to
 
     def _end(self, end_to: int) -> None:
@@ -401,8 +388,8 @@ class FastForward:
             if j > st.ended:
                 self._end(j)
             for s in st.joining:
-                eng._join_decode(s)
-            eng._note_decode_start([], True, st.ends[j - 1])
+                eng.batch.join(s)
+            eng.planner.note_decode_start([], True, st.ends[j - 1])
             st.joining = []
             if end_to == j:
                 return
@@ -413,40 +400,33 @@ class FastForward:
             assert st.head is not None
             eng.iterations += 1
             eng.busy_s += st.dts[0]
-            eng._complete(st.head, st.mixed, ends[0])
+            eng.complete(st.head, st.mixed, ends[0])
             st.ended = k0 = 1
             if end_to <= 1:
                 return
-        if k0 > st.first and not eng._first_gap:
+        batch = eng.batch
+        if k0 > st.first and not batch.joined:
             gaps = list(map(sub, ends[k0:end_to], ends[k0 - 1 : end_to - 1]))
-        elif eng._first_gap or eng._last_decode_end < 0.0:
+        elif batch.fresh:
             # The first decode step as stepping completes it: sequences that
             # joined the batch measure their first gap in it.
             eng.iterations += 1
             eng.busy_s += st.dts[k0]
-            eng._complete_decode_step(ends[k0])
+            batch.step(ends[k0], eng.finish)
             st.ended = k0 = k0 + 1
             if end_to <= k0:
                 return
             gaps = list(map(sub, ends[k0:end_to], ends[k0 - 1 : end_to - 1]))
         else:  # nothing joined: the first decode step is one more of the bulk
-            gaps = [ends[k0] - eng._last_decode_end]
+            gaps = [ends[k0] - batch.last_end]
             gaps += map(sub, ends[k0 + 1 : end_to], ends[k0 : end_to - 1])
-        n = end_to - k0
-        step = eng.steps
-        push_gaps(eng, step + 1, gaps)
-        step += n
+        batch.run_steps(gaps, ends[end_to - 1])
         eng.busy_s = reduce(add, st.dts[k0:end_to], eng.busy_s)  # one step at a time
-        eng.iterations += n
-        eng.steps = step
-        eng.decode_ctx_sum += eng.decode_count * n
-        eng._last_decode_end = ends[end_to - 1]
+        eng.iterations += end_to - k0
         st.ended = end_to
-        if len(eng._gap_steps) > 4096:
-            eng._prune_gaps(step)
 
 
-def _room(eng: Engine) -> int:
+def _room(eng: EngineLike) -> int:
     """Blocks a stretch's steps may take: the free ones and, with a prefix
     cache, those it holds idle, evicted as the steps take them
     (:func:`take_blocks`); not those with tiers below the cache (stepping
@@ -460,60 +440,10 @@ def _room(eng: Engine) -> int:
     return free + cache.evictable_blocks
 
 
-def _joiner_need(s: Sequence, steps: int, block_size: int) -> int:
-    """Blocks ``s``, joining the batch, takes in its first ``steps + 1``
-    decode steps, beyond those it holds (its length in the first is
-    ``prefill_len + 1``)."""
-    return max(0, blocks_for(s.prefill_len + 1 + steps, block_size) - s.held_blocks)
-
-
-def push_gaps(eng: Engine, step: int, gaps: list[float]) -> None:
-    """Push the gaps of decode steps ``step, step + 1, ...`` onto ``eng``'s
-    monotone stack, leaving it as pushing them one by one would: what stays of
-    them is the last largest, then the last largest of those after it, and so on."""
-    steps, vals = eng._gap_steps, eng._gap_vals
-    top = max(gaps)
-    while vals and vals[-1] <= top:
-        vals.pop()
-        steps.pop()
-    n = len(gaps)
-    if gaps[-1] == top:  # the last is the largest: it is all that stays
-        steps.append(step + n - 1)
-        vals.append(top)
-        return
-    lo = 0
-    for _ in range(8):  # in a stretch gaps mostly grow: one or two rounds
-        rest = gaps[lo:]
-        top = max(rest)
-        lo += len(rest) - rest[::-1].index(top)  # past the last occurrence
-        steps.append(step + lo - 1)
-        vals.append(top)
-        if lo == n:
-            return
-    for k in range(lo, n):  # falling gaps: one at a time
-        gap = gaps[k]
-        while vals and vals[-1] <= gap:
-            vals.pop()
-            steps.pop()
-        steps.append(step + k)
-        vals.append(gap)
-
-
-def take_blocks(eng: Engine, last: int) -> None:
-    """The blocks ``eng``'s decode steps up to ``last`` take, all known to be
-    free: each sequence due takes every block it needs by then at once."""
-    heap = eng._alloc_heap
-    bs = eng.kv.block_size
-    taken = 0
-    while heap and heap[0][0] <= last:
-        need_at, rid, epoch, s = heap[0]
-        if epoch != s.epoch or s.state != DECODE:
-            heapq.heappop(heap)
-            continue
-        k = (last - need_at) // bs + 1
-        s.blocks += k
-        taken += k
-        heapq.heapreplace(heap, (need_at + k * bs, rid, epoch, s))
+def take_blocks(eng: EngineLike, batch: DecodeBatch, last: int) -> None:
+    """The blocks ``batch``'s steps up to ``last`` take on ``eng``, all known to
+    be free: each sequence due takes every block it needs by then at once."""
+    taken = batch.take_blocks(last)
     if taken:
         kv = eng.kv
         if taken > kv.free:

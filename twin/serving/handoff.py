@@ -59,6 +59,7 @@ import simpy
 from twin._declare import BOOL, choice, declared, seconds
 from twin.errors import SpecError
 from twin.net.flows import FlowSpec, Network
+from twin.net.shards import shard_paths, sized_flows
 from twin.net.topology import Topology
 from twin.scheduler import ClusterView, decode_hook
 from twin.serving.engine import Engine
@@ -242,99 +243,121 @@ def handoff_costs(
     )
 
 
-def shard_flows(
-    topology: Topology,
-    src_gpus: Seq[int],
-    dst_gpus: Seq[int],
-    kv_bytes: float,
-    *,
-    multi_nic: bool = False,
-) -> list[FlowSpec]:
-    """The flows that move ``kv_bytes`` of KV from one instance's GPUs to another's.
-
-    Source GPU ``i`` holds ``1/len(src_gpus)`` of the KV (TP shards the heads,
-    PP the layers) and sends it to destination GPU ``i mod len(dst_gpus)``.
-    NOTE: when the two sides' parallelism differs, a real system reshards; here
-    each source shard goes whole to one destination GPU, so the per-GPU load on
-    the destination side is approximate.
-    """
-    paths = shard_paths(topology, src_gpus, dst_gpus, multi_nic=multi_nic)
-    return sized_flows(paths, len(src_gpus), kv_bytes)
-
-
-def shard_paths(
-    topology: Topology, src_gpus: Seq[int], dst_gpus: Seq[int], *, multi_nic: bool = False
-) -> list[tuple[FlowSpec, int]]:
-    """The flows of :func:`shard_flows` with no bytes yet, each with the number
-    of NICs its source GPU's share is spread over (1 but with ``multi_nic``)."""
-    out: list[tuple[FlowSpec, int]] = []
-    for i, g in enumerate(src_gpus):
-        d = dst_gpus[i % len(dst_gpus)]
-        if g == d:
-            continue  # the same GPU: nothing moves
-        src_node = topology.node_of(g)
-        if multi_nic and src_node != topology.node_of(d):
-            n = topology.nic_count(src_node)
-            for k in range(n):
-                out.append((FlowSpec(topology.path(g, d, nic=k), 0.0), n))
-        else:
-            out.append((FlowSpec(topology.path(g, d), 0.0), 1))
-    return out
-
-
-def sized_flows(paths: Seq[tuple[FlowSpec, int]], shards: int, kv_bytes: float) -> list[FlowSpec]:
-    """``kv_bytes`` over ``paths`` (:func:`shard_paths`) from ``shards`` source GPUs."""
-    share = kv_bytes / shards
-    return [f.resized(share if n == 1 else share / n) for f, n in paths]
-
-
-class KVHandoff:
-    """Moves KV between the engines of one simulation (the engines' hooks).
-
-    It is made before the engines, which are built with it as their hooks:
-    ``engines`` is the cluster's list of engines by id, complete before the
-    run starts, and ``gpus`` the GPUs of each instance."""
+class HandoffRoutes:
+    """What moving KV between two instances of one simulation takes, before
+    anything moves: the shards' paths and the fixed costs (both kept), over
+    ``network`` on ``topology``. The hand-off (:class:`KVHandoff`) moves KV
+    along them and the router's view of the fabric
+    (:class:`twin.serving.fabric.HandoffFabric`) prices a hand-off with them,
+    so both are made from it, before the engines: ``engines`` is the
+    cluster's list of engines by id, complete before the run starts, and
+    ``gpus`` the GPUs of each instance."""
 
     def __init__(
         self,
-        env: simpy.Environment,
         engines: Seq[Engine],
         gpus: Seq[tuple[int, ...]],
         topology: Topology,
         network: Network,
         kv_bytes_per_token: int,
         config: TransferConfig,
-        pick_decode: Callable[[Sequence], int],
         *,
         layers: int,
     ) -> None:
-        self.env = env
         self.engines = engines
         self.gpus = list(gpus)  # grows as instances are added
         self.topology = topology
         self.network = network
         self.kv_bytes_per_token = kv_bytes_per_token
         self.config = config
-        self.pick_decode = pick_decode
         self.layers = layers
-        self.pending: list[deque[Sequence]] = [deque() for _ in gpus]
         # (source instance, destination instance) -> the shards' paths (static
         # routing: an instance's GPUs never change)
         self._paths: dict[tuple[int, int], list[tuple[FlowSpec, int]]] = {}
-        # (source instance, destination instance, bytes) -> the flows that move them
-        self._sized: dict[tuple[int, int, float], list[FlowSpec]] = {}
         # (descriptors per layer region, layer length) -> the fixed costs (immutable,
         # shared) and their delays before the first byte and after the last
         self._costs: dict[tuple[int, float], tuple[HandoffCosts, float, float]] = {}
+
+    def add_instance(self, gpus: tuple[int, ...]) -> None:
+        """An instance added during the run: the GPUs its KV lives on."""
+        self.gpus.append(gpus)
+
+    def paths(self, src: int, dst: int) -> list[tuple[FlowSpec, int]]:
+        """The shards' paths from instance ``src`` to ``dst``
+        (:func:`~twin.net.shards.shard_paths`), kept: routing is static and an
+        instance's GPUs never change."""
+        pair = (src, dst)
+        paths = self._paths.get(pair)
+        if paths is None:
+            paths = self._paths[pair] = shard_paths(
+                self.topology, self.gpus[src], self.gpus[dst], multi_nic=self.config.multi_nic
+            )
+        return paths
+
+    def costs(self, dst: int, tokens: int, layer_s: float) -> tuple[HandoffCosts, float, float]:
+        """The fixed costs of moving ``tokens`` tokens of KV to instance ``dst``
+        (``layer_s`` > 0: streamed over layers of that length), with their
+        delays before the first byte and after the last."""
+        config = self.config
+        # what handoff_costs reads of the blocks: all of them, or whether there is one
+        if config.descriptors == "block":
+            n = blocks_for(tokens, self.engines[dst].kv.block_size)
+        else:
+            n = 1 if tokens > 0 else 0
+        got = self._costs.get((n, layer_s))
+        if got is None:
+            if len(self._costs) >= 4096:
+                self._costs.clear()
+            costs = handoff_costs(config, n, self.layers, layer_s)
+            got = self._costs[n, layer_s] = (costs, costs.before_s, costs.after_s)
+        return got
+
+
+class KVHandoff:
+    """Moves KV between the engines of one simulation (the engines' hooks),
+    along ``routes``; ``pick_decode`` picks the decode instance of a prompt
+    routed without one, ``on_stranded`` takes a prefilled sequence no live
+    instance can decode, ``on_waiting`` is told of a transfer whose flows
+    wait on a failed link. It is made before the engines, which are built
+    with it as their hooks."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        routes: HandoffRoutes,
+        pick_decode: Callable[[Sequence], int],
+        *,
+        on_stranded: Callable[[Engine, Sequence], None],
+        on_waiting: Callable[[Sequence], None] | None = None,
+    ) -> None:
+        self.env = env
+        self.routes = routes
+        self.engines = routes.engines
+        self.gpus = routes.gpus  # the same list: it grows as instances are added
+        self.topology = routes.topology
+        self.network = routes.network
+        self.kv_bytes_per_token = routes.kv_bytes_per_token
+        self.config = routes.config
+        self.pick_decode = pick_decode
+        self.layers = routes.layers
+        self.pending: list[deque[Sequence]] = [deque() for _ in routes.gpus]
+        # (source instance, destination instance, bytes) -> the flows that move them
+        self._sized: dict[tuple[int, int, float], list[FlowSpec]] = {}
         self.bytes_moved = 0.0
         self.bytes_saved = 0.0  # KV the decode side's prefix cache held: not moved
         self.transfers = 0
         # Takes a prefilled sequence no live instance can decode (all failed):
-        # (prefill engine, sequence); set by the simulation.
-        self.on_stranded: Callable[[Engine, Sequence], None] | None = None
+        # (prefill engine, sequence).
+        self.on_stranded = on_stranded
         # Told of a transfer whose flows wait on a failed link as they start
         # (the simulation bounds that wait by the retry deadline).
-        self.on_waiting: Callable[[Sequence], None] | None = None
+        self.on_waiting = on_waiting
+
+    def add_instance(self, gpus: tuple[int, ...]) -> None:
+        """An instance added during the run (its engine joins ``engines``): the
+        GPUs its KV lives on, and its queue of hand-offs waiting for blocks."""
+        self.routes.add_instance(gpus)
+        self.pending.append(deque())
 
     def _no_decode_up(self, seq: Sequence) -> bool:
         return seq.decode_instance is None and not any(
@@ -355,7 +378,7 @@ class KVHandoff:
             # blocks failed.)
             seq.handoff = False
             return
-        if self.pending[d] or not self.engines[d].reserve(seq):
+        if self.pending[d] or not self.engines[d].receiver.reserve(seq):
             return  # reserved later, in order, once the prompt is done
         if self.config.mode == "layerwise":
             self._start(seq, engine.id, d, stream_s=dt)
@@ -365,12 +388,11 @@ class KVHandoff:
             seq.transfer.uncap()
             return
         if self._no_decode_up(seq):
-            assert self.on_stranded is not None
             self.on_stranded(engine, seq)
             return
         d = self._decode_of(seq)
         if d == engine.id:  # picked now (pull): the KV stays, see on_prefill_start
-            engine.keep(seq)
+            engine.sender.keep(seq)
             return
         if seq.req.id in self.engines[d].reserved:  # reserved when the prefill started
             self._start(seq, engine.id, d)
@@ -405,7 +427,7 @@ class KVHandoff:
                 q.remove(seq)
         d = seq.decode_instance
         if d is not None and self.engines[d].up and seq.req.id in self.engines[d].reserved:
-            self.engines[d].unreserve(seq)
+            self.engines[d].receiver.unreserve(seq)
 
     def redirect(self, engine: Engine, seq: Sequence) -> None:
         """``seq``'s decode instance failed while its KV is still on prefill
@@ -420,38 +442,9 @@ class KVHandoff:
     def _pump(self, d: int) -> None:
         queue = self.pending[d]
         engine = self.engines[d]
-        while queue and engine.reserve(queue[0]):
+        while queue and engine.receiver.reserve(queue[0]):
             seq = queue.popleft()
             self._start(seq, seq.prefill_instance, d)
-
-    def paths(self, src: int, dst: int) -> list[tuple[FlowSpec, int]]:
-        """The shards' paths from instance ``src`` to ``dst`` (:func:`shard_paths`),
-        kept: routing is static and an instance's GPUs never change."""
-        pair = (src, dst)
-        paths = self._paths.get(pair)
-        if paths is None:
-            paths = self._paths[pair] = shard_paths(
-                self.topology, self.gpus[src], self.gpus[dst], multi_nic=self.config.multi_nic
-            )
-        return paths
-
-    def costs(self, dst: int, tokens: int, layer_s: float) -> tuple[HandoffCosts, float, float]:
-        """The fixed costs of moving ``tokens`` tokens of KV to instance ``dst``
-        (``layer_s`` > 0: streamed over layers of that length), with their
-        delays before the first byte and after the last."""
-        config = self.config
-        # what handoff_costs reads of the blocks: all of them, or whether there is one
-        if config.descriptors == "block":
-            n = blocks_for(tokens, self.engines[dst].kv.block_size)
-        else:
-            n = 1 if tokens > 0 else 0
-        got = self._costs.get((n, layer_s))
-        if got is None:
-            if len(self._costs) >= 4096:
-                self._costs.clear()
-            costs = handoff_costs(config, n, self.layers, layer_s)
-            got = self._costs[n, layer_s] = (costs, costs.before_s, costs.after_s)
-        return got
 
     def _start(self, seq: Sequence, src: int, dst: int, stream_s: float | None = None) -> None:
         if seq.state == LOST:
@@ -459,7 +452,7 @@ class KVHandoff:
         # Only what the decode side lacks moves: the leading prefix units its
         # prefix cache holds (taken with the reservation) stay out.
         engine = self.engines[dst]
-        held = engine.reserved_prefix_tokens(seq)
+        held = engine.receiver.prefix_tokens(seq)
         tokens = seq.prefill_len - held
         kv_bytes = float(self.kv_bytes_per_token * tokens)
         saved = float(self.kv_bytes_per_token * held)
@@ -468,11 +461,11 @@ class KVHandoff:
         if flows is None:
             if len(self._sized) >= 4096:
                 self._sized.clear()
-            flows = sized_flows(self.paths(src, dst), len(self.gpus[src]), kv_bytes)
+            flows = sized_flows(self.routes.paths(src, dst), len(self.gpus[src]), kv_bytes)
             self._sized[src, dst, kv_bytes] = flows
         now = self.env.now
         layer_s = 0.0 if stream_s is None else stream_s / self.layers
-        costs, before_s, after_s = self.costs(dst, tokens, layer_s)
+        costs, before_s, after_s = self.routes.costs(dst, tokens, layer_s)
         # Layer l's KV exists after l/L of the iteration: a stream starts one
         # layer late (or once the control round trip and registration are
         # done, when later).
@@ -545,8 +538,8 @@ class KVHandoff:
         seq.mark("t_transfer_end", self.env.now)
         seq.transfer = None
         seq.landed = True
-        self.engines[src].release(seq)
-        self.engines[dst].receive(seq)
+        self.engines[src].sender.release(seq)
+        self.engines[dst].receiver.receive(seq)
         self.engines[dst].observer.kv_landed(self.env.now, src, dst, seq.req)
 
 

@@ -8,11 +8,10 @@ only counts; which physical block holds what does not change any timing.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Container, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import TYPE_CHECKING, Any
 
 from twin.errors import CapacityError
-from twin.request import Request
 
 if TYPE_CHECKING:
     from twin.serving.tiers import TierChain
@@ -64,7 +63,7 @@ class BlockManager:
 
     __slots__ = ("total", "free", "watermark", "block_size", "peak_used", "watch")
 
-    def __init__(self, total: int, block_size: int, watermark: int = 0) -> None:
+    def __init__(self, total: int, block_size: int, watermark: int = 0, peak_used: int = 0) -> None:
         if total <= 0:
             raise CapacityError(f"KV capacity (={total} blocks) must be > 0")
         if block_size <= 0:
@@ -73,7 +72,7 @@ class BlockManager:
         self.free = total
         self.block_size = block_size
         self.watermark = min(watermark, total - 1)
-        self.peak_used = 0
+        self.peak_used = peak_used  # an instance's peak, kept over a failure's new blocks
         # told of every change of free (twin.sim.control: a sleeping tick's watch)
         self.watch: Any = None
 
@@ -101,15 +100,6 @@ class BlockManager:
         self.free += blocks
         if self.watch is not None:
             self.watch.free(self)
-
-
-def cacheable(req: Request, block_size: int) -> tuple[int, ...]:
-    """The prefix hashes of ``req`` whose units are whole blocks of its prompt
-    (none when a unit is not a multiple of ``block_size``)."""
-    unit = req.prefix_block_tokens
-    if unit <= 0 or unit % block_size:
-        return ()
-    return req.prefix_hashes[: req.prompt_tokens // unit]
 
 
 def leading_run(hashes: Sequence[int], held: Container[int]) -> int:
@@ -155,7 +145,12 @@ class PrefixCache:
         "on_freed", "_idle", "_in_runs", "_clock", "changes",
     )  # fmt: skip
 
-    def __init__(self, kv: BlockManager, tiers: TierChain | None = None) -> None:
+    def __init__(
+        self,
+        kv: BlockManager,
+        tiers: TierChain | None = None,
+        on_freed: Callable[[int], None] | None = None,
+    ) -> None:
         self.kv = kv
         # the tiers below (twin.serving.tiers): evicted units are written down
         # to them, and a unit kept here again leaves them
@@ -170,8 +165,14 @@ class PrefixCache:
         self.cached_blocks = 0
         self.evictable_blocks = 0
         self.writing_blocks = 0  # evicted, held until their write down ends
-        self.on_freed: Any = None  # releases blocks held for a write, once it has ended
+        # releases blocks held for a write, once it has ended
+        self.on_freed: Callable[[int], None] | None = on_freed
         self.changes = 0  # units kept or evicted so far (what a match may have read)
+
+    def forget_writes(self) -> None:
+        """The instance failed: the writes under way end without releasing
+        their blocks (they were of the life that ended)."""
+        self.on_freed = None
 
     def match(self, hashes: Sequence[int]) -> int:
         """How many of ``hashes``, from the first, are cached."""

@@ -50,13 +50,13 @@ import simpy
 
 from twin.errors import SpecError
 from twin.net.flows import Network
+from twin.net.shards import shard_flows
 from twin.net.topology import Topology
 from twin.perf.gpus import get_gpu
 from twin.request import Request
 from twin.serving.cluster import Placement
 from twin.serving.engine import Engine
-from twin.serving.handoff import shard_flows
-from twin.serving.kvcache import cacheable
+from twin.serving.prefixunits import cacheable
 from twin.serving.sequence import Sequence as Seq
 from twin.serving.tiers import Tier, TierChain, Writer, host_copy_bytes_s, tier_summary
 
@@ -135,11 +135,7 @@ class KVPools:
         """``node`` failed: its pool's contents are gone, in DRAM and on SSD (it
         comes back empty), and the loads from it under way are given up:
         their requests are submitted without the prefix, which is computed again."""
-        chain = self.chains[node]
-        for tier in chain.tiers:
-            tier.units.clear()
-            tier.used_blocks = 0
-            chain._note(tier)
+        self.chains[node].lose_all()
         for load in self._loading.pop(node, []):
             seq, engine, transfer, _ = load
             load[3] = True

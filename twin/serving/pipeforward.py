@@ -38,21 +38,17 @@ two events were scheduled; single-stage fast-forward takes it the same way.
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_left
 from functools import reduce
 from operator import add, sub
-from typing import TYPE_CHECKING
+from typing import Any
 
 import simpy
 
 from twin._clock import arm, at, cancel
-from twin.serving.fastforward import push_gaps, take_blocks
+from twin.serving.fastforward import take_blocks
 from twin.serving.kvcache import blocks_for
-from twin.serving.sequence import DECODE
-
-if TYPE_CHECKING:
-    from twin.serving.engine import Engine
+from twin.serving.ports import EngineLike
 
 # Micro-batches one stretch covers at most (it then ends as at a finish).
 MAX_MICRO_BATCHES = 4096
@@ -160,20 +156,13 @@ def _end_at(fin: list[int], n_lanes: int) -> int:
     return min(min(x, rounds) * n_lanes + p for p, x in enumerate(fin))
 
 
-def _next_finish(heap: list) -> int | None:
-    """The step of the next valid entry of a lane's finish heap (stale ones dropped)."""
-    while heap and (heap[0][2] != heap[0][3].epoch or heap[0][3].state != DECODE):
-        heapq.heappop(heap)
-    return heap[0][0] if heap else None
-
-
 class PipeForward:
     """The fast-forward of one pipelined engine: the stretch in progress, if
     any, and the micro-batches the next stretch aims at."""
 
     __slots__ = ("engine", "stretch", "cap", "backoff", "skip")
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineLike) -> None:
         self.engine = engine
         self.stretch: PipeStretch | None = None
         self.cap = MIN_AHEAD
@@ -195,6 +184,12 @@ class PipeForward:
         self._settle(st, env.now)
         if st.event is not None:
             cancel(env, st.event)
+
+    def watch_blocks(self, watch: Any) -> None:
+        """From now a sleeping tick's ``watch`` is told of the free blocks: a
+        stretch under way, which does not say when its micro-batches take
+        them, ends here."""
+        self.interrupt()
 
     def sync(self) -> None:
         """Bring the engine up to now inside a stretch (what stepping would show)."""
@@ -234,7 +229,7 @@ class PipeForward:
         self._end(st, k)
         st.ended = k + 1  # its lane applies it
         st.resume[lane] = (now, st.firsts[k])
-        eng._flight[lane] = (now, False)
+        eng.flight[lane] = (now, False)
         arm(eng.env, st.wake[lane], now)
 
     def went(self, st: PipeStretch, lane: int) -> bool:
@@ -268,13 +263,14 @@ class PipeForward:
         n_lanes = len(st.order)
         if not self._nothing_to_admit():
             return False
-        fin = _next_finish(eng._finish_heap) if eng.decode_count else None
+        batch = eng.batch
+        fin = batch.next_finish() if batch.count else None
         if fin is None:
             return False  # the lane has nothing left to decode
         nxt = k // n_lanes + 1  # the lane's next micro-batch, from 0
         st.fin[p] = fin - st.step0[p]
-        st.counts[p] = eng.decode_count
-        st.ctx0[p] = eng.decode_ctx_sum
+        st.counts[p] = batch.count
+        st.ctx0[p] = batch.ctx_sum
         st.base[p] = nxt
         del st.firsts_of[p][nxt:], st.laters_of[p][nxt:]
         st.end_at = _end_at(st.fin, n_lanes)
@@ -308,37 +304,39 @@ class PipeForward:
             self.skip -= 1
             return False
         eng = self.engine
-        if eng._preempted or not self._nothing_to_admit():
+        if eng.planner.preempted or not self._nothing_to_admit():
             return False
         now = eng.env.now
         # position 0: the leader, whose micro-batch starts now
-        fin = _next_finish(eng._finish_heap)
+        batch = eng.batch
+        fin = batch.next_finish()
         if fin is None:
             return False
-        lanes = [(0, leader, now, eng.steps + 1, eng.decode_count, eng.decode_ctx_sum, fin)]
-        flight = eng._flight
+        lanes = [(0, leader, now, batch.steps + 1, batch.count, batch.ctx_sum, fin)]
+        flight = eng.flight
         for lane in range(eng.pp):
             if lane == leader:
                 continue
-            count, ctx, steps, finish_heap, _, first_gap = eng._lanes[lane][:6]
+            other = eng.lanes[lane]
+            count, ctx, steps = other.count, other.ctx_sum, other.steps
             fl = flight[lane]
             if count == 0:
                 if fl is not None:
                     return False  # prompts only in flight: the batch changes
                 continue  # idle: it waits for a change, which ends the stretch
             if fl is None:  # out, waiting for the first stage
-                if any(s.landed and s.t_decode_start < 0 for s in first_gap):
+                if any(s.landed and s.t_decode_start < 0 for s in other.joined):
                     return False
-                out_at, step0 = now, steps + 1
+                out_at, first = now, steps + 1
             else:
                 end, prompts = fl
                 if prompts:
                     return False
-                out_at, step0, ctx = end, steps + 2, ctx + count
-            fin = _next_finish(finish_heap)
+                out_at, first, ctx = end, steps + 2, ctx + count
+            fin = other.next_finish()
             if fin is None:
                 return False
-            lanes.append((eng._claim_no[lane], lane, out_at, step0, count, ctx, fin))
+            lanes.append((eng.claim_no[lane], lane, out_at, first, count, ctx, fin))
         lanes[1:] = sorted(lanes[1:])  # the order they took the first stage last
         order = [x[1] for x in lanes]
         ready = [x[2] for x in lanes]
@@ -347,7 +345,7 @@ class PipeForward:
         if min(last) < 1 or any(b < a for a, b in zip(ready[1:], ready[2:], strict=False)):
             return False
         st = PipeStretch(order, step0, [x[4] for x in lanes], [x[5] for x in lanes],
-                         last, list(eng._stage_free), ready, now,
+                         last, list(eng.stage_free), ready, now,
                          _end_at(last, len(order)))  # fmt: skip
         st.ahead = self.cap
         if not self._ahead(st):
@@ -470,7 +468,7 @@ class PipeForward:
         admissible: the running limit is reached, or (no prefix cache) its
         blocks are not free, and the stretch only takes more."""
         eng = self.engine
-        if eng.prefilling or eng._landed:
+        if eng.prefilling or eng.landed:
             return False
         if not eng.waiting:
             return True
@@ -489,11 +487,11 @@ class PipeForward:
         bs = kv.block_size
         n = len(st.starts)
         n_lanes = len(st.order)
-        lasts = {}
+        lasts = []
         bound = 0
         for p, lane in enumerate(st.order):
             last = st.step0[p] + (n - 1 - p) // n_lanes  # its last micro-batch's step
-            lasts[lane] = last
+            lasts.append((lane, last))
             bound += st.counts[p] * ((last - st.taken[p]) // bs + 1)
         # a sleeping tick watching the free blocks (see twin.sim.control) is told
         # at each allocation; the stretch takes its blocks with no event, so it
@@ -506,10 +504,7 @@ class PipeForward:
         if bound <= kv.free and (at_most is None or kv.free - bound > at_most):
             st.room = kv.free - bound
             return True
-        need = 0
-        for s in eng.running.values():
-            if s.state == DECODE:
-                need += max(0, blocks_for(s.length_at(lasts[s.lane]), bs) - s.held_blocks)
+        need = sum(eng.lanes[lane].blocks_to(last) for lane, last in lasts)
         st.room = kv.free - need
         return need <= kv.free and (at_most is None or kv.free - need > at_most)
 
@@ -531,16 +526,13 @@ class PipeForward:
         """Take the blocks of the first ``begun`` micro-batches."""
         eng = self.engine
         n_lanes = len(st.order)
-        lane0 = eng._lane
         for p, lane in enumerate(st.order):
             if p >= begun:
                 break
             step = st.step0[p] + (begun - 1 - p) // n_lanes
             if step > st.taken[p]:
-                eng._use_lane(lane)
-                take_blocks(eng, step)
+                take_blocks(eng, eng.lanes[lane], step)
                 st.taken[p] = step
-        eng._use_lane(lane0)
 
     def _end(self, st: PipeStretch, end_to: int) -> None:
         """Apply the micro-batches before ``end_to`` that have not been, in bulk:
@@ -554,30 +546,22 @@ class PipeForward:
         eng.iterations += end_to - k0
         n_lanes = len(st.order)
         ends = st.ends
-        lane0 = eng._lane
         for p, lane in enumerate(st.order):
             j = k0 + (p - k0) % n_lanes  # this lane's first micro-batch not applied
             if j >= end_to:
                 continue
             out = ends[j:end_to:n_lanes]
-            eng._use_lane(lane)
-            if j < n_lanes and (eng._first_gap or eng._last_decode_end < 0.0):
+            batch = eng.lanes[lane]
+            if j < n_lanes and batch.fresh:
                 # its first step as stepping completes it (sequences that joined
                 # measure their first gap in it)
-                eng._complete_decode_step(out[0])
+                batch.step(out[0], eng.finish)
                 del out[0]
                 if not out:
                     continue
-            gaps = [out[0] - eng._last_decode_end]
+            gaps = [out[0] - batch.last_end]
             gaps += map(sub, out[1:], out[:-1])
-            n = len(out)
-            push_gaps(eng, eng.steps + 1, gaps)
-            eng.steps += n
-            eng.decode_ctx_sum += eng.decode_count * n
-            eng._last_decode_end = out[-1]
-            if len(eng._gap_steps) > 4096:
-                eng._prune_gaps(eng.steps)
-        eng._use_lane(lane0)
+            batch.run_steps(gaps, out[-1])
         st.ended = end_to
 
     def _settle(self, st: PipeStretch, now: float) -> None:
@@ -589,7 +573,7 @@ class PipeForward:
         self._take(st, begun)
         self._end(st, bisect_left(st.ends, now))
         j = begun - 1
-        eng._stage_free[:] = st.frees[j] if st.frees else (st.starts[j] + st.firsts[j], st.ends[j])
+        eng.stage_free[:] = st.frees[j] if st.frees else (st.starts[j] + st.firsts[j], st.ends[j])
         n_lanes = len(st.order)
         lasts = []
         for p, lane in enumerate(st.order[:begun]):
@@ -597,13 +581,13 @@ class PipeForward:
             lasts.append((j, lane))
             if j >= st.ended:  # still in flight
                 st.resume[lane] = (st.ends[j], st.firsts[j])
-                eng._flight[lane] = (st.ends[j], False)
+                eng.flight[lane] = (st.ends[j], False)
         for _, lane in sorted(lasts):  # the order they took the first stage
-            eng._claims += 1
-            eng._claim_no[lane] = eng._claims
+            eng.claims += 1
+            eng.claim_no[lane] = eng.claims
         env = eng.env
-        out = sorted((eng._claim_no[lane], lane) for lane in st.wake if lane not in st.resume)
-        free0 = eng._stage_free[0]
+        out = sorted((eng.claim_no[lane], lane) for lane in st.wake if lane not in st.resume)
+        free0 = eng.stage_free[0]
         for _, lane in out:  # out and waiting for the first stage, in the order they came out
             arm(env, st.wake[lane], free0 if free0 > now else now)
         for lane, (end, _) in st.resume.items():

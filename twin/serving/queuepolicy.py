@@ -17,7 +17,9 @@ tuples of numbers). ``item`` is a :class:`Queued`, a read-only view.
 Optional: ``victim(running)`` (:class:`PicksVictim`) picks the decoding
 request to preempt when a decode step finds no free KV block, from those of
 the batch in admission order; without it the most recently admitted one goes
-(vLLM's FCFS choice).
+(vLLM's FCFS choice). With classes of traffic (``workload.classes``) the
+engine first narrows ``running`` to the lowest class among them (the largest
+priority), under every policy.
 
 The shipped policies: ``fcfs`` (the default: arrival order), ``priority``
 (the request's ``priority``, lower first, as vLLM's ``--scheduling-policy
@@ -54,7 +56,8 @@ class Queued(Protocol):
 
     @property
     def req(self) -> Request:
-        """The request as it arrived (``priority``, ``arrival_s``, lengths)."""
+        """The request as it arrived (``priority``, ``traffic_class``, ``arrival_s``,
+        lengths)."""
         ...
 
     @property

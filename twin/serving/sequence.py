@@ -83,6 +83,7 @@ class Sequence:
         "preemptions",
         "d_join",
         "g_join",
+        "emit",
         "lane",
         "epoch",
         "instance",
@@ -130,6 +131,9 @@ class Sequence:
         self.preemptions = 0
         self.d_join = 0
         self.g_join = 0
+        # Speculative decoding: the tokens emitted after each of its decode steps
+        # since d_join (twin.serving.speculative.Speculation.schedule); None: one a step.
+        self.emit: list[int] | None = None
         self.lane = 0  # the pipeline micro-batch lane it belongs to (0 without pipelining)
         self.epoch = 0
         self.instance = -1
@@ -206,7 +210,12 @@ class Sequence:
 
     def length_at(self, step: int) -> int:
         """Tokens in the sequence (its KV context) when decode step ``step`` runs."""
-        return self.prefill_len + 1 + (step - self.d_join)
+        n = step - self.d_join
+        return self.prefill_len + 1 + (n if self.emit is None else self.emit[n])
+
+    def decoded(self, steps: int) -> int:
+        """Tokens its first ``steps`` decode steps since it joined emit."""
+        return steps if self.emit is None else self.emit[steps]
 
 
 # The hand-off's timestamps: only on a path whose token 1 is handed off (Sequence.mark).

@@ -53,9 +53,9 @@ import simpy
 
 from twin._declare import BANDWIDTH, NONNEG_INT, choice, declared, nbytes, seconds, section
 from twin.net.flows import Network
+from twin.net.shards import shard_flows
 from twin.net.topology import Topology
-from twin.serving.handoff import shard_flows
-from twin.serving.kvcache import cacheable
+from twin.serving.prefixunits import cacheable
 
 # Share of a PCIe link's rate a bulk copy gets: the catalog gives the raw rate
 # per direction (Gen5 x16: 32 GT/s x 16 lanes = 64 GB/s); 128b/130b encoding
@@ -217,6 +217,14 @@ class TierChain:
         self.tiers = list(tiers)
         self.block_bytes = block_bytes
         self.gpus = tuple(gpus)  # the instance's GPUs: the near end of a remote tier's flows
+
+    def lose_all(self) -> None:
+        """What every tier holds is gone (the host they are on failed); each
+        comes back empty."""
+        for tier in self.tiers:
+            tier.units.clear()
+            tier.used_blocks = 0
+            self._note(tier)
 
     def _note(self, tier: Tier) -> None:
         if tier.used_blocks > tier.peak_blocks:

@@ -58,6 +58,7 @@ from twin.serving.engine import ROLES, Engine
 from twin.serving.fastforward import Stretch
 from twin.serving.kvcache import BlockManager
 from twin.serving.observer import Observer
+from twin.sim.scaling import Scaler
 
 
 def check_roles(engines: Sequence[Engine], has_topology: bool, name: str) -> None:
@@ -120,6 +121,7 @@ class ControlLoop:
         arrivals_done: Callable[[], bool],
         all_ended: Callable[[], bool],
         on_roles: Callable[[], None],
+        scaler: Scaler | None = None,
     ) -> None:
         self.env = env
         self.scheduler = scheduler
@@ -147,7 +149,7 @@ class ControlLoop:
         self.moving: dict[int, tuple[str, int]] = {}
         self._moves = 0
         self.role_changes: list[tuple[float, int, str, str]] = []
-        self.scaler: Any = None  # twin.sim.scaling.Scaler: AddInstance, RemoveInstance
+        self.scaler = scaler  # carries out AddInstance and RemoveInstance
 
     def start(self) -> None:
         if self.tick_s is not None:
@@ -208,7 +210,7 @@ class ControlLoop:
         queue, free = watch.queue_tokens_above, watch.free_blocks_at_most
         for e in self.engines:
             w = _Watch(self, queue.get(e.id), free.get(e.id))
-            e.watch = w
+            e.watch_changes(w)
             if w.free_at_most is not None:
                 e.sync()
                 w.free_was = e.kv.free <= w.free_at_most
@@ -220,8 +222,7 @@ class ControlLoop:
     def _unwatch(self) -> None:
         self._sleep = None
         for e in self.engines:
-            e.watch = None
-            e.kv.watch = None
+            e.unwatch()
 
     def wake(self, when: float) -> None:
         """Something a sleeping tick turns on changed, or may have by ``when``:

@@ -59,13 +59,13 @@ from twin._declare import (
     seconds,
 )
 from twin.errors import SpecError
-from twin.scheduler import FaultEvent, event_hook
+from twin.scheduler import FaultEvent
 from twin.sim.health import Health, Part
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from twin.sim.simulation import Simulation
+    from twin.sim.ops import ClusterOps
 
 ACTIONS = ("fail", "recover", "degrade", "restore")
 TARGETS = ("instance", "node", "gpu", "link", "nic")
@@ -243,31 +243,34 @@ def read_events(value: Any, where: str) -> tuple[tuple[Event, ...], list[dict[st
 
 
 class Faults:
-    """Carries out a simulation's ``events:``: each at its time, in list order
-    for the same time (their targets checked as the spec resolved:
-    :mod:`twin.sim.layout`)."""
+    """Carries out a run's ``events:`` on its cluster (``ops``): each at its
+    time, in list order for the same time (their targets checked as the spec
+    resolved: :mod:`twin.sim.layout`), and its random ``failures`` (drawn
+    from ``failure_seed``, or the spec's ``seed``); ``topology`` is the
+    cluster's (None without one)."""
 
-    def __init__(self, sim: Simulation, events: Sequence[Event]) -> None:
-        self.sim = sim
+    def __init__(
+        self, ops: ClusterOps, events: Sequence[Event], failures: Sequence[RandomKeys],
+        failure_seed: int | None, seed: int, topology: Any,
+    ) -> None:  # fmt: skip
+        self.ops = ops
         self.events = sorted(events, key=lambda e: (e.at_s, e.index))
-        self.where = f"{sim.spec.source}: events"
         self.health = Health()
         self.applied: list[FaultEvent] = []
-        spec = sim.spec
-        self.random = spec.failures
-        self.seed = spec.seed if spec.failure_seed is None else spec.failure_seed
+        self.random = failures
+        self.seed = seed if failure_seed is None else failure_seed
+        self.topology = topology
 
     def start(self) -> None:
-        env = self.sim.env
+        ops = self.ops
         for e in self.events:
-            at(env, e.at_s, self._applier(e))
-        sim = self.sim
+            at(ops.env, e.at_s, self._applier(e))
         ids: dict[str, list[int | str]] = {
-            "instance": list(range(len(sim.engines))),
-            "node": list(sorted({k for p in sim.placements for k in self.nodes_of(p)})),
-            "gpu": list(sorted(g for p in sim.placements for g in p.gpus)),
+            "instance": list(range(len(ops.engines))),
+            "node": list(sorted({k for p in ops.placements for k in self.nodes_of(p)})),
+            "gpu": list(sorted(g for p in ops.placements for g in p.gpus)),
         }
-        topo = sim.spec.topology
+        topo = self.topology
         if topo is not None:
             g = topo.graph
             ids["nic"] = [n for n in sorted(g.nodes) if g.nodes[n].get("type") == "nic"]
@@ -283,28 +286,27 @@ class Faults:
     # -- random failures -----------------------------------------------------------
     def _done(self) -> bool:
         """Whether random failures have nothing left to act on: every request
-        arrived has ended, or waits (parked) for an instance to come back. A
-        random failure cannot bring one back (a repair already due still
-        comes), and new ones would keep the run going for ever."""
-        sim = self.sim
-        return sim._arrivals_done and sim.metrics.ended + len(sim._parked) == sim._arrived
+        arrived has ended, or waits for an instance to come back. A random
+        failure cannot bring one back (a repair already due still comes), and
+        new ones would keep the run going for ever."""
+        return self.ops.settled()
 
     def _both_ways(self, c: RandomKeys, comp: int | str, action: str, now: float) -> None:
         """Apply ``action`` to one random component; a link in both directions."""
         self.apply(Event(-1, now, action, c.component, comp, 1.0))
         if c.component == "link":
             u, _, v = str(comp).partition(" -> ")
-            if self.sim.spec.topology.graph.has_edge(v, u):
+            if self.topology.graph.has_edge(v, u):
                 self.apply(Event(-1, now, action, "link", f"{v} -> {u}", 1.0))
 
     def _next_failure(self, c: RandomKeys, comp: int | str, rng: np.random.Generator) -> None:
-        when = self.sim.env.now + float(rng.exponential(c.mtbf_s))
-        at(self.sim.env, when, lambda _ev: self._random_fail(c, comp, rng))
+        when = self.ops.env.now + float(rng.exponential(c.mtbf_s))
+        at(self.ops.env, when, lambda _ev: self._random_fail(c, comp, rng))
 
     def _random_fail(self, c: RandomKeys, comp: int | str, rng: np.random.Generator) -> None:
         if self._done():
             return  # nothing left to serve: no more failures
-        now = self.sim.env.now
+        now = self.ops.env.now
         self._both_ways(c, comp, "fail", now)
         repair = c.repair_s if c.repair_dist == "fixed" else float(rng.exponential(c.repair_s))
 
@@ -313,7 +315,7 @@ class Faults:
             if not self._done():
                 self._next_failure(c, comp, rng)
 
-        at(self.sim.env, now + repair, repaired)
+        at(self.ops.env, now + repair, repaired)
 
     def log(self) -> list[dict[str, Any]]:
         """The events as they took effect, for the result's ``fault_log``:
@@ -335,26 +337,26 @@ class Faults:
     def nodes_of(self, p: Any) -> set[int]:
         """The nodes placement ``p``'s GPUs are on: its own node, or several for
         an expert-parallel instance that spans nodes."""
-        topo = self.sim.spec.topology
+        topo = self.topology
         if topo is not None:  # an instance spans nodes only there (place_on_topology)
             return {topo.node_of(g) for g in p.gpus}
         return {p.node}
 
     def instances_of(self, e: Event) -> tuple[int, ...]:
-        sim = self.sim
+        placements = self.ops.placements
         if e.target == "instance":
             return (int(e.name),)
         if e.target == "node":
-            return tuple(p.instance for p in sim.placements if e.name in self.nodes_of(p))
+            return tuple(p.instance for p in placements if e.name in self.nodes_of(p))
         if e.target == "gpu":
-            return tuple(p.instance for p in sim.placements if e.name in p.gpus)
+            return tuple(p.instance for p in placements if e.name in p.gpus)
         return ()
 
     def apply(self, e: Event) -> None:
         """``e`` changes its target's own state; every instance and link whose
         state, derived from the parts it depends on (twin.sim.health),
         changes with it fails, recovers or changes speed."""
-        sim = self.sim
+        ops = self.ops
         covered = self.instances_of(e)
         links = self.links_of(e) if e.target in ("link", "nic") else []
         was = [self.instance_state(i) for i in covered]
@@ -364,49 +366,44 @@ class Faults:
         for i, (was_up, was_speed) in zip(covered, was, strict=True):
             up, speed = self.instance_state(i)
             if speed != was_speed:
-                sim.engines[i].set_speed(speed)
+                ops.engines[i].set_speed(speed)
             if was_up and not up:
-                sim.fail_instance(i)
+                ops.fail_instance(i)
             elif up and not was_up:
-                sim.recover_instance(i)
+                ops.recover_instance(i)
             if (up, speed) != (was_up, was_speed):
                 changed.append(i)
-        if e.target == "node" and e.action == "fail" and sim.pools is not None:
-            sim.pools.fail_node(int(e.name))  # host memory goes with the node
+        if e.target == "node" and e.action == "fail":
+            ops.lose_host_memory(int(e.name))  # host memory goes with the node
         if links:
             self._apply_links(links, was_links)
-        event = FaultEvent(sim.env.now, e.action, e.target, e.name, e.factor, tuple(changed))
+        event = FaultEvent(ops.env.now, e.action, e.target, e.name, e.factor, tuple(changed))
         self.applied.append(event)
-        sim.observer.fault_event(event.time_s, event)
-        hook = event_hook(sim.scheduler)
-        if hook is not None:
-            hook.on_event(event, sim.view)
+        ops.fault_applied(event)
 
     def _apply_links(self, links: list[tuple[str, str]], was: list[tuple[bool, float]]) -> None:
         """The network takes the links' new derived states."""
-        sim = self.sim
-        net = sim.network
-        assert net is not None
+        ops = self.ops
         failed = False
         for (src, dst), (was_up, was_factor) in zip(links, was, strict=True):
             up, factor = self.link_state(src, dst)
             if factor != was_factor:
-                net.scale_link(src, dst, factor)
+                ops.scale_link(src, dst, factor)
             if was_up and not up:
-                net.fail_link(src, dst)
+                ops.fail_link(src, dst)
                 failed = True
             elif up and not was_up:
-                net.recover_link(src, dst)
-        if failed and sim.handoff is not None:
-            sim.link_failed()  # a wait for the repair ends at the retry deadline
+                ops.recover_link(src, dst)
+        if failed:
+            ops.links_failed()  # a wait for the repair ends at the retry deadline
 
     def instance_state(self, i: int) -> tuple[bool, float]:
         """Whether instance ``i`` is up (it, each of its GPUs and their nodes
         are), and its speed: its own degradation times its slowest GPU's,
         each GPU's the product of its own and its node's (tensor- and
         pipeline-parallel ranks step together)."""
-        p = self.sim.placements[i]
-        topo = self.sim.spec.topology
+        p = self.ops.placements[i]
+        topo = self.topology
         me: Part = ("instance", i)
         gpus = [(("gpu", g), ("node", topo.node_of(g) if topo else p.node)) for g in p.gpus]
         h = self.health
@@ -416,7 +413,7 @@ class Faults:
     def link_state(self, src: str, dst: str) -> tuple[bool, float]:
         """Whether link ``src -> dst`` is up (it and the NICs at its ends are),
         and the share of its capacity it carries (their degradations' product)."""
-        nodes = self.sim.spec.topology.graph.nodes
+        nodes = self.topology.graph.nodes
         parts: list[Part] = [("link", f"{src} -> {dst}")]
         parts += [("nic", v) for v in (src, dst) if nodes[v].get("type") == "nic"]
         return self.health.up(parts), self.health.factor(parts)
@@ -426,14 +423,14 @@ class Faults:
         parts it runs on (it comes up failed on a failed node, say)."""
         up, speed = self.instance_state(i)
         if speed != 1.0:
-            self.sim.engines[i].set_speed(speed)
+            self.ops.engines[i].set_speed(speed)
         if not up:
-            self.sim.fail_instance(i)
+            self.ops.fail_instance(i)
 
     def links_of(self, e: Event) -> list[tuple[str, str]]:
         """The directed links a link or NIC target names."""
         if e.target == "link":
             src, _, dst = str(e.name).partition(" -> ")
             return [(src, dst)]
-        g = self.sim.spec.topology.graph
+        g = self.topology.graph
         return sorted({(u, v) for u, v in g.in_edges(e.name)} | set(g.out_edges(e.name)))

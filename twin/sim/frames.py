@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from twin.errors import TwinError
-from twin.sim.metrics import REQUEST_COLUMNS
+from twin.sim.metrics import CLASS_COLUMN, REQUEST_COLUMNS
 
 INSTALL = "pip install 'pd-twin[data]'"
 
@@ -108,9 +108,13 @@ def request_columns(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[Any]]:
     """Per-request rows (dicts keyed by :data:`REQUEST_COLUMNS`, Python values
     or CSV cells) as typed columns."""
     cols: dict[str, list[Any]] = {c: [] for c in REQUEST_COLUMNS}
+    classes: list[Any] = []  # each row's class of traffic, in a run with classes
     for row in rows:
         for c, kind in REQUEST_KINDS.items():
             cols[c].append(coerce(kind, row.get(c)))
+        classes.append(row.get(CLASS_COLUMN))
+    if any(c is not None for c in classes):
+        cols[CLASS_COLUMN] = [None if c is None else str(c) for c in classes]
     return cols
 
 
@@ -222,7 +226,8 @@ def requests_frame(rows: Iterable[Mapping[str, Any]]) -> Any:
     """Per-request rows as a DataFrame in id order, typed by :data:`REQUEST_KINDS`."""
     cols = request_columns(rows)
     order = sorted(range(len(cols["id"])), key=cols["id"].__getitem__)
-    return frame({c: [v[i] for i in order] for c, v in cols.items()}, REQUEST_KINDS)
+    kinds = REQUEST_KINDS | ({CLASS_COLUMN: "str"} if CLASS_COLUMN in cols else {})
+    return frame({c: [v[i] for i in order] for c, v in cols.items()}, kinds)
 
 
 def records_frame(rows: Sequence[Mapping[str, Any]], empty: Sequence[str] = ()) -> Any:
@@ -294,11 +299,16 @@ def write_parquet(
 class RequestParquet:
     """Per-request rows streamed to a Parquet file as they come (``on_row``),
     a row group every :data:`ROW_GROUP` rows, in the order given (the order
-    requests end, as ``--requests-csv`` writes them)."""
+    requests end, as ``--requests-csv`` writes them); ``classes``: the rows
+    carry a class column (a run with ``workload.classes``)."""
 
-    def __init__(self, path: str | Path, metadata: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, path: str | Path, metadata: Mapping[str, str] | None = None, classes: bool = False
+    ) -> None:
         self.path = Path(path)
-        self._schema = arrow_schema(REQUEST_KINDS, metadata)
+        # a run with classes of traffic: the class column after the others
+        kinds = REQUEST_KINDS | ({CLASS_COLUMN: "str"} if classes else {})
+        self._schema = arrow_schema(kinds, metadata)
         self._writer = _open_writer(self.path, self._schema)
         self._rows: list[Mapping[str, Any]] = []
 

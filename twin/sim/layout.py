@@ -6,8 +6,9 @@ What can only be checked against that placement is checked there too, so
 that ``twin spec`` refuses what ``twin run`` would: that the instances fit
 the topology, that each leaves room for a KV cache on the GPUs it is placed
 on, that every ``events:`` target is a part of the cluster, that random
-failures of NICs and links have a topology to fail in, and that the KV
-store of ``kv_tiers.remote`` sits on a node of its own. The run then builds
+failures of NICs and links have a topology to fail in, that the KV
+store of ``kv_tiers.remote`` sits on a node of its own, and that the perf
+model builds for every instance on the GPU it is placed on. The run then builds
 on the placement it was given.
 """
 
@@ -17,6 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from twin.errors import CapacityError, SpecError
+from twin.net.topology import all_to_all_links
+from twin.perf.build import build_perf_model
 from twin.perf.gpus import GPUSpec, get_gpu
 from twin.perf.llm import ModelSpec
 from twin.serving.cluster import Placement, place_instances, place_on_topology, placement_order
@@ -76,6 +79,42 @@ def kv_blocks(
 def instance_gpu(topology: Any, gpu: GPUSpec, p: Placement) -> GPUSpec:
     """The GPU instance ``p`` runs on: its node's, or without a topology ``gpu``."""
     return get_gpu(topology.gpu_type(p.gpus[0])) if topology is not None else gpu
+
+
+def perf_shape(
+    topology: Any, gpu: GPUSpec, p: Placement, tp: int, pp: int, ep: int, dp: int
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """What instances that share a perf model have in common (the GPU, the
+    shape and, expert-parallel, the links its all-to-alls run on), and
+    those links (:func:`twin.net.topology.all_to_all_links`; none when dense)."""
+    if ep == 1:
+        return (gpu.name, tp, pp), {}
+    a2a = all_to_all_links(topology, p.gpus[: dp * tp]) if topology is not None else {}
+    return (gpu.name, tp, pp, ep, dp, *sorted(a2a.items())), a2a
+
+
+def check_perf(
+    perf: Any, model: ModelSpec, gpu: GPUSpec, groups: Sequence[Any], topology: Any,
+    placements: Sequence[Placement], where: str, base_dir: Any,
+) -> None:  # fmt: skip
+    """The perf model builds for every instance, on the GPU it is placed on
+    and in its shape: a profile table or fit has rows for them, and the
+    model's keys go together."""
+    seen = set()
+    i = 0
+    for g in groups:
+        for _ in range(g.count):
+            p = placements[i]
+            i += 1
+            on = instance_gpu(topology, gpu, p)
+            key, a2a = perf_shape(topology, on, p, g.tp, g.pp, g.ep, g.dp)
+            if key in seen:
+                continue
+            seen.add(key)
+            build_perf_model(
+                perf, model, on, g.tp, g.pp, where=f"{where}: perf", base_dir=base_dir,
+                ep=g.ep, dp=g.dp, a2a=a2a,
+            )  # fmt: skip
 
 
 def check_memory(

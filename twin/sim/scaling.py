@@ -21,6 +21,7 @@ was added: start-up included) to its release or the run's end.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -30,10 +31,9 @@ from twin.errors import SpecError
 from twin.scheduler import ROLES, AddInstance, RemoveInstance
 from twin.serving.cluster import Placement
 from twin.serving.engine import Engine
-from twin.serving.observer import InstanceInfo
 
 if TYPE_CHECKING:
-    from twin.sim.simulation import Simulation
+    from twin.sim.ops import ClusterOps
 
 
 @dataclass(frozen=True)
@@ -60,22 +60,42 @@ class ScalingKeys:
 
 
 class Scaler:
-    """Carries out a policy's :class:`AddInstance` and :class:`RemoveInstance`
-    on ``sim``'s cluster, and keeps the GPU-seconds."""
+    """Carries out policy ``name``'s :class:`AddInstance` and
+    :class:`RemoveInstance` on a cluster (``ops``), and keeps the
+    GPU-seconds; ``groups`` are the spec's instance groups (an added
+    instance keeps its pool's expert-parallel layout), ``topology`` its
+    topology (None: nodes of ``gpus_per_node`` GPUs), ``weight_bytes`` what
+    a new instance loads before it serves."""
 
-    def __init__(self, sim: Simulation, keys: ScalingKeys, name: str) -> None:
-        self.sim = sim
+    def __init__(
+        self, ops: ClusterOps, keys: ScalingKeys, name: str, groups: Sequence[Any],
+        topology: Any, gpus_per_node: int, weight_bytes: float,
+    ) -> None:  # fmt: skip
+        self.ops = ops
         self.keys = keys
         self.name = name
+        self.groups = groups
+        self.topology = topology
+        self.gpus_per_node = gpus_per_node
+        self.weight_bytes = weight_bytes
         # instance -> [allocated at, released at or None, GPUs]
         self.alloc: dict[int, list[Any]] = {
-            p.instance: [0.0, None, len(p.gpus)] for p in sim.placements
+            p.instance: [0.0, None, len(p.gpus)] for p in ops.placements
         }
         self.scaled = False  # a policy added or removed an instance
         self.started: list[tuple[float, float, int]] = []  # (asked, serving, instance)
         self.released: list[tuple[float, float, int]] = []  # (asked, released, instance)
         self._drain_asked: dict[int, float] = {}
         self.failed_starting: set[int] = set()  # failed (their node, say) while starting
+
+    def failed_while_starting(self, i: int) -> None:
+        """Instance ``i`` failed while starting: it comes up failed (unless
+        repaired first)."""
+        self.failed_starting.add(i)
+
+    def repaired(self, i: int) -> None:
+        """Instance ``i`` was repaired: it comes up serving, when still starting."""
+        self.failed_starting.discard(i)
 
     # -- GPU-seconds -------------------------------------------------------------------
     def gpu_seconds(self, end_s: float) -> float:
@@ -89,15 +109,15 @@ class Scaler:
     # -- adding ------------------------------------------------------------------------
     def _free_gpus(self) -> dict[int, list[int]]:
         """Node -> its free GPUs (not held by an instance that is not stopped)."""
-        sim = self.sim
-        held = {g for e, p in zip(sim.engines, sim.placements, strict=True)
+        ops = self.ops
+        held = {g for e, p in zip(ops.engines, ops.placements, strict=True)
                 if e.state != "stopped" for g in p.gpus}  # fmt: skip
-        topo = sim.spec.topology
+        topo = self.topology
         if topo is not None:
             return {
                 k: [g for g in topo.gpus_of_node(k) if g not in held] for k in range(topo.num_nodes)
             }
-        per = sim.spec.gpus_per_node
+        per = self.gpus_per_node
         top = max(held, default=-1)
         nodes = (top + 1) // per + 2  # the nodes in use and a fresh one
         return {
@@ -107,7 +127,7 @@ class Scaler:
     def _layout(self, a: AddInstance) -> tuple[int, int, int, int]:
         """``(tp, pp, ep, dp)`` of the instance ``a`` adds: the pool's
         expert-parallel layout when its group has one, else ``a``'s TP x PP."""
-        group = next((g for g in self.sim.spec.groups if g.role == a.role), None)
+        group = next((g for g in self.groups if g.role == a.role), None)
         if group is None or group.ep == 1:
             return a.tp, a.pp, 1, 1
         if (a.tp, a.pp) != (group.tp, group.pp) and a.tp * a.pp != group.gpus:
@@ -119,9 +139,10 @@ class Scaler:
         return group.tp, group.pp, group.ep, group.dp
 
     def _place(self, a: AddInstance, need: int, span: bool = False) -> Placement:
-        sim, name = self.sim, self.name
+        name = self.name
+        n = len(self.ops.engines)  # the new instance's id
         free = self._free_gpus()
-        topo = sim.spec.topology
+        topo = self.topology
         nodes = sorted(free)
         if a.node is not None:
             if not is_int(a.node) or a.node not in free:
@@ -132,7 +153,7 @@ class Scaler:
             if topo is None or a.template not in topo.templates:
                 raise SpecError(f"scheduler {name!r}: {a} names node template {a.template!r}")
             nodes = [k for k in nodes if topo.template_of(k) == a.template]
-        size = {k: len(topo.gpus_of_node(k)) if topo is not None else sim.spec.gpus_per_node
+        size = {k: len(topo.gpus_of_node(k)) if topo is not None else self.gpus_per_node
                 for k in nodes}  # fmt: skip
         if span and need > max(size.values(), default=0):
             # an expert-parallel instance wider than a node: whole free nodes, in order
@@ -147,23 +168,23 @@ class Scaler:
                     f"scheduler {name!r}: {a} needs {need} GPUs on whole free nodes; too few"
                     " are free"
                 )
-            return Placement(len(sim.engines), first, tuple(taken))
+            return Placement(n, first, tuple(taken))
         node = next((k for k in nodes if len(free[k]) >= need), None)
         if node is None:
             raise SpecError(
                 f"scheduler {name!r}: {a} needs {need} free GPUs in one node; none has them"
             )
-        return Placement(len(sim.engines), node, tuple(free[node][:need]))
+        return Placement(n, node, tuple(free[node][:need]))
 
     def startup_s(self, placement: Placement) -> float:
         """Weights loaded (from storage, or from a serving peer over the
         topology's bottleneck bandwidth) plus the warm-up."""
-        sim, keys = self.sim, self.keys
-        weights = sim.spec.model.weight_bytes
+        ops, keys = self.ops, self.keys
+        weights = self.weight_bytes
         bandwidth = keys.storage_bandwidth
-        topo = sim.spec.topology
+        topo = self.topology
         if keys.weights_from == "network" and topo is not None:
-            peers = [p for e, p in zip(sim.engines, sim.placements, strict=True)
+            peers = [p for e, p in zip(ops.engines, ops.placements, strict=True)
                      if e.up and e.state == "serving"]  # fmt: skip
             if peers:
                 dst = placement.gpus[0]
@@ -171,7 +192,7 @@ class Scaler:
         return weights / bandwidth + keys.warmup_s
 
     def add(self, a: AddInstance) -> None:
-        sim, name = self.sim, self.name
+        ops, name = self.ops, self.name
         if a.role not in ROLES:
             raise SpecError(f"scheduler {name!r}: {a} gives role {a.role!r}; expected one of "
                             f"{', '.join(ROLES)}")  # fmt: skip
@@ -179,49 +200,44 @@ class Scaler:
             v = getattr(a, key)
             if not is_int(v) or v <= 0:
                 raise SpecError(f"scheduler {name!r}: {a}: {key} {v!r} must be a positive integer")
-        if a.role != "mixed" and sim.spec.topology is None:
+        if a.role != "mixed" and self.topology is None:
             raise SpecError(
                 f"scheduler {name!r}: {a}: a {a.role} instance needs a topology for the KV "
                 "cache to travel over (cluster.topology)"
             )
         tp, pp, ep, dp = self._layout(a)
         placement = self._place(a, dp * tp * pp, span=ep > 1)
-        now = sim.env.now
-        eng = sim.add_engine(placement, a.role, tp, pp, ep, dp)
-        eng.up = False
-        eng.state = "starting"
-        sim.faults.placed(eng.id)  # on a failed node, say, it comes up failed
+        now = ops.env.now
+        # starting; on a failed node, say, it comes up failed
+        eng = ops.add_instance(placement, a.role, tp, pp, ep, dp)
         self.scaled = True
         self.alloc[eng.id] = [now, None, len(placement.gpus)]
         cost = self.startup_s(placement)
-        sim.env.timeout(cost).callbacks.append(lambda _ev: self._ready(eng, now))
+        ops.env.timeout(cost).callbacks.append(lambda _ev: self._ready(eng, now))
 
     def _ready(self, eng: Engine, asked: float) -> None:
-        sim = self.sim
-        eng.up = True
-        eng.state = "serving"
-        p = sim.placements[eng.id]
-        now = sim.env.now
-        self.started.append((asked, now, eng.id))
-        sim.on_capacity()
-        sim.observer.instance_up(now, eng.id, InstanceInfo(eng.id, eng.role, p.node, p.gpus))
+        ops = self.ops
+        eng.started()
+        self.started.append((asked, ops.env.now, eng.id))
+        ops.capacity_changed()
+        ops.instance_started(eng.id)
         if eng.id in self.failed_starting:  # it failed while starting: down until repaired
             self.failed_starting.discard(eng.id)
-            sim.fail_instance(eng.id)
+            ops.fail_instance(eng.id)
 
     # -- removing ----------------------------------------------------------------------
     def remove(self, a: RemoveInstance) -> None:
-        sim, name = self.sim, self.name
-        i, n = a.instance, len(sim.engines)
+        ops, name = self.ops, self.name
+        i, n = a.instance, len(ops.engines)
         if not is_int(i) or not 0 <= i < n:
             raise SpecError(f"scheduler {name!r}: {a} names instance {i!r}; instances are "
                             f"0..{n - 1}")  # fmt: skip
-        eng = sim.engines[i]
+        eng = ops.engines[i]
         if eng.state in ("draining", "stopped"):
             return
         if eng.state == "starting":
             raise SpecError(f"scheduler {name!r}: {a}: instance {i} is still starting")
-        left = [e for e in sim.engines if e is not eng and e.state == "serving"]
+        left = [e for e in ops.engines if e is not eng and e.state == "serving"]
         pre = any(e.role != "decode" for e in left)
         dec = any(e.role != "prefill" for e in left)
         if not (pre and dec):
@@ -230,10 +246,9 @@ class Scaler:
                 f"{'prefills' if not pre else 'decodes'}"
             )
         self.scaled = True
-        eng.state = "draining"
-        self._drain_asked[i] = sim.env.now
-        eng.on_idle = self._check_drained
-        sim.on_capacity()
+        eng.drain(self._check_drained)
+        self._drain_asked[i] = ops.env.now
+        ops.capacity_changed()
         self._check_drained(eng)
 
     def _check_drained(self, eng: Engine) -> None:
@@ -242,12 +257,12 @@ class Scaler:
         the engine finishes the change it is making."""
         if eng.state != "draining" or eng.holds_work() or self._bound_to(eng.id):
             return
-        self.sim.env.timeout(0).callbacks.append(lambda _ev: self._release(eng))
+        self.ops.env.timeout(0).callbacks.append(lambda _ev: self._release(eng))
 
     def _bound_to(self, i: int) -> bool:
         return any(
             s.handoff and s.decode_instance == i
-            for e in self.sim.engines
+            for e in self.ops.engines
             if e.id != i and e.state != "stopped"
             for s in e.held()
         )
@@ -259,21 +274,16 @@ class Scaler:
 
     def stop(self, eng: Engine) -> None:
         """Release ``eng``'s GPUs now (drained, or failed while draining)."""
-        sim = self.sim
-        now = sim.env.now
+        now = self.ops.env.now
         was_up = eng.up
-        eng.state = "stopped"
-        eng.on_idle = None
-        eng.up = False
-        eng.life += 1  # its loops wait on nothing that comes
-        eng._wake = None
+        eng.stop()
         self.alloc[eng.id][1] = now
         self.released.append((self._drain_asked.get(eng.id, now), now, eng.id))
         if was_up:
-            sim.observer.instance_down(now, eng.id)
+            self.ops.instance_stopped(eng.id)
 
     def recheck(self) -> None:
         """Drains whose last bound request went elsewhere (its prefill side failed)."""
-        for e in self.sim.engines:
+        for e in self.ops.engines:
             if e.state == "draining":
                 self._check_drained(e)

@@ -1,4 +1,6 @@
-"""The simulation: wires a spec's parts together, runs them, returns a Result.
+"""The simulation: builds a spec's cluster (:mod:`twin.sim.build`), runs it,
+returns a Result. It is the cluster-operations protocol failures and scaling
+act through (:class:`twin.sim.ops.ClusterOps`).
 
 One :class:`Simulation` owns everything mutable of a run: the SimPy
 environment, the engines, the scheduler instance and the random streams
@@ -11,7 +13,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,35 +24,21 @@ import simpy
 from twin import _version
 from twin._clock import Arrival, at
 from twin.errors import CapacityError, SpecError, TwinError
-from twin.net.flows import Network
-from twin.net.topology import all_to_all_links
-from twin.perf.build import build_perf_model
-from twin.perf.gpus import get_gpu
 from twin.perf.iteration import PerfModel
 from twin.perf.residuals import Residuals, read_residuals
 from twin.request import Request
-from twin.scheduler import (
-    ClusterView,
-    Objectives,
-    Reject,
-    Route,
-    build_scheduler,
-    decode_hook,
-)
-from twin.serving.cluster import EngineView, Placement
+from twin.scheduler import FaultEvent, Reject, Route, build_scheduler, decode_hook, event_hook
+from twin.serving.cluster import Placement
 from twin.serving.engine import Engine
-from twin.serving.fabric import HandoffFabric
-from twin.serving.handoff import KVHandoff, pick_decode_with, rerouter
-from twin.serving.kvcache import BlockManager, blocks_for
-from twin.serving.kvpool import KVPools
+from twin.serving.kvcache import blocks_for
 from twin.serving.observer import InstanceInfo, Observer, broadcast
 from twin.serving.sequence import DECODE, HANDOFF, INCOMING, LOST, PREFILL, Sequence
-from twin.serving.tiers import KVTiers, Tier, build_chain, build_remote
+from twin.sim.build import build_cluster
+from twin.sim.classmetrics import ByClass, class_slos
 from twin.sim.control import ControlLoop, apply_plan
 from twin.sim.faults import Faults
 from twin.sim.frames import flatten
 from twin.sim.intervals import attainment_scales, summary_intervals
-from twin.sim.layout import instance_gpu, kv_blocks
 from twin.sim.metrics import Metrics
 from twin.sim.scaling import Scaler, ScalingKeys
 from twin.sim.spec import ExperimentSpec, apply_overrides, load_spec, resolve_spec
@@ -64,7 +51,7 @@ from twin.sim.summary import (
 from twin.sim.timeline import Timeline
 from twin.sim.timeouts import ClientTimeouts
 from twin.sim.trace import EventLog, TraceRecorder
-from twin.workload.stream import file_sha256, iter_requests, own_rate, time_scale
+from twin.workload.stream import file_sha256, iter_requests, trace_rates
 
 # The columns of a link's row (twin/net/flows.py, Network.link_stats), besides
 # "series" (with --links-csv)
@@ -128,6 +115,9 @@ class Result:
     # One dict per ended request, in the order they ended (REQUEST_COLUMNS);
     # None when the run did not keep them. Not in to_dict.
     request_rows: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
+    # Each class's timeline rows (twin.sim.classmetrics), in a run with classes of
+    # traffic; None, and not in to_dict, without them.
+    class_timelines: dict[str, list[dict[str, Any]]] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.summary, Summary):
@@ -144,6 +134,8 @@ class Result:
         }
         if self.fault_log is not None:
             out["fault_log"] = self.fault_log
+        if self.class_timelines is not None:
+            out["timeline_by_class"] = self.class_timelines
         return out
 
     # -- as data (pandas, imported here only) -----------------------------------------
@@ -265,11 +257,17 @@ class Simulation:
         faults = bool(spec.events or spec.failures) or "retry" in spec.resolved or bool(timeout)
         self.residuals = spec_residuals(spec)
         scales = attainment_scales(self.residuals) if self.residuals is not None else None
+        classes = spec.workload.classes
+        slos = class_slos(spec.slo, classes) if classes else None
         self.metrics = Metrics(
             spec.slo, on_row, spec.ttft_at, Timeline(spec.window_s), faults=faults,
-            scales=scales or (),
+            scales=scales or (), classes=slos,
         )  # fmt: skip
         subscribers: list[Observer] = [self.metrics]
+        self.by_class = None
+        if slos is not None:
+            self.by_class = ByClass(classes, slos, spec.ttft_at, spec.window_s, faults)
+            subscribers.append(self.by_class)
         self.timeouts = ClientTimeouts(self, timeout) if timeout is not None else None
         if self.timeouts is not None:
             subscribers.append(self.timeouts)
@@ -283,7 +281,15 @@ class Simulation:
             spec.scheduler, spec.scheduler_params, where=f"{spec.source}: scheduler"
         )
         self._name = spec.scheduler if scheduler is None else type(scheduler).__name__
-        self._build_cluster(perf, link_series_s)
+        self.cluster = build_cluster(
+            spec, self.env, self.observer, self.scheduler, self.rng_scheduler,
+            on_lost=self._lose, on_stranded=self._stranded, on_waiting=self._link_wait,
+            perf=perf, link_series_s=link_series_s,
+        )  # fmt: skip
+        c = self.cluster
+        self.engines, self.placements, self.view = c.engines, c.placements, c.view
+        self.network, self.handoff, self.pools, self.tiers = c.network, c.handoff, c.pools, c.tiers
+        self.capacity, self.perfs = c.capacity, c.perfs
         if trace is not None:
             trace.watch(self.engines)
         apply_plan(
@@ -294,24 +300,22 @@ class Simulation:
         self._arrivals_done = False
         self._stream_end: dict[str, float] = {}  # ran_out_s: when a trace ran out
         self.events = 0
+        self._parked: list[Sequence] = []  # waiting for an instance to come back up
+        self._link_timers: dict[int, int] = {}  # request id -> attempt whose link wait is timed
+        self.faults = Faults(self, spec.events, spec.failures, spec.failure_seed, spec.seed,
+                             spec.topology)  # fmt: skip
+        self.scaler = Scaler(
+            self, spec.scaling or ScalingKeys(), self._name, spec.groups, spec.topology,
+            spec.gpus_per_node, spec.model.weight_bytes,
+        )  # fmt: skip
         self.control = ControlLoop(
             self.env, self.scheduler, self._name, self.view, self.engines,
             spec.topology is not None, self.observer,
             arrivals_done=lambda: self._arrivals_done,
             all_ended=lambda: self.metrics.ended == self._arrived,
-            on_roles=self._update_limits,
+            on_roles=self._update_limits, scaler=self.scaler,
         )  # fmt: skip
         self._update_limits()
-        self._parked: list[Sequence] = []  # waiting for an instance to come back up
-        self._link_timers: dict[int, int] = {}  # request id -> attempt whose link wait is timed
-        for e in self.engines:
-            e.on_lost = lambda seq, i=e.id: self._lose(seq, i)
-        if self.handoff is not None:
-            self.handoff.on_stranded = self._stranded
-            self.handoff.on_waiting = self._link_wait
-        self.faults = Faults(self, spec.events)
-        self.scaler = Scaler(self, spec.scaling or ScalingKeys(), self._name)
-        self.control.scaler = self.scaler
         self.observer.run_started(
             spec.name,
             [InstanceInfo(e.id, e.role, p.node, p.gpus)
@@ -319,127 +323,25 @@ class Simulation:
             spec.topology,
         )  # fmt: skip
 
-    def _build_cluster(self, perf: PerfModel | None, link_series_s: float | None) -> None:
-        """Placements, the network, the KV pools, the hand-off and the engines,
-        each wired to the others as it is made, and the router's view of them."""
-        spec = self.spec
-        roles = [g.role for g in spec.groups for _ in range(g.count)]
-        shapes = [(g.tp, g.pp) for g in spec.groups for _ in range(g.count)]
-        experts = [(g.ep, g.dp) for g in spec.groups for _ in range(g.count)]
-        topo = spec.topology
-        # placed, and checked against the placement, as the spec resolved
-        placements = list(spec.placements)
-        assert len(placements) == len(roles), "a spec resolved without its placement"
-        gpus = [instance_gpu(topo, spec.gpu, p) for p in placements]
-        if topo is not None:
-            self.network: Network | None = Network(self.env, link_series_s, self.observer)
-            self.network.reroute = rerouter(topo)
-        else:
-            self.network = None
-        self.placements = placements
-        kv_token = spec.model.kv_bytes_per_token()
-        self.pools: KVPools | None = None
-        if spec.kv_pool_bytes is not None and topo is not None and self.network is not None:
-            self.pools = KVPools(
-                self.env, spec.kv_pool_bytes, topo, placements, self.network, kv_token,
-                spec.engine.block_size, spec.kv_pool_ssd,
-            )  # fmt: skip
-        self.tiers: KVTiers | None = KVTiers(self.env) if spec.kv_tiers is not None else None
-        self._remote: Tier | None = None  # the KV tiers' remote store, made with the first engine
-        self.engines: list[Engine] = []  # by id; complete before the run starts
-        views: list[EngineView] = []
-        self.handoff: KVHandoff | None = None
-        if topo is not None and self.network is not None:
-            self.handoff = KVHandoff(
-                self.env,
-                self.engines,
-                [p.gpus for p in placements],
-                topo,
-                self.network,
-                kv_token,
-                spec.transfer,
-                lambda seq: pick(seq),  # the view it reads is made below
-                layers=spec.model.layers,
-            )
-        self.capacity: list[int] = []
-        self.perfs: dict[tuple[Any, ...], PerfModel] = {}
-        self._perf_override = perf
-        self._views: list[EngineView] = views
-        for p, role, gpu, (tp, pp), (ep, dp) in zip(
-            placements, roles, gpus, shapes, experts, strict=True
-        ):
-            self._make_engine(p, role, gpu, tp, pp, ep, dp)
-        slo = Objectives(spec.slo.ttft_s, spec.slo.tpot_s)
-        pools = self.pools.prefix if self.pools else None
-        fabric = HandoffFabric(self.handoff) if self.handoff is not None else None
-        self.view = ClusterView(
-            views, lambda: self.env.now, slo, pools, rng=self.rng_scheduler, fabric=fabric
-        )
-        pick = pick_decode_with(self.scheduler, self.view)
-
-    def _make_engine(
-        self, p: Placement, role: str, gpu: Any, tp: int, pp: int, ep: int = 1, dp: int = 1
+    def add_instance(
+        self, placement: Placement, role: str, tp: int, pp: int, ep: int, dp: int
     ) -> Engine:
-        """Build instance ``p.instance``'s engine (its perf model shared by
-        instances of the same GPU and shape) and its view."""
-        spec = self.spec
-        key: tuple[Any, ...] = (gpu.name, tp, pp)
-        a2a: dict[str, Any] = {}
-        if ep > 1:
-            topo = spec.topology
-            a2a = all_to_all_links(topo, p.gpus[: dp * tp]) if topo is not None else {}
-            key = (gpu.name, tp, pp, ep, dp, *sorted(a2a.items()))
-        if key not in self.perfs:
-            self.perfs[key] = self._perf_override or build_perf_model(
-                spec.perf, spec.model, gpu, tp, pp,
-                where=f"{spec.source}: perf", base_dir=spec.base_dir, ep=ep, dp=dp, a2a=a2a,
-            )  # fmt: skip
-        blocks = kv_blocks(spec.model, spec.engine, gpu, role, tp, pp, ep, dp)
-        watermark = int(spec.engine.watermark * blocks)
-        kv = BlockManager(blocks, spec.engine.block_size, watermark)
-        eng = Engine(
-            self.env, p.instance, self.perfs[key], kv, spec.engine, self.observer, role=role,
-            hooks=self.handoff, on_prompt=self.pools.keep_prompt if self.pools else None,
-        )  # fmt: skip
-        self.engines.append(eng)
-        self.capacity.append(blocks - watermark)
-        if self.tiers is not None and eng.cache is not None and spec.kv_tiers is not None:
-            block_bytes = spec.model.kv_bytes_per_token_tp(tp) * spec.engine.block_size
-            remote = spec.kv_tiers.remote
-            if remote is not None and self._remote is None:
-                assert spec.topology is not None and self.network is not None
-                self._remote = build_remote(
-                    remote, block_bytes=block_bytes, network=self.network,
-                    topology=spec.topology,
-                )  # fmt: skip
-            eng.cache.tiers = build_chain(
-                self.env, spec.kv_tiers,
-                block_bytes=block_bytes,
-                pcie_bytes_s=gpu.pcie_bytes_s * tp * pp,
-                gpus=p.gpus, remote=self._remote,
-            )  # fmt: skip
-            self.tiers.add(eng.id, eng.cache.tiers)
-        fetch_s = self.pools.estimate_s if self.pools else None
-        self._views.append(EngineView(eng, p, fetch_s, self.tiers))
+        """A new instance during the run (scaling), starting: built as the spec's
+        are, in the state of the parts it runs on (it comes up failed on a
+        failed node, say)."""
+        eng = self.cluster.add_instance(placement, role, tp, pp, ep, dp, starting=True)
+        self.faults.placed(eng.id)
         return eng
 
-    def add_engine(
-        self, p: Placement, role: str, tp: int, pp: int, ep: int = 1, dp: int = 1
-    ) -> Engine:
-        """A new instance during the run (scaling): engine, view, hand-off queue;
-        ``ep`` and ``dp`` its expert-parallel layout (1, 1: dense)."""
-        topo = self.spec.topology
-        gpu = get_gpu(topo.gpu_type(p.gpus[0])) if topo is not None else self.spec.gpu
-        self.placements.append(p)
-        if self.handoff is not None:
-            self.handoff.gpus.append(p.gpus)
-            self.handoff.pending.append(deque())
-        eng = self._make_engine(p, role, gpu, tp, pp, ep, dp)
-        eng.on_lost = lambda seq, i=eng.id: self._lose(seq, i)
-        self.view._add(self._views[-1])
-        return eng
+    def instance_started(self, i: int) -> None:
+        p = self.placements[i]
+        eng = self.engines[i]
+        self.observer.instance_up(self.env.now, i, InstanceInfo(i, eng.role, p.node, p.gpus))
 
-    def on_capacity(self) -> None:
+    def instance_stopped(self, i: int) -> None:
+        self.observer.instance_down(self.env.now, i)
+
+    def capacity_changed(self) -> None:
         """Instances started or began draining: admission limits follow."""
         self._update_limits()
 
@@ -619,12 +521,12 @@ class Simulation:
         KV was to move there); each is retried or ends failed."""
         eng = self.engines[i]
         if eng.state == "starting":
-            self.scaler.failed_starting.add(i)  # it comes up failed, unless repaired first
+            self.scaler.failed_while_starting(i)  # it comes up failed, unless repaired first
             return
         if not eng.up or eng.state == "stopped":
             return
         now = self.env.now
-        lost = [(s, self._kv_tokens(s)) for s in eng.fail()]
+        lost = [(s, self.kv_tokens(s)) for s in eng.fail()]
         redirect = self.handoff is not None and self._can_redirect()
         for e in self.engines:
             if e is eng or not e.up:
@@ -635,7 +537,7 @@ class Simulation:
                         assert self.handoff is not None
                         self.handoff.redirect(e, s)
                         continue
-                    lost.append((s, self._kv_tokens(s)))
+                    lost.append((s, self.kv_tokens(s)))
                     e.drop(s)
         self.observer.instance_down(now, i)
         for s, tokens in lost:
@@ -667,9 +569,38 @@ class Simulation:
         epoch = s.epoch
         at(self.env, max(deadline, self.env.now), lambda _ev: self._link_deadline(s, epoch))
 
-    def link_failed(self) -> None:
-        """A link failed: the hand-offs it leaves waiting wait at most until
+    def fail_link(self, src: str, dst: str) -> None:
+        assert self.network is not None
+        self.network.fail_link(src, dst)
+
+    def recover_link(self, src: str, dst: str) -> None:
+        assert self.network is not None
+        self.network.recover_link(src, dst)
+
+    def scale_link(self, src: str, dst: str, factor: float) -> None:
+        assert self.network is not None
+        self.network.scale_link(src, dst, factor)
+
+    def lose_host_memory(self, node: int) -> None:
+        if self.pools is not None:
+            self.pools.fail_node(node)  # the KV pool in its DRAM goes with it
+
+    def fault_applied(self, event: FaultEvent) -> None:
+        self.observer.fault_event(event.time_s, event)
+        hook = event_hook(self.scheduler)
+        if hook is not None:
+            hook.on_event(event, self.view)
+
+    def settled(self) -> bool:
+        """Every request arrived has ended, or waits (parked) for an instance
+        to come back, and no more arrive."""
+        return self._arrivals_done and self.metrics.ended + len(self._parked) == self._arrived
+
+    def links_failed(self) -> None:
+        """Links failed: the hand-offs they leave waiting wait at most until
         their requests' retry deadlines."""
+        if self.handoff is None:
+            return
         assert self.network is not None
         for e in self.engines:
             for s in e.held():
@@ -691,7 +622,7 @@ class Simulation:
         if t is None or not self.network.waits(t):
             return
         e = self.engines[s.prefill_instance]
-        s.lost_tokens += self._kv_tokens(s)
+        s.lost_tokens += self.kv_tokens(s)
         e.drop(s)
         self.handoff.drop(s)
         s.state = LOST
@@ -702,7 +633,7 @@ class Simulation:
         """Instance ``i`` serves again, empty; the requests waiting for an
         instance are routed again."""
         eng = self.engines[i]
-        self.scaler.failed_starting.discard(i)
+        self.scaler.repaired(i)
         if eng.up or eng.state != "serving":
             return  # up, still starting, or released
         eng.recover()
@@ -713,7 +644,7 @@ class Simulation:
                 self._route(s)
 
     @staticmethod
-    def _kv_tokens(s: Sequence) -> int:
+    def kv_tokens(s: Sequence) -> int:
         """Tokens whose KV ``s`` had computed (lost with its instance)."""
         if s.state == PREFILL:
             return s.prefilled
@@ -724,7 +655,7 @@ class Simulation:
     def _stranded(self, engine: Engine, s: Sequence) -> None:
         """A prefilled ``s`` that no live instance can decode: its KV is given
         up and it waits, as a new attempt, for a decode instance."""
-        s.lost_tokens += self._kv_tokens(s)
+        s.lost_tokens += self.kv_tokens(s)
         engine.drop(s)
         s.state = LOST
         s.epoch += 1
@@ -745,7 +676,7 @@ class Simulation:
                 t = s.transfer
                 t = getattr(t, "transfer", t)  # a layer-wise stream's flows
                 if t is not None and getattr(t, "id", None) in stuck:
-                    s.lost_tokens += self._kv_tokens(s)
+                    s.lost_tokens += self.kv_tokens(s)
                     e.drop(s)
                     assert self.handoff is not None
                     self.handoff.drop(s)
@@ -753,7 +684,7 @@ class Simulation:
                     s.epoch += 1
                     seq = s.retry(self.env.now)
                     seq.lost_s += self.env.now - s.t_attempt
-                    self._fail(seq, e.id, "link_down")
+                    self.end_failed(seq, e.id, "link_down")
         for t in self.network.stuck:  # none of ours: stop them
             self.network.cancel(t)
 
@@ -769,12 +700,12 @@ class Simulation:
         policy = self.spec.retry
         req = seq.req
         if seq.attempt >= policy.max_attempts:
-            self._fail(seq, instance, why or "max_attempts")
+            self.end_failed(seq, instance, why or "max_attempts")
             return
         when = now + policy.delay_s(seq.attempt)
         deadline = req.arrival_s + policy.deadline_s
         if when > deadline:
-            self._fail(seq, instance, why or "retry_deadline")
+            self.end_failed(seq, instance, why or "retry_deadline")
             return
         at(self.env, when, lambda _ev: self._route(seq))
 
@@ -782,9 +713,20 @@ class Simulation:
         """The retry deadline of a request still waiting for an instance."""
         if any(s is seq for s in self._parked):
             self._parked.remove(seq)
-            self._fail(seq, -1, "retry_deadline")
+            self.end_failed(seq, -1, "retry_deadline")
 
-    def _fail(self, seq: Sequence, instance: int, reason: str) -> None:
+    def unpark(self, seq: Sequence) -> bool:
+        """Take ``seq`` out of the requests waiting for an instance; whether it was there."""
+        if any(s is seq for s in self._parked):
+            self._parked.remove(seq)
+            return True
+        return False
+
+    def drop_handoff(self, seq: Sequence) -> None:
+        if self.handoff is not None:
+            self.handoff.drop(seq)  # its transfer stops; a decode side's reservation is freed
+
+    def end_failed(self, seq: Sequence, instance: int, reason: str) -> None:
         seq.state = LOST
         self.observer.request_ended(self.env.now, instance, seq.req, seq, "failed", reason)
 
@@ -811,7 +753,7 @@ class Simulation:
             # Nothing else can happen: no instance comes back for them.
             parked, self._parked = self._parked, []
             for s in parked:
-                self._fail(s, -1, "no_instance_up")
+                self.end_failed(s, -1, "no_instance_up")
         self.events = events
         self._check_conservation()
         summary = self.metrics.summary()
@@ -823,6 +765,10 @@ class Simulation:
         ):  # GPU -> pool copies (only with a pool: runs without read as before)
             summary["kv_bytes_copied"] = self.pools.bytes_copied
             summary["kv_pool"] = self.pools.summary(self.metrics.prompt_tokens)  # per pool tier
+        class_timelines = None
+        if self.by_class is not None:  # only then: a run without classes reads as before
+            summary["classes"] = self.by_class.summary()
+            class_timelines = self.by_class.timeline_rows(self.metrics.last_end_s)
         occupancy = None
         timeline = self.metrics.timeline_rows()
         if self.tiers is not None:
@@ -857,7 +803,7 @@ class Simulation:
         fault_log = self.faults.log() if self.spec.events or self.spec.failures else None
         return Result(
             self._header(), summary, self._instance_stats(), links, timeline, fault_log,
-            request_rows=self._rows,
+            request_rows=self._rows, class_timelines=class_timelines,
         )  # fmt: skip
 
     def _check_conservation(self) -> None:
@@ -866,8 +812,7 @@ class Simulation:
         for e in self.engines:
             cached = e.cache.cached_blocks if e.cache is not None else 0
             idle = e.cache.evictable_blocks if e.cache is not None else 0
-            held = e.running or e.waiting or e.handoff or e._landed or e.reserved
-            if e.kv.free + cached != e.kv.total or idle != cached or held:
+            if e.kv.free + cached != e.kv.total or idle != cached or e.holds_work():
                 raise AssertionError(f"instance {e.id} ended with work or blocks held")
 
     def _header(self) -> dict[str, Any]:
@@ -898,11 +843,7 @@ class Simulation:
     def _trace_rates(self) -> dict[str, float] | None:
         """A trace replayed at its own times: its own rate and the rate replayed
         (own x the time scale), in requests/s; None otherwise."""
-        w = self.spec.workload
-        own = own_rate(w) if self._requests is None else None
-        if own is None:
-            return None
-        return {"own": own, "replayed": own * time_scale(w)}
+        return trace_rates(self.spec.workload) if self._requests is None else None
 
     def _instance_stats(self) -> list[dict[str, Any]]:
         span = self.metrics.last_end_s

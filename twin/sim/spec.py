@@ -528,8 +528,9 @@ def _cluster(data: Any, where: str, base_dir: Path) -> _Cluster:
 def _engine(data: Any, where: str, model: ModelSpec) -> tuple[EngineConfig, dict[str, Any]]:
     r = read(EngineConfig, data, f"{where}: engine")
     engine, out = r.value, r.written
-    if "queue_policy" not in r.given:  # results of specs without it read as before it came
-        del out["queue_policy"]
+    for key in ("queue_policy", "speculative"):  # results of specs without them read as before
+        if key not in r.given:
+            del out[key]
     if "max_batched_tokens" not in r.given and engine.chunked_prefill:
         engine = dataclasses.replace(engine, max_batched_tokens=CHUNKED_MAX_BATCHED_TOKENS)
         out["max_batched_tokens"] = CHUNKED_MAX_BATCHED_TOKENS
@@ -636,6 +637,9 @@ def placed(spec: ExperimentSpec) -> ExperimentSpec:
     placements = layout.place(spec.groups, topo, spec.placement, spec.gpus_per_node, where)
     layout.check_memory(spec.model, spec.engine, spec.gpu, spec.groups, topo, placements, where)
     layout.check_targets(spec.events, spec.failures, spec.kv_tiers, topo, placements, where)
+    layout.check_perf(
+        spec.perf, spec.model, spec.gpu, spec.groups, topo, placements, where, spec.base_dir
+    )
     return dataclasses.replace(spec, placements=tuple(placements))
 
 

@@ -152,6 +152,28 @@ def interval_lines(iv: dict[str, Any]) -> list[str]:
     return lines
 
 
+def class_lines(classes: dict[str, dict[str, Any]]) -> list[str]:
+    """The summary's block of classes of traffic: each class's requests,
+    attainment against its own SLO, TTFT and TPOT p50/p99."""
+    width = max(5, *(len(n) for n in classes))
+    lines = [
+        f"{'class':{width}} {'prio':>4} {'requests':>9} {'SLO (TTFT, TPOT)':>18} "
+        f"{'attained':>9} {'TTFT p50/p99 (s)':>17} {'TPOT p50/p99 (ms)':>18}",
+    ]
+    for name, c in classes.items():
+        slo = c["slo"]
+        ttft, tpot = c["ttft_s"], c["tpot_s"]
+        t, p = slo["ttft_s"], slo["tpot_s"]
+        goal = ("-" if t is None else f"{t:g} s") + ", " + ("-" if p is None else f"{p * 1e3:g} ms")
+        lines.append(
+            f"{name:{width}} {c['priority']:>4} {c['requests']:>9,} {goal:>18} "
+            f"{_fmt(c['slo_attainment'], 100, 1) + '%':>9} "
+            f"{_fmt(ttft['p50']) + '/' + _fmt(ttft['p99']):>17} "
+            f"{_fmt(tpot['p50'], 1e3, 1) + '/' + _fmt(tpot['p99'], 1e3, 1):>18}"
+        )
+    return lines
+
+
 def format_summary(result: dict[str, Any]) -> str:
     """The readable table ``twin run`` prints."""
     s = result["summary"]
@@ -184,13 +206,19 @@ def format_summary(result: dict[str, Any]) -> str:
     if iv is not None and "slo_attainment" in iv:
         a = iv["slo_attainment"]
         att_iv = f" [{_fmt(a['lo'], 100, 1)}, {_fmt(a['hi'], 100, 1)}]"
+    goal = (
+        "each request against its class's SLO"
+        if "classes" in s
+        else f"TTFT <= {slo['ttft'] or 'inf'}, TPOT <= {slo['tpot'] or 'inf'}"
+    )
     lines += [
         "",
-        f"SLO attainment {_fmt(att, 100, 1)}%{att_iv}  (TTFT <= {slo['ttft'] or 'inf'}, "
-        f"TPOT <= {slo['tpot'] or 'inf'}; target {slo['target'] * 100:.0f}%)",
+        f"SLO attainment {_fmt(att, 100, 1)}%{att_iv}  ({goal}; target {slo['target'] * 100:.0f}%)",
         f"throughput {_fmt(s['throughput_rps'], 1, 2)} req/s, "
         f"{_fmt(s['output_tokens_per_s'], 1, 0)} output tokens/s",
     ]
+    if "classes" in s:
+        lines += class_lines(s["classes"])
     if s.get("kv_bytes_transferred") or s.get("kv_bytes_saved"):
         tr = s["transfer_s"]
         saved = s.get("kv_bytes_saved")

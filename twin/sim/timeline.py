@@ -65,7 +65,7 @@ from twin._io import atomic_write
 from twin.errors import TwinError
 from twin.serving.engine import ROLES
 from twin.serving.observer import InstanceInfo
-from twin.sim.metrics import Distribution
+from twin.sim.distribution import Distribution
 
 # Ten seconds: fine enough to show a failure's dip and recovery at the rates
 # the bundled experiments run, coarse enough that an hour of trace is 360 rows;

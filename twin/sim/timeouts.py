@@ -23,17 +23,18 @@ from twin.serving.sequence import DECODE, DONE, HANDOFF, INCOMING, LOST, PREFILL
 if TYPE_CHECKING:
     from twin.request import Request
     from twin.serving.sequence import Sequence
+    from twin.sim.ops import ClusterOps
 
 TIMEOUT = "timeout"  # the failure reason
 
 
 class ClientTimeouts(Observer):
-    """The time-outs of one run (``sim``: a :class:`twin.sim.simulation.Simulation`).
+    """The time-outs of one run, carried out on its cluster (``ops``).
     :meth:`follow` is told of each attempt of a request as it is made (the first
     names its time-out); as an observer, it forgets a request once it ended."""
 
-    def __init__(self, sim: Any, timeout_s: float) -> None:
-        self.sim = sim
+    def __init__(self, ops: ClusterOps, timeout_s: float) -> None:
+        self.ops = ops
         self.timeout_s = timeout_s
         self.current: dict[int, Sequence] = {}  # request id -> its latest attempt
 
@@ -42,7 +43,7 @@ class ClientTimeouts(Observer):
         rid = seq.req.id
         if rid not in self.current:
             when = seq.req.arrival_s + self.timeout_s
-            at(self.sim.env, when, lambda _ev: self._expire(rid))
+            at(self.ops.env, when, lambda _ev: self._expire(rid))
         self.current[rid] = seq
 
     def request_ended(
@@ -54,23 +55,22 @@ class ClientTimeouts(Observer):
         seq = self.current.pop(rid, None)
         if seq is None or seq.state == DONE:
             return  # it ended before its time-out
-        sim = self.sim
+        ops = self.ops
         instance = self._stop(seq)
         if instance is None:
             return  # it had finished by now (a stretch under way applied its last step)
-        seq.lost_tokens += sim._kv_tokens(seq)
+        seq.lost_tokens += ops.kv_tokens(seq)
         if instance >= 0:  # the time its attempt ran on an instance is lost
-            seq.lost_s += sim.env.now - seq.t_attempt
+            seq.lost_s += ops.env.now - seq.t_attempt
         seq.state = LOST  # a load or a retry that lands later finds it so
         seq.epoch += 1
-        sim._fail(seq, instance, TIMEOUT)
+        ops.end_failed(seq, instance, TIMEOUT)
 
     def _stop(self, seq: Sequence) -> int | None:
         """Stop ``seq``'s work where it is and free what it holds; the instance
         that held it (-1: none), or None when it had finished by now."""
-        sim = self.sim
-        if any(s is seq for s in sim._parked):
-            sim._parked.remove(seq)
+        ops = self.ops
+        if ops.unpark(seq):
             return -1
         state = seq.state
         instance = -1
@@ -80,9 +80,8 @@ class ClientTimeouts(Observer):
             instance = seq.instance
         # else: waiting to be retried, or loading its prefix (a tier, a KV pool)
         if instance >= 0:
-            engine = sim.engines[instance]
+            engine = ops.engines[instance]
             if engine.up and not abandon(engine, seq):
                 return None
-        if sim.handoff is not None:
-            sim.handoff.drop(seq)  # its transfer stops; a decode side's reservation is freed
+        ops.drop_handoff(seq)  # its transfer stops; a decode side's reservation is freed
         return instance

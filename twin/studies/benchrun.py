@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from twin._io import read_text
+from twin._io import open_text, read_text
 from twin.errors import TraceError, TwinError
 from twin.studies.realrun import (
     GPUS,
@@ -77,9 +77,9 @@ def bench_file(path: Path) -> str | None:
         return "aiperf"
     if path.suffix == ".json" and path.is_file():
         try:
-            with path.open(encoding="utf-8") as f:
+            with open_text(path) as f:
                 head = f.read(4096)
-        except (OSError, UnicodeDecodeError):
+        except TwinError:
             return None
         if head.lstrip().startswith("{") and '"model_id"' in head:
             return "vllm"

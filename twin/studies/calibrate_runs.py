@@ -1,6 +1,6 @@
 """``twin calibrate --runs DIR``: fit the ``vllm`` preset's free terms to measured serving runs.
 
-The runs are read by :func:`twin.studies.realrun.read_runs` (inference-perf run folders, or a
+The runs are read by :func:`twin.studies.runs.read_runs` (inference-perf run folders, or a
 folder of the layout of ``shared/data/realruns``); runs past saturation are left out. Each run
 is replayed through the spec built from it with ``perf: {kind: roofline, engine: vllm}`` and
 the candidate terms (optionally only the first ``stage_requests`` requests sent in each load
@@ -321,7 +321,7 @@ def command(
     from pathlib import Path
 
     from twin.errors import TwinError
-    from twin.studies.realrun import read_runs
+    from twin.studies.runs import read_runs
 
     names = None
     if fit_terms is not None:
@@ -349,7 +349,8 @@ def command(
 
         cap = f" --stage-requests {stage_requests}" if stage_requests else ""
         table = loo_table(runs, held_terms, stage_requests,
-                          f"twin calibrate --runs {folder}{cap} (leave one run out)")  # fmt: skip
+                          f"twin calibrate --runs {folder}{cap} (leave one run out)",
+                          perf_block)  # fmt: skip
         report_table(table, residuals)
     text = perf_yaml(f.terms)
     if out is not None:

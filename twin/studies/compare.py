@@ -107,6 +107,14 @@ class CompareResult:
             columns = (*columns, ("pool %", 6), ("pool SSD %", 10))
             for row, r in zip(rows, self.runs.values(), strict=True):
                 row.extend(_pool_cells(r.summary))
+        classes = [n for r in self.runs.values() for n in r.summary.get("classes", {})]
+        if classes:  # classes of traffic: each one's attainment against its own SLO
+            names = list(dict.fromkeys(classes))
+            columns = (*columns, *((f"{n} att.", 9) for n in names))
+            for row, r in zip(rows, self.runs.values(), strict=True):
+                per = r.summary.get("classes", {})
+                row.extend(_num(per[n]["slo_attainment"], 100.0, 1) if n in per else "-"
+                           for n in names)  # fmt: skip
         widths = [
             max(w, len(title), *(len(row[i]) for row in rows))
             for i, (title, w) in enumerate(columns)
@@ -122,7 +130,11 @@ class CompareResult:
         return "\n".join(
             [
                 f"pd-twin {h['version']} | {h['name']} | {h['model']} | seed {h['seed']} | "
-                f"SLO TTFT <= {slo['ttft'] or 'inf'}, TPOT <= {slo['tpot'] or 'inf'}",
+                + (
+                    "SLO: each class its own"
+                    if classes
+                    else f"SLO TTFT <= {slo['ttft'] or 'inf'}, TPOT <= {slo['tpot'] or 'inf'}"
+                ),
                 "",
                 head,
                 "-" * len(head),

@@ -258,6 +258,22 @@ def engine_args(run: ExperimentSpec) -> tuple[dict[str, Any], list[str]]:
                 f"(a longer prompt alone); vLLM without chunked prefill needs a budget >= "
                 f"max_model_len {mml}, so --max-num-batched-tokens is left to its default"
             )
+    sp = e.speculative
+    if sp is not None:
+        config: dict[str, Any] = {"method": sp.method, "num_speculative_tokens": sp.k}
+        if sp.draft is not None:
+            config = {"model": HF_IDS.get(sp.draft, sp.draft), "num_speculative_tokens": sp.k}
+        args["--speculative-config"] = json.dumps(config, separators=(",", ":"))
+        notes.append(
+            f"speculative decoding ({sp.method}, k={sp.k}) was simulated at an assumed "
+            f"acceptance of {sp.mean_emitted:.2f} tokens a step; "
+            + (
+                "name the drafter checkpoint (model) in --speculative-config, and method "
+                "eagle3 for an EAGLE-3 head"
+                if sp.method == "eagle"
+                else "check the acceptance vLLM reports (spec_decode metrics) against it"
+            )
+        )
     return args, notes
 
 

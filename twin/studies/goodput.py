@@ -50,6 +50,15 @@ from twin.errors import SpecError, TwinError
 from twin.request import Request
 from twin.sim.spec import ExperimentSpec, resolve_spec
 from twin.studies.compare import _set_path
+from twin.studies.goodput_classes import (
+    SIDE,
+    class_attainment,
+    class_cells,
+    class_columns,
+    class_lines,
+    class_shares,
+    class_sides,
+)
 from twin.studies.goodput_interval import envelope, interval_lines, slo_sides, with_slo
 from twin.studies.samples import ci95, horizon_s, sample_warnings
 from twin.studies.sweep import (
@@ -171,11 +180,16 @@ class ProbeStore:
             write_text(self.dir / f"{key}.json", json.dumps({"attainment": attainment}) + "\n")
 
 
-def probe_attainment(data: Mapping[str, Any], where: str, base_dir: str) -> float:
-    """SLO attainment of one run (a worker's job)."""
+def probe_attainment(
+    data: Mapping[str, Any], where: str, base_dir: str, of_class: str | None = None
+) -> float:
+    """SLO attainment of one run (a worker's job); ``of_class``: that class's."""
     from twin.studies.sweep import run_spec
 
-    att = run_spec(data, where, base_dir)["summary"]["slo_attainment"]
+    summary = run_spec(data, where, base_dir)["summary"]
+    if of_class is not None:
+        return class_attainment(summary, of_class)
+    att = summary["slo_attainment"]
     return 0.0 if att is None else float(att)
 
 
@@ -218,6 +232,9 @@ class GoodputRow:
     coverage: float | None = None
     # each sample's name ("seed 1", or a trace window's "requests 300-599"), in seeds' order
     samples: tuple[str, ...] = ()
+    # with classes of traffic (twin.studies.goodput_classes), per class: its name, its
+    # goodput (req/s of the class), the rate of all requests there, and whether bounded
+    classes: tuple[tuple[str, float, float, bool], ...] = ()
 
     @property
     def mean_rps(self) -> float:
@@ -248,6 +265,8 @@ class Goodput:
         with_iv = any(r.interval is not None for r in self.rows)
         if with_iv:  # only then: a spec without residuals writes the columns as before
             out[0] += ["goodput_rps_lo", "goodput_rps_hi", "coverage"]
+        per_class = class_columns(self.rows)  # only with classes of traffic
+        out[0] += per_class
         for r in self.rows:
             out.append(
                 [r.label, *(_cell(r.params[k]) for k in self.keys)]
@@ -257,6 +276,7 @@ class Goodput:
             if with_iv:
                 lo, hi = r.interval if r.interval is not None else (None, None)
                 out[-1] += [_cell(lo), _cell(hi), _cell(r.coverage)]
+            out[-1] += [_cell(v) for v in class_cells(r, per_class)]
         return out
 
     def write_csv(self, path: Path) -> None:
@@ -286,6 +306,7 @@ class Goodput:
                 lines.append(f"{r.label or '(base)'}: per sample req/s: {each}")
         lines.append(f"rate key {self.rate_key}; {self.probes} simulation runs")
         lines += interval_lines(self.rows)
+        lines += class_lines(self.rows)
         for r in self.rows:
             lines += [f"warning: {r.label or '(base)'}: {w}" for w in r.warnings]
         return "\n".join(lines)
@@ -463,7 +484,8 @@ def goodput(
     caxes = _config_axes(axes, {key, "seed"})
     keys = [k for a in caxes for k in a.keys]
 
-    configs = []  # (params, label, target, gpus, {seed: data})
+    configs: list[Any] = []  # (params, label, target, gpus, {seed: data}, ...)
+    targets: dict[tuple[int, str], float] = {}  # (configuration, a class's side) -> its target
     for n, combo in enumerate(itertools.product(*(a.rows for a in caxes))):
         params: dict[str, Any] = {}
         for axis, row in zip(caxes, combo, strict=True):
@@ -489,6 +511,9 @@ def goodput(
             for side, v in sides.items()
             if v is not None
         }
+        csides = class_sides(spec, target)  # a search per class of traffic
+        variants |= dict.fromkeys(csides, per_seed)
+        targets.update({(len(configs), side): t for side, t in csides.items()})
         configs.append(
             (params, label, tgt, _gpus(spec.resolved), per_seed, at, notes, variants,
              (sides, coverage))
@@ -517,14 +542,16 @@ def goodput(
             for i, (c, s, side) in enumerate(order):
                 d = copy.deepcopy(configs[c][7][side][s])
                 _set_path(d, key, pending[(c, s, side)], configs[c][5])
-                pkey = store.key(d, base_dir)
+                of_class = side[len(SIDE) :] if side.startswith(SIDE) else None
+                pkey = store.key(d if of_class is None else {"class": of_class, **d}, base_dir)
                 done = store.get(pkey)
                 if done is not None:
                     results[i] = done
                     reused += 1
                     continue
                 pkeys.append(pkey)
-                jobs.append((runner, (d, configs[c][5], str(base_dir))))
+                args = (d, configs[c][5], str(base_dir))
+                jobs.append((runner, args if of_class is None else (*args, of_class)))
             index = [i for i in range(len(order)) if i not in results]
             for j, att in ex.run(jobs):
                 store.put(pkeys[j], att)  # written as it finishes: a rerun resumes here
@@ -533,8 +560,9 @@ def goodput(
                 bar.update(0)
             probes += len(order)
             for i, cs in enumerate(order):
+                tgt = targets.get((cs[0], cs[2]), configs[cs[0]][2])
                 try:
-                    pending[cs] = searches[cs].send(results[i] >= configs[cs[0]][2])
+                    pending[cs] = searches[cs].send(results[i] >= tgt)
                 except StopIteration as stop:
                     found[cs] = stop.value
                     del pending[cs]
@@ -586,6 +614,27 @@ def goodput(
                 interval,
                 iv[1],
                 names,
+                _per_class(c, variants, found, per_seed, specs, to_rps, at),
             )  # fmt: skip
         )
     return Goodput(key, keys, rows, probes, reused)
+
+
+def _per_class(
+    c: int, variants: Mapping[str, Any], found: Mapping[tuple[int, int, str], tuple[float, bool]],
+    per_seed: Mapping[int, Any], specs: Mapping[int, ExperimentSpec],
+    to_rps: Callable[[dict[str, Any], float, str], float], at: str,
+) -> tuple[tuple[str, float, float, bool], ...]:  # fmt: skip
+    """Each class's goodput of configuration ``c``: the mean over samples of
+    the rate found for it, all requests and the class's share of them."""
+    out = []
+    sides = [side for side in variants if side.startswith(SIDE)]
+    shares = {s: class_shares(specs[s]) for s in per_seed} if sides else {}
+    for side in sides:
+        name = side[len(SIDE) :]
+        total = [to_rps(per_seed[s], found[(c, s, side)][0], at) for s in per_seed]
+        share = [shares[s][name] for s in per_seed]
+        mine = [t * f for t, f in zip(total, share, strict=True)]
+        bounded = all(found[(c, s, side)][1] for s in per_seed)
+        out.append((name, float(np.mean(mine)), float(np.mean(total)), bounded))
+    return tuple(out)

@@ -11,8 +11,9 @@ import simpy
 
 from twin.errors import SpecError
 from twin.net.flows import FlowSpec, Network
+from twin.net.shards import shard_flows
 from twin.net.topology import Topology
-from twin.serving.handoff import MODES, TransferConfig, handoff_costs, shard_flows
+from twin.serving.handoff import MODES, TransferConfig, handoff_costs
 from twin.serving.kvcache import blocks_for
 
 PLACEMENTS = ("same-node", "cross-node")

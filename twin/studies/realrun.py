@@ -1,6 +1,6 @@
 """Measured vLLM runs driven by inference-perf, read as a spec and the numbers to meet.
 
-:func:`read_run` reads one run: an inference-perf run folder (its vLLM arguments
+:func:`twin.studies.runs.read_run` reads one run: an inference-perf run folder (its vLLM arguments
 ``exp-config.yaml``, its profile ``profile.yaml`` or the resolved ``config.yaml``, the
 lifecycle reports ``summary_lifecycle_metrics.json`` and ``stage_<N>_lifecycle_metrics.json``
 and, when present, ``per_request_lifecycle_metrics.json``; the reports may sit in a
@@ -43,10 +43,7 @@ from twin.perf.vllm import VLLM_CLIENT_LATENCY_S
 from twin.studies.runmetrics import METRICS, WHOLE, Score, score, stage_of, twin_metrics
 from twin.workload.shared_prefix import VLLM_BLOCK_TOKENS
 
-__all__ = [
-    "METRICS", "WHOLE", "RealRun", "Score", "read_run", "read_runs", "score", "stage_of",
-    "twin_metrics",
-]  # fmt: skip
+__all__ = ["METRICS", "WHOLE", "RealRun", "Score", "score", "stage_of", "twin_metrics"]
 
 # GPU names of the measured data (shared/data/realruns/PROVENANCE.md: H100 = H100-80GB
 # SXM; the campaign's other GPUs are A100-80GB and L40S) -> the GPU catalog's.
@@ -102,57 +99,6 @@ class RealRun:
 
 
 # --------------------------------------------------------------------------- reading
-
-
-def read_run(path: str | Path, *, gpu: str | None = None) -> RealRun:
-    """The run at ``path`` (see the module): a run folder, or ``DATA/<key>`` /
-    ``DATA/runs/<run>`` of a folder with a ``manifest.csv``, or a ``vllm bench serve``
-    result or an AIPerf export (:mod:`twin.studies.benchrun`). ``gpu`` (a catalog name)
-    is needed where the run's files do not name one (an inference-perf folder)."""
-    p = Path(path)
-    for data, key in ((p.parent, p.name), (p.parent.parent, p.name)):
-        if (data / "manifest.csv").is_file():
-            rows = _manifest(data)
-            row = rows.get(key) or next(
-                (r for r in rows.values() if r.get("training_run") == key), None
-            )
-            if row is not None:
-                return _manifest_run(data, row, gpu)
-    from twin.studies.benchrun import bench_file, read_bench_run
-
-    kind = bench_file(p)
-    if kind is not None:  # vllm bench serve's result, AIPerf's export
-        return read_bench_run(p, kind, gpu)
-    if p.is_dir():
-        return _folder_run(p, gpu)
-    raise TwinError(
-        f"{p}: not an inference-perf run folder nor a run of a folder with manifest.csv"
-    )
-
-
-def read_runs(folder: str | Path, *, gpu: str | None = None) -> list[RealRun]:
-    """Every run of ``folder``: the rows of its ``manifest.csv`` in file order, else
-    each sub-folder that is an inference-perf run folder (sorted by name)."""
-    f = Path(folder)
-    if (f / "manifest.csv").is_file():
-        return [_manifest_run(f, row, gpu) for row in _manifest(f).values()]
-    if not f.is_dir():
-        raise TwinError(f"{f}: not a folder")
-    from twin.studies.benchrun import bench_file, read_bench_run
-
-    runs = []
-    for d in sorted(f.iterdir()):
-        kind = bench_file(d)
-        if kind is not None:
-            runs.append(read_bench_run(d, kind, gpu))
-        elif _is_run_folder(d):
-            runs.append(_folder_run(d, gpu))
-    if not runs:
-        raise TwinError(
-            f"{f}: no manifest.csv and no measured run in it (an inference-perf run folder, "
-            "a vllm bench serve result, an AIPerf export)"
-        )
-    return runs
 
 
 _MANIFEST_COLUMNS = ("key", "model", "gpu", "tp", "max_num_seqs", "max_num_batched_tokens",

@@ -48,7 +48,10 @@ def _variants(data: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any
     from twin.perf.roofline import ENGINE_OVERHEADS
 
     perf = data.get("perf")
-    kind = perf.get("kind") if isinstance(perf, dict) else None
+    if perf is None or isinstance(perf, dict):  # no perf: or no kind: a roofline, as a run builds
+        kind = (perf or {}).get("kind", "roofline")
+    else:
+        kind = None
     if kind not in MEASURED_KINDS:
         raise SpecError(
             f"{where}: perf.kind: {kind!r}; validate replay needs a measured table "

@@ -16,7 +16,7 @@ leave-one-run-out predictions instead (:func:`twin.perf.residuals.from_pairs`).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,13 +75,14 @@ def write_table(table: Residuals, path: str | Path) -> None:
 def loo_table(
     runs: Sequence[Any], held_terms: Mapping[str, Mapping[str, float]],
     stage_requests: int | None, source: str,
+    perf_block: Callable[[Mapping[str, float]], dict[str, Any]],
 ) -> Residuals:  # fmt: skip
     """The leave-one-run-out residuals of a fit (``twin calibrate --runs``): each run
     (:class:`~twin.studies.realrun.RealRun`) replayed with the terms fitted to the
-    others (``held_terms``, by run key)."""
+    others (``held_terms``, by run key), set by the ``perf:`` block ``perf_block``
+    makes of them (:func:`twin.studies.calibrate_runs.perf_block`)."""
     import dataclasses
 
-    from twin.studies.calibrate_runs import perf_block
     from twin.studies.validate_realrun import replay
 
     scored = []

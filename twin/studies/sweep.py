@@ -301,15 +301,16 @@ def run_spec_outputs(
     import csv
     import io
 
-    from twin.sim.metrics import REQUEST_COLUMNS
+    from twin.sim.metrics import request_columns
     from twin.sim.simulation import Simulation
     from twin.sim.trace import TraceRecorder, chrome_trace_text
 
+    spec = resolve_spec(data, where, Path(base_dir))
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=REQUEST_COLUMNS, lineterminator="\n")
+    columns = request_columns(bool(spec.workload.classes))
+    writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     recorder = TraceRecorder() if traces else None
-    spec = resolve_spec(data, where, Path(base_dir))
     on_row = writer.writerow if requests else None
     result = Simulation(spec, on_row=on_row, trace=recorder).run().to_dict()
     if requests:

@@ -1,7 +1,7 @@
 """``twin validate run RUN`` and ``twin validate runs DIR``: the twin against measured
 inference-perf runs (:mod:`twin.studies.realrun`).
 
-Each run is replayed through the spec :func:`~twin.studies.realrun.read_run` builds
+Each run is replayed through the spec :func:`~twin.studies.runs.read_run` builds
 from it (the default perf model, nothing fitted per run) and scored per stage and for
 the whole run with the published definitions. ``stage_requests`` keeps only the first
 N requests sent in each stage (for speed; the server then meets each stage's later

@@ -28,9 +28,14 @@ WATCH_S = 0.5  # how often the guard thread looks at the parent process id
 
 def init_worker(parent: int) -> None:
     """A pool worker's initializer: Ctrl-C is left to the parent (which stops
-    the pool, without a traceback per worker), and the worker ends when the
-    process ``parent`` (the pool's owner, or a fork server it started) is gone."""
+    the pool, without a traceback per worker), SIGTERM ends the worker at once
+    (a forked worker would otherwise inherit the parent's handler, raise
+    SystemExit inside a job, which the pool reports as the job's error, and go
+    on with the next job while the parent waits for it), and the worker ends
+    when the process ``parent`` (the pool's owner, or a fork server it
+    started) is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _die_with_parent()
     ppid = os.getppid()
     if ppid != parent and not pid_alive(parent):  # it died before this worker got here

@@ -46,7 +46,7 @@ from typing import Any
 from twin._check import is_int, is_number
 from twin._io import read_text
 from twin.errors import TraceError
-from twin.workload.traces import TraceRecord, _parse_seconds, _parse_tokens
+from twin.workload.records import TraceRecord, parse_seconds, parse_tokens
 
 CSV_COLUMNS = (
     "index",
@@ -136,7 +136,7 @@ def _json_count(path: Path, where: str, raw: object) -> int:
 
 def _csv_count(path: Path, line: int, column: str, raw: str) -> int:
     """A CSV token count: ``0`` (not recorded) or an integer >= 1."""
-    return 0 if raw.strip() in ("0", "0.0") else _parse_tokens(path, line, column, raw)
+    return 0 if raw.strip() in ("0", "0.0") else parse_tokens(path, line, column, raw)
 
 
 def _csv_records(path: Path, text: str) -> list[Record]:
@@ -162,7 +162,7 @@ def _csv_records(path: Path, text: str) -> list[Record]:
         failed = cell("has_error").strip().lower() in ("1", "true")
         out.append(
             Record(
-                _parse_seconds(path, line, "arrival_s", cell("arrival_s")),
+                parse_seconds(path, line, "arrival_s", cell("arrival_s")),
                 _csv_count(path, line, "input_tokens", cell("input_tokens")),
                 _csv_count(path, line, "output_tokens", cell("output_tokens")),
                 failed,

@@ -45,6 +45,8 @@ YAML (the mapping under ``workload:``)::
     prefix_block_tokens: 512      # tokens per hash id (Mooncake traces; default 512)
     priority: {0: 0.2, 1: 0.8}    # each request's priority (lower first): a share each,
     #                               drawn per request; or one integer for all (default 0)
+    classes: [{name: interactive, share: 0.7, priority: 0, slo: {ttft: 1 s}}, ...]
+    #                               classes of traffic (twin.workload.classes)
     timeout: 300 s                # a client gives up on a request not finished this long
     #                               after it was sent (failed, reason timeout; null: never)
 
@@ -95,6 +97,14 @@ from twin.workload.arrivals import (
     PoissonArrivals,
     _positive,
     arrival_times,
+)
+from twin.workload.classes import (
+    CLASSES_SCHEMA,
+    TrafficClass,
+    check_classes,
+    draw_labels,
+    parse_classes,
+    trace_labels,
 )
 from twin.workload.lengths import (
     BUNDLED_TABLES,
@@ -285,6 +295,11 @@ class WorkloadSpec:
         "timed trace only, instead of rate_scale: replay it at this many requests/s on "
         "average (its times scaled by rate / its own rate over the requests replayed)",
     )  # fmt: skip
+    classes: tuple[TrafficClass, ...] = declared(
+        (), anything(CLASSES_SCHEMA),
+        "classes of traffic, each with its priority and SLO: [{name, share, priority, "
+        "slo: {ttft, tpot, target}, lengths}]; without shares, the trace's class column",
+    )  # fmt: skip
     timeout_s: float | None = declared(
         None, seconds(),
         "the client gives up on a request not finished this long after it was sent: its work "
@@ -346,6 +361,13 @@ class WorkloadSpec:
             raise SpecError(
                 f"prefix_block_tokens(={self.prefix_block_tokens!r}) must be an integer >= 1"
             )
+        if self.classes:
+            check_classes(self.classes, trace=self.trace is not None, priority=self.priority)
+            if any(isinstance(c.lengths, SharedPrefix) for c in self.classes):
+                raise SpecError(
+                    "classes: a class's lengths are a table, {prompt, output} or "
+                    "{empirical: path}; shared_prefix goes in workload.lengths"
+                )
         unbounded = self.lengths is not None or self.repeat
         if unbounded and self.duration_s is None and self.max_requests is None:
             what = "a synthetic workload" if self.lengths is not None else "repeat: true"
@@ -401,6 +423,10 @@ class WorkloadSpec:
                 kw["prefix_block_tokens"] = m["prefix_block_tokens"]
             if "priority" in m:
                 kw["priority"] = parse_priority(m["priority"], f"{where}.priority")
+            if m.get("classes") is not None:
+                kw["classes"] = parse_classes(
+                    m["classes"], f"{where}.classes", lambda v, at: _lengths(v, at, base_dir)
+                )
             return cls(**kw)  # type: ignore[arg-type]
         except SpecError as e:
             msg = str(e)
@@ -429,18 +455,26 @@ class WorkloadSpec:
                 )
 
     def sources(self) -> list[Path]:
-        """Files this workload reads (trace, empirical lengths, bundled table), for hashing."""
-        if self.trace is not None:
-            return [self.trace]
-        if isinstance(self.lengths, EmpiricalFile):
-            return [self.lengths.path]
-        if isinstance(self.lengths, str):
-            return [bundled_table_path(self.lengths)]
-        return []
+        """Files this workload reads (trace, empirical lengths, bundled table,
+        and those of the classes' own lengths), for hashing."""
+        return [
+            *_length_sources(self.lengths, self.trace),
+            *(p for c in self.classes for p in _length_sources(c.lengths, None)),
+        ]
 
     def source_hashes(self) -> dict[str, str]:
         """``{path: sha256}`` of :meth:`sources`."""
         return {str(p): file_sha256(p) for p in self.sources()}
+
+
+def _length_sources(lengths: object, trace: Path | None) -> list[Path]:
+    if trace is not None:
+        return [trace]
+    if isinstance(lengths, EmpiricalFile):
+        return [lengths.path]
+    if isinstance(lengths, str):
+        return [bundled_table_path(lengths)]
+    return []
 
 
 def _scoped(parse: Callable[[object, str], T], value: object, where: str) -> T:
@@ -742,6 +776,16 @@ def time_scale(spec: WorkloadSpec) -> float:
     return spec.rate / native
 
 
+def trace_rates(spec: WorkloadSpec) -> dict[str, float] | None:
+    """A trace replayed at its own times: its own rate (:func:`own_rate`) and
+    the rate replayed (own x :func:`time_scale`), in requests/s; None for an
+    arrival process or a trace without a rate of its own."""
+    own = own_rate(spec)
+    if own is None:
+        return None
+    return {"own": own, "replayed": own * time_scale(spec)}
+
+
 def iter_requests(
     spec: WorkloadSpec, rng: np.random.Generator, end: dict[str, float] | None = None
 ) -> Iterator[Request]:
@@ -786,9 +830,12 @@ def iter_requests(
         )
         rows = _timed(arrival_times(spec.arrival, arrival_rng), source)
 
+    labels = _labels(spec, rng, fmt if spec.trace is not None else "")
     t0 = 0.0
     if spec.skip:
         skipped = sum(1 for _ in itertools.islice(rows, spec.skip))
+        if labels is not None:
+            next(itertools.islice(labels, skipped, skipped), None)  # theirs too
         first = next(rows, None)
         if first is None:  # only a finite trace ends; a run of no request is no run
             raise SpecError(
@@ -807,6 +854,7 @@ def iter_requests(
         scaled = _warped(scaled, spec.rate_schedule)
     duration = spec.duration_s
     priorities = _priorities(spec.priority, rng)
+    own = _class_lengths(spec.classes, rng) if labels is not None else []
     last = 0.0
     for i, (arrival_s, p, o, h, b) in enumerate(scaled):
         if limit is not None and i >= limit:
@@ -815,10 +863,42 @@ def iter_requests(
             return
         if arrival_s == math.inf:  # the schedule ends at 0: nothing arrives any more
             return
-        yield Request(i, arrival_s, p, o, h, b, next(priorities))
+        if labels is None:
+            yield Request(i, arrival_s, p, o, h, b, next(priorities))
+        else:
+            k = next(labels)
+            c = spec.classes[k]
+            lengths = own[k]
+            if lengths is not None:
+                _, p, o, h, b = next(lengths)
+            yield Request(i, arrival_s, p, o, h, b, c.priority, c.name)
         last = arrival_s
     if end is not None and spec.trace is not None:
         end["ran_out_s"] = last
+
+
+def _labels(spec: WorkloadSpec, rng: np.random.Generator, fmt: str) -> Iterator[int] | None:
+    """Each request's class (its index in ``spec.classes``) in source order:
+    drawn by share from a stream of its own (spawned after the arrival and
+    length streams), or the trace's class column; None without classes."""
+    if not spec.classes:
+        return None
+    if spec.classes[0].share is None:
+        assert spec.trace is not None
+        return trace_labels(spec.classes, spec.trace, fmt, spec.repeat)
+    (draws,) = rng.spawn(1)
+    return draw_labels(spec.classes, draws, _CHUNK)
+
+
+def _class_lengths(
+    classes: tuple[TrafficClass, ...], rng: np.random.Generator
+) -> list[Iterator[Row] | None]:
+    """Each class's own lengths (None: the workload's), each from a stream of its own."""
+    streams = rng.spawn(len(classes))
+    return [
+        None if c.lengths is None else _sampled(_sampler(c.lengths), g)
+        for c, g in zip(classes, streams, strict=True)
+    ]
 
 
 def _priorities(

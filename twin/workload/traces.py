@@ -48,36 +48,21 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
-import math
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
-from twin._check import is_int, is_number
+from twin._check import is_int
 from twin._io import open_text
 from twin.errors import TraceError, UnknownNameError
+from twin.workload.inference_perf import is_records_file
+from twin.workload.inference_perf import iter_inference_perf as _inference_perf_records
+from twin.workload.records import TraceRecord, parse_seconds, parse_tokens, where
 
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens per ``hash_ids`` entry in the Mooncake FAST'25 traces."""
-
-
-@dataclass(frozen=True, slots=True)
-class TraceRecord:
-    """One request as a trace file gives it, before ids and scaling.
-
-    ``arrival_s`` is seconds from the trace start (``None`` in length-only
-    files). ``prefix_hashes`` and ``prefix_block_tokens`` are as in
-    :class:`twin.request.Request` (empty and 0 when the trace has none).
-    """
-
-    arrival_s: float | None
-    prompt_tokens: int
-    output_tokens: int
-    prefix_hashes: tuple[int, ...] = ()
-    prefix_block_tokens: int = 0
 
 
 def file_sha256(path: str | Path) -> str:
@@ -87,57 +72,6 @@ def file_sha256(path: str | Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-# --------------------------------------------------------------------------- field parsing
-
-
-def _where(path: Path, line: int, column: str) -> str:
-    return f"{path}: line {line}: column {column}"
-
-
-def _parse_tokens(path: Path, line: int, column: str, raw: object) -> int:
-    """A token count: an integer >= 1 (``"12"``; ``"12.0"`` too, as pandas writes it)."""
-    if type(raw) is str or type(raw) is int:  # the common case, at once (int() strips spaces)
-        try:
-            n = int(raw)
-        except ValueError:
-            pass
-        else:
-            if n >= 1:
-                return n
-    value: object = raw
-    if isinstance(raw, str):
-        s = raw.strip()
-        try:
-            value = int(s)
-        except ValueError:
-            try:
-                value = float(s)
-            except ValueError:
-                value = raw
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        value = int(value)
-    if not is_int(value):
-        raise TraceError(f"{_where(path, line, column)}: {raw!r} is not an integer token count")
-    if value < 1:
-        raise TraceError(f"{_where(path, line, column)}: {raw!r} tokens; expected an integer >= 1")
-    return value
-
-
-def _parse_seconds(path: Path, line: int, column: str, raw: object, per_s: int = 1) -> float:
-    """A non-negative finite time in units of ``1/per_s`` seconds, as seconds."""
-    value: object = raw
-    if isinstance(raw, str):
-        try:
-            value = float(raw.strip())
-        except ValueError:
-            value = raw
-    if not is_number(value) or not math.isfinite(value):
-        raise TraceError(f"{_where(path, line, column)}: {raw!r} is not a number")
-    if value < 0:
-        raise TraceError(f"{_where(path, line, column)}: {raw!r} is negative; expected a time >= 0")
-    return float(value) / per_s
 
 
 # The Azure traces' layout, ASCII digits only; what it does not match goes to strptime.
@@ -175,12 +109,12 @@ def _azure_ns_strptime(path: Path, line: int, column: str, raw: str) -> int:
     whole, dot, frac = s.partition(".")
     expected = "expected a timestamp 'YYYY-MM-DD HH:MM:SS.fffffff'"
     if dot and not (frac.isdigit() and len(frac) <= 9):
-        raise TraceError(f"{_where(path, line, column)}: {raw!r} is not a timestamp; {expected}")
+        raise TraceError(f"{where(path, line, column)}: {raw!r} is not a timestamp; {expected}")
     try:
         dt = datetime.strptime(whole, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
     except ValueError:
         raise TraceError(
-            f"{_where(path, line, column)}: {raw!r} is not a timestamp; {expected}"
+            f"{where(path, line, column)}: {raw!r} is not a timestamp; {expected}"
         ) from None
     epoch_s = (dt - datetime(1970, 1, 1, tzinfo=UTC)) // _ONE_SECOND
     return epoch_s * 1_000_000_000 + (int(frac.ljust(9, "0")) if frac else 0)
@@ -200,7 +134,7 @@ class _Monotone:
     def check(self, line: int, t: float, raw: object) -> None:
         if self.last is not None and t < self.last:
             raise TraceError(
-                f"{_where(self.path, line, self.column)}: {raw!r} is earlier than line "
+                f"{where(self.path, line, self.column)}: {raw!r} is earlier than line "
                 f"{self.last_line}; expected non-decreasing arrival times"
             )
         self.last, self.last_line = t, line
@@ -291,8 +225,8 @@ def iter_azure(path: str | Path) -> Iterator[TraceRecord]:
         mono.check(line, ns, stamp)
         yield TraceRecord(
             (ns - t0) / 1e9,
-            _parse_tokens(path, line, "ContextTokens", prompt),
-            _parse_tokens(path, line, "GeneratedTokens", output),
+            parse_tokens(path, line, "ContextTokens", prompt),
+            parse_tokens(path, line, "GeneratedTokens", output),
         )
 
 
@@ -302,12 +236,12 @@ def _iter_timed_csv(
     mono = _Monotone(path, time_col)
     take = (time_col, prompt_col, output_col)
     for line, (raw_t, prompt, output) in _csv_rows(path, columns, take):
-        t = _parse_seconds(path, line, time_col, raw_t)
+        t = parse_seconds(path, line, time_col, raw_t)
         mono.check(line, t, raw_t)
         yield TraceRecord(
             t,
-            _parse_tokens(path, line, prompt_col, prompt),
-            _parse_tokens(path, line, output_col, output),
+            parse_tokens(path, line, prompt_col, prompt),
+            parse_tokens(path, line, output_col, output),
         )
 
 
@@ -331,8 +265,8 @@ def iter_lengths(path: str | Path) -> Iterator[TraceRecord]:
     for line, (prompt, output) in _csv_rows(path, LENGTHS_COLUMNS):
         yield TraceRecord(
             None,
-            _parse_tokens(path, line, "num_prefill_tokens", prompt),
-            _parse_tokens(path, line, "num_decode_tokens", output),
+            parse_tokens(path, line, "num_prefill_tokens", prompt),
+            parse_tokens(path, line, "num_decode_tokens", output),
         )
 
 
@@ -369,18 +303,18 @@ def _mooncake_body(path: Path, f: Any, block_tokens: int, mono: _Monotone) -> It
                 f"{path}: line {line}: missing key(s) {', '.join(missing)}; expected keys "
                 f"{', '.join(MOONCAKE_KEYS)}"
             )
-        t = _parse_seconds(path, line, "timestamp", obj["timestamp"], per_s=1000)
+        t = parse_seconds(path, line, "timestamp", obj["timestamp"], per_s=1000)
         mono.check(line, t, obj["timestamp"])
         hashes = obj["hash_ids"]
         if not isinstance(hashes, list) or not all(is_int(h) for h in hashes):
             raise TraceError(
-                f"{_where(path, line, 'hash_ids')}: {str(hashes)[:60]!r} is not a list of integers"
+                f"{where(path, line, 'hash_ids')}: {str(hashes)[:60]!r} is not a list of integers"
             )
         rows += 1
         yield TraceRecord(
             t,
-            _parse_tokens(path, line, "input_length", obj["input_length"]),
-            _parse_tokens(path, line, "output_length", obj["output_length"]),
+            parse_tokens(path, line, "input_length", obj["input_length"]),
+            parse_tokens(path, line, "output_length", obj["output_length"]),
             tuple(hashes),
             block_tokens,
         )
@@ -417,9 +351,7 @@ def read_mooncake(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -
 
 def iter_inference_perf(path: str | Path) -> Iterator[TraceRecord]:
     """inference-perf's per-request records (:mod:`twin.workload.inference_perf`)."""
-    from twin.workload.inference_perf import iter_inference_perf as records
-
-    return records(path)
+    return _inference_perf_records(path)
 
 
 def read_inference_perf(path: str | Path) -> list[TraceRecord]:
@@ -476,8 +408,6 @@ TIMED_FORMATS = frozenset(
 def detect_format(path: str | Path) -> str:
     """The format of a trace file, from its extension and first line."""
     path = Path(path)
-    from twin.workload.inference_perf import is_records_file
-
     if path.name.endswith(".gz") or path.name.endswith("per_request_lifecycle_metrics.json"):
         if is_records_file(path):
             return "inference-perf"
