@@ -17,6 +17,7 @@ import json
 from importlib import resources
 from typing import Any
 
+from twin._io import decode_text
 from twin.errors import SpecError
 
 _COMMON = ("name", "source", "sources", "aliases", "note")
@@ -37,7 +38,7 @@ def read_catalog(kind: str) -> dict[str, dict[str, Any]]:
         if not f.name.endswith(".json"):
             continue
         where = f"twin/data/{kind}/{f.name}"
-        doc = json.loads(f.read_text(encoding="utf-8"))
+        doc = json.loads(decode_text(f.read_bytes(), where, SpecError))
         check_entry(doc, kind, where)
         out[doc["name"]] = doc
     return out
