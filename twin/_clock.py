@@ -129,7 +129,7 @@ def move(env: simpy.Environment, ev: simpy.Event, when: float) -> None:
     for i, entry in enumerate(queue):
         if entry[3] is ev:
             queue[i] = (when, ORDINARY, next(env._eid), ev)  # type: ignore[attr-defined]
-            heapq.heapify(queue)
+            _restore(queue, i)
             return
     raise AssertionError(f"move: {ev!r} is not scheduled")
 
@@ -145,8 +145,19 @@ def _take_back(queue: list, ev: simpy.Event) -> bool:
     """Remove ``ev``'s entry from SimPy's queue; whether it was there."""
     for i, entry in enumerate(queue):
         if entry[3] is ev:
-            queue[i] = queue[-1]
-            queue.pop()
-            heapq.heapify(queue)
+            last = queue.pop()
+            if i < len(queue):
+                queue[i] = last
+                _restore(queue, i)
             return True
     return False
+
+
+def _restore(queue: list, i: int) -> None:
+    """The heap order back after ``queue[i]`` changed, in O(log n) (a heapify is
+    O(n), and the queue holds an event per request a client waits on: its
+    time-out): sifted down to its children, then up to its parents. The order
+    in which SimPy pops is that of the keys (time, priority, a unique id), so
+    it is the same whichever valid heap holds them."""
+    heapq._siftup(queue, i)  # type: ignore[attr-defined]  # CPython's heapq, pure Python too
+    heapq._siftdown(queue, 0, i)  # type: ignore[attr-defined]
