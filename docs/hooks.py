@@ -85,7 +85,7 @@ def columns() -> str:
     from twin.sim.classmetrics import CLASS_TIMELINE_COLUMNS
     from twin.sim.frames import REQUEST_KINDS
     from twin.sim.metrics import CLASS_COLUMN
-    from twin.sim.simulation import LINK_COLUMNS
+    from twin.sim.result import LINK_COLUMNS
     from twin.sim.timeline import TIMELINE_COLUMNS
 
     out = ["## Per-request rows (`--requests-csv`, `result.requests`)", ""]

@@ -34,6 +34,7 @@ MEASURED: dict[str, str] = {
     "speculative-48": "twin run speculative --set workload.arrival.rate=48",
     "classes": "twin run classes",
     "fabric-aware": "twin run fabric-aware",
+    "sessions": "twin run sessions",
 }
 
 

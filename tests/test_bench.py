@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
+import schedulers.colocated  # registers the built-ins when not installed
 import schedulers.splitwise  # noqa: F401
 from twin.cli import main
 from twin.errors import TwinError

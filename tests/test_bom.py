@@ -112,7 +112,7 @@ def _runs(p: Path) -> Any:
 
 
 def _plot_csv(p: Path) -> Any:
-    from twin.viz.plots import _read_csv
+    from twin.viz.canvas import _read_csv
 
     return _read_csv(p)
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
+import schedulers.colocated
 import schedulers.disagg  # noqa: F401
 from twin.sim.simulation import run
 

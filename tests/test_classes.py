@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from test_engine import Auditing, run_engine
 from test_queuepolicy import PREEMPTED, TRACES, config
 
-import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
+import schedulers.colocated
 import schedulers.disagg  # noqa: F401
 from twin.cli import main
 from twin.errors import SpecError, TraceError
@@ -404,7 +404,7 @@ def test_a_goodput_probe_reads_the_class_attainment_of_the_run():
 # -- plots split by class --------------------------------------------------------------------
 def test_twin_plot_draws_a_line_per_class_of_a_requests_csv(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    from twin.viz.plots import csv_classes, read_latencies
+    from twin.viz.cdf import csv_classes, read_latencies
 
     spec_path = tmp_path / "c.yaml"
     spec_path.write_text(yaml.safe_dump(classed_data(requests=120)))

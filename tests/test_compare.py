@@ -10,9 +10,9 @@ import pytest
 import yaml
 from helpers import own_policies
 
-import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
-import schedulers.disagg  # noqa: F401
-import schedulers.distserve  # noqa: F401
+import schedulers.colocated  # registers the built-ins when not installed
+import schedulers.disagg
+import schedulers.distserve
 import schedulers.splitwise  # noqa: F401
 from twin.cli import main
 from twin.sim.spec import parse_yaml, read_spec_text

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 import pytest
 from helpers import own_policies
 
-import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
-import schedulers.disagg  # noqa: F401
-import schedulers.distserve  # noqa: F401
-import schedulers.fabric_aware  # noqa: F401
-import schedulers.kv_router  # noqa: F401
-import schedulers.mooncake  # noqa: F401
+import schedulers.colocated  # registers the built-ins when not installed
+import schedulers.disagg
+import schedulers.distserve
+import schedulers.fabric_aware
+import schedulers.kv_router
+import schedulers.mooncake
+import schedulers.session_affinity
 import schedulers.splitwise  # noqa: F401
 from twin.errors import SpecError
 from twin.request import Request

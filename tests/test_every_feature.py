@@ -33,17 +33,11 @@ from twin.sim.spec import resolve_spec
 
 # this project's policies, per cluster kind (sla-planner serves both)
 POLICIES = {
-    "colocated": ["colocated", "colocated-rr", "kv-router", "kv-router-llm-d", "sla-planner"],
-    "split": [
-        "disagg",
-        "distserve",
-        "splitwise",
-        "mooncake",
-        "kv-router",
-        "sla-planner",
-        "fabric-aware",
-    ],
-}
+    "colocated": ["colocated", "colocated-rr", "kv-router", "kv-router-llm-d", "sla-planner",
+                  "session-affinity"],
+    "split": ["disagg", "distserve", "splitwise", "mooncake", "kv-router", "sla-planner",
+              "fabric-aware", "session-affinity"],
+}  # fmt: skip
 SCHEDULERS: dict[str, Any] = {
     "colocated-rr": {"name": "colocated", "routing": "round_robin"},
     "kv-router-llm-d": {"name": "kv-router", "mode": "llm-d"},
@@ -90,6 +84,29 @@ def write_trace(path: Path) -> Path:
 _TARGETS = ("instance", "node", "gpu", "nic")
 
 
+def _sessions(draw) -> dict[str, Any]:
+    """A workload of sessions of turns (closed loop) in place of the trace."""
+    return {
+        "arrival": {"process": "poisson", "rate": draw(st.sampled_from([5.0, 20.0]))},
+        "max_requests": draw(st.integers(3, 15)),
+        "lengths": {"sessions": {
+            "turns": {"dist": "lognormal", "median": 3, "sigma": 0.7, "max": 8},
+            "first_prompt": {"dist": "lognormal", "median": 300, "sigma": 0.8},
+            "growth": {"dist": "lognormal", "median": 100, "sigma": 0.8},
+            "output": {"dist": "lognormal", "median": 60, "sigma": 0.8},
+            "think": {"dist": "exponential", "mean": draw(st.sampled_from([0.0, 0.2]))},
+            "system_prompt_len": 64}},
+    }  # fmt: skip
+
+
+def _retention(draw, engine: dict[str, Any], *, tiers: bool) -> None:
+    """A KV retention policy between a session's turns (offload where tiers are)."""
+    kind = draw(st.sampled_from(["keep", "drop", "ttl"] + (["offload"] if tiers else [])))
+    engine["session_retention"] = {"policy": kind} | ({"ttl": "0.3 s"} if kind == "ttl" else {})
+    if kind != "keep":
+        engine["prefix_caching"] = True
+
+
 @st.composite
 def specs(draw) -> dict[str, Any]:
     """A spec (as a mapping; ``workload.trace`` left for the test to fill in)."""
@@ -129,6 +146,8 @@ def specs(draw) -> dict[str, Any]:
         "slo": {"ttft": "1 s", "tpot": "50 ms"},
         "retry": {"max_attempts": draw(st.integers(1, 3)), "backoff": "50 ms"},
     }
+    if draw(st.booleans()):  # sessions of turns, closed loop, instead of the trace
+        spec["workload"] = _sessions(draw)
     timeout = draw(st.sampled_from([None, "0.15 s", "0.4 s", "1 s"]))  # clients that give up
     if timeout is not None:
         spec["workload"]["timeout"] = timeout
@@ -146,6 +165,8 @@ def specs(draw) -> dict[str, Any]:
     elif tiers != "none":
         engine["prefix_caching"] = True
         spec["kv_tiers"] = {"dram": "2 GB"} | ({"ssd": "8 GB"} if tiers == "dram+ssd" else {})
+    if "lengths" in spec["workload"]:  # what the server keeps of a session between turns
+        _retention(draw, engine, tiers="kv_tiers" in spec)
     if policy == "sla-planner" or draw(st.booleans()):
         spec["scaling"] = {"weights_from": draw(st.sampled_from(["storage", "network"])),
                            "storage_bandwidth": "20 GB/s", "warmup": "0.5 s"}  # fmt: skip
@@ -177,7 +198,8 @@ def specs(draw) -> dict[str, Any]:
 
 def _run(data: dict[str, Any], trace: Path, fast_forward: bool) -> tuple[dict, Simulation]:
     data = json.loads(json.dumps(data))
-    data["workload"]["trace"] = str(trace)
+    if "lengths" not in data["workload"]:
+        data["workload"]["trace"] = str(trace)
     data["engine"]["fast_forward"] = fast_forward
     spec = resolve_spec(data, "every.yaml", Path.cwd())
     rows: list[dict] = []

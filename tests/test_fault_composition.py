@@ -35,8 +35,8 @@ class Recording(Watching):
         net = self.sim.network
         self.states.append((
             [(e.up, e.speed) for e in self.sim.engines],
-            set(net._down) if net else set(),
-            dict(net._factors) if net else {},
+            set(net._faults.down) if net else set(),
+            dict(net._faults.factors) if net else {},
         ))  # fmt: skip
 
 

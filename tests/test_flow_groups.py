@@ -16,9 +16,11 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from twin.net.flows import FlowSpec, Network, _fill, max_min_rates
+from twin.net.flows import Network
+from twin.net.maxmin import _fill, max_min_rates
 from twin.net.shards import shard_flows
 from twin.net.topology import load_topology
+from twin.net.transfer import FlowSpec
 
 
 @dataclass(frozen=True)

@@ -309,7 +309,7 @@ def test_exports_carry_the_predicted_figures_intervals(tmp_path):
 
 
 def test_the_goodput_plot_draws_the_interval_when_goodput_csv_has_one(tmp_path):
-    from twin.viz.plots import goodput_figure
+    from twin.viz.goodput import goodput_figure
 
     head = "label,goodput_rps_mean,goodput_rps_ci95,goodput_per_gpu,seeds,gpus"
     rows = [

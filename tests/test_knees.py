@@ -42,7 +42,7 @@ def test_notes_say_when_a_knee_is_censored_or_a_cap_binds():
 
 def test_the_figure_marks_a_censored_knee_as_censored():
     pytest.importorskip("matplotlib")
-    from twin.viz.plots import CENSORED_HANDLE, attainment_figure
+    from twin.viz.attainment import CENSORED_HANDLE, attainment_figure
 
     fig = attainment_figure(rows("found", [1.0, 0.95, 0.5]) + rows("above", [1.0, 1.0, 1.0]))
     texts = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
@@ -56,7 +56,7 @@ def test_the_figure_marks_a_censored_knee_as_censored():
 
 def test_a_wide_goodput_interval_does_not_stretch_the_axis():
     pytest.importorskip("matplotlib")
-    from twin.viz.plots import GOODPUT_REACH, goodput_figure
+    from twin.viz.goodput import GOODPUT_REACH, goodput_figure
     from twin.viz.style import layout_problems
 
     head = "label,goodput_rps_mean,goodput_rps_ci95,goodput_per_gpu,seeds,gpus\n"
@@ -72,7 +72,7 @@ def test_a_wide_goodput_interval_does_not_stretch_the_axis():
 
 def test_coincident_curves_are_drawn_apart():
     pytest.importorskip("matplotlib")
-    from twin.viz.plots import COINCIDENT_SHIFT_PT, attainment_figure
+    from twin.viz.attainment import COINCIDENT_SHIFT_PT, attainment_figure
 
     data = rows("a", [1.0, 0.95, 0.5]) + rows("b", [1.0, 0.95, 0.5]) + rows("c", [1.0, 0.5, 0.2])
     fig = attainment_figure(data)

@@ -104,7 +104,7 @@ def test_the_tier_plot_of_a_compare_file(tmp_path):
 
     pytest.importorskip("matplotlib")
     from twin.errors import TwinError
-    from twin.viz.plots import plot_kv_tiers
+    from twin.viz.kvtiers import plot_kv_tiers
 
     def run(hit, dram):
         tiers = {"kv_tiers": {"dram": {"hit_rate": dram}}} if dram is not None else {}
@@ -124,7 +124,7 @@ def test_the_tier_plot_of_a_compare_file(tmp_path):
 
 def test_the_reuse_plot_splits_a_pools_ssd_hits_from_its_dram_and_hbm_hits():
     pytest.importorskip("matplotlib")
-    from twin.viz.plots import kv_reuse_shares, kv_tiers_figure
+    from twin.viz.kvtiers import kv_reuse_shares, kv_tiers_figure
 
     def pool(dram, ssd):
         return {"dram": {"hit_rate": dram}, "ssd": {"hit_rate": ssd}}
@@ -162,7 +162,7 @@ def test_the_occupancy_plot_of_a_compare_file(tmp_path):
     import json
 
     pytest.importorskip("matplotlib")
-    from twin.viz.plots import plot_kv_tier_occupancy
+    from twin.viz.kvtiers import plot_kv_tier_occupancy
 
     occ = {"window_s": 10.0, "mean_bytes": [0.0, 2e9], "peak_bytes": [1e9, 3e9]}
     tiers = {"dram": {"hit_rate": 0.1, "occupancy": occ}, "ssd": {"occupancy": occ}}

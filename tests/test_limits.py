@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
+import schedulers.colocated  # registers the built-ins when not installed
 import schedulers.disagg  # noqa: F401
 from twin.cli import main
 from twin.errors import SpecError

@@ -680,7 +680,7 @@ def _ep2(**kw):
 
 
 def test_fp8_dispatch_halves_the_dispatch_bytes_and_keeps_the_combine():
-    from twin.perf.roofline import dispatch_bytes
+    from twin.perf.moe import dispatch_bytes
 
     # DeepSeek-V3's 7,168: one byte each plus a float32 scale per 128 (56 of them)
     assert dispatch_bytes(7168, "fp8") == 7168 + 56 * 4
@@ -745,7 +745,7 @@ def test_two_batch_overlap_takes_the_larger_of_compute_and_comm(link):
 
 
 def test_two_batch_splits_and_prices_consistently():
-    from twin.perf.roofline import halves
+    from twin.perf.moe import halves
 
     # tokens split at the midpoint: the chunk it falls in cut, its second piece after the first
     assert halves(Batch(((10, 0), (6, 5)), 3, 30)) == (
@@ -780,7 +780,7 @@ def test_two_batch_splits_and_prices_consistently():
 def test_dispatch_once_per_node_scales_with_nodes_reached():
     from math import comb
 
-    from twin.perf.roofline import remote_nodes
+    from twin.perf.moe import remote_nodes
 
     # 256 experts on 4 nodes, k = 8: a node holds none of a token's experts with
     # probability C(192, 8) / C(256, 8); each of the 3 other nodes is reached otherwise
@@ -852,3 +852,16 @@ def test_a_two_batch_threshold_without_two_batch_overlap_is_refused(capsys):
     b = build_perf_model(None, llama, UNIT_GPU, 1)
     batch = Batch(((300, 0),), 4, 400)
     assert a.name == b.name and a.iteration_time(batch) == b.iteration_time(batch)
+
+
+def test_a_roofline_reports_its_all_to_all_terms_as_used():
+    # what a proposer's Roofline copies from its target (twin.serving.speculative)
+    from twin.perf.gpus import get_gpu
+
+    gpu = get_gpu("h100")
+    names = ("a2a_intra_bytes_s", "a2a_inter_bytes_s", "a2a_ranks_per_node", "a2a_latency_s")
+    dense = Roofline(get_model("llama-3.1-8b"), gpu)
+    assert [getattr(dense, n) for n in names] == [None] * 4
+    ep = Roofline(get_model("deepseek-v3"), gpu, ep=16, dp=16, a2a_ranks_per_node=8,
+                  a2a_inter_bytes_s=50e9)  # fmt: skip
+    assert [getattr(ep, n) for n in names] == [gpu.nvlink_bytes_s, 50e9, 8, ep.hop_latency_s]

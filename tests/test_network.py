@@ -10,7 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twin.errors import SpecError
-from twin.net.flows import ABS_DONE, FlowSpec, Network, max_min_rates
+from twin.net.flows import Network
+from twin.net.maxmin import max_min_rates
+from twin.net.transfer import ABS_DONE, FlowSpec
 
 
 @dataclass(frozen=True)
@@ -472,7 +474,7 @@ def loosest(spec: FlowSpec, cap: float | None) -> FlowSpec:
 
 @settings(max_examples=75, deadline=None)
 @given(scenarios())
-def test_invariants(scenario):
+def test_invariants(scenario):  # noqa: C901
     env = simpy.Environment()
     net = Network(env)
     started = []  # (transfer, flows)

@@ -252,6 +252,7 @@ def test_there_are_notebooks():
         "04-your-own-scheduler",
         "05-failures-and-autoscaling",
         "06-speculative-decoding",
+        "07-sessions",
     }
 
 

@@ -5,6 +5,9 @@ the command's input)."""
 
 from __future__ import annotations
 
+import pkgutil
+from importlib import import_module
+
 import pytest
 
 import twin.cli as cli
@@ -45,9 +48,11 @@ def no_work(monkeypatch, tmp_path):
     def started(args):
         raise AssertionError(f"twin {args.command} started despite a bad output path")
 
-    for name in dir(cli):
-        if name.startswith("cmd_"):
-            monkeypatch.setattr(cli, name, started)
+    for info in pkgutil.iter_modules(cli.__path__, "twin.cli."):
+        module = import_module(info.name)
+        for name in dir(module):
+            if name.startswith("cmd_"):
+                monkeypatch.setattr(module, name, started)
     return tmp_path
 
 

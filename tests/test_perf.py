@@ -70,7 +70,7 @@ def test_more_tokens_never_faster(n: int, extra: int, cached: int, dec: int, ctx
 
 
 def test_per_gpu_efficiency_defaults_and_override() -> None:
-    from twin.perf.roofline import DEFAULT_HOP_LATENCY_S, DEFAULT_MFU, GPU_EFFICIENCY
+    from twin.perf.presets import DEFAULT_HOP_LATENCY_S, DEFAULT_MFU, GPU_EFFICIENCY
 
     r = Roofline(L70, H100, 4)
     eff = (r.mfu, r.mbu, r.attn_mfu, r.throttle, r.throttle_knee_s, r.l2_speedup,
@@ -171,7 +171,7 @@ def test_build_perf_model_accepts_new_roofline_keys() -> None:
 
 def test_engine_presets_default_override_and_unknown() -> None:
     from twin.errors import UnknownNameError
-    from twin.perf.roofline import ENGINE_OVERHEADS, ENGINE_TERMS, GPU_EFFICIENCY, KERNEL_TERMS
+    from twin.perf.presets import ENGINE_OVERHEADS, ENGINE_TERMS, GPU_EFFICIENCY, KERNEL_TERMS
 
     assert set(ENGINE_OVERHEADS) == {"splitwise-sim", "distserve", "vllm"}
     for preset in ENGINE_OVERHEADS.values():
@@ -215,7 +215,7 @@ def test_engine_presets_default_override_and_unknown() -> None:
 
 def test_build_perf_model_engine_key() -> None:
     from twin.errors import UnknownNameError
-    from twin.perf.roofline import ENGINE_OVERHEADS
+    from twin.perf.presets import ENGINE_OVERHEADS
 
     r = build_perf_model({"kind": "roofline", "engine": "distserve"}, L70, A100, 4)
     assert isinstance(r, Roofline) and r.engine == "distserve"
@@ -462,7 +462,7 @@ def test_profile_and_fit_rows_are_found_under_catalog_spellings(shared_data):
 def test_defaults_within_plausible_bounds() -> None:
     # every hard-coded fitted default lies within the bounds the calibration enforces
     from twin.perf.calibrate import _BOUNDS, _EFF, _LINK, CAPPED, ENGINES, GPUS
-    from twin.perf.roofline import ENGINE_OVERHEADS, ENGINE_TERMS, GPU_EFFICIENCY
+    from twin.perf.presets import ENGINE_OVERHEADS, ENGINE_TERMS, GPU_EFFICIENCY
 
     values = [(k, v) for g in GPUS for k, v in zip((*_EFF, *_LINK), GPU_EFFICIENCY[g], strict=True)]
     values += [("sustained_clock", get_gpu(g).sustained_clock) for g in CAPPED]
@@ -480,7 +480,7 @@ def _act_only(**kw: float) -> Roofline:
 
 
 def test_activation_passes_in_l2_run_l2_speedup_faster() -> None:
-    from twin.perf.roofline import L2_BYTES, l2_tokens
+    from twin.perf.presets import L2_BYTES, l2_tokens
 
     # 50 MB of H100 L2 hold 50e6 / (8,192 x 2 bytes) = 3,051.76 tokens' activations
     assert l2_tokens(H100, L70) == pytest.approx(L2_BYTES["h100-sxm"] / (8192 * 2))

@@ -17,7 +17,9 @@ import pytest
 
 from twin.cli import main
 from twin.studies.sweep import Axis, _cell, make_label
-from twin.viz.plots import attainment_figure, common_rate, sweep_cdf_figure, sweep_figures
+from twin.viz.attainment import attainment_figure
+from twin.viz.cdf import common_rate, sweep_cdf_figure
+from twin.viz.plots import sweep_figures
 from twin.viz.style import PlotOptions, Styler, layout_problems
 
 TRACES = (

@@ -10,22 +10,18 @@ from pathlib import Path
 import helpers
 import pytest
 
-import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
+import schedulers.colocated  # registers the built-ins when not installed
 import schedulers.disagg  # noqa: F401
 from twin.cli import main
 from twin.errors import TwinError
 from twin.sim.metrics import REQUEST_COLUMNS
 from twin.sim.simulation import Simulation
 from twin.sim.trace import TraceRecorder, write_chrome_trace
-from twin.viz.plots import (
-    attainment_series,
-    knee,
-    plot_attainment,
-    plot_cdfs,
-    plot_dir,
-    plot_goodput,
-    plot_timeline,
-)
+from twin.viz.attainment import attainment_series, knee, plot_attainment
+from twin.viz.cdf import plot_cdfs
+from twin.viz.goodput import plot_goodput
+from twin.viz.plots import plot_dir
+from twin.viz.timeline import plot_timeline
 
 
 def check_written(paths: list[Path], *bases: Path) -> None:

@@ -12,10 +12,10 @@ import helpers
 import numpy as np
 import pytest
 
-import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
-import schedulers.disagg  # noqa: F401
-import schedulers.distserve  # noqa: F401
-import schedulers.mooncake  # noqa: F401
+import schedulers.colocated  # registers the built-ins when not installed
+import schedulers.disagg
+import schedulers.distserve
+import schedulers.mooncake
 import schedulers.splitwise  # noqa: F401
 from twin.errors import SpecError
 from twin.scheduler import (

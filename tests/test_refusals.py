@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from helpers import small_spec
 
-import schedulers.kv_router  # noqa: F401 - registers kv-router
+import schedulers.kv_router  # registers kv-router
 import schedulers.sla_planner  # noqa: F401 - registers sla-planner
 from twin.cli import main
 from twin.errors import SpecError

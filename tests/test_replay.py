@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from twin.cli import main
-from twin.perf.roofline import ENGINE_OVERHEADS
+from twin.perf.presets import ENGINE_OVERHEADS
 from twin.sim.simulation import Simulation
 from twin.sim.spec import load_spec
 from twin.studies.replay import validate_replay

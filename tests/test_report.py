@@ -15,7 +15,7 @@ import pytest
 from test_plot_layout import write_pool_ratio
 
 from twin.cli import main
-from twin.viz.plots import knees
+from twin.viz.attainment import knees
 from twin.viz.report import build_report
 from twin.viz.style import PlotOptions
 

@@ -27,7 +27,7 @@ from twin.sim.spec import resolve_spec
 from twin.testing import check_scheduler
 
 
-def FIXED(n: int) -> dict[str, object]:  # noqa: N802 - reads as a constant
+def FIXED(n: int) -> dict[str, object]:  # reads as a constant
     return {"dist": "fixed", "value": n}
 
 

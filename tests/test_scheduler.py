@@ -10,7 +10,7 @@ from pathlib import Path
 import helpers
 import pytest
 
-import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
+import schedulers.colocated  # registers the built-ins when not installed
 from twin.errors import DuplicateRegistrationError, SpecError, UnknownSchedulerError
 from twin.request import Request
 from twin.scheduler import (

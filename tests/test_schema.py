@@ -13,7 +13,7 @@ import pytest
 import yaml
 from doc_pages import find_page
 
-import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
+import schedulers.colocated  # registers the built-ins when not installed
 import schedulers.disagg  # noqa: F401
 from twin._declare import declarations, keys
 from twin.bundled import bundled_names, bundled_text

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
-import schedulers.disagg  # noqa: F401
+import schedulers.colocated  # registers the built-ins when not installed
+import schedulers.disagg
 import schedulers.splitwise  # noqa: F401
 from twin._declare import (
     BOOL,
@@ -34,6 +34,7 @@ from twin.serving.queuepolicy import QueuePolicyChoice
 from twin.serving.speculative import SpeculativeConfig
 from twin.sim.metrics import SLO
 from twin.sim.spec import ClusterKeys, TopKeys, load_spec, resolve_spec
+from twin.workload.sessions import Retention
 
 
 @dataclass(frozen=True)
@@ -151,9 +152,9 @@ def test_engine_defaults_live_in_engine_config_alone():
         "prefix_caching": False,
         "max_model_len": None,
     }
-    # every key but queue_policy and speculative, written only when given (results
-    # of specs without them read as before the keys came)
-    later = ("queue_policy", "speculative")
+    # every key but queue_policy, speculative and session_retention, written only
+    # when given (results of specs without them read as before the keys came)
+    later = ("queue_policy", "speculative", "session_retention")
     assert list(spec.resolved["engine"]) == [k for k in keys(EngineConfig) if k not in later]
     assert (spec.memory_utilization, spec.activation_reserve_bytes, spec.oversized) == (
         0.9, 2 * 2**30, "error")  # fmt: skip
@@ -172,13 +173,16 @@ def test_every_declared_engine_key_is_read_from_yaml():
              "activation_reserve": "1 GiB", "oversized": "reject", "fast_forward": False,
              "prefix_caching": True, "max_model_len": 1024,
              "queue_policy": {"name": "priority"},
-             "speculative": {"method": "ngram", "k": 2, "acceptance": 0.5}}  # fmt: skip
+             "speculative": {"method": "ngram", "k": 2, "acceptance": 0.5},
+             # keep: the other policies need a session workload (tests/test_sessions.py)
+             "session_retention": {"policy": "keep"}}  # fmt: skip
     assert set(given) == set(keys(EngineConfig))
     spec = resolve(engine=given)
     assert spec.resolved["engine"] == given
     assert spec.engine == EngineConfig(
         32, 8, 512, True, 0.0, 0.8, 2**30, "reject", False, True, 1024,
         QueuePolicyChoice("priority", {}), SpeculativeConfig("ngram", 2, (0.5, 0.25)),
+        Retention("keep"),
     )  # fmt: skip
 
 

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
+import schedulers.colocated  # registers the built-ins when not installed
 import schedulers.disagg  # noqa: F401
 from twin.cli import main
 from twin.sim.spec import load_spec

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-import schedulers.splitwise  # noqa: F401 - registers the policy when not installed
+import schedulers.splitwise  # registers the policy when not installed
 from schedulers.splitwise import Splitwise
 from twin.errors import SpecError
 from twin.request import Request

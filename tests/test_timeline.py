@@ -21,7 +21,7 @@ from twin.request import Request
 from twin.serving.observer import InstanceInfo
 from twin.sim.simulation import Simulation
 from twin.sim.timeline import TIMELINE_COLUMNS, Timeline
-from twin.viz.plots import load_run_timeline, plot_over_time, spec_events
+from twin.viz.overtime import load_run_timeline, plot_over_time, spec_events
 
 
 # -- a tiny run, every window by hand ---------------------------------------------------------

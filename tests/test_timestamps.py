@@ -5,15 +5,17 @@ from __future__ import annotations
 import math
 
 import pytest
+import simpy
 from helpers import small_spec
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_disagg import run, split_spec
-from test_engine import Auditing, run_engine
+from test_engine import Auditing, Linear, observing, run_engine
 
 import schedulers.splitwise  # noqa: F401 - registers the policy when not installed
 from twin.request import Request
-from twin.serving.engine import EngineConfig
+from twin.serving.engine import Engine, EngineConfig
+from twin.serving.kvcache import BlockManager
 from twin.serving.sequence import Sequence
 from twin.sim.spec import load_spec
 
@@ -132,6 +134,23 @@ def retried_splitwise(tmp_path, *overrides: str):
     return load_spec(str(path), overrides)
 
 
+def fault_events(*faults: tuple[str, int, float, float]) -> str:
+    """The ``events`` override: each fault is (kind, which, fail at, recover at)."""
+    events = []
+    for kind, name, fail, recover in faults:
+        events.append(f"{{at: {fail:.3f}, action: fail, {kind}: {name}}}")
+        events.append(f"{{at: {recover:.3f}, action: recover, {kind}: {name}}}")
+    return f"events=[{', '.join(events)}]"
+
+
+def retried_row(tmp_path, rid: int, *overrides: str) -> dict:
+    """Request ``rid``'s row in retried-splitwise with ``overrides``, every
+    completed row's timestamps checked."""
+    _, result, rows = run(retried_splitwise(tmp_path, *overrides))
+    check_rows(rows, result.summary)
+    return rows[rid]
+
+
 @pytest.mark.parametrize("fast_forward", [True, False])
 def test_a_retry_handed_off_after_decoding_colocated_has_no_hand_off(tmp_path, fast_forward):
     # Request 133 decodes 80 tokens on the mixed machine (token 1 at 2.325 s,
@@ -159,20 +178,86 @@ def test_a_retry_of_a_request_landed_but_not_taken_up_starts_where_it_decodes(tm
     # after the node's second failure). The client's token 1 comes with the
     # retry's first iteration (2.929 s): its decode start, not -1 (a TTFT of
     # -2.9 s before).
-    events = (
-        "events=[{at: 1.979, action: fail, node: 0}, {at: 2.558, action: recover, node: 0},"
-        " {at: 3.808, action: fail, node: 0}, {at: 5.275, action: recover, node: 0}]"
+    events = fault_events(("node", 0, 1.979, 2.558), ("node", 0, 3.808, 5.275))
+    r = retried_row(
+        tmp_path, 124, "seed=12", events, "transfer.mode=serialized", "workload.max_requests=300"
     )
-    spec = retried_splitwise(
-        tmp_path, "seed=12", events, "transfer.mode=serialized", "workload.max_requests=300"
-    )
-    _, result, rows = run(spec)
-    r = rows[124]
     assert r["status"] == "completed" and r["attempts"] == 3
     assert r["transfer_s"] != ""  # its first attempt's hand-off is its own
     assert r["prefill_done_s"] + r["transfer_s"] <= r["first_token_s"] <= r["finish_s"]
     assert r["first_token_s"] == pytest.approx(2.9293048)  # the retry's, after node 0 is back
-    check_rows(rows, result.summary)
+
+
+def test_a_landed_request_recomputed_for_another_hand_off_starts_where_it_decodes(tmp_path):
+    # Request 90's KV lands on the mixed machine (instance 0, 1.408 s), whose
+    # GPU 0 fails (1.422 s) before it is taken up. Its retry recomputes token
+    # 2 on prompt machine 1 for another hand-off (1.878 s) and is lost with
+    # GPU 2 (2.0 s) before that moves; the third attempt decodes colocated on
+    # instance 0, back since 2.422 s. The recompute for a hand-off is not where
+    # it stays: its decode start is the third attempt's first iteration
+    # (3.050 s), not -1, and the 0.47 s from token 1 to the recompute's token,
+    # both before the decode side took it up, is no gap the client sees.
+    events = fault_events(("gpu", 2, 2.0, 3.0), ("gpu", 0, 1.422, 2.422))
+    r = retried_row(
+        tmp_path, 90, "seed=65535", events, "engine.fast_forward=false", "workload.max_requests=120"
+    )
+    assert r["status"] == "completed" and r["attempts"] == 3
+    assert r["prefill_instance"] == r["decode_instance"] == 0
+    assert r["prefill_done_s"] == pytest.approx(1.4066406)  # token 1, on prompt machine 1
+    assert r["transfer_s"] == pytest.approx(0.0010406112)  # its first attempt's hand-off is its own
+    assert r["first_token_s"] == pytest.approx(3.0501906)
+    assert r["ttft_s"] == pytest.approx(3.0501906 - r["arrival_s"])
+    assert r["max_itl_s"] == pytest.approx(0.1323848)  # its first decode step after the recompute
+
+
+class KeptHere:
+    """Hand-off hooks that pick the prefilling instance (a prompt machine turned
+    mixed) to decode each prompt as it starts, as the push hand-off does: the
+    KV stays."""
+
+    def on_prefill_start(self, engine, seq, dt):
+        seq.handoff = False
+
+    def on_prefilled(self, engine, seq):
+        raise AssertionError(f"request {seq.req.id} is handed off")
+
+    def on_blocks_freed(self, engine):
+        pass
+
+
+def test_a_landed_retry_kept_where_it_is_prefilled_starts_decoding_there():
+    # Attempt 1 handed token 1 (0.1 s) off; its KV landed (0.2 s) on an
+    # instance that failed before taking it up. The retry, bound for another
+    # hand-off, recomputes the 8-token prompt and token 1 (10 ms + 9 x 0.1 ms)
+    # on a prompt machine that picks itself to decode it as the iteration
+    # starts (1.0 s): that iteration is its decode start, where the client
+    # sees token 1 (not -1), and its decode steps (11 ms) follow.
+    env = simpy.Environment()
+    done: list[Sequence] = []
+    config = EngineConfig(block_size=4)
+    eng = Engine(env, 0, Linear(), BlockManager(100, 4), config, observing(done), hooks=KeptHere())
+    lost = Sequence(Request(0, 0.0, 8, 4), 0.0)
+    lost.handoff = True
+    for name, t in (
+        ("t_arrival", 0.0),
+        ("t_scheduled", 0.0),
+        ("t_transfer_start", 0.05),
+        ("t_prefill_done", 0.1),
+        ("t_first_token", 0.1),
+        ("t_transfer_end", 0.2),
+    ):
+        assert lost.mark(name, t)
+    lost.generated, lost.t_last_token, lost.landed = 1, 0.1, True
+    retry = lost.retry(1.0)
+    retry.handoff = True
+    env.run(until=1.0)
+    eng.submit(retry)
+    env.run()
+    assert done == [retry] and retry.t_finish == pytest.approx(1.0329)
+    assert retry.t_decode_start == 1.0
+    assert retry.t_first_decode == pytest.approx(1.0219)
+    assert retry.decode_gap == pytest.approx(0.0109)  # the recompute, from the decode start
+    assert not retry.landed
 
 
 _FAULT = st.tuples(
@@ -188,18 +273,23 @@ _FAULT = st.tuples(
     st.booleans(),
     st.integers(0, 2**16),
 )
+@example(  # request 90: landed, lost, recomputed for another hand-off, lost, then colocated
+    faults=[(2.0, "gpu", 2, 1.0), (1.421875, "gpu", 0, 1.0)],
+    transfer=("push", "layerwise"),
+    fast_forward=False,
+    seed=65535,
+)
 def test_retried_requests_keep_ordered_timestamps_on_every_path(
     tmp_path_factory, faults, transfer, fast_forward, seed
 ):
     # Failures and repairs under splitwise's mixed machines: requests are
     # retried colocated after a hand-off and through one after decoding.
-    events = []
-    for t, target, k, repair in faults:
-        name = k % {"gpu": 6, "instance": 3, "node": 1}[target]
-        events.append(f"{{at: {t:.3f}, action: fail, {target}: {name}}}")
-        events.append(f"{{at: {t + repair:.3f}, action: recover, {target}: {name}}}")
+    events = fault_events(
+        *((target, k % {"gpu": 6, "instance": 3, "node": 1}[target], t, t + repair)
+          for t, target, k, repair in faults)
+    )  # fmt: skip
     spec = retried_splitwise(
-        tmp_path_factory.mktemp("spec"), f"seed={seed}", f"events=[{', '.join(events)}]",
+        tmp_path_factory.mktemp("spec"), f"seed={seed}", events,
         f"transfer.handoff={transfer[0]}", f"transfer.mode={transfer[1]}",
         f"engine.fast_forward={str(fast_forward).lower()}", "workload.max_requests=200",
     )  # fmt: skip

@@ -9,7 +9,7 @@ import helpers
 import pytest
 import simpy
 
-import schedulers.colocated  # noqa: F401 - registers the built-ins when not installed
+import schedulers.colocated  # registers the built-ins when not installed
 import schedulers.disagg  # noqa: F401
 from twin.cli import main
 from twin.net.flows import FlowSpec, Network
@@ -44,7 +44,7 @@ def _ns(us: float) -> int:
     return round(us * 1000)
 
 
-def check_trace(doc: dict) -> dict[tuple[int, int], list[dict]]:
+def check_trace(doc: dict) -> dict[tuple[int, int], list[dict]]:  # noqa: C901
     """The Trace Event Format's rules as Perfetto's JSON importer reads them;
     returns the X events per (pid, tid) but the instances' lifetimes, which
     hold them (spans of one thread nest)."""

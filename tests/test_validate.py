@@ -167,7 +167,7 @@ def test_held_out_table_explains_a_miss() -> None:
     assert "FAIL (2/3 sources)" in text
     # the reason names the parameter the fit without c moved
     assert "  c: TPOT: in sample loss 0.00; the fit without it moves, most: " in text
-    from twin.perf.roofline import ENGINE_OVERHEADS
+    from twin.perf.presets import ENGINE_OVERHEADS
 
     v = ENGINE_OVERHEADS["splitwise-sim"]["overhead_s"]
     assert f"most: overhead_s@splitwise-sim {v:.3g} -> {v + 0.05:.3g} (loss " in text

@@ -12,7 +12,8 @@ from twin.perf.build import build_perf_model
 from twin.perf.gpus import get_gpu
 from twin.perf.iteration import Batch
 from twin.perf.llm import get_model
-from twin.perf.roofline import DEFAULT_ENGINE, ENGINE_OVERHEADS, Roofline
+from twin.perf.presets import DEFAULT_ENGINE, ENGINE_OVERHEADS
+from twin.perf.roofline import Roofline
 
 H100 = get_gpu("h100-sxm")
 A100 = get_gpu("a100-80gb")

@@ -31,7 +31,18 @@ from collections.abc import Callable
 
 import simpy
 
-__all__ = ["ARRIVAL", "ORDINARY", "Arrival", "arm", "at", "cancel", "move", "place", "slot"]
+__all__ = [
+    "ARRIVAL",
+    "ORDINARY",
+    "Arrival",
+    "arm",
+    "arrival_at",
+    "at",
+    "cancel",
+    "move",
+    "place",
+    "slot",
+]
 
 ARRIVAL = simpy.core.URGENT
 ORDINARY = simpy.core.NORMAL
@@ -45,6 +56,18 @@ class Arrival(simpy.events.Event):
         self._ok = True
         self._value = None
         env.schedule(self, ARRIVAL, delay)
+
+
+def arrival_at(env: simpy.Environment, when: float) -> simpy.Event:
+    """An event at the absolute time ``when`` at :data:`ARRIVAL` priority: a
+    request that arrives at ``t`` is admitted at ``t`` itself, where
+    ``Arrival(env, t - now)`` can land an ulp away (after ``now``, ``t - now``
+    is exact only while ``t < 2 now``: sparse arrivals miss)."""
+    ev = simpy.Event(env)
+    ev._ok = True
+    ev._value = None
+    heapq.heappush(env._queue, (when, ARRIVAL, next(env._eid), ev))  # type: ignore[attr-defined]
+    return ev
 
 
 def at(

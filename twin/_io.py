@@ -107,7 +107,7 @@ def open_text(
     ``error`` when it cannot be opened or, while read, holds bytes that are not
     UTF-8."""
     try:
-        f = open(path, encoding=ENCODING, newline="")  # noqa: SIM115 - closed below
+        f = open(path, encoding=ENCODING, newline="")  # closed below
     except OSError as e:
         raise error(f"{path}: cannot read {what}: {e.strerror}") from None
     with f:
@@ -231,7 +231,7 @@ class AtomicFile:
             kwargs.setdefault("encoding", "utf-8")
             kwargs.setdefault("newline", "")
         try:
-            self.file: IO[Any] = open(self.tmp, mode, **kwargs)  # noqa: SIM115 - see close
+            self.file: IO[Any] = open(self.tmp, mode, **kwargs)  # see close
         except OSError as e:
             raise TwinError(f"{self.path}: cannot write: {e.strerror}") from None
 

@@ -482,8 +482,10 @@ class ClusterView:
         without ``state`` is ``serving``)."""
         return tuple(i for i in self.instances if getattr(i, "state", "serving") in states)
 
-    def _add(self, instance: InstanceView) -> None:
-        """A new instance (scaling): the list grows, ids stay in order."""
+    def grow(self, instance: InstanceView) -> None:
+        """A new instance's view, added by the cluster's build as it makes the
+        instance (at the start, or scaling): the list grows, ids stay in order.
+        A policy reads the view; it never grows it."""
         assert instance.id == len(self.instances)
         self.instances = (*self.instances, instance)
 

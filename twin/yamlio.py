@@ -79,7 +79,7 @@ Loader.add_implicit_resolver(
 
 def load(text: str) -> Any:
     """Parse YAML text; raises ``yaml.YAMLError`` on bad input."""
-    return yaml.load(text, Loader=Loader)  # noqa: S506 - Loader is a SafeLoader
+    return yaml.load(text, Loader=Loader)  # Loader is a SafeLoader
 
 
 def load_text(text: str, where: str) -> Any:

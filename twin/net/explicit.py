@@ -30,7 +30,7 @@ from twin.net.topodef import (
 )
 
 
-def parse_explicit(data: Mapping[str, Any], where: str, default: str) -> TopoDef:
+def parse_explicit(data: Mapping[str, Any], where: str, default: str) -> TopoDef:  # noqa: C901
     """A :class:`TopoDef` from the explicit form: ``vertices`` and ``links`` listed."""
     eff, lat = per_kind(data, where)
     topo = TopoDef(topology_name(data, where, default), where, fabric="explicit")

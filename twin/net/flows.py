@@ -1,5 +1,10 @@
 """Flow-level network: transfers as flows sharing directed links max-min fairly.
 
+What moves is in :mod:`twin.net.transfer` (flows, transfers), the sharing in
+:mod:`twin.net.maxmin` (progressive filling), the failed and degraded links in
+:mod:`twin.net.linkfaults`; this module holds the :class:`Network` that keeps
+the flows in flight and re-shares them as things change.
+
 A transfer (:meth:`Network.start`) is one or more flows, each a number of bytes
 on a path of directed links (one flow per TP shard, or per NIC when several are
 aggregated). The network knows nothing of how the graph is built: a link is
@@ -77,119 +82,32 @@ concurrent flows.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection, Hashable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 from operator import attrgetter, is_
-from typing import Any, Protocol, TypeVar
 
 import simpy
 
 from twin._clock import at, place
 from twin.errors import SpecError
+from twin.net.linkfaults import LinkFaults, Rerouter
+from twin.net.maxmin import _fill, _fill_one
+from twin.net.transfer import (
+    FlowSpec,
+    LinkLike,
+    Transfer,
+    TransferObserver,
+    _alone,
+    _count,
+    _Flow,
+    _groups,
+    _Key,
+    _LinkState,
+    _meets,
+    _name,
+    _Shape,
+)
 
-REL_DONE = 1e-9  # remaining / size below which a flow is done
-ABS_DONE = 1e-6  # bytes
-
-
-class LinkLike(Protocol):
-    """A directed link as the network sees it (``twin.net.topology.Link`` fits).
-    An optional ``hop`` attribute, False for a shared cap that is not a step
-    along the path, is read with ``getattr`` (default True)."""
-
-    @property
-    def src(self) -> str: ...
-
-    @property
-    def dst(self) -> str: ...
-
-    @property
-    def latency_s(self) -> float: ...
-
-    @property
-    def usable_bytes_s(self) -> float:
-        """Capacity times protocol efficiency, bytes/s."""
-        ...
-
-
-def _name(link: LinkLike) -> str:
-    return f"{link.src} -> {link.dst}"
-
-
-def _check_cap(cap: float | None, where: str) -> None:
-    if cap is not None and not cap >= 0.0:  # NaN fails too
-        raise SpecError(f"{where}: rate_cap_bytes_s={cap!r} must be >= 0 or None")
-
-
-@dataclass(frozen=True, slots=True)
-class FlowSpec:
-    """``size_bytes`` to move along ``path`` (links chained src to dst), at most
-    ``rate_cap_bytes_s`` (None: uncapped)."""
-
-    path: tuple[LinkLike, ...]
-    size_bytes: float
-    rate_cap_bytes_s: float | None = None
-
-    def __post_init__(self) -> None:
-        if not (0.0 <= self.size_bytes < math.inf):
-            raise SpecError(f"flow: size_bytes={self.size_bytes!r} must be finite and >= 0")
-        _check_cap(self.rate_cap_bytes_s, "flow")
-        prev: LinkLike | None = None
-        prev_i = -1
-        for i, link in enumerate(self.path):
-            u = link.usable_bytes_s
-            if not (0.0 < u < math.inf):
-                raise SpecError(
-                    f"link {_name(link)}: usable capacity {u!r} bytes/s must be finite and > 0"
-                )
-            if not (0.0 <= link.latency_s < math.inf):
-                raise SpecError(
-                    f"link {_name(link)}: latency_s={link.latency_s!r} must be finite and >= 0"
-                )
-            if not getattr(link, "hop", True):
-                continue  # a shared cap, not a step: the chain runs over the others
-            if prev is not None and prev.dst != link.src:
-                raise SpecError(
-                    f"path does not chain: link {prev_i} ({_name(prev)}) ends at {prev.dst!r} "
-                    f"but link {i} ({_name(link)}) starts at {link.src!r}"
-                )
-            prev, prev_i = link, i
-
-    def resized(self, size_bytes: float) -> FlowSpec:
-        """This flow with ``size_bytes`` instead (its path and cap are checked
-        already, so only the size is)."""
-        if not (0.0 <= size_bytes < math.inf):
-            raise SpecError(f"flow: size_bytes={size_bytes!r} must be finite and >= 0")
-        new = _new(FlowSpec)
-        _put_path(new, self.path)
-        _put_size(new, size_bytes)
-        _put_cap(new, self.rate_cap_bytes_s)
-        return new
-
-    @property
-    def latency_s(self) -> float:
-        """Sum of the path's link latencies, s."""
-        return sum(link.latency_s for link in self.path)
-
-    @property
-    def idle_time_s(self) -> float:
-        """Time to deliver on an idle network: latency + size / min(bottleneck, cap)."""
-        rate = min((link.usable_bytes_s for link in self.path), default=math.inf)
-        if self.rate_cap_bytes_s is not None:
-            rate = min(rate, self.rate_cap_bytes_s)
-        if self.size_bytes <= ABS_DONE:  # dust counts as nothing, as in the network
-            return self.latency_s
-        if rate == 0.0:
-            return math.inf
-        return self.latency_s + self.size_bytes / rate
-
-
-_new = object.__new__
-# FlowSpec.resized: a frozen copy, made without re-checking its path (through
-# the slots' own descriptors, as object.__setattr__ would set them)
-_put_path = vars(FlowSpec)["path"].__set__
-_put_size = vars(FlowSpec)["size_bytes"].__set__
-_put_cap = vars(FlowSpec)["rate_cap_bytes_s"].__set__
 _path_of = attrgetter("path")
 _size_of = attrgetter("size_bytes")
 _usable_of = attrgetter("usable")
@@ -197,173 +115,6 @@ _fid_of = attrgetter("fid")
 _finish_of = attrgetter("finish_at")
 _finish_fid_of = attrgetter("finish_at", "fid")
 _due_seq_of = attrgetter("_due", "_seq")
-
-K = TypeVar("K", bound=Hashable)
-_Key = tuple[str, str]
-# flow indices, paths, each flow's link keys, all of them, each link's count,
-# latency, and each distinct (key, link): the one group of a delayed start
-_Shape = tuple[
-    tuple[int, ...],
-    list,
-    list,
-    tuple[_Key, ...],
-    dict[_Key, int],
-    float,
-    tuple[tuple[_Key, Any], ...],
-]
-
-
-def max_min_rates(
-    paths: Seq[Seq[K]], caps: Seq[float | None], capacity: dict[K, float]
-) -> list[float]:
-    """Max-min fair rates by progressive filling, one connected component at a time.
-
-    Flow ``i`` crosses links ``paths[i]`` and may not exceed ``caps[i]``
-    (None: uncapped). Flows that share a link, directly or through other
-    flows, form a component; flows of different components cannot change each
-    other's rates, so each component is filled on its own (in the order of its
-    first flow). Within one, all unfrozen flows rise together to the level at
-    which a link fills or a cap is met; the flows held there freeze; repeat. A
-    flow with no links and no cap gets ``inf``. Every round freezes at least
-    one flow, so there are at most ``len(paths)`` rounds.
-    """
-    rate = [0.0] * len(paths)
-    for comp in _components(paths):
-        got, _ = _fill([paths[i] for i in comp], [caps[i] for i in comp], capacity)
-        for i, r in zip(comp, got, strict=True):
-            rate[i] = r
-    return rate
-
-
-def _components(paths: Seq[Seq[K]]) -> list[list[int]]:
-    """The flows (indices) of each connected component, in order of first flow."""
-    first: dict[K, int] = {}  # link -> the first flow on it
-    parent = list(range(len(paths)))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for i, p in enumerate(paths):
-        for k in p:
-            j = first.setdefault(k, i)
-            a, b = root(i), root(j)
-            if a != b:
-                parent[max(a, b)] = min(a, b)
-    comps: dict[int, list[int]] = {}
-    for i in range(len(paths)):
-        comps.setdefault(root(i), []).append(i)
-    return list(comps.values())
-
-
-def _fill(
-    paths: Seq[Seq[K]],
-    caps: Seq[float | None],
-    capacity: dict[K, float],
-    members: Seq[Seq[Seq[K]] | None] | None = None,
-) -> tuple[list[float], int]:
-    """Progressive filling of one set of flows (no decomposition).
-
-    With ``members``, entry ``i`` is a flow group: ``members[i]`` lists the
-    links of each of its flows (None: a single flow), and ``paths[i]`` holds
-    them all, a link once per member that crosses it, so a link counts every
-    member on it. A group rises as one. That is the per-flow filling exactly
-    as long as, whenever a link fills, either every member of each group on it
-    is held by some full link (or the group's cap) or none is; the arithmetic
-    is then the same operation for operation. Returns ``(rates, -1)``, a
-    member's rate per entry, or ``([], i)`` for the first group ``i`` whose
-    members would part (the caller splits it and fills again).
-    """
-    n = len(paths)
-    rate = [0.0] * n
-    frozen = [False] * n
-    users: dict[K, list[int]] = {}
-    for i, p in enumerate(paths):
-        for k in p:
-            users.setdefault(k, []).append(i)
-    left = {k: capacity[k] for k in users}  # capacity not taken by frozen flows
-    count = {k: len(v) for k, v in users.items()}  # unfrozen flows on the link
-    open_links = list(users)  # links with unfrozen flows
-    cap_of = [math.inf if c is None else c for c in caps]
-    capped = [i for i in range(n) if cap_of[i] < math.inf]  # ... unfrozen
-    todo = n
-    while todo:
-        level = math.inf
-        for k in open_links:
-            share = left[k] / count[k]
-            if share < level:
-                level = share
-        for i in capped:
-            if cap_of[i] < level:
-                level = cap_of[i]
-        if level == math.inf:  # only flows with neither links nor caps remain
-            for i in range(n):
-                if not frozen[i]:
-                    rate[i] = math.inf
-            break
-        level = max(level, 0.0)  # rounding may leave a link a hair below zero
-        hold: list[int] = []
-        full: list[K] = []
-        for k in open_links:
-            # A link within rounding of the level is full too: freeze its flows.
-            if left[k] / count[k] <= level * (1.0 + 1e-12):
-                full.append(k)
-                hold.extend(i for i in users[k] if not frozen[i])
-        at_cap = [i for i in capped if cap_of[i] <= level]
-        if members is not None:
-            full_set = set(full)
-            for i in dict.fromkeys(hold):  # each group once
-                m = members[i]
-                if m is None or cap_of[i] <= level:
-                    continue
-                for links in m:
-                    if full_set.isdisjoint(links):
-                        return [], i
-        hold.extend(at_cap)
-        for i in hold:
-            if frozen[i]:
-                continue  # on two full links
-            frozen[i] = True
-            rate[i] = level
-            todo -= 1
-            for k in paths[i]:
-                left[k] -= level
-                count[k] -= 1
-        open_links = [k for k in open_links if count[k]]
-        capped = [i for i in capped if not frozen[i]]
-    return rate, -1
-
-
-def _fill_one(f: _Flow, capacity: dict[_Key, float]) -> tuple[list[float], int]:
-    """:func:`_fill` of the one group ``f`` (the same operations, one round)."""
-    mult = f.mult
-    level = math.inf
-    for k, m in mult.items():
-        share = capacity[k] / m
-        if share < level:
-            level = share
-    cap = math.inf if f.cap is None else f.cap
-    if cap < level:
-        level = cap
-    if level == math.inf:
-        return [math.inf], -1
-    level = max(level, 0.0)
-    if f.n > 1 and cap > level:
-        full = {k for k, m in mult.items() if capacity[k] / m <= level * (1.0 + 1e-12)}
-        for links in f.members:
-            if full.isdisjoint(links):
-                return [], 0
-    return [level], -1
-
-
-def _count(keys: tuple[_Key, ...]) -> dict[_Key, int]:
-    """Each link of ``keys`` (in first-use order) and how many times it occurs."""
-    out: dict[_Key, int] = {}
-    for k in keys:
-        out[k] = out.get(k, 0) + 1
-    return out
 
 
 def _spread(series: dict[int, float], t0: float, t1: float, rate: float, width: float) -> None:
@@ -376,175 +127,6 @@ def _spread(series: dict[int, float], t0: float, t1: float, rate: float, width: 
             end = min(t1, (b + 1) * width)
         series[b] = series.get(b, 0.0) + rate * (end - t0)
         t0 = end
-
-
-class _LinkState:
-    __slots__ = (
-        "src", "dst", "base", "usable", "bytes", "busy_s", "load", "peak", "series", "flows",
-    )  # fmt: skip
-
-    def __init__(self, link: LinkLike, factor: float = 1.0) -> None:
-        self.src = link.src
-        self.dst = link.dst
-        self.base = link.usable_bytes_s  # as built; ``usable`` is that x a degradation factor
-        self.usable = self.base if factor == 1.0 else self.base * factor
-        self.bytes = 0.0
-        self.busy_s = 0.0
-        self.load = 0.0  # sum of the current rates, bytes/s
-        self.peak = 0.0
-        self.series: dict[int, float] = {}  # time bucket -> bytes (when a bucket width is set)
-        self.flows = 0  # flows sending on it, a group's once per member that crosses it
-
-
-class _Flow:
-    """A flow group: flows ``index`` of one transfer, started together with the
-    same size, cap and path latency, each moving at ``rate``, so that they
-    finish together with one event (see :class:`Network`). ``members`` holds
-    each flow's links and ``paths`` its path; ``keys`` all of them, a link
-    once per flow that crosses it, which is how max-min counts it."""
-
-    __slots__ = (
-        "fid", "transfer", "index", "members", "paths", "keys", "n", "size", "remaining", "cap",
-        "rate", "finish_at", "latency", "tol", "sending", "plan", "mult", "states", "ustates",
-        "flat",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        fid: int,
-        transfer: Transfer,
-        index: tuple[int, ...],
-        paths: list[tuple[LinkLike, ...]],
-        members: list[tuple[_Key, ...]],
-        size: float,
-        cap: float | None,
-        latency: float,
-        keys: tuple[_Key, ...] | None = None,
-        mult: dict[_Key, int] | None = None,
-    ) -> None:
-        self.fid = fid  # the creation number of its first flow
-        self.transfer = transfer
-        self.index = index
-        self.paths = paths
-        self.members = members
-        # (``keys`` and ``mult`` given: those of ``members``, never changed in place)
-        self.keys = tuple(k for m in self.members for k in m) if keys is None else keys
-        self.mult = _count(self.keys) if mult is None else mult
-        self.n = len(index)
-        self.size = size  # of each flow
-        self.remaining = size
-        self.cap = cap
-        self.rate = 0.0
-        self.finish_at = math.inf
-        self.latency = latency
-        self.tol = max(REL_DONE * size, ABS_DONE)
-        self.sending = True
-        self.plan = 0  # the delivery planned while it is alone (0: none), see Network
-        # The link states of ``keys`` (one per key) and of ``mult`` (one per
-        # link), and whether each link occurs once: set as it joins (Network._add).
-        self.states: tuple[_LinkState, ...] = ()
-        self.ustates: tuple[_LinkState, ...] = ()
-        self.flat = True
-
-    def split(self) -> list[_Flow]:
-        """One group per flow, in the state this one is in."""
-        out = []
-        base = self.fid - self.index[0]
-        for i, p, m in zip(self.index, self.paths, self.members, strict=True):
-            f = _Flow(base + i, self.transfer, (i,), [p], [m], self.size, self.cap, self.latency)
-            f.remaining, f.rate, f.finish_at = self.remaining, self.rate, self.finish_at
-            out.append(f)
-        return out
-
-
-class Transfer:
-    """A set of flows started together; ``done`` succeeds (with the transfer)
-    when the last of them is delivered, at ``end_s``, and the callbacks given
-    to :meth:`then` are called then, in the same event."""
-
-    __slots__ = (
-        "id", "label", "_done", "_then", "start_s", "end_s", "size_bytes", "cancelled", "_net",
-        "_flows", "_left", "_due", "_specs", "_guard", "_on_start", "_pre", "_seq", "_slot",
-        "_probe", "_links",
-    )  # fmt: skip
-
-    def __init__(self, net: Network, tid: int, label: str, size_bytes: float) -> None:
-        self.id = tid
-        self.label = label
-        self._done: simpy.Event | None = None  # made when asked for
-        self._then: list[Callable[[Transfer], None]] = []
-        self.start_s: float = net.env.now
-        self.end_s: float | None = None
-        self.size_bytes = size_bytes
-        self.cancelled = False  # stopped by Network.cancel: ``done`` never succeeds
-        self._net = net
-        self._flows: list[_Flow] = []  # its flow groups
-        self._left = 0  # groups not yet delivered
-        # A delayed start (Network.start with delay_s): when its flows start
-        # (None once they have), what they are, what must still hold then,
-        # who is told as they start, and the delivery planned ahead with its
-        # plan number (None: none planned, or dropped).
-        self._due: float | None = None
-        self._specs: tuple[FlowSpec, ...] = ()
-        self._guard: Callable[[], bool] | None = None
-        self._on_start: Callable[[Transfer], None] | None = None
-        self._pre: tuple[float, int] | None = None
-        self._seq = 0  # delayed starts in the order they were asked for
-        # where its instant's event goes among that instant's, if it needs one
-        self._slot: Callable[[float, Callable[[simpy.Event], None]], None] | None = None
-        # its group and rate as predicted, and whether its links were registered
-        self._probe: tuple[_Flow, float, bool] | None = None
-        self._links: set[_Key] | dict[_Key, int] | None = None  # the links it will take
-
-    @property
-    def done(self) -> simpy.Event:
-        """Succeeds with the transfer when it is done (an event of its own:
-        waiting on it costs one more SimPy event than :meth:`then`)."""
-        if self._done is None:
-            self._done = self._net.env.event()
-            if self.end_s is not None and not self.cancelled:
-                self._done.succeed(self)
-        return self._done
-
-    def then(self, callback: Callable[[Transfer], None]) -> None:
-        """Call ``callback(transfer)`` when the transfer is done, at once as its
-        last byte lands (or, if it is done already, in an event of its own now)."""
-        if self.end_s is not None:
-            if not self.cancelled:
-                ev = self._net.env.event()
-                ev.callbacks.append(lambda _ev: callback(self))  # type: ignore[union-attr]
-                ev.succeed(self)
-            return
-        self._then.append(callback)
-
-    @property
-    def flow_ends(self) -> tuple[tuple[str, str], ...]:
-        """(first vertex, last vertex) of each flow's path, in flow order (a
-        local flow, with no links, is left out)."""
-        ends = sorted((i, m) for f in self._flows for i, m in zip(f.index, f.members, strict=True))
-        return tuple((m[0][0], m[-1][1]) for _, m in ends if m)
-
-    def set_cap(self, cap_bytes_s: float | None) -> None:
-        """Cap every flow still sending at ``cap_bytes_s`` from now (None lifts
-        the cap), and re-share. Layer-wise streaming caps a KV transfer at the
-        rate prefill produces KV, then lifts the cap when prefill ends."""
-        _check_cap(cap_bytes_s, f"transfer {self.id} {self.label!r}")
-        self._net._set_cap(self, cap_bytes_s)
-
-    def __repr__(self) -> str:
-        return (
-            f"Transfer(id={self.id}, label={self.label!r}, "
-            f"start_s={self.start_s}, end_s={self.end_s})"
-        )
-
-
-class TransferObserver(Protocol):
-    """Told of each transfer as it starts and once it is done
-    (``twin.serving.observer.Observer`` fits)."""
-
-    def transfer_started(self, now: float, transfer: Transfer) -> None: ...
-
-    def transfer_ended(self, now: float, transfer: Transfer) -> None: ...
 
 
 class Network:
@@ -566,7 +148,7 @@ class Network:
         env: simpy.Environment,
         series_bucket_s: float | None = None,
         observer: TransferObserver | None = None,
-        reroute: Callable[[str, str, frozenset], tuple[LinkLike, ...] | None] | None = None,
+        reroute: Rerouter | None = None,
     ) -> None:
         """``series_bucket_s``: also keep each link's bytes per time bucket of
         this width (seconds), for utilization over time. ``observer``: told of
@@ -589,9 +171,8 @@ class Network:
         # distinct links, whether each link occurs once); states are never replaced
         self._states: dict[int, tuple[tuple[_Key, ...], tuple, tuple, bool]] = {}
         self._links: dict[_Key, _LinkState] = {}
-        self._factors: dict[_Key, float] = {}  # degraded links: (src, dst) -> factor
-        self._down: set[_Key] = set()  # failed links: they carry nothing
-        self.reroute = reroute
+        self._faults = LinkFaults()  # the links down and degraded, and the reroute hook
+        self._faults.reroute = reroute
         self._next_transfer = 0
         self._next_flow = 0
         self._gen = 0
@@ -626,6 +207,17 @@ class Network:
         self._in_flight = 0  # transfers not done
         self.bytes_delivered = 0.0
         self.max_link_load_ratio = 0.0
+
+    @property
+    def reroute(self) -> Rerouter | None:
+        """(first vertex, last vertex, failed links) -> another path for a flow
+        that avoids them, or None; given by whoever knows the topology
+        (:attr:`twin.net.linkfaults.LinkFaults.reroute`)."""
+        return self._faults.reroute
+
+    @reroute.setter
+    def reroute(self, hook: Rerouter | None) -> None:
+        self._faults.reroute = hook
 
     # -- input -------------------------------------------------------------------
     def start(
@@ -679,10 +271,10 @@ class Network:
         if advance:  # (delayed starts due now but asked for after t wait their turn)
             self._catch_up(now, t._seq if t._seq else None)
             self._integrate(now)
-        if self._down:
+        if self._faults.down:
             flows = tuple(
                 spec
-                if (path := self._rerouted(spec.path)) is spec.path
+                if (path := self._faults.rerouted(spec.path)) is spec.path
                 else FlowSpec(path, spec.size_bytes, spec.rate_cap_bytes_s)
                 for spec in flows
             )
@@ -690,7 +282,7 @@ class Network:
         base = self._next_flow
         self._next_flow += len(flows)
         new = []
-        if probe is not None and not self._down:  # as predicted: one group, no reroute
+        if probe is not None and not self._faults.down:  # as predicted: one group, no reroute
             probe[0].fid = base
             groups = [probe[0]]
         else:
@@ -778,12 +370,12 @@ class Network:
             return got[1], got[2]
         return tuple((ln.src, ln.dst) for ln in path), sum(ln.latency_s for ln in path)
 
-    def _predict(self, t: Transfer, flows: tuple[FlowSpec, ...], due: float) -> float | None:
+    def _predict(self, t: Transfer, flows: tuple[FlowSpec, ...], due: float) -> float | None:  # noqa: C901
         """When ``flows``, started at ``due``, would be delivered, if that can
         be told now: no link down, one group of one size on links that no
         group sends on and no other delayed start will use, that group alone
         filled in one round. None otherwise."""
-        if self._down or not flows:
+        if self._faults.down or not flows:
             return None
         self._catch_up(self.env.now)  # groups that have finished leave their links
         shape = self._shape(flows)
@@ -831,7 +423,7 @@ class Network:
                 if st is None:  # as _register will make it
                     every = False
                     u = ln.usable_bytes_s
-                    factor = self._factors.get(k, 1.0)
+                    factor = self._faults.factors.get(k, 1.0)
                     capacity[k] = u if factor == 1.0 else u * factor
                 elif st.base != ln.usable_bytes_s:
                     break  # an error, raised as it starts
@@ -933,25 +525,6 @@ class Network:
             self.observer.transfer_ended(now, t)
         self._reshare(now, (), keys)
 
-    def _usable(self, s: _LinkState) -> float:
-        key = (s.src, s.dst)
-        if key in self._down:
-            return 0.0
-        f = self._factors.get(key, 1.0)
-        return s.base if f == 1.0 else s.base * f
-
-    def _rerouted(self, path: tuple[LinkLike, ...]) -> tuple[LinkLike, ...]:
-        """``path``, or another that avoids the failed links when it crosses one
-        and there is one (else it waits on ``path`` for the repair)."""
-        if not self._down or self.reroute is None:
-            return path
-        keys = [(ln.src, ln.dst) for ln in path]
-        if not any(k in self._down for k in keys):
-            return path
-        hops = [ln for ln in path if getattr(ln, "hop", True)]
-        new = self.reroute(hops[0].src, hops[-1].dst, frozenset(self._down))
-        return path if new is None else new
-
     def fail_link(self, src: str, dst: str) -> None:
         """Link ``src -> dst`` fails now: each flow on it moves to another path
         when there is one (leaving its old links, which are re-shared), else
@@ -967,20 +540,20 @@ class Network:
         now = self.env.now
         self._advance(now)
         if down:
-            self._down.add(key)
+            self._faults.down.add(key)
         else:
-            self._down.discard(key)
+            self._faults.down.discard(key)
         for t in [t for t in self._ahead if _meets(t, (key,))]:
             self._drop_plan(t)
         s = self._links.get(key)
         if s is not None:
-            s.usable = self._usable(s)
+            s.usable = self._faults.usable(s)
         keys = [key]
         if down:
             self._wake((key,))
             for f in list(self._on_link.get(key, {}).values()):
                 new = [
-                    self._rerouted(p) if key in m else p
+                    self._faults.rerouted(p) if key in m else p
                     for p, m in zip(f.paths, f.members, strict=True)
                 ]
                 if all(q is p for q, p in zip(new, f.paths, strict=True)):
@@ -1006,10 +579,10 @@ class Network:
 
     def waits(self, t: Transfer) -> bool:
         """Whether a flow of ``t`` still sending waits on a failed link."""
-        if not self._down or t.cancelled or t.end_s is not None:
+        if not self._faults.down or t.cancelled or t.end_s is not None:
             return False
         self._catch_up(self.env.now)
-        return any(k in self._down for f in t._flows if f.sending for k in f.keys)
+        return any(self._faults.blocks(f.keys) for f in t._flows if f.sending)
 
     @property
     def stuck(self) -> list[Transfer]:
@@ -1017,7 +590,7 @@ class Network:
         self._catch_up(self.env.now)
         out: dict[int, Transfer] = {}
         for f in self._flows.values():
-            if any(k in self._down for k in f.keys):
+            if self._faults.blocks(f.keys):
                 out.setdefault(f.transfer.id, f.transfer)
         return [out[k] for k in sorted(out)]
 
@@ -1031,15 +604,15 @@ class Network:
             for t in [t for t in self._ahead if _meets(t, (key,))]:
                 self._drop_plan(t)
         if factor == 1.0:
-            self._factors.pop(key, None)
+            self._faults.factors.pop(key, None)
         else:
-            self._factors[key] = factor
+            self._faults.factors[key] = factor
         s = self._links.get(key)
         if s is None:
             return  # applied when a flow first takes it
         now = self.env.now
         self._advance(now)
-        s.usable = self._usable(s)
+        s.usable = self._faults.usable(s)
         self._settle(now, (), [key])
 
     def idle_time_s(self, flows: Seq[FlowSpec]) -> float:
@@ -1068,8 +641,8 @@ class Network:
             s = self._links.get((link.src, link.dst))
             if s is None:  # never used: idle, at the capacity it would be given
                 key = (link.src, link.dst)
-                usable = 0.0 if key in self._down else link.usable_bytes_s
-                out.append((usable * self._factors.get(key, 1.0), 0.0, 0))
+                usable = 0.0 if key in self._faults.down else link.usable_bytes_s
+                out.append((usable * self._faults.factors.get(key, 1.0), 0.0, 0))
             else:
                 out.append((s.usable, s.load if s.flows else 0.0, s.flows))
         return out
@@ -1130,8 +703,8 @@ class Network:
         key = (link.src, link.dst)
         s = self._links.get(key)
         if s is None:
-            s = self._links[key] = _LinkState(link, self._factors.get(key, 1.0))
-            if key in self._down:
+            s = self._links[key] = _LinkState(link, self._faults.factors.get(key, 1.0))
+            if key in self._faults.down:
                 s.usable = 0.0
         elif s.base != link.usable_bytes_s:
             raise SpecError(
@@ -1343,7 +916,7 @@ class Network:
             self._drain(f, now)
         self._reshare(now, changed, keys)
 
-    def _reshare(self, now: float, changed: Seq[_Flow], keys: Seq[_Key]) -> None:
+    def _reshare(self, now: float, changed: Seq[_Flow], keys: Seq[_Key]) -> None:  # noqa: C901
         """Max-min over each connected component that holds a group of
         ``changed`` or a link of ``keys``; the others keep their rates."""
         links = self._links
@@ -1391,7 +964,7 @@ class Network:
             self._share(now, comp, comp_k)
         self._arm()
 
-    def _share(self, now: float, comp: list[_Flow], keys: Collection[_Key]) -> None:
+    def _share(self, now: float, comp: list[_Flow], keys: Collection[_Key]) -> None:  # noqa: C901
         """Max-min rates of the groups ``comp``, one component over links ``keys``."""
         links = self._links
         if len(comp) == 1:
@@ -1562,44 +1135,3 @@ class Network:
             del f.transfer
         t._then.clear()
         t._guard = t._on_start = t._slot = None
-
-
-def _groups(
-    t: Transfer, base: int, flows: Seq[FlowSpec], routes: Seq[tuple[tuple[_Key, ...], float]]
-) -> list[_Flow]:
-    """The flow groups of ``flows`` (transfer ``t``, creation numbers from
-    ``base``; ``routes``: each one's link keys and latency): flows with the
-    same size, cap and path latency start as one (local flows, with no links,
-    only with local ones), in order of first flow."""
-    by: dict[tuple, list[int]] = {}
-    for i, (spec, (keys, lat)) in enumerate(zip(flows, routes, strict=True)):
-        by.setdefault((spec.size_bytes, spec.rate_cap_bytes_s, lat, bool(keys)), []).append(i)
-    return [
-        _Flow(
-            base + idx[0],
-            t,
-            tuple(idx),
-            [flows[i].path for i in idx],
-            [routes[i][0] for i in idx],
-            float(size),
-            cap,
-            lat,
-        )  # fmt: skip
-        for (size, cap, lat, _), idx in by.items()
-    ]
-
-
-def _alone(f: _Flow, on: dict[_Key, dict[int, _Flow]]) -> bool:
-    """Whether group ``f`` is the only one sending on each of its links."""
-    for k in f.mult:
-        if len(on[k]) != 1:
-            return False
-    return True
-
-
-def _meets(t: Transfer, keys: Iterable[_Key]) -> bool:
-    """Whether delayed start ``t``'s flows cross a link of ``keys``."""
-    mine = t._links
-    if mine is None:
-        mine = t._links = {(ln.src, ln.dst) for spec in t._specs for ln in spec.path}
-    return not (mine.keys() if isinstance(mine, dict) else mine).isdisjoint(keys)

@@ -1,7 +1,7 @@
 """What a transfer started now would get: the max-min share of a new set of flows.
 
 :func:`share_now` answers, for flows not yet started, the rate each would be
-given by the network's own max-min sharing (:func:`twin.net.flows.max_min_rates`,
+given by the network's own max-min sharing (:func:`twin.net.maxmin.max_min_rates`,
 the progressive filling the network runs) if it started now, and when it
 would then be delivered. It reads only the aggregates the network keeps per
 link (usable rate, the sum of the current rates, the number of flows sending:
@@ -30,7 +30,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from twin.net.flows import ABS_DONE, FlowSpec, LinkLike, Network, max_min_rates
+from twin.net.flows import Network
+from twin.net.maxmin import max_min_rates
+from twin.net.transfer import ABS_DONE, FlowSpec, LinkLike
 from twin.scheduler import LinkLoad
 
 _Key = tuple[str, str]

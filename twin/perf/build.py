@@ -35,14 +35,10 @@ from twin.errors import SpecError, UnknownNameError
 from twin.perf.gpus import GPUSpec
 from twin.perf.iteration import PerfModel
 from twin.perf.llm import ModelSpec
+from twin.perf.moe import DISPATCH_DTYPES, MOE_OVERLAPS
+from twin.perf.presets import DEFAULT_ENGINE, ENGINE_OVERHEADS
 from twin.perf.residuals import read_residuals
-from twin.perf.roofline import (
-    DEFAULT_ENGINE,
-    DISPATCH_DTYPES,
-    ENGINE_OVERHEADS,
-    MOE_OVERLAPS,
-    Roofline,
-)
+from twin.perf.roofline import Roofline
 from twin.perf.tables import (
     DISTSERVE_OVERHEAD_S,
     DISTSERVE_PREFILL_OVERHEAD_S,

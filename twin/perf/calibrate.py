@@ -5,8 +5,8 @@
 sustained-power ``throttle`` and ``throttle_knee_s``, and the all-reduce
 ``hop_latency_s``, per GPU family and shared by every engine; a power-capped GPU
 of :data:`CAPPED` shares its family's and adds its own ``sustained_clock``) and the software
-terms of each serving engine (:data:`twin.perf.roofline.ENGINE_TERMS` per key of
-:data:`twin.perf.roofline.ENGINE_OVERHEADS`; each source is priced with the terms of the
+terms of each serving engine (:data:`twin.perf.presets.ENGINE_TERMS` per key of
+:data:`twin.perf.presets.ENGINE_OVERHEADS`; each source is priced with the terms of the
 engine it was measured on), every parameter held within the physically
 plausible bounds of ``_BOUNDS`` by every optimizer step. A source's loss is the
 largest of ``worst error / 35%`` and ``median error / 15%`` (prompt and TPOT
@@ -49,14 +49,8 @@ from scipy.optimize import least_squares, minimize, minimize_scalar
 from twin._progress import Progress
 from twin.perf.gpus import GPUSpec, get_gpu
 from twin.perf.llm import ModelSpec, get_model
-from twin.perf.roofline import (
-    ENGINE_OVERHEADS,
-    ENGINE_TERMS,
-    GPU_EFFICIENCY,
-    Roofline,
-    fp8_gemm_ratio,
-    l2_tokens,
-)
+from twin.perf.presets import ENGINE_OVERHEADS, ENGINE_TERMS, GPU_EFFICIENCY, l2_tokens
+from twin.perf.roofline import Roofline, fp8_gemm_ratio
 from twin.perf.validate import (
     TARGET_MEDIAN,
     TARGET_WORST,

@@ -33,7 +33,7 @@ from twin.perf.calibrate import _BOUNDS, _EFF, _LINK, _Source
 from twin.perf.gpus import GPUSpec, get_gpu
 from twin.perf.iteration import Batch
 from twin.perf.llm import ModelSpec, get_model
-from twin.perf.roofline import (
+from twin.perf.presets import (
     DEFAULT_ATTN_MFU,
     DEFAULT_HOP_LATENCY_S,
     DEFAULT_MBU,
@@ -41,8 +41,8 @@ from twin.perf.roofline import (
     ENGINE_OVERHEADS,
     ENGINE_TERMS,
     GPU_EFFICIENCY,
-    Roofline,
 )
+from twin.perf.roofline import Roofline
 from twin.perf.tables import read_native
 from twin.perf.validate import Point, Source, ValidationRow, format_validation, score
 

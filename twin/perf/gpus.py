@@ -23,12 +23,10 @@ from types import MappingProxyType
 
 from twin._check import check_keys, entry, nonneg_float, positive_float
 from twin.errors import SpecError, UnitError, UnknownNameError
+from twin.perf.catalogs import read_catalog
 from twin.units import parse_bandwidth, parse_bytes, parse_flops
 
 GiB = 2**30
-
-# The sustained tensor-clock share of the 490 W H100 (see its entry in GPUS).
-PCAP_SUSTAINED_CLOCK = 0.638
 
 
 def _clock(v: object, where: str) -> float:
@@ -82,84 +80,22 @@ class GPUSpec:
         return (self.flops_fp8 or self.flops_bf16) * self.sustained_clock
 
 
-# Dense BF16 (and FP8) peaks and bandwidths from each vendor datasheet (named per entry).
-# NVLink / Infinity Fabric is given per direction: half the quoted bidirectional
-# total. PCIe per direction: Gen4 x16 = 32 GB/s, Gen5 x16 = 64 GB/s.
-GPUS: Mapping[str, GPUSpec] = MappingProxyType(
-    {
-        # NVIDIA A100 Tensor Core GPU datasheet (SXM4 40GB): 312 TFLOPS BF16, 1,555 GB/s,
-        # 400 W, NVLink 600 GB/s bidirectional, PCIe Gen4
-        "a100-40gb": GPUSpec("a100-40gb", 312e12, 1555e9, 40 * GiB, 400.0, 300e9, 32e9),
-        # NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOPS BF16, 2,039 GB/s, 400 W
-        "a100-80gb": GPUSpec("a100-80gb", 312e12, 2039e9, 80 * GiB, 400.0, 300e9, 32e9),
-        # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 989 TFLOPS BF16 dense (1,979 with
-        # sparsity), 1,979 TFLOPS FP8 dense, 3.35 TB/s, 700 W, NVLink 900 GB/s bidirectional,
-        # PCIe Gen5
-        "h100-sxm": GPUSpec(
-            "h100-sxm", 989e12, 3.35e12, 80 * GiB, 700.0, 450e9, 64e9, flops_fp8=1979e12
-        ),
-        # Same silicon power-capped as in Splitwise (splitwise-sim dgx-h100-pcap.yaml:
-        # 7,140 W per 8-GPU server vs 10,200 W, i.e. 70%): 0.7 x 700 W = 490 W. Peaks and
-        # bandwidths are the H100's; the cap lowers the sustained tensor clock, HBM is kept.
-        # sustained_clock = PCAP_SUSTAINED_CLOCK, fitted by twin.perf.calibrate.fit_weighted
-        # (sustained_clock@h100-80gb-pcap, jointly with the Roofline defaults; fit_clock, the
-        # others held, gives 0.55 on the grid alone) to splitwise-sim
-        # perf_model.csv's h100-80gb-pcap
-        # rows (llama2-70b TP 2/4/8, bloom-176b TP 8): there every prompt_time is 1.30x the
-        # h100-80gb row's and every token_time equal to it, Splitwise's (ISCA'24, section III,
-        # power capping) finding that a cap slows the compute-bound prompt phase and leaves the
-        # memory-bound token phase almost untouched.
-        "h100-80gb-pcap": GPUSpec(
-            "h100-80gb-pcap",
-            989e12,
-            3.35e12,
-            80 * GiB,
-            490.0,
-            450e9,
-            64e9,
-            PCAP_SUSTAINED_CLOCK,
-            1979e12,
-        ),
-        # NVIDIA H800 SXM5 (the H100's export variant, DeepSeek's serving GPU): the H100
-        # SXM5's 989 TFLOPS BF16 dense, 3.35 TB/s and 80 GB, 700 W, with NVLink cut to
-        # 400 GB/s bidirectional (DeepSeek-V3 technical report, arXiv 2412.19437, section
-        # 3.2.2: "NVLink ... 160 GB/s" achieved of it; NVIDIA H800 product brief); FP8 as the
-        # H100 SXM5's, 1,979 TFLOPS dense
-        "h800": GPUSpec("h800", 989e12, 3.35e12, 80 * GiB, 700.0, 200e9, 64e9, flops_fp8=1979e12),
-        # NVIDIA H200 Tensor Core GPU datasheet (SXM): 989 TFLOPS BF16 dense, 4.8 TB/s,
-        # 141 GB, 700 W, NVLink 900 GB/s bidirectional, 1,979 TFLOPS FP8 dense
-        "h200": GPUSpec("h200", 989e12, 4.8e12, 141e9, 700.0, 450e9, 64e9, flops_fp8=1979e12),
-        # NVIDIA DGX B200 / HGX B200 datasheet: 2.25 PFLOPS BF16 dense per GPU, 8 TB/s,
-        # 180 GB, 1,000 W, NVLink 5 1.8 TB/s bidirectional, 4.5 PFLOPS FP8 dense
-        "b200": GPUSpec("b200", 2.25e15, 8e12, 180e9, 1000.0, 900e9, 64e9, flops_fp8=4.5e15),
-        # NVIDIA L40S datasheet: 362.05 TFLOPS BF16 dense, 864 GB/s GDDR6, 48 GB, 350 W,
-        # no NVLink, PCIe Gen4 x16; 733 TFLOPS FP8 dense (1,466 with sparsity)
-        "l40s": GPUSpec("l40s", 362.05e12, 864e9, 48 * GiB, 350.0, 0.0, 32e9, flops_fp8=733e12),
-        # AMD Instinct MI300X datasheet: 1,307.4 TFLOPS BF16 dense, 5.3 TB/s, 192 GB HBM3,
-        # 750 W, Infinity Fabric 896 GB/s peer aggregate (bidirectional), PCIe Gen5;
-        # 2,614.9 TFLOPS FP8 dense
-        "mi300x": GPUSpec(
-            "mi300x", 1307.4e12, 5.3e12, 192 * GiB, 750.0, 448e9, 64e9, flops_fp8=2614.9e12
-        ),
-    }
-)
+def _catalog_gpu(name: str, spec: Mapping[str, float]) -> GPUSpec:
+    try:
+        return GPUSpec(name, **spec)
+    except TypeError as e:
+        raise SpecError(f"twin/data/gpus/{name}.json: spec: {e}") from None
 
+
+# The catalog: one data file per GPU (twin/data/gpus/<name>.json, read and checked by
+# twin.perf.catalogs), each value cited there (the vendor datasheet; NVLink / Infinity
+# Fabric per direction, half the quoted bidirectional total; PCIe per direction).
+_FILES = read_catalog("gpus")
+GPUS: Mapping[str, GPUSpec] = MappingProxyType(
+    {k: _catalog_gpu(k, d["spec"]) for k, d in _FILES.items()}
+)
 _ALIASES: Mapping[str, str] = MappingProxyType(
-    {
-        "a100": "a100-80gb",
-        "a100-80g": "a100-80gb",
-        "a100-sxm-80gb": "a100-80gb",
-        "a100-40g": "a100-40gb",
-        "h100": "h100-sxm",
-        "h100-80gb": "h100-sxm",
-        "h100-sxm5": "h100-sxm",
-        "h100-pcap": "h100-80gb-pcap",
-        "h200-sxm": "h200",
-        "h800-sxm": "h800",
-        "h200-141gb": "h200",
-        "l40s-48gb": "l40s",
-        "mi300": "mi300x",
-    }
+    {a: k for k, d in _FILES.items() for a in d.get("aliases", ())}
 )
 
 _FIELDS = ("name", "flops_bf16", "hbm_bytes_s", "memory_bytes", "tdp_w")

@@ -23,8 +23,8 @@ from typing import Any
 
 from twin._check import is_int
 from twin._io import read_text
-from twin.bundled import package_text
 from twin.errors import SpecError
+from twin.perf.catalogs import read_catalog
 
 # Keys that say a mapping is a config.json rather than the twin's own model mapping.
 CONFIG_KEYS = ("num_hidden_layers", "hidden_size", "text_config")
@@ -154,6 +154,7 @@ def count_params(m: Mapping[str, Any], cfg: Mapping[str, Any]) -> int:
 
 
 def bundled_configs() -> dict[str, dict[str, Any]]:
-    """The catalog models kept as their config.json (``twin/data/hf_configs.json``:
-    per model its Hugging Face id, the config's source and the keys read)."""
-    return json.loads(package_text("hf_configs.json"))
+    """The catalog models kept as their config.json (``twin/data/models/<name>.json``
+    with a ``config``: per model its Hugging Face id, the config's source, the
+    keys read and the published parameter count with its source)."""
+    return {k: d for k, d in read_catalog("models").items() if "config" in d}

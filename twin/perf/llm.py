@@ -3,8 +3,9 @@
 A :class:`ModelSpec` holds the shapes that decide memory and FLOPs: layers,
 hidden size, query and KV heads, head dimension, MLP width and kind, vocabulary
 and parameter count. The catalog :data:`MODELS` carries public Hugging Face
-``config.json`` values (typed in here, or kept as the config itself in
-``twin/data/hf_configs.json`` and read by :mod:`twin.perf.hfconfig`);
+``config.json`` values, one data file per model in ``twin/data/models/``
+(:mod:`twin.perf.catalogs`; the shapes typed from the config, or the config
+itself, read by :mod:`twin.perf.hfconfig`), each value with its source;
 :func:`get_model` looks a name up (case-insensitive, with aliases) or builds
 a user model from an inline YAML mapping or a ``config.json``.
 
@@ -41,7 +42,8 @@ from types import MappingProxyType
 from twin._check import check_keys, entry, is_int, positive_int
 from twin._io import read_text
 from twin.errors import SpecError, UnknownNameError
-from twin.perf.hfconfig import CONFIG_KEYS, bundled_configs, load_config, shapes_from_config
+from twin.perf.catalogs import read_catalog
+from twin.perf.hfconfig import CONFIG_KEYS, load_config, shapes_from_config
 
 _DTYPE_BYTES: Mapping[str, int] = MappingProxyType(
     {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2,
@@ -119,7 +121,7 @@ class ModelSpec:
     sliding_window: int = 0
     sliding_layers: int = 0
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: C901
         where = f"model {self.name!r}"
         for field in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate",
                       "vocab", "params", "dtype_bytes"):  # fmt: skip
@@ -355,249 +357,6 @@ def kv_bytes(
     return kv_blocks(tokens, block_size) * block_size * model.kv_bytes_per_token(dtype_bytes)
 
 
-def _m(name: str, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
-       intermediate: int, vocab: int, params: int, ctx: int,
-       mlp: str = "gated") -> ModelSpec:  # fmt: skip
-    return ModelSpec(name, layers, hidden, heads, kv_heads, head_dim, intermediate, vocab,
-                     params, 2, mlp, ctx)  # fmt: skip
-
-
-# Values from each model's Hugging Face config.json (repo named in the comment);
-# params are the published totals, or for OPT counted from the config shapes
-# (weights + biases + learned positions, tied LM head). The context (the
-# argument after params) is config.json's max_position_embeddings, except
-# where the comment names another source.
-MODELS: Mapping[str, ModelSpec] = MappingProxyType(
-    {
-        # meta-llama/Llama-2-7b-hf
-        "llama-2-7b": _m("llama-2-7b", 32, 4096, 32, 32, 128, 11008, 32000, 6_738_415_616, 4096),
-        # meta-llama/Llama-2-13b-hf
-        "llama-2-13b": _m("llama-2-13b", 40, 5120, 40, 40, 128, 13824, 32000, 13_015_864_320, 4096),
-        # meta-llama/Llama-2-70b-hf
-        "llama-2-70b": _m("llama-2-70b", 80, 8192, 64, 8, 128, 28672, 32000, 68_976_648_192, 4096),
-        # meta-llama/Meta-Llama-3-8B (the shapes of Llama-3.1-8B, an 8,192-token context)
-        "llama-3-8b": _m("llama-3-8b", 32, 4096, 32, 8, 128, 14336, 128256, 8_030_261_248, 8192),
-        # meta-llama/Meta-Llama-3-70B (the shapes of Llama-3.1-70B, an 8,192-token context)
-        "llama-3-70b": _m("llama-3-70b", 80, 8192, 64, 8, 128, 28672, 128256, 70_553_706_496, 8192),
-        # meta-llama/Llama-3.1-8B
-        "llama-3.1-8b": _m(
-            "llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256, 8_030_261_248, 131072
-        ),
-        # meta-llama/Llama-3.1-70B
-        "llama-3.1-70b": _m(
-            "llama-3.1-70b", 80, 8192, 64, 8, 128, 28672, 128256, 70_553_706_496, 131072
-        ),
-        # facebook/opt-13b
-        "opt-13b": _m(
-            "opt-13b", 40, 5120, 40, 40, 128, 20480, 50272, 12_853_473_280, 2048, "plain"
-        ),
-        # facebook/opt-66b
-        "opt-66b": _m(
-            "opt-66b", 64, 9216, 72, 72, 128, 36864, 50272, 65_719_701_504, 2048, "plain"
-        ),
-        # facebook/opt-175b (shapes of the OPT paper, arXiv 2205.01068, Table 1; the weights
-        # are gated by Meta; context 2048, as in every released OPT config.json)
-        "opt-175b": _m(
-            "opt-175b", 96, 12288, 96, 96, 128, 49152, 50272, 174_604_468_224, 2048, "plain"
-        ),
-        # bigscience/bloom (ALiBi, no max_position_embeddings: the context is the
-        # training sequence length, 2048, of the BLOOM paper, arXiv 2211.05100,
-        # its training hyperparameters table)
-        "bloom-176b": _m(
-            "bloom-176b", 70, 14336, 112, 112, 128, 57344, 250880, 176_247_271_424, 2048, "plain"
-        ),
-        # Qwen/Qwen3-8B
-        "qwen3-8b": _m("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, 8_190_735_360, 40960),
-        # Mixture of experts. Shapes from each Hugging Face config.json (repo and keys in
-        # the comment); params counted from those shapes (weights, biases, norms, untied
-        # embeddings and LM head), each equal to the published total.
-        # deepseek-ai/DeepSeek-V3 config.json (the same values as the GitHub repo
-        # deepseek-ai/DeepSeek-V3, inference/configs/config_671B.json): num_hidden_layers
-        # 61, hidden_size 7168, num_attention_heads 128, v_head_dim 128, intermediate_size
-        # 18432 (first_k_dense_replace 3 dense layers), n_routed_experts 256,
-        # num_experts_per_tok 8, n_shared_experts 1, moe_intermediate_size 2048,
-        # kv_lora_rank 512, qk_rope_head_dim 64, qk_nope_head_dim 128, q_lora_rank 1536,
-        # vocab_size 129280, max_position_embeddings 163840; weights FP8 (config.json's
-        # quantization_config: fp8 e4m3), KV and activations BF16. 671B without the
-        # multi-token-prediction module (its 14B are not served here).
-        "deepseek-v3": ModelSpec(
-            "deepseek-v3",
-            61,
-            7168,
-            128,
-            128,
-            128,
-            18432,
-            129280,
-            671_026_419_200,
-            2,
-            "gated",
-            163840,
-            experts=256,
-            experts_per_token=8,
-            shared_experts=1,
-            expert_intermediate=2048,
-            dense_layers=3,
-            kv_lora_rank=512,
-            qk_rope_dim=64,
-            qk_nope_dim=128,
-            q_lora_rank=1536,
-            weight_dtype_bytes=1,
-        ),  # fmt: skip
-        # Qwen/Qwen3-30B-A3B config.json: num_hidden_layers 48, hidden_size 2048, heads 32,
-        # num_key_value_heads 4, head_dim 128, intermediate_size 6144 (no dense layer:
-        # mlp_only_layers []), num_experts 128, num_experts_per_tok 8,
-        # moe_intermediate_size 768, vocab_size 151936, max_position_embeddings 40960
-        "qwen3-30b-a3b": ModelSpec(
-            "qwen3-30b-a3b",
-            48,
-            2048,
-            32,
-            4,
-            128,
-            6144,
-            151936,
-            30_532_122_624,
-            2,
-            "gated",
-            40960,
-            experts=128,
-            experts_per_token=8,
-            expert_intermediate=768,
-        ),  # fmt: skip
-        # Qwen/Qwen3-235B-A22B config.json: num_hidden_layers 94, hidden_size 4096, heads
-        # 64, num_key_value_heads 4, head_dim 128, intermediate_size 12288 (no dense
-        # layer), num_experts 128, num_experts_per_tok 8, moe_intermediate_size 1536,
-        # vocab_size 151936, max_position_embeddings 40960
-        "qwen3-235b-a22b": ModelSpec(
-            "qwen3-235b-a22b",
-            94,
-            4096,
-            64,
-            4,
-            128,
-            12288,
-            151936,
-            235_093_634_560,
-            2,
-            "gated",
-            40960,
-            experts=128,
-            experts_per_token=8,
-            expert_intermediate=1536,
-        ),  # fmt: skip
-        # openai/gpt-oss-20b config.json: num_hidden_layers 24, hidden_size 2880,
-        # num_attention_heads 64, num_key_value_heads 8, head_dim 64, intermediate_size
-        # 2880 (each expert's width), num_local_experts 32, num_experts_per_tok 4,
-        # vocab_size 201088, max_position_embeddings 131072, sliding_window 128 with
-        # layer_types alternating sliding_attention and full_attention from layer 0 (12 of
-        # the 24 sliding). NOTE: the KV cache keeps the full context on every layer (an
-        # upper bound, module docstring); the MXFP4 experts are priced at BF16 (2 B per
-        # weight, about 3.8x their bytes).
-        "gpt-oss-20b": ModelSpec(
-            "gpt-oss-20b",
-            24,
-            2880,
-            64,
-            8,
-            64,
-            2880,
-            201088,
-            20_914_757_184,
-            2,
-            "gated",
-            131072,
-            experts=32,
-            experts_per_token=4,
-            expert_intermediate=2880,
-            sliding_window=128,
-            sliding_layers=12,
-        ),  # fmt: skip
-        # openai/gpt-oss-120b config.json: as gpt-oss-20b with num_hidden_layers 36 (18 of
-        # them sliding_attention) and num_local_experts 128 (the same NOTE on the KV and
-        # MXFP4)
-        "gpt-oss-120b": ModelSpec(
-            "gpt-oss-120b",
-            36,
-            2880,
-            64,
-            8,
-            64,
-            2880,
-            201088,
-            116_829_156_672,
-            2,
-            "gated",
-            131072,
-            experts=128,
-            experts_per_token=4,
-            expert_intermediate=2880,
-            sliding_window=128,
-            sliding_layers=18,
-        ),  # fmt: skip
-        # mistralai/Mixtral-8x7B-v0.1 config.json: num_hidden_layers 32, hidden_size 4096,
-        # num_attention_heads 32, num_key_value_heads 8 (head_dim 4096 / 32 = 128),
-        # intermediate_size 14336 (each expert), num_local_experts 8, num_experts_per_tok
-        # 2, vocab_size 32000, max_position_embeddings 32768
-        "mixtral-8x7b": ModelSpec(
-            "mixtral-8x7b",
-            32,
-            4096,
-            32,
-            8,
-            128,
-            14336,
-            32000,
-            46_702_792_704,
-            2,
-            "gated",
-            32768,
-            experts=8,
-            experts_per_token=2,
-            expert_intermediate=14336,
-        ),  # fmt: skip
-    }
-)
-
-# The Hugging Face repo of each catalog model (where its config.json is); a
-# deployment export names the model by it. OPT-175B has none: Meta gates it.
-HF_IDS: Mapping[str, str] = MappingProxyType(
-    {
-        "llama-2-7b": "meta-llama/Llama-2-7b-hf",
-        "llama-2-13b": "meta-llama/Llama-2-13b-hf",
-        "llama-2-70b": "meta-llama/Llama-2-70b-hf",
-        "llama-3-8b": "meta-llama/Meta-Llama-3-8B",
-        "llama-3-70b": "meta-llama/Meta-Llama-3-70B",
-        "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
-        "llama-3.1-70b": "meta-llama/Llama-3.1-70B",
-        "opt-13b": "facebook/opt-13b",
-        "opt-66b": "facebook/opt-66b",
-        "bloom-176b": "bigscience/bloom",
-        "qwen3-8b": "Qwen/Qwen3-8B",
-        "deepseek-v3": "deepseek-ai/DeepSeek-V3",
-        "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
-        "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
-        "gpt-oss-20b": "openai/gpt-oss-20b",
-        "gpt-oss-120b": "openai/gpt-oss-120b",
-        "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
-    }
-)
-
-# Names the normalisation (:func:`normal_model_name`) does not bring to a
-# catalog name by itself, keyed by their normal form.
-_ALIASES: Mapping[str, str] = MappingProxyType(
-    {
-        "bloom": "bloom-176b",
-        "bloom-176": "bloom-176b",
-        "qwen-3-8b": "qwen3-8b",
-        "llama-3.0-8b": "llama-3-8b",
-        "llama-3.0-70b": "llama-3-70b",
-        "opt-175": "opt-175b",
-        "deepseek-r1": "deepseek-v3",
-        "mixtral-8x7b-v0.1": "mixtral-8x7b",
-    }
-)
-
 # Suffixes of fine-tuned or packaged variants with the base model's shapes.
 _VARIANT_SUFFIXES = ("-instruct", "-chat", "-base", "-hf")
 
@@ -633,7 +392,7 @@ def _canonical(name: str) -> str | None:
     return _ALIASES.get(key)
 
 
-def get_model(name_or_mapping: str | Mapping[str, object], where: str = "") -> ModelSpec:
+def get_model(name_or_mapping: str | Mapping[str, object], where: str = "") -> ModelSpec:  # noqa: C901
     """A catalog model by name, or a user model from an inline mapping.
 
     Names are case-insensitive; a Hugging Face repo id (``facebook/opt-13b``,
@@ -749,17 +508,31 @@ def model_from_arg(value: str, where: str) -> ModelSpec:
     return get_model(doc, where_map)
 
 
-# Catalog models kept as their config.json, shapes and parameter count derived.
-_CONFIGS = bundled_configs()
-MODELS = MappingProxyType(
+# The catalog: one data file per model (twin/data/models/<name>.json, read and checked by
+# twin.perf.catalogs), each value cited there: the shapes typed from the model's
+# config.json (or its paper), or the config.json itself, shapes and parameter count derived.
+_FILES = read_catalog("models")
+MODELS: Mapping[str, ModelSpec] = MappingProxyType(
     {
-        **MODELS,
-        **{k: get_model(shapes_from_config(r["config"], k, k), k) for k, r in _CONFIGS.items()},
+        k: get_model({"name": k, **d["shapes"]}, f"twin/data/models/{k}.json")
+        if "shapes" in d
+        else get_model(shapes_from_config(d["config"], k, k), k)
+        for k, d in _FILES.items()
     }
 )
-HF_IDS = MappingProxyType({**HF_IDS, **{k: r["hf_id"] for k, r in _CONFIGS.items()}})
-_ALIASES = MappingProxyType(
-    {**_ALIASES, **{normal_model_name(r["hf_id"]): k for k, r in _CONFIGS.items()}}
+# The Hugging Face repo of each catalog model (where its config.json is); a
+# deployment export names the model by it. OPT-175B has none: Meta gates it.
+HF_IDS: Mapping[str, str] = MappingProxyType(
+    {k: d["hf_id"] for k, d in _FILES.items() if "hf_id" in d}
+)
+# Names the normalisation (:func:`normal_model_name`) does not bring to a catalog
+# name by itself, keyed by their normal form: each file's aliases, and the repo id
+# of a model kept as its config.json.
+_ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        **{a: k for k, d in _FILES.items() for a in d.get("aliases", ())},
+        **{normal_model_name(d["hf_id"]): k for k, d in _FILES.items() if "config" in d},
+    }
 )
 
 

@@ -332,7 +332,7 @@ def _timer(
 _DTYPES = ("bf16", "fp16", "fp32")
 
 
-def profile(
+def profile(  # noqa: C901
     model: ModelSpec,
     gpu: str,
     *,

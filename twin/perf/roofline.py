@@ -5,248 +5,27 @@ at efficiencies calibrated against measured profiles (``python -m twin.perf.cali
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
-from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from twin._check import is_int, is_number
-from twin.errors import SpecError, UnknownNameError
+from twin.errors import SpecError
 from twin.perf.gpus import GPUSpec
 from twin.perf.iteration import VECTOR_STEPS, Batch
 from twin.perf.llm import ModelSpec
-from twin.perf.vllm import VLLM_TERMS
-
-if TYPE_CHECKING:
-    pass
-
-# Calibrated defaults: fitted where traffic is, by twin.perf.calibrate.fit_weighted (``python -m
-# twin.studies.fidelity --data DIR``, which refines the current values), jointly over the 19
-# whole-iteration sources of twin.perf.validate (splitwise-sim llama2-70b on A100-80GB, H100-80GB
-# and the power-capped H100 at TP 2/4/8 and bloom-176b at TP 8, DistServe's OPT-13B/66B fits):
-# the GPU terms per GPU family, the capped H100's sustained clock and the software terms per
-# serving engine (ENGINE_OVERHEADS), every parameter held within twin.perf.calibrate._BOUNDS
-# (mfu <= 0.85, mbu <= 0.92, attn_mfu in [0.1, 0.8], throttle <= 1, l2_speedup in [1, 4],
-# overheads <= 10 ms per iteration, 100 us per layer, 0.6 ms per sequence, 20 us per all-reduce
-# step). Target: for each source, the median of its errors weighted by the iterations that the
-# azure-conv, azure-code and mooncake workloads form on it (twin.studies.fidelity) <= 10% for
-# prompt time and time per output token; each point of splitwise-sim's decode batch series
-# (batch 1 to 64 at context 576) within 10%; no grid point beyond 35%; iteratively reweighted
-# least squares (see twin.perf.calibrate.WEIGHTED_FACTOR); rounded here. The grid-wide 15%
-# median / 35% worst fit (twin.perf.calibrate.fit_sources) is kept for held-out checks.
-# Vidur's GEMM-only sources are scored, not fitted (see docs/guides/fidelity.md).
-# DEFAULT_MFU / DEFAULT_MBU / DEFAULT_ATTN_MFU are for GPUs without fitted values, which get no
-# throttle and no L2 speed-up either: they are the A100 values of an earlier fit without a
-# throttle term, which average over short and long iterations. DEFAULT_HOP_LATENCY_S is that
-# fit's A100 value.
-DEFAULT_MFU = 0.82
-
-
-DEFAULT_MBU = 0.86
-DEFAULT_ATTN_MFU = 0.57
-DEFAULT_HOP_LATENCY_S = 7.4e-06
-DEFAULT_TP_MFU_EXPONENT = 0.0
-DEFAULT_ENGINE = "vllm"
-
-
-# Per GPU, shared by every engine preset: achieved efficiencies (mfu, mbu, attn_mfu), properties
-# of the silicon; sustained-power throttle (throttle, throttle_knee_s), a property of its
-# power/cooling envelope; and the all-reduce hop latency (hop_latency_s), a property of its
-# NVLink/NVSwitch generation. A100 fitted on splitwise-sim and DistServe (A100-80GB), H100 on
-# splitwise-sim (H100-80GB SXM). GPUs of the same generation reuse them (same kernels, same share
-# of peak assumed); any other GPU gets DEFAULT_MFU / DEFAULT_MBU / DEFAULT_ATTN_MFU, no throttle
-# and DEFAULT_HOP_LATENCY_S. A Roofline argument or a YAML ``perf`` key overrides all of them.
-# NOTE: the throttle prices an iteration whose roofline compute time is ``compute`` seconds at
-# compute + throttle x max(compute - throttle_knee_s, 0): the first ``throttle_knee_s`` of
-# sustained tensor-core load run at the clocks that ``mfu`` describes, the rest at the
-# power-capped sustained clock, 1 / (1 + throttle) as fast. Physically the board's power limit
-# (400 W on A100, 700 W on H100) is enforced over an averaging window, so a short burst of GEMMs
-# runs at boost clock and a long one settles lower; the measured sign is splitwise-sim's prompt
-# time per token rising with a batch's total tokens whether they come as one prompt or many (A100
-# TP 4: 0.20 ms at 2,048 tokens, 0.33 ms at 32,768; H100 TP 8: 0.065 ms at 2,048, 0.09 ms from
-# 4,096). Consequence: long prefill iterations (and big chunked-prefill batches) cost more per
-# token than short ones; decode steps, far under the knee, are unaffected. The model is per
-# iteration and memoryless: it does not carry heat from one iteration to the next, so
-# back-to-back long iterations under sustained load may throttle more than priced here.
-# Fitted with the L2 term (l2_speedup, see Roofline and L2_BYTES), which carries the rise of the
-# time per prompt token past 2k to 4k tokens that the throttle carried before, the throttle is
-# all but off: A100 1.3e-4 past 3.2 s, H100 1.8e-4 past 4.9 s (power-capped GPUs keep their
-# sustained_clock); activation passes in L2 1.97x (A100) and 2.55x (H100) as fast as from HBM;
-# hop latency 4.3 us on A100 (NVLink 3) and 1.2 us on H100 (NVLink 4), where the splitwise-sim
-# preset's hop_overhead_s (4.1 us per ring step) carries most of the measured cost. H100's
-# attn_mfu is held at 0.646 (the previous fit's): freed, the fit drives it to its 0.1 floor,
-# which prices DeepSeek-V3's published prefill 44% under (twin.studies.moe_fidelity).
-# Tuple order: mfu, mbu, attn_mfu, throttle, throttle_knee_s, l2_speedup, hop_latency_s.
-_A100_EFF = (0.85, 0.92, 0.197, 0.000129, 3.21, 1.97, 4.27e-06)
-
-
-_H100_EFF = (0.727, 0.92, 0.646, 0.000178, 4.86, 2.55, 1.23e-06)
-# L40S (Ada, GDDR6, no NVLink; peaks in twin.perf.gpus from its datasheet): no measured
-# profile or run of it is in reach, so nothing is fitted. The shares of peak are the H100's
-# (the same cuBLAS/CUTLASS GEMMs and FlashAttention kernels; Hopper's fitted mbu 0.92 taken for
-# GDDR6 as well), no throttle and no L2 term fitted, and the all-reduce hop latency is the
-# default (PCIe peer-to-peer, no NVLink). Bounds: mfu in [0.5, 0.85], mbu in [0.75, 0.92].
-_L40S_EFF = (0.727, 0.92, 0.646, 0.0, 0.0, 1.0, DEFAULT_HOP_LATENCY_S)
-GPU_EFFICIENCY: Mapping[str, tuple[float, float, float, float, float, float, float]] = (
-    MappingProxyType(
-        {
-            "a100-80gb": _A100_EFF,
-            "a100-40gb": _A100_EFF,
-            "h100-sxm": _H100_EFF,
-            "h100-80gb-pcap": _H100_EFF,
-            "h200": _H100_EFF,
-            "h800": _H100_EFF,
-            "l40s": _L40S_EFF,
-        }
-    )
+from twin.perf.moe import ExpertTerms, check_options, check_parallel, halves
+from twin.perf.presets import (
+    _NO_L2,
+    _NO_THROTTLE,
+    DEFAULT_ATTN_MFU,
+    DEFAULT_ENGINE,
+    DEFAULT_HOP_LATENCY_S,
+    DEFAULT_MBU,
+    DEFAULT_MFU,
+    DEFAULT_TP_MFU_EXPONENT,
+    GPU_EFFICIENCY,
+    engine_overheads,
+    l2_tokens,
 )
-_NO_THROTTLE = (0.0, 0.0)
-_NO_L2 = 1.0
-
-# L2 cache per GPU, bytes, from the vendor whitepapers: NVIDIA A100 Tensor Core GPU
-# Architecture (2020): 40 MB on the A100 (40 GB and 80 GB alike); NVIDIA H100 Tensor Core GPU
-# Architecture (2022): 50 MB on the H100 SXM5, the same die in the H200 and H800. A GPU not
-# named here gets no L2 term (every activation pass priced at HBM bandwidth).
-L2_BYTES: Mapping[str, float] = MappingProxyType(
-    {
-        "a100-80gb": 40e6,
-        "a100-40gb": 40e6,
-        "h100-sxm": 50e6,
-        "h100-80gb-pcap": 50e6,
-        "h200": 50e6,
-        "h800": 50e6,
-    }
-)
-
-
-def l2_tokens(gpu: GPUSpec, model: ModelSpec) -> float:
-    """How many tokens' activations (``hidden x dtype`` bytes each, the tensor every
-    element-wise pass of a layer streams) fit in ``gpu``'s L2 cache; 0 without one in
-    :data:`L2_BYTES`."""
-    return L2_BYTES.get(gpu.name, 0.0) / (model.hidden * model.dtype_bytes)
-
-
-# Software terms of the Roofline per serving engine: what the serving software adds on top of the
-# GPU's roofline (per-iteration, per-layer and per-sequence CPU/launch costs, activation-sized
-# element-wise memory passes, how much compute and memory time fail to overlap). "vllm" (the
-# default; twin.perf.vllm, each term's source there) is fitted to measured vLLM V1 serving runs
-# by twin calibrate --runs; the other two jointly with GPU_EFFICIENCY by
-# twin.perf.calibrate.fit_weighted:
-# - "splitwise-sim": splitwise-sim's perf_model.csv (llama2-70b on A100-80GB, H100-80GB and the
-#   capped H100 at TP 2, 4, 8, bloom-176b at TP 8). That profiling stack pays ~0.22 ms per
-#   sequence per iteration, several times what current serving engines spend: extrapolated to
-#   other models and to batches beyond 64 it makes decode far too slow (Llama-3.1-8B on one H100
-#   at batch 64: 32 ms a step), so it is a preset for replaying that data, not the default.
-# - "distserve": DistServe's fitted A100-80GB latency models (OPT-13B at TP 1, 2, 4; OPT-66B at
-#   TP 2, 3, 4, 8), profiled on DistServe's own engine, whose light per-sequence costs match
-#   current engines (Llama-2-70B TP8 H100 at batch 64: 26 ms a step; Llama-3.1-8B on one H100:
-#   18 ms): the bundled experiments' preset.
-# ``seq_overhead_s`` is paid per sequence per iteration whatever the TP; ``seq_shard_overhead_s``
-# per sequence divided by TP (per-sequence work that the TP ranks split).
-ENGINE_TERMS = ("overhead_s", "layer_overhead_s", "seq_overhead_s", "seq_shard_overhead_s",
-                "act_traffic", "no_overlap", "hop_overhead_s")  # fmt: skip
-# Kernel terms a preset may add (absent: 1.0): the share of the GPU's achieved HBM bandwidth
-# (``mbu``) that the engine's fused mixture-of-experts kernel reaches reading expert weights.
-KERNEL_TERMS = ("moe_efficiency",)
-
-
-ENGINE_OVERHEADS: Mapping[str, Mapping[str, float]] = MappingProxyType(
-    {
-        "vllm": VLLM_TERMS,
-        "splitwise-sim": MappingProxyType(
-            {
-                "overhead_s": 0.00571,
-                "layer_overhead_s": 0.0001,
-                "seq_overhead_s": 0.000216,
-                "seq_shard_overhead_s": 0.0,
-                "act_traffic": 119.0,
-                "no_overlap": 0.664,
-                "hop_overhead_s": 4.14e-06,
-            }
-        ),
-        "distserve": MappingProxyType(
-            {
-                "overhead_s": 0.00175,
-                "layer_overhead_s": 0.0001,
-                "seq_overhead_s": 5.26e-05,
-                "seq_shard_overhead_s": 0.0,
-                "act_traffic": 100.0,
-                "no_overlap": 1.0,
-                "hop_overhead_s": 0.0,
-            }
-        ),
-    }
-)
-
-
-# Precisions of the MoE dispatch all-to-all (``moe_dispatch_dtype``; unset: the activations'
-# dtype, the model's ``dtype_bytes``). FP8: one byte per element plus one float32 scale per 128
-# elements of a token, the fine-grained (1 x 128 tile) activation quantization of DeepSeek-V3
-# (arXiv 2412.19437, 3.3.2) that DeepEP carries as data plus scale factors; DeepSeek-V3 quantizes
-# the activations to FP8 before dispatch and keeps the combine in BF16 (3.3), as DeepEP's
-# benchmarks do ("FP8 dispatching, and BF16 combining", deepseek-ai/DeepEP README, Performance).
-DISPATCH_DTYPES = ("bf16", "fp8")
-FP8_SCALE_GROUP = 128  # elements per float32 scale (DeepSeek-V3 report, 3.3.2)
-FP8_SCALE_BYTES = 4
-# Overlap of the all-to-alls with compute (``moe_overlap``): "two-batch" splits an iteration
-# into two micro-batches so that one's dispatch and combine run while the other computes
-# (DeepSeek's dual-batch overlap, open-infra-index day-6 overview; SGLang's two-batch
-# overlap, LMSYS blog 2025-05-05; vLLM's --enable-dbo). See Roofline.iteration_time.
-MOE_OVERLAPS = ("none", "two-batch")
-
-
-def dispatch_bytes(hidden: int, dtype: str) -> float:
-    """Bytes of one token's activations in the dispatch all-to-all at ``dtype``
-    (:data:`DISPATCH_DTYPES`): 2 per element in BF16; in FP8 one per element
-    plus a float32 scale per :data:`FP8_SCALE_GROUP` elements."""
-    if dtype == "fp8":
-        return hidden + -(-hidden // FP8_SCALE_GROUP) * FP8_SCALE_BYTES
-    return 2.0 * hidden
-
-
-def remote_nodes(experts: int, k: int, nodes: float, limit: int) -> float:
-    """Expected nodes other than its own that a token's ``k`` experts lie on,
-    the experts spread evenly over ``nodes`` nodes and routed uniformly (a
-    node holds none of them with probability ``C(E - E/N, k) / C(E, k)``),
-    scaled down when the nodes reached exceed ``limit`` (node-limited
-    routing: DeepSeek-V3 sends a token to at most 4 nodes, arXiv 2412.19437,
-    2.1.2). NOTE: the cap is applied to the mean number of nodes reached, not
-    to each token's."""
-    per_node = experts / nodes
-    p_none = 1.0
-    for i in range(k):
-        p_none *= max(0.0, (experts - per_node - i) / (experts - i))
-    reached = nodes * (1.0 - p_none)
-    remote = (nodes - 1.0) * (1.0 - p_none)
-    return remote * limit / reached if reached > limit else remote
-
-
-def halves(batch: Batch) -> tuple[Batch, Batch] | None:
-    """``batch`` split into two micro-batches of (near) equal new tokens, or
-    ``None`` when it has a single token. Decode sequences split by count (the
-    first half ``n // 2`` of them, contexts pro rata, floored); the prefill
-    tokens fill the first half up to the midpoint, the chunk it falls in cut in
-    two (the second piece after the first in the KV cache), as SGLang's
-    two-chunk split does."""
-    n = batch.decode_count
-    d1 = n // 2
-    c1 = batch.decode_context_sum * d1 // n if n else 0
-    half = (batch.prefill_tokens + n) // 2 - d1  # the first half's prefill tokens
-    first: list[tuple[int, int]] = []
-    second: list[tuple[int, int]] = []
-    seen = 0
-    for new, cached in batch.prefill:
-        if seen >= half:
-            second.append((new, cached))
-        elif seen + new <= half:
-            first.append((new, cached))
-        else:
-            k = half - seen
-            first.append((k, cached))
-            second.append((new - k, cached + k))
-        seen += new
-    a = Batch(tuple(first), d1, c1)
-    b = Batch(tuple(second), n - d1, batch.decode_context_sum - c1)
-    return None if a.is_empty or b.is_empty else (a, b)
+from twin.perf.terms import check_fraction, check_nonneg
 
 
 def fp8_gemm_ratio(model: ModelSpec, gpu: GPUSpec) -> float:
@@ -257,33 +36,6 @@ def fp8_gemm_ratio(model: ModelSpec, gpu: GPUSpec) -> float:
     if model.weight_bytes_per_param == 1 and gpu.flops_fp8 > 0:
         return gpu.flops_bf16 / gpu.flops_fp8
     return 1.0
-
-
-def engine_overheads(engine: str) -> Mapping[str, float]:
-    """The software terms of serving engine ``engine`` (a key of :data:`ENGINE_OVERHEADS`)."""
-    try:
-        return ENGINE_OVERHEADS[engine]
-    except (KeyError, TypeError):
-        raise UnknownNameError("serving engine", str(engine), ENGINE_OVERHEADS) from None
-
-
-def _check_fraction(name: str, v: float) -> float:
-    if not is_number(v) or not 0.0 < v <= 1.0:
-        raise SpecError(f"roofline: {name}={v!r} must be a number in (0, 1]")
-    return float(v)
-
-
-def positive_float_or(v: float, name: str) -> float:
-    """``v`` as a float when it is a finite number > 0, else a :class:`SpecError`."""
-    if not is_number(v) or not 0.0 < v < float("inf"):
-        raise SpecError(f"roofline: {name}={v!r} must be a finite number > 0")
-    return float(v)
-
-
-def _check_nonneg(name: str, v: float) -> float:
-    if not is_number(v) or not 0.0 <= v < float("inf"):
-        raise SpecError(f"roofline: {name}={v!r} must be a finite number >= 0")
-    return float(v)
 
 
 class Roofline:
@@ -416,16 +168,14 @@ class Roofline:
         "_flop_token", "_flop_seq", "_flop_attn", "_kv_b", "_w_b",
         "_inv_compute", "_inv_attn", "_inv_mem", "_fixed", "_seq", "_comm_token", "_comm_fixed",
         "_act_token", "_act_l2", "_act_ranks", "_gemm_w_b",
-        "_p2p_token", "_p2p_fixed", "ep", "dp", "expert_skew", "a2a_intra_bytes_s",
-        "a2a_inter_bytes_s", "a2a_ranks_per_node", "a2a_latency_s", "_moe", "_e_local",
-        "_e_flop", "_e_bytes", "_a2a_token", "_a2a_fixed", "_special", "_fa_pre", "_fa_dec",
+        "_p2p_token", "_p2p_fixed", "ep", "dp", "expert_skew", "_moe", "_experts",
+        "_special", "_fa_pre", "_fa_dec",
         "_flop_ctx", "_kv_layer", "_full_layers", "_slide_layers", "_window",
         "moe_dispatch_dtype", "moe_overlap", "moe_dispatch_nodes", "moe_overlap_min_tokens",
-        "_a2a_dispatch",
-        "_a2a_combine", "_plain",
+        "_plain",
     )  # fmt: skip
 
-    def __init__(
+    def __init__(  # noqa: C901
         self,
         model: ModelSpec,
         gpu: GPUSpec,
@@ -481,7 +231,7 @@ class Roofline:
         hop_overhead_s = sw["hop_overhead_s"] if hop_overhead_s is None else hop_overhead_s
         if moe_efficiency is None:
             moe_efficiency = sw.get("moe_efficiency", 1.0)
-        self.moe_efficiency = _check_fraction("moe_efficiency", moe_efficiency)
+        self.moe_efficiency = check_fraction("moe_efficiency", moe_efficiency)
         eff = GPU_EFFICIENCY.get(
             gpu.name,
             (DEFAULT_MFU, DEFAULT_MBU, DEFAULT_ATTN_MFU, *_NO_THROTTLE, _NO_L2,
@@ -491,22 +241,22 @@ class Roofline:
         if not is_number(l2) or not 1.0 <= l2 < float("inf"):
             raise SpecError(f"roofline: l2_speedup={l2!r} must be a finite number >= 1")
         self.l2_speedup = float(l2)
-        self.throttle = _check_nonneg("throttle", eff[3] if throttle is None else throttle)
+        self.throttle = check_nonneg("throttle", eff[3] if throttle is None else throttle)
         knee = eff[4] if throttle_knee_s is None else throttle_knee_s
-        self.throttle_knee_s = _check_nonneg("throttle_knee_s", knee)
-        self.mfu = _check_fraction("mfu", eff[0] if mfu is None else mfu)
-        self.mbu = _check_fraction("mbu", eff[1] if mbu is None else mbu)
-        self.attn_mfu = _check_fraction("attn_mfu", eff[2] if attn_mfu is None else attn_mfu)
-        self.overhead_s = _check_nonneg("overhead_s", overhead_s)
-        self.layer_overhead_s = _check_nonneg("layer_overhead_s", layer_overhead_s)
-        self.seq_overhead_s = _check_nonneg("seq_overhead_s", seq_overhead_s)
-        self.seq_shard_overhead_s = _check_nonneg("seq_shard_overhead_s", seq_shard_overhead_s)
+        self.throttle_knee_s = check_nonneg("throttle_knee_s", knee)
+        self.mfu = check_fraction("mfu", eff[0] if mfu is None else mfu)
+        self.mbu = check_fraction("mbu", eff[1] if mbu is None else mbu)
+        self.attn_mfu = check_fraction("attn_mfu", eff[2] if attn_mfu is None else attn_mfu)
+        self.overhead_s = check_nonneg("overhead_s", overhead_s)
+        self.layer_overhead_s = check_nonneg("layer_overhead_s", layer_overhead_s)
+        self.seq_overhead_s = check_nonneg("seq_overhead_s", seq_overhead_s)
+        self.seq_shard_overhead_s = check_nonneg("seq_shard_overhead_s", seq_shard_overhead_s)
         if hop_latency_s is None:
             hop_latency_s = eff[6]
-        self.hop_latency_s = _check_nonneg("hop_latency_s", hop_latency_s)
-        self.hop_overhead_s = _check_nonneg("hop_overhead_s", hop_overhead_s)
-        self.tp_mfu_exponent = _check_nonneg("tp_mfu_exponent", tp_mfu_exponent)
-        self.act_traffic = _check_nonneg("act_traffic", act_traffic)
+        self.hop_latency_s = check_nonneg("hop_latency_s", hop_latency_s)
+        self.hop_overhead_s = check_nonneg("hop_overhead_s", hop_overhead_s)
+        self.tp_mfu_exponent = check_nonneg("tp_mfu_exponent", tp_mfu_exponent)
+        self.act_traffic = check_nonneg("act_traffic", act_traffic)
         if not is_number(no_overlap) or not 0.0 <= no_overlap <= 1.0:
             raise SpecError(f"roofline: no_overlap={no_overlap!r} must be a number in [0, 1]")
         self.no_overlap = float(no_overlap)
@@ -551,47 +301,25 @@ class Roofline:
         self._comm_token = comm_token  # per-token time outside the roofline max()
         self._comm_fixed = comm_fixed
         self.ep, self.dp = ep, dp
-        self.expert_skew = _check_nonneg("expert_skew", expert_skew)
-        self.a2a_intra_bytes_s: float | None = None
-        self.a2a_inter_bytes_s: float | None = None
-        self.a2a_latency_s: float | None = None
-        self.a2a_ranks_per_node: int | None = None
-        if moe_dispatch_dtype is not None and moe_dispatch_dtype not in DISPATCH_DTYPES:
-            raise SpecError(
-                f"roofline: moe_dispatch_dtype={moe_dispatch_dtype!r}; expected one of"
-                f" {', '.join(DISPATCH_DTYPES)}"
-            )
-        if moe_overlap not in MOE_OVERLAPS:
-            raise SpecError(
-                f"roofline: moe_overlap={moe_overlap!r}; expected one of {', '.join(MOE_OVERLAPS)}"
-            )
-        if moe_dispatch_nodes is not None and (
-            not is_int(moe_dispatch_nodes) or moe_dispatch_nodes < 1
-        ):
-            raise SpecError(
-                f"roofline: moe_dispatch_nodes={moe_dispatch_nodes!r} must be a positive integer"
-            )
-        if not is_int(moe_overlap_min_tokens) or moe_overlap_min_tokens < 0:
-            raise SpecError(
-                f"roofline: moe_overlap_min_tokens={moe_overlap_min_tokens!r} must be an"
-                " integer >= 0"
-            )
-        if moe_overlap_min_tokens and moe_overlap != "two-batch":
-            raise SpecError(
-                f"roofline: moe_overlap_min_tokens={moe_overlap_min_tokens!r} acts only with"
-                " moe_overlap='two-batch'"
-            )
+        self.expert_skew = check_nonneg("expert_skew", expert_skew)
+        check_options(moe_dispatch_dtype, moe_overlap, moe_dispatch_nodes, moe_overlap_min_tokens)
         self.moe_overlap_min_tokens = moe_overlap_min_tokens
         self.moe_dispatch_dtype = moe_dispatch_dtype
         self.moe_overlap = moe_overlap
         self.moe_dispatch_nodes = moe_dispatch_nodes
-        self._a2a_dispatch = self._a2a_combine = 0.0  # their shares of _a2a_token
         self._plain: Roofline | None = None  # this model without overlap (two-batch only)
         self._moe = m.experts > 0
-        self._e_local = self._e_flop = self._e_bytes = self._a2a_token = self._a2a_fixed = 0.0
+        self._experts: ExpertTerms | None = None
         if self._moe:
-            self._init_moe(link, a2a_intra_bytes_s, a2a_inter_bytes_s, a2a_ranks_per_node,
-                           a2a_latency_s)  # fmt: skip
+            self._spread_dense()
+            self._experts = ExpertTerms(
+                m, tp, ep, fp8=self._fp8, moe_efficiency=self.moe_efficiency,
+                expert_skew=self.expert_skew, inv_compute=self._inv_compute,
+                inv_mem=self._inv_mem, no_overlap=self.no_overlap, link=link,
+                hop_latency_s=self.hop_latency_s, dispatch_dtype=moe_dispatch_dtype,
+                dispatch_nodes=moe_dispatch_nodes, intra=a2a_intra_bytes_s,
+                inter=a2a_inter_bytes_s, per_node=a2a_ranks_per_node, latency=a2a_latency_s,
+            )  # fmt: skip
         elif ep > 1 or dp > 1:
             raise SpecError(
                 f"roofline: ep/dp above 1 need a mixture-of-experts model, not {m.name}"
@@ -620,91 +348,24 @@ class Roofline:
             self._plain = plain
             self.name += ":two-batch"
 
-    def _init_moe(
-        self,
-        link: float,
-        intra: float | None,
-        inter: float | None,
-        per_node: int | None,
-        latency: float | None,
-    ) -> None:
-        """The mixture-of-experts terms: the dense part over the ``dp x tp``
-        attention ranks, each routed expert's GEMM, the all-to-alls of EP."""
-        m, tp, dp, ep = self.model, self.tp, self.dp, self.ep
-        if m.experts % ep:
-            raise SpecError(f"roofline: ep={ep} does not divide {m.name}'s {m.experts} experts")
-        if ep > 1 and ep != dp * tp:
-            raise SpecError(
-                f"roofline: ep={ep} must equal dp x tp = {dp * tp} (the experts span the"
-                " attention ranks of a stage)"
-            )
-        if ep == 1 and dp > 1:
-            raise SpecError(f"roofline: dp={dp} (data-parallel attention) needs ep = dp x tp")
+    def _spread_dense(self) -> None:
+        """The dense part of a mixture-of-experts model (attention, dense layers,
+        shared experts, router, LM head) over its ``dp x tp`` attention ranks; the
+        routed experts are :class:`~twin.perf.moe.ExpertTerms`'."""
+        m, tp, dp = self.model, self.tp, self.dp
+        check_parallel(m, tp, dp, self.ep)
         ranks = tp * dp
         wb = m.weight_bytes_per_param
-        # dense part (attention, dense layers, shared experts, router, LM head): each of the
-        # dp attention ranks runs its share of the sequences on tp GPUs
+        # each of the dp attention ranks runs its share of the sequences on tp GPUs
         self._flop_token = 2.0 * m.dense_token_params / ranks * self._fp8
         self._flop_seq = 2.0 * m.hidden * m.vocab / ranks
         self._flop_attn = 4.0 * m.layers * m.heads * m.head_dim / ranks
         self._kv_b = m.kv_bytes_per_token_tp(tp) / ranks
         self._w_b = (m.params - m.routed_params) * wb / tp
-        act = m.hidden * m.dtype_bytes
         self._comm_token /= dp  # TP all-reduces of T / dp tokens
         self._act_ranks = dp  # activation passes of T / dp tokens per rank
         self._p2p_token /= dp
         self._seq /= dp  # each rank's scheduler and sampler handle its own sequences
-        # routed experts: with EP each GPU holds experts / ep whole experts; without, every
-        # GPU holds a 1 / tp slice of every expert
-        shard = 1 if ep > 1 else tp
-        self._e_local = float(m.experts // ep)
-        self._e_flop = 2.0 * m.expert_params / shard * self._fp8  # per token routed to it
-        # the expert's weights read once, at moe_efficiency x mbu
-        self._e_bytes = m.expert_params * wb / shard / self.moe_efficiency
-        if ep == 1:
-            return
-        g = ep if per_node is None else per_node
-        if not is_int(g) or not 1 <= g <= ep:
-            raise SpecError(f"roofline: a2a_ranks_per_node={per_node!r} must be in 1..ep={ep}")
-        intra = link if intra is None else intra
-        if g < ep and inter is None:
-            raise SpecError(
-                f"roofline: ep={ep} spans nodes of {g} ranks; a2a_inter_bytes_s is needed"
-            )
-        self.a2a_ranks_per_node = g
-        intra_bw = positive_float_or(intra, "a2a_intra_bytes_s")
-        self.a2a_intra_bytes_s = intra_bw
-        lat = _check_nonneg("a2a_latency_s", self.hop_latency_s if latency is None else latency)
-        self.a2a_latency_s = lat
-        # one all-to-all: each rank sends its T / ep tokens' k copies (hidden x dtype bytes
-        # each), (g - 1) / ep of them to the other ranks of its node over NVLink, (ep - g) / ep
-        # over the NIC; the links run in parallel and the slower bounds it
-        per_token = m.experts_per_token * act / ep * (1.0 + self.expert_skew)
-        t_intra = per_token * (g - 1) / ep / intra_bw
-        t_inter = 0.0
-        if inter is not None:
-            inter_bw = positive_float_or(inter, "a2a_inter_bytes_s")
-            self.a2a_inter_bytes_s = inter_bw
-            t_inter = per_token * (ep - g) / ep / inter_bw
-            if self.moe_dispatch_nodes is not None and g < ep:
-                # once per remote node a token reaches over the NIC, then forwarded over
-                # NVLink to the experts' GPUs there: (g - 1) / g of the copies cross NVLink
-                remote = remote_nodes(m.experts, m.experts_per_token, ep / g,
-                                      self.moe_dispatch_nodes)  # fmt: skip
-                t_inter = act / ep * (1.0 + self.expert_skew) * remote / inter_bw
-                t_intra = per_token * (g - 1) / g / intra_bw
-        # two per MoE layer (dispatch and combine)
-        combine = max(t_intra, t_inter)
-        self._a2a_fixed = 2.0 * m.moe_layers * lat
-        self._a2a_dispatch = self._a2a_combine = m.moe_layers * combine
-        if self.moe_dispatch_dtype is None:
-            self._a2a_token = 2.0 * m.moe_layers * combine
-            return
-        # the dispatch at its own precision, the combine at the activations' (DeepEP: FP8
-        # dispatch, BF16 combine); the same links, so its time scales with its bytes
-        ratio = dispatch_bytes(m.hidden, self.moe_dispatch_dtype) / act
-        self._a2a_dispatch = m.moe_layers * combine * ratio
-        self._a2a_token = self._a2a_dispatch + self._a2a_combine
 
     def gemm_time(self, tokens: int) -> float:
         """Seconds of the layers' weight GEMMs alone for ``tokens`` new tokens, each priced as
@@ -714,67 +375,53 @@ class Roofline:
         ``mlp.csv`` measures (:class:`twin.perf.validate.GemmPart`)."""
         return max(self._flop_token * tokens * self._inv_compute, self._gemm_w_b * self._inv_mem)
 
+    @property
+    def a2a_intra_bytes_s(self) -> float | None:
+        """The all-to-alls' rate to a rank of the same node, as used (None without EP)."""
+        return None if self._experts is None else self._experts.a2a_intra_bytes_s
+
+    @property
+    def a2a_inter_bytes_s(self) -> float | None:
+        """The all-to-alls' rate across nodes, as used (None without EP or within a node)."""
+        return None if self._experts is None else self._experts.a2a_inter_bytes_s
+
+    @property
+    def a2a_ranks_per_node(self) -> int | None:
+        """The EP ranks of one node, as used (None without EP)."""
+        return None if self._experts is None else self._experts.a2a_ranks_per_node
+
+    @property
+    def a2a_latency_s(self) -> float | None:
+        """The latency of one all-to-all, as used (None without EP)."""
+        return None if self._experts is None else self._experts.a2a_latency_s
+
     def all_to_all_time(self, tokens: int) -> float:
-        """Seconds of one all-to-all of ``tokens`` tokens (the instance's, all
-        ranks together) over the EP ranks, the mean of the dispatch and the
-        combine (which differ under ``moe_dispatch_dtype``); 0.0 without EP."""
-        if self.ep == 1 or tokens == 0:
-            return 0.0
-        per_layer = 2.0 * self.model.moe_layers
-        return (self._a2a_fixed + self._a2a_token * tokens) / per_layer
+        """Seconds of one all-to-all of ``tokens`` tokens over the EP ranks
+        (:meth:`twin.perf.moe.ExpertTerms.all_to_all_time`); 0.0 without EP."""
+        return 0.0 if self._experts is None else self._experts.all_to_all_time(tokens)
 
     def dispatch_combine_times(self, tokens: int) -> tuple[float, float]:
-        """Seconds of one MoE layer's dispatch and of its combine of ``tokens``
-        tokens over the EP ranks; (0.0, 0.0) without EP."""
-        if self.ep == 1 or tokens == 0:
+        """Seconds of one MoE layer's dispatch and of its combine
+        (:meth:`twin.perf.moe.ExpertTerms.dispatch_combine_times`); zeros without EP."""
+        if self._experts is None:
             return 0.0, 0.0
-        layers = self.model.moe_layers
-        lat = self._a2a_fixed / (2.0 * layers)
-        return lat + self._a2a_dispatch / layers * tokens, lat + self._a2a_combine / layers * tokens
+        return self._experts.dispatch_combine_times(tokens)
 
     def a2a_time(self, tokens: int) -> float:
         """Seconds of an iteration's all-to-alls (two per MoE layer) for
         ``tokens`` new tokens; 0.0 without EP."""
-        if self.ep == 1 or tokens == 0 or not self._moe:
-            return 0.0
-        return self._a2a_fixed + self._a2a_token * tokens
+        return 0.0 if self._experts is None else self._experts.a2a_time(tokens)
 
     def experts_time(self, tokens: int) -> float:
         """Seconds of the routed experts' GEMMs of an iteration of ``tokens``
-        new tokens, all MoE layers (:meth:`moe_time` without the all-to-alls)."""
-        if not self._moe or tokens == 0:
-            return 0.0
-        m = self.model
-        k, e = m.experts_per_token, m.experts
-        pairs = tokens * k * (1.0 + self.expert_skew) / self.ep
-        active = self._e_local * (1.0 - (1.0 - k / e) ** tokens)
-        compute = pairs * self._e_flop * self._inv_compute
-        mem = active * self._e_bytes * self._inv_mem
-        if compute > mem:
-            roof = compute + self.no_overlap * mem
-        else:
-            roof = mem + self.no_overlap * compute
-        return m.moe_layers * roof
+        new tokens (:meth:`twin.perf.moe.ExpertTerms.experts_time`); 0.0 for a dense model."""
+        return 0.0 if self._experts is None else self._experts.experts_time(tokens)
 
     def moe_time(self, tokens: int) -> float:
         """Seconds of the routed experts and the all-to-alls of an iteration of
-        ``tokens`` new tokens, all MoE layers; 0.0 for a dense model.
-
-        Per MoE layer on the busiest GPU: its ``T k / ep x (1 + expert_skew)``
-        token-expert pairs (all ``T k`` without EP, on a 1 / tp slice of each
-        expert) over its active experts, ``experts / ep x (1 - (1 - k / E)^T)``
-        (the expected number with at least one token under uniform routing), each
-        expert's GEMM at its own batch: compute ``2 x pairs x expert params`` at
-        ``mfu``, memory its weights at ``mbu``, combined as the dense roofline
-        (the larger plus ``no_overlap`` x the smaller): a small decode batch reads
-        every active expert's weights. Plus two all-to-alls under EP.
-        """
-        if not self._moe or tokens == 0:
-            return 0.0
-        t = self.experts_time(tokens)
-        if self.ep > 1:
-            t += self._a2a_fixed + self._a2a_token * tokens
-        return t
+        ``tokens`` new tokens (:meth:`twin.perf.moe.ExpertTerms.moe_time`); 0.0
+        for a dense model."""
+        return 0.0 if self._experts is None else self._experts.moe_time(tokens)
 
     def stage_times(self, batch: Batch) -> tuple[float, float]:
         """Seconds ``batch`` holds the first pipeline stage and each later one

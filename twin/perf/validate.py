@@ -18,7 +18,7 @@ Sources (all under the shared data directory, ``profiles/``):
 
 Each source is compared with the Roofline under the software preset of the
 engine it was measured on (``Source.engine``, a key of
-:data:`twin.perf.roofline.ENGINE_OVERHEADS`): ``splitwise-sim`` for splitwise-sim, ``distserve``
+:data:`twin.perf.presets.ENGINE_OVERHEADS`): ``splitwise-sim`` for splitwise-sim, ``distserve``
 for DistServe; GPU efficiencies are the same for both.
 
 Error = |predicted - measured| / measured, per point; each source reports the
@@ -223,7 +223,7 @@ def vidur_sources(root: Path) -> list[Source]:
     tokens of one prompt); those of at most :data:`VIDUR_DECODE_TOKENS` tokens are decode
     points too (that many sequences). Scored with :class:`GemmPart` (``part="gemm"``); the
     source's ``engine`` is the default preset, which serves the workload of ``--workload``."""
-    from twin.perf.roofline import DEFAULT_ENGINE
+    from twin.perf.presets import DEFAULT_ENGINE
 
     out = []
     for device in sorted(p.name for p in root.iterdir() if p.is_dir()):

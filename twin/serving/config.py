@@ -22,6 +22,7 @@ from twin.serving.queuepolicy import QueuePolicyChoice, parse_choice
 from twin.serving.speculative import SCHEMA as SPECULATIVE_SCHEMA
 from twin.serving.speculative import SpeculativeConfig
 from twin.serving.speculative import parse as parse_speculative
+from twin.workload.sessions import RETENTION_SCHEMA, Retention
 
 # A request no instance can ever hold: stop the run, or reject it; ``truncate``
 # also shortens a request longer than the context instead of rejecting it.
@@ -98,6 +99,12 @@ class EngineConfig:
         "speculative decoding: {method: draft|eagle|mtp|ngram, k, acceptance: a number, "
         "a list per position or a measured figure's name, draft} (twin.serving.speculative)",
         nullable=True, keep=True,
+    )  # fmt: skip
+    session_retention: Retention = declared(
+        {"policy": "keep"}, anything(RETENTION_SCHEMA, Retention.from_mapping),
+        "a session's KV between its turns: {policy: keep | drop | ttl | offload, ttl} "
+        "(twin.workload.sessions.Retention)",
+        keep=True,
     )  # fmt: skip
 
     def __post_init__(self) -> None:

@@ -379,6 +379,8 @@ class Engine:
             for seq, n in chunks:
                 if seq.handoff and seq.prefilled + n >= seq.prefill_len:
                     self.hooks.on_prefill_start(self, seq, dt)
+                    if not seq.handoff:  # to decode here after all: its KV stays
+                        self.planner.note_decode_start([(seq, n)], False, self.env.now)
 
     def use_lane(self, lane: int) -> None:
         """Make ``lane``'s decode bookkeeping the engine's (``pp > 1``)."""
@@ -423,8 +425,10 @@ class Engine:
             s.mark("t_prefill_done", now)  # a recompute (preempted, retried) keeps the first
             s.generated += 1
             if not s.mark("t_first_token", now):  # a recompute's token: a gap before it
-                if s.landed:
+                if s.landed and not s.handoff:  # where it stays (not for a new hand-off)
                     first_after_landing(s, now)
+                elif s.moves and s.t_decode_start < 0.0:  # before a decode side took it up
+                    s.landing_gap = max(s.landing_gap, now - s.t_last_token)
                 elif now - s.t_last_token > s.max_gap:
                     s.max_gap = now - s.t_last_token  # the stall of a recompute
             s.t_last_token = now

@@ -319,7 +319,7 @@ class FastForward:
         del ends[0]
         return Stretch(dts, ends, free - need, chunks, mixed)
 
-    def run(self, st: Stretch):  # noqa: ANN201 - part of the engine's serve process
+    def run(self, st: Stretch):  # part of the engine's serve process
         eng = self.engine
         env = eng.env
         self.stretch = st

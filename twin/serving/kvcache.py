@@ -302,12 +302,50 @@ class PrefixCache:
                 heapq.heapreplace(idle, (run[i][0], i, run))
             else:
                 heapq.heappop(idle)
+        self._gone(gone, freed, held)
+
+    def let_go(
+        self, hashes: Sequence[int], *, write_down: bool, stamps: Sequence[int] | None = None
+    ) -> int:
+        """Evict now the idle units among ``hashes`` (a retention policy's,
+        :mod:`twin.sim.sessions`), least recently used first as ``evict``
+        would take them: with ``write_down`` they are written to the tiers
+        below (their blocks held until written), else their blocks are freed
+        at once. With ``stamps`` (of :meth:`stamps`), a unit used again since
+        is kept. Returns the blocks let go."""
+        units = self.units
+        gone: list[tuple[int, int]] = []
+        freed = 0
+        for k, h in enumerate(hashes):
+            u = units.get(h)
+            if u is None or u[0] or stamps is not None and u[2] != stamps[k]:
+                continue
+            u[2] = -1  # its queued run entry goes stale
+            del units[h]
+            self.changes += 1
+            freed += u[1]
+            gone.append((h, u[1]))
+        if freed:
+            held = write_down and self.tiers is not None
+            self._gone(gone if held else [], freed, held)
+        return freed
+
+    def stamps(self, hashes: Sequence[int]) -> list[int]:
+        """The last-use stamps of ``hashes`` (-1 for one not cached)."""
+        units = self.units
+        return [units[h][2] if h in units else -1 for h in hashes]
+
+    def _gone(self, gone: list[tuple[int, int]], freed: int, held: bool) -> None:
+        """``freed`` blocks of evicted units left the cache: released now, or
+        (``held``) once their write down to the tiers, of ``gone``, has ended."""
+        kv = self.kv
+        tiers = self.tiers
         self.cached_blocks -= freed
         self.evictable_blocks -= freed
         pending = freed if held else 0
         if not held:
             kv.release(freed)
-        if tiers is None:
+        if tiers is None or not gone:
             return
         taken = tiers.write_down(gone)  # one write of the batch
         if not pending:

@@ -31,7 +31,7 @@ from twin.serving.pipeforward import PipeForward
 from twin.serving.ports import EngineLike
 
 
-def serve(eng: EngineLike, ff: FastForward | None, life: int):  # noqa: ANN201 - a SimPy process
+def serve(eng: EngineLike, ff: FastForward | None, life: int):  # noqa: C901 - a SimPy process
     """Form a batch, run it for the time the perf model gives, apply it;
     repeat, for as long as the instance's ``life`` lasts."""
     env = eng.env
@@ -83,7 +83,7 @@ def _bad_time(eng: EngineLike, dt: float) -> None:
     raise SpecError(f"perf model {eng.perf.name!r} gave iteration time {dt!r} <= 0")
 
 
-def serve_lane(eng: EngineLike, pf: PipeForward | None, lane: int, life: int):  # noqa: ANN201
+def serve_lane(eng: EngineLike, pf: PipeForward | None, lane: int, life: int):  # noqa: C901 - a SimPy process
     """One pipeline lane (``pp > 1``): wait for the first stage, form a
     micro-batch of this lane's work, let it pass every stage, apply it; repeat.
     Inside a fast-forwarded stretch (:mod:`twin.serving.pipeforward`) the lane

@@ -139,7 +139,7 @@ def check_memory(
                 raise CapacityError(f"{where}: {key}: {e}") from None
 
 
-def check_targets(
+def check_targets(  # noqa: C901
     events: Sequence[Any], failures: Sequence[Any], kv_tiers: Any, topology: Any,
     placements: Sequence[Placement], where: str,
 ) -> None:  # fmt: skip

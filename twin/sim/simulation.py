@@ -14,7 +14,6 @@ import copy
 import dataclasses
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import numpy as np
 import simpy
 
 from twin import _version
-from twin._clock import Arrival, at
+from twin._clock import arrival_at, at
 from twin.errors import CapacityError, SpecError, TwinError
 from twin.perf.iteration import PerfModel
 from twin.perf.residuals import Residuals, read_residuals
@@ -37,10 +36,11 @@ from twin.sim.build import build_cluster
 from twin.sim.classmetrics import ByClass, class_slos
 from twin.sim.control import ControlLoop, apply_plan
 from twin.sim.faults import Faults
-from twin.sim.frames import flatten
 from twin.sim.intervals import attainment_scales, summary_intervals
 from twin.sim.metrics import Metrics
+from twin.sim.result import Result
 from twin.sim.scaling import Scaler, ScalingKeys
+from twin.sim.sessions import SessionDriver
 from twin.sim.spec import ExperimentSpec, apply_overrides, load_spec, resolve_spec
 from twin.sim.summary import (
     limit_warnings,
@@ -51,169 +51,8 @@ from twin.sim.summary import (
 from twin.sim.timeline import Timeline
 from twin.sim.timeouts import ClientTimeouts
 from twin.sim.trace import EventLog, TraceRecorder
+from twin.workload.sessions import Sessions
 from twin.workload.stream import file_sha256, iter_requests, trace_rates
-
-# The columns of a link's row (twin/net/flows.py, Network.link_stats), besides
-# "series" (with --links-csv)
-LINK_COLUMNS = (
-    "src", "dst", "usable_bytes_s", "bytes", "busy_s", "utilization", "peak_rate_bytes_s"
-)  # fmt: skip
-
-
-class Summary(Mapping[str, Any]):
-    """A run's summary as a flat mapping: nested metrics by dotted keys
-    (``summary["ttft_s.p99"]``, the columns of a sweep's ``runs.csv``), in the
-    order of :meth:`twin.sim.metrics.Metrics.summary`. A nested key also reads
-    as its mapping (``summary["ttft_s"]["p99"]``); :attr:`nested` is the
-    summary as ``Result.to_dict()`` and ``--json`` write it."""
-
-    __slots__ = ("nested", "_flat")
-
-    def __init__(self, nested: Mapping[str, Any]) -> None:
-        self.nested: dict[str, Any] = dict(nested)
-        self._flat = flatten(self.nested)
-
-    def __getitem__(self, key: str) -> Any:
-        if key in self._flat:
-            return self._flat[key]
-        return self.nested[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._flat)
-
-    def __len__(self) -> int:
-        return len(self._flat)
-
-    def __repr__(self) -> str:
-        return f"Summary({self._flat!r})"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Summary, (self.nested,))
-
-
-@dataclass(frozen=True)
-class Result:
-    """What a run produced: ``header`` (version, resolved spec, hashes),
-    ``summary`` (a :class:`Summary` of the stable keys of
-    :meth:`twin.sim.metrics.Metrics.summary`) and its tables: per instance,
-    per link (bytes, utilization), per window of simulated time
-    (twin/sim/timeline.py) and, when the run kept them (``twin.run`` does by
-    default, ``Simulation(spec, keep_requests=True)``), per request.
-
-    The tables read as pandas DataFrames (the ``data`` extra; see
-    twin/sim/frames.py): :attr:`requests`, :attr:`instances`, :attr:`links`,
-    :attr:`timeline`; :meth:`to_dict` gives them as lists of rows."""
-
-    header: dict[str, Any]
-    summary: Mapping[str, Any]
-    instance_rows: list[dict[str, Any]]
-    link_rows: list[dict[str, Any]] = field(default_factory=list)
-    timeline_rows: list[dict[str, Any]] = field(default_factory=list)  # twin.sim.timeline rows
-    # The failures, repairs and degradations as they took effect (the spec's
-    # events and random failures); None, and not in to_dict, without either.
-    fault_log: list[dict[str, Any]] | None = None
-    # One dict per ended request, in the order they ended (REQUEST_COLUMNS);
-    # None when the run did not keep them. Not in to_dict.
-    request_rows: list[dict[str, Any]] | None = field(default=None, repr=False, compare=False)
-    # Each class's timeline rows (twin.sim.classmetrics), in a run with classes of
-    # traffic; None, and not in to_dict, without them.
-    class_timelines: dict[str, list[dict[str, Any]]] | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.summary, Summary):
-            object.__setattr__(self, "summary", Summary(self.summary))
-
-    def to_dict(self) -> dict[str, Any]:
-        assert isinstance(self.summary, Summary)
-        out = {
-            "header": self.header,
-            "summary": self.summary.nested,
-            "instances": self.instance_rows,
-            "links": self.link_rows,
-            "timeline": self.timeline_rows,
-        }
-        if self.fault_log is not None:
-            out["fault_log"] = self.fault_log
-        if self.class_timelines is not None:
-            out["timeline_by_class"] = self.class_timelines
-        return out
-
-    # -- as data (pandas, imported here only) -----------------------------------------
-    @property
-    def requests(self) -> Any:
-        """One row per request, in id order: the columns of ``--requests-csv``,
-        typed (twin/sim/frames.py, REQUEST_KINDS), missing values NA or NaN."""
-        from twin.sim.frames import requests_frame
-
-        if self.request_rows is None:
-            raise TwinError(
-                "this result kept no per-request rows: run it with "
-                "twin.run(spec, keep_requests=True) or Simulation(spec, keep_requests=True)"
-            )
-        return requests_frame(self.request_rows)
-
-    @property
-    def instances(self) -> Any:
-        """One row per instance: id, role, node, gpus, KV blocks, iterations,
-        busy time, utilization, preemptions, peak KV blocks."""
-        from twin.sim.frames import records_frame
-
-        return records_frame(self.instance_rows)
-
-    @property
-    def links(self) -> Any:
-        """One row per directed link that carried KV (none without a topology)."""
-        from twin.sim.frames import records_frame
-
-        return records_frame(self.link_rows, LINK_COLUMNS)
-
-    @property
-    def timeline(self) -> Any:
-        """One row per window of simulated time (``output.window``): arrivals,
-        completions, attainment, latency percentiles, capacity."""
-        from twin.sim.frames import records_frame
-        from twin.sim.timeline import TIMELINE_COLUMNS
-
-        return records_frame(self.timeline_rows, TIMELINE_COLUMNS)
-
-    def _repr_html_(self) -> str:
-        """A compact table for notebooks: the run and its headline metrics."""
-        import html
-
-        from twin.sim.summary import header_line
-
-        s = self.summary
-        cells = [
-            ("requests", s["requests"]),
-            ("completed", s["completed"]),
-            ("rejected", s["rejected"]),
-            ("TTFT p50 / p99 (s)", (s["ttft_s.p50"], s["ttft_s.p99"])),
-            ("TPOT p50 / p99 (ms)", (_ms(s["tpot_s.p50"]), _ms(s["tpot_s.p99"]))),
-            ("SLO attainment", s["slo_attainment"]),
-            ("throughput (req/s)", s["throughput_rps"]),
-            ("simulated (s)", s["simulated_s"]),
-        ]
-        rows = "".join(
-            f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
-            f"<td style='text-align:right'>{html.escape(_cell(v))}</td></tr>"
-            for k, v in cells
-        )
-        head = html.escape(header_line(self.to_dict()))
-        return f"<table><caption style='text-align:left'>{head}</caption>{rows}</table>"
-
-
-def _ms(x: float | None) -> float | None:
-    return None if x is None else x * 1e3
-
-
-def _cell(v: Any) -> str:
-    if isinstance(v, tuple):
-        return " / ".join(_cell(x) for x in v)
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return f"{v:,}" if isinstance(v, int) else str(v)
 
 
 class Simulation:
@@ -225,7 +64,10 @@ class Simulation:
     each link's bytes per time bucket of that width; ``trace`` (a
     :class:`twin.sim.trace.TraceRecorder`) records iteration and transfer spans;
     ``observers`` are told what happens as it happens
-    (:class:`twin.serving.observer.Observer`); ``keep_requests`` keeps every
+    (:class:`twin.serving.observer.Observer`); ``retention`` replaces a session
+    workload's KV retention policy with one's own (an object with
+    ``decide(session) -> (policy, ttl_s)``, :class:`twin.workload.sessions.Retention`);
+    ``keep_requests`` keeps every
     request's row in the Result (``Result.requests``; memory grows with the
     run). An observer that wants every iteration (the log and the trace do)
     turns the engines' fast-forward off."""
@@ -243,6 +85,7 @@ class Simulation:
         trace: TraceRecorder | None = None,
         observers: Iterable[Observer] = (),
         keep_requests: bool = False,
+        retention: Any = None,
     ) -> None:
         self.spec = spec
         self._rows: list[dict[str, Any]] | None = [] if keep_requests else None
@@ -253,30 +96,7 @@ class Simulation:
         self.rng_workload = np.random.default_rng(seeds[0])
         self.rng_scheduler = np.random.default_rng(seeds[1])
         self._requests = requests
-        timeout = spec.workload.timeout_s
-        faults = bool(spec.events or spec.failures) or "retry" in spec.resolved or bool(timeout)
-        self.residuals = spec_residuals(spec)
-        scales = attainment_scales(self.residuals) if self.residuals is not None else None
-        classes = spec.workload.classes
-        slos = class_slos(spec.slo, classes) if classes else None
-        self.metrics = Metrics(
-            spec.slo, on_row, spec.ttft_at, Timeline(spec.window_s), faults=faults,
-            scales=scales or (), classes=slos,
-        )  # fmt: skip
-        subscribers: list[Observer] = [self.metrics]
-        self.by_class = None
-        if slos is not None:
-            self.by_class = ByClass(classes, slos, spec.ttft_at, spec.window_s, faults)
-            subscribers.append(self.by_class)
-        self.timeouts = ClientTimeouts(self, timeout) if timeout is not None else None
-        if self.timeouts is not None:
-            subscribers.append(self.timeouts)
-        if log is not None:
-            subscribers.append(EventLog(log))
-        if trace is not None:
-            subscribers.append(trace)
-        subscribers.extend(observers)
-        self.observer = broadcast(subscribers)
+        self.observer = self._listeners(on_row, log, trace, observers, retention)
         self.scheduler = scheduler or build_scheduler(
             spec.scheduler, spec.scheduler_params, where=f"{spec.source}: scheduler"
         )
@@ -297,7 +117,7 @@ class Simulation:
             spec.scheduler,
         )  # fmt: skip
         self._arrived = 0
-        self._arrivals_done = False
+        self._stream_done = False
         self._stream_end: dict[str, float] = {}  # ran_out_s: when a trace ran out
         self.events = 0
         self._parked: list[Sequence] = []  # waiting for an instance to come back up
@@ -322,6 +142,50 @@ class Simulation:
              for e, p in zip(self.engines, self.placements, strict=True)],
             spec.topology,
         )  # fmt: skip
+
+    def _listeners(
+        self,
+        on_row: Callable[[dict[str, Any]], None] | None,
+        log: list[tuple] | None,
+        trace: TraceRecorder | None,
+        observers: Iterable[Observer],
+        retention: Any,
+    ) -> Observer:
+        """Everything told of the run as it happens: the metrics (per class too),
+        the client side (time-outs, sessions' next turns), the event log, the
+        trace and the caller's observers, as one observer."""
+        spec = self.spec
+        timeout = spec.workload.timeout_s
+        faults = bool(spec.events or spec.failures) or "retry" in spec.resolved or bool(timeout)
+        self.residuals = spec_residuals(spec)
+        scales = attainment_scales(self.residuals) if self.residuals is not None else None
+        classes = spec.workload.classes
+        slos = class_slos(spec.slo, classes) if classes else None
+        self.metrics = Metrics(
+            spec.slo, on_row, spec.ttft_at, Timeline(spec.window_s), faults=faults,
+            scales=scales or (), classes=slos,
+        )  # fmt: skip
+        subscribers: list[Observer] = [self.metrics]
+        self.by_class = None
+        if slos is not None:
+            self.by_class = ByClass(classes, slos, spec.ttft_at, spec.window_s, faults)
+            subscribers.append(self.by_class)
+        self.timeouts = ClientTimeouts(self, timeout) if timeout is not None else None
+        if self.timeouts is not None:
+            subscribers.append(self.timeouts)
+        if log is not None:
+            subscribers.append(EventLog(log))
+        if trace is not None:
+            subscribers.append(trace)
+        subscribers.extend(observers)
+        self.sessions = None
+        if isinstance(spec.workload.lengths, Sessions):
+            self.sessions = SessionDriver(
+                self.env, spec.workload.lengths, self._arrive_one, self._engine,
+                retention if retention is not None else spec.engine.session_retention,
+            )  # fmt: skip
+            subscribers.append(self.sessions)
+        return broadcast(subscribers)
 
     def add_instance(
         self, placement: Placement, role: str, tp: int, pp: int, ep: int, dp: int
@@ -370,7 +234,15 @@ class Simulation:
             return iter(self._requests)
         return iter_requests(self.spec.workload, self.rng_workload, self._stream_end)
 
-    def arrive(self):  # noqa: ANN201 - a SimPy process
+    def _engine(self, i: int) -> Engine:
+        return self.engines[i]
+
+    @property
+    def _arrivals_done(self) -> bool:
+        """Nothing more arrives: the stream is over and no session has a turn to send."""
+        return self._stream_done and (self.sessions is None or self.sessions.live == 0)
+
+    def arrive(self):  # a SimPy process
         """Feed requests in arrival order; route each one as it arrives."""
         env = self.env
         last = 0.0
@@ -379,14 +251,17 @@ class Simulation:
                 raise SpecError(f"request {req.id}: arrival {req.arrival_s!r} s before {last!r} s")
             last = req.arrival_s
             if req.arrival_s > env.now:
-                yield Arrival(env, req.arrival_s - env.now)
-            self._arrived += 1
-            self.observer.request_arrived(env.now, req)
-            admitted = self._admit(req)
-            if admitted is None:
-                continue
-            self._route(Sequence(admitted, env.now))
-        self._arrivals_done = True
+                yield arrival_at(env, req.arrival_s)
+            self._arrive_one(req)
+        self._stream_done = True
+
+    def _arrive_one(self, req: Request) -> None:
+        """``req`` arrives now (from the stream, or a session's next turn)."""
+        self._arrived += 1
+        self.observer.request_arrived(self.env.now, req)
+        admitted = self._admit(req)
+        if admitted is not None:
+            self._route(Sequence(admitted, self.env.now))
 
     def _route(self, seq: Sequence) -> None:
         """Ask the policy where ``seq``'s next attempt runs, and send it there;
@@ -731,7 +606,7 @@ class Simulation:
         self.observer.request_ended(self.env.now, instance, seq.req, seq, "failed", reason)
 
     # -- running ---------------------------------------------------------------------
-    def run(self) -> Result:
+    def run(self) -> Result:  # noqa: C901
         env = self.env
         env.process(self.arrive())
         self.control.start()
@@ -798,6 +673,8 @@ class Simulation:
             *trace_warnings(self._stream_end.get("ran_out_s"), self.spec.workload.duration_s),
             *saturation_warnings(timeline, min(faults, default=None), self.spec.slo.target),
         ]
+        if self.sessions is not None:
+            summary["sessions"] = self.sessions.summary()
         if warnings:  # only then: a run that went as meant reads as before
             summary["warnings"] = warnings
         fault_log = self.faults.log() if self.spec.events or self.spec.failures else None

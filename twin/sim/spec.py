@@ -434,7 +434,7 @@ class _Cluster:
     resolved: dict[str, Any]
 
 
-def _cluster(data: Any, where: str, base_dir: Path) -> _Cluster:
+def _cluster(data: Any, where: str, base_dir: Path) -> _Cluster:  # noqa: C901
     """Instance groups (prefill first, then decode, then mixed), the topology
     and the resolved form of ``cluster:``."""
     at = f"{where}: cluster"
@@ -528,8 +528,8 @@ def _cluster(data: Any, where: str, base_dir: Path) -> _Cluster:
 def _engine(data: Any, where: str, model: ModelSpec) -> tuple[EngineConfig, dict[str, Any]]:
     r = read(EngineConfig, data, f"{where}: engine")
     engine, out = r.value, r.written
-    for key in ("queue_policy", "speculative"):  # results of specs without them read as before
-        if key not in r.given:
+    for key in ("queue_policy", "speculative", "session_retention"):
+        if key not in r.given:  # results of specs without them read as before they came
             del out[key]
     if "max_batched_tokens" not in r.given and engine.chunked_prefill:
         engine = dataclasses.replace(engine, max_batched_tokens=CHUNKED_MAX_BATCHED_TOKENS)
@@ -717,20 +717,7 @@ def resolve_spec(
     scaling = read(ScalingKeys, top.scaling, f"{where}: scaling")
     if "scaling" in top_read.given:
         out["scaling"] = scaling.written
-    tiers = read(TierKeys, top.kv_tiers, f"{where}: kv_tiers")
-    if "kv_tiers" in top_read.given:
-        if not engine.prefix_caching:
-            raise SpecError(
-                f"{where}: kv_tiers: the tiers hold what the prefix cache evicts; "
-                "set engine.prefix_caching: true"
-            )
-        out["kv_tiers"] = tiers.written
-        if tiers.value.remote is not None:  # its own section
-            remote = read(RemoteKeys, tiers.value.remote, f"{where}: kv_tiers.remote")
-            tiers = dataclasses.replace(
-                tiers, value=dataclasses.replace(tiers.value, remote=remote.value)
-            )
-            out["kv_tiers"] = {**tiers.written, "remote": remote.written}
+    tiers = _kv_tiers(top.kv_tiers, "kv_tiers" in top_read.given, engine, workload, where, out)
     # Only when given, so that specs without it keep their resolved form and sha256.
     output = read(OutputKeys, top.output, f"{where}: output")
     if "output" in top_read.given:
@@ -776,3 +763,27 @@ def resolve_spec(
         ),
     )
     return placed(spec) if place else spec
+
+
+def _kv_tiers(
+    data: Any, given: bool, engine: EngineConfig, workload: WorkloadSpec, where: str,
+    out: dict[str, Any],
+) -> Any:  # fmt: skip
+    """``kv_tiers:`` read (into ``out`` when ``given``), with what it needs of
+    the engine; and ``engine.session_retention``'s needs, tiers among them."""
+    tiers = read(TierKeys, data, f"{where}: kv_tiers")
+    if given:
+        if not engine.prefix_caching:
+            raise SpecError(
+                f"{where}: kv_tiers: the tiers hold what the prefix cache evicts; "
+                "set engine.prefix_caching: true"
+            )
+        out["kv_tiers"] = tiers.written
+        if tiers.value.remote is not None:  # its own section
+            remote = read(RemoteKeys, tiers.value.remote, f"{where}: kv_tiers.remote")
+            tiers = dataclasses.replace(
+                tiers, value=dataclasses.replace(tiers.value, remote=remote.value)
+            )
+            out["kv_tiers"] = {**tiers.written, "remote": remote.written}
+    engine.session_retention.check(workload.lengths, engine.prefix_caching, given, where)
+    return tiers

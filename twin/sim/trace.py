@@ -409,7 +409,7 @@ def _lanes(rec: TraceRecorder, bounds: list[tuple[int, int]]) -> list[tuple[int,
     return out
 
 
-def chrome_trace(rec: TraceRecorder) -> dict[str, Any]:
+def chrome_trace(rec: TraceRecorder) -> dict[str, Any]:  # noqa: C901
     """The recorder's spans as a Chrome trace-event document (a dict)."""
     events: list[dict[str, Any]] = []
 

@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from twin.perf.roofline import ENGINE_OVERHEADS
+from twin.perf.presets import ENGINE_OVERHEADS
 from twin.perf.vllm import VLLM_CLIENT_LATENCY_S
 from twin.studies.realrun import WHOLE, RealRun
 

@@ -31,7 +31,8 @@ import yaml
 from twin import _version
 from twin._progress import Progress
 from twin.errors import SpecError, UnknownSchedulerError
-from twin.sim.simulation import Result, Simulation
+from twin.sim.result import Result
+from twin.sim.simulation import Simulation
 from twin.sim.spec import (
     ExperimentSpec,
     apply_overrides,

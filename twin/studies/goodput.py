@@ -426,7 +426,7 @@ def kind_warnings(
     ]
 
 
-def goodput(
+def goodput(  # noqa: C901
     data: Mapping[str, Any],
     where: str,
     base_dir: Path,

@@ -788,7 +788,7 @@ def _best(cands: Sequence[Candidate]) -> Candidate | None:
     return max(ok, key=lambda c: (c.per_gpu, -c.gpus, -c.pp, -c.tp), default=None)
 
 
-def plan_distserve(
+def plan_distserve(  # noqa: C901
     spec: ExperimentSpec,
     *,
     sample: list[Request] | None = None,

@@ -347,7 +347,7 @@ def _candidate_spec(
     return placed(spec)
 
 
-def provision(
+def provision(  # noqa: C901
     data: Mapping[str, Any],
     where: str,
     base_dir: Path,

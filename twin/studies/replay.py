@@ -4,7 +4,7 @@ The spec's workload (the same seed, so the same requests: arrival times and
 lengths) is served once with the spec's own ``perf:``, which must be a
 measured table (``{kind: profile}`` or ``{kind: distserve}``), and once per
 roofline preset (``perf: {kind: roofline, engine: E}`` for every key of
-:data:`twin.perf.roofline.ENGINE_OVERHEADS`), everything else unchanged. Per
+:data:`twin.perf.presets.ENGINE_OVERHEADS`), everything else unchanged. Per
 metric (TTFT, TPOT, E2E; over the requests every variant completed): the
 mean, p50 and p99 (numpy's linear percentiles) of each variant, and each
 preset's relative difference from the table, (preset - table) / table.
@@ -45,7 +45,7 @@ class ReplayComparison:
 
 
 def _variants(data: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any]]]:
-    from twin.perf.roofline import ENGINE_OVERHEADS
+    from twin.perf.presets import ENGINE_OVERHEADS
 
     perf = data.get("perf")
     if perf is None or isinstance(perf, dict):  # no perf: or no kind: a roofline, as a run builds

@@ -47,7 +47,7 @@ def read_scored(path: str | Path) -> list[dict[str, Any]]:
         doc = json.loads(read_text(path, "validation output"))
         runs = doc["runs"]
         for r in runs:
-            r["key"], r["scores"]  # noqa: B018 - the keys a table needs
+            r["key"], r["scores"]  # the keys a table needs
     except (ValueError, KeyError, TypeError) as e:
         raise TwinError(
             f"{path}: not the output of twin validate runs --json ({type(e).__name__}: {e})"

@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from twin._io import read_text, with_label
 from twin.errors import TwinError
-from twin.viz.plots import _compare_runs, _figure, _legend_outside, plot_over_time, save
+from twin.viz.canvas import _figure, _legend_outside, save
+from twin.viz.kvtiers import _compare_runs
+from twin.viz.overtime import plot_over_time
 from twin.viz.style import PALETTE, PlotOptions
 
 if TYPE_CHECKING:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
-from twin.viz.plots import RATE_UNIT, _float, attainment_series, knee
+from twin.viz.attainment import attainment_series, knee
+from twin.viz.canvas import RATE_UNIT, _float
 
 
 def _rejected_share(rows: Sequence[Mapping[str, str]]) -> tuple[float, dict[str, int]] | None:

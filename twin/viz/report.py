@@ -29,7 +29,8 @@ from typing import Any
 
 from twin._io import read_text
 from twin.errors import TwinError
-from twin.viz.plots import (
+from twin.viz.attainment import knees
+from twin.viz.canvas import (
     DEFAULT_TARGET,
     RATE_COLUMNS,
     RATE_UNIT,
@@ -38,10 +39,9 @@ from twin.viz.plots import (
     _float,
     _read_csv,
     _styler,
-    knees,
-    sweep_figures,
     swept_columns,
 )
+from twin.viz.plots import sweep_figures
 from twin.viz.style import PlotOptions
 
 RUN_METRICS = (
@@ -205,7 +205,7 @@ def _hashes(headers: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, str]]:
     return list(seen)
 
 
-def build_report(
+def build_report(  # noqa: C901
     d: str | Path, opts: PlotOptions | None = None, note: Callable[[str], None] | None = None
 ) -> str:
     """The report page of the sweep folder ``d`` as HTML text; ``note`` hears

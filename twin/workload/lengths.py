@@ -29,14 +29,16 @@ from __future__ import annotations
 import math
 import sys
 from array import array
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from twin._check import is_int
+from twin._check import check_keys, is_int, is_number
 from twin._io import read_text
 from twin.errors import SpecError, TraceError, UnknownNameError
+from twin.workload.arrivals import _positive
 from twin.workload.traces import file_sha256, iter_trace, read_trace
 
 if TYPE_CHECKING:
@@ -357,3 +359,50 @@ def _tokens_at(z: np.ndarray, q: np.ndarray, col: np.ndarray) -> np.ndarray:
 
         lo[unsure] = np.rint(np.interp(ndtr(z[unsure]), q, col))
     return lo
+
+
+# --------------------------------------------------------------------------- the spec's laws
+
+
+def int_tokens(m: Mapping[str, object], key: str, where: str, default: int | None) -> int | None:
+    """``m[key]`` (``default`` when absent), an integer token count >= 1, or None."""
+    v = m.get(key, default)
+    if v is None:
+        return None
+    if not is_int(v) or v < 1:
+        raise SpecError(f"{where}.{key}: {v!r} is not an integer token count >= 1")
+    return v
+
+
+def _value(m: Mapping[str, object], where: str) -> object:
+    if "value" not in m:
+        raise SpecError(f"{where}: missing key 'value'")
+    return m["value"]
+
+
+def parse_marginal(value: object, where: str) -> Marginal:
+    """A length law of the spec (``{dist: fixed, value: N}`` or lognormal) at ``where``."""
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{where}: {value!r} is not a mapping; expected {{dist: fixed, value: N}}")
+    dist = value.get("dist")
+    if dist == "fixed":
+        check_keys(value, where, (), ("dist", "value"))
+        return FixedLength(_value(value, where))  # type: ignore[arg-type]
+    if dist != "lognormal":
+        raise SpecError(f"{where}.dist: {dist!r} unknown; expected one of fixed, lognormal")
+    check_keys(value, where, (), ("dist", "median", "mean", "sigma", "cv", "min", "max"))
+    if ("median" in value) == ("mean" in value):
+        raise SpecError("give exactly one of median and mean")
+    if ("sigma" in value) == ("cv" in value):
+        raise SpecError("give exactly one of sigma and cv")
+    if "sigma" in value:
+        sigma = value["sigma"]
+        if not is_number(sigma):
+            raise SpecError(f"sigma(={sigma!r}) must be a number >= 0")
+    else:
+        sigma = LogNormalLength.sigma_from_cv(_positive("cv", value["cv"]))
+    lo = int_tokens(value, "min", where, 1) or 1
+    hi = int_tokens(value, "max", where, None)
+    if "median" in value:
+        return LogNormalLength.from_median(_positive("median", value["median"]), sigma, lo, hi)
+    return LogNormalLength.from_mean(_positive("mean", value["mean"]), sigma, lo, hi)

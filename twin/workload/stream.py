@@ -64,9 +64,11 @@ Relative paths resolve against ``base_dir`` (the spec file's folder)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from array import array
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +90,7 @@ from twin._declare import (
 from twin._io import read_text
 from twin.bundled import spec_file
 from twin.errors import SpecError, TraceError
-from twin.request import Request
+from twin.request import Request, Session
 from twin.units import parse_duration
 from twin.workload.arrivals import (
     _CHUNK,
@@ -109,13 +111,12 @@ from twin.workload.classes import (
 from twin.workload.lengths import (
     BUNDLED_TABLES,
     EmpiricalLengths,
-    FixedLength,
     IndependentLengths,
     LengthSampler,
-    LogNormalLength,
-    Marginal,
     bundled_table,
     bundled_table_path,
+    int_tokens,
+    parse_marginal,
 )
 from twin.workload.schedule import (
     KINDS,
@@ -123,6 +124,7 @@ from twin.workload.schedule import (
     RateSchedule,
     parse_rate_schedule,
 )
+from twin.workload.sessions import Sessions, sessions_schema
 from twin.workload.shared_prefix import SCHEMA as SHARED_PREFIX_SCHEMA
 from twin.workload.shared_prefix import SharedPrefix
 from twin.workload.traces import (
@@ -159,7 +161,7 @@ class EmpiricalFile:
     max_total_tokens: int | None = None
 
 
-Lengths = str | IndependentLengths | EmpiricalFile | SharedPrefix
+Lengths = str | IndependentLengths | EmpiricalFile | SharedPrefix | Sessions
 _FORMATS = ("auto", *READERS)
 _POSITIVE = {"type": "number", "exclusiveMinimum": 0}
 _MARGINAL = {
@@ -193,6 +195,7 @@ LENGTHS_SCHEMA = {
                         "max_total_tokens": {"type": "integer", "minimum": 1}}},
         {"type": "object", "required": ["shared_prefix"], "additionalProperties": False,
          "properties": {"shared_prefix": SHARED_PREFIX_SCHEMA}},
+        sessions_schema(_MARGINAL),
     ]
 }  # fmt: skip
 PREFIXES_SCHEMA = {
@@ -307,7 +310,7 @@ class WorkloadSpec:
         key="timeout",
     )  # fmt: skip
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: C901
         if (self.trace is None) == (self.lengths is None):
             raise SpecError("give exactly one of trace and lengths")
         if self.format not in _FORMATS:
@@ -355,6 +358,8 @@ class WorkloadSpec:
             raise SpecError(f"max_requests(={self.max_requests!r}) must be an integer >= 1")
         if not is_int(self.skip) or self.skip < 0:
             raise SpecError(f"skip(={self.skip!r}) must be an integer >= 0")
+        if isinstance(self.lengths, Sessions):
+            self.lengths.check_stream(self.skip, [c.lengths for c in self.classes])
         if not isinstance(self.repeat, bool):
             raise SpecError(f"repeat(={self.repeat!r}) must be true or false")
         if not is_int(self.prefix_block_tokens) or self.prefix_block_tokens < 1:
@@ -376,7 +381,7 @@ class WorkloadSpec:
     # ----------------------------------------------------------------- construction
 
     @classmethod
-    def from_mapping(
+    def from_mapping(  # noqa: C901
         cls, m: Mapping[str, object], where: str = "workload", base_dir: Path | None = None
     ) -> WorkloadSpec:
         """Build from the YAML mapping under ``workload:``; errors are prefixed by ``where``."""
@@ -523,6 +528,10 @@ def _lengths(value: object, where: str, base_dir: Path | None) -> Lengths:
     if "shared_prefix" in value:
         _no_unknown(value, ("shared_prefix",), where)
         return SharedPrefix.from_mapping(value["shared_prefix"], f"{where}.shared_prefix")
+    if "sessions" in value:
+        _no_unknown(value, ("sessions",), where)
+        law = functools.partial(_scoped, parse_marginal)
+        return Sessions.from_mapping(value["sessions"], f"{where}.sessions", law)
     if "empirical" in value:
         _no_unknown(value, ("empirical", "format", "max_total_tokens"), where)
         fmt = value.get("format", "auto")
@@ -533,12 +542,12 @@ def _lengths(value: object, where: str, base_dir: Path | None) -> Lengths:
         return EmpiricalFile(
             spec_file(value["empirical"], f"{where}.empirical", base_dir),
             str(fmt),
-            _int_tokens(value, "max_total_tokens", where, None),
+            int_tokens(value, "max_total_tokens", where, None),
         )
     _no_unknown(value, ("prompt", "output"), where)
     return IndependentLengths(
-        _scoped(_marginal, _required(value, "prompt", where), f"{where}.prompt"),
-        _scoped(_marginal, _required(value, "output", where), f"{where}.output"),
+        _scoped(parse_marginal, _required(value, "prompt", where), f"{where}.prompt"),
+        _scoped(parse_marginal, _required(value, "output", where), f"{where}.output"),
     )
 
 
@@ -547,42 +556,6 @@ def _prefixes(value: object, where: str) -> SharedPrefix:
         raise SpecError(f"{where}: {value!r} is not a mapping; expected {{shared_prefix: {{...}}}}")
     check_keys(value, where, ("shared_prefix",))
     return SharedPrefix.from_mapping(value["shared_prefix"], f"{where}.shared_prefix")
-
-
-def _int_tokens(m: Mapping[str, object], key: str, where: str, default: int | None) -> int | None:
-    v = m.get(key, default)
-    if v is None:
-        return None
-    if not is_int(v) or v < 1:
-        raise SpecError(f"{where}.{key}: {v!r} is not an integer token count >= 1")
-    return v
-
-
-def _marginal(value: object, where: str) -> Marginal:
-    if not isinstance(value, Mapping):
-        raise SpecError(f"{where}: {value!r} is not a mapping; expected {{dist: fixed, value: N}}")
-    dist = value.get("dist")
-    if dist == "fixed":
-        _no_unknown(value, ("dist", "value"), where)
-        return FixedLength(_required(value, "value", where))  # type: ignore[arg-type]
-    if dist != "lognormal":
-        raise SpecError(f"{where}.dist: {dist!r} unknown; expected one of fixed, lognormal")
-    _no_unknown(value, ("dist", "median", "mean", "sigma", "cv", "min", "max"), where)
-    if ("median" in value) == ("mean" in value):
-        raise SpecError("give exactly one of median and mean")
-    if ("sigma" in value) == ("cv" in value):
-        raise SpecError("give exactly one of sigma and cv")
-    if "sigma" in value:
-        sigma = value["sigma"]
-        if not is_number(sigma):
-            raise SpecError(f"sigma(={sigma!r}) must be a number >= 0")
-    else:
-        sigma = LogNormalLength.sigma_from_cv(_positive("cv", value["cv"]))
-    lo = _int_tokens(value, "min", where, 1) or 1
-    hi = _int_tokens(value, "max", where, None)
-    if "median" in value:
-        return LogNormalLength.from_median(_positive("median", value["median"]), sigma, lo, hi)
-    return LogNormalLength.from_mean(_positive("mean", value["mean"]), sigma, lo, hi)
 
 
 def _sampler(lengths: str | IndependentLengths | EmpiricalFile) -> LengthSampler:
@@ -786,7 +759,7 @@ def trace_rates(spec: WorkloadSpec) -> dict[str, float] | None:
     return {"own": own, "replayed": own * time_scale(spec)}
 
 
-def iter_requests(
+def iter_requests(  # noqa: C901
     spec: WorkloadSpec, rng: np.random.Generator, end: dict[str, float] | None = None
 ) -> Iterator[Request]:
     """The requests of ``spec`` in arrival order, lazily, with ids 0, 1, 2, ...
@@ -806,6 +779,7 @@ def iter_requests(
     """
     arrival_rng, length_rng = rng.spawn(2)
     rows: Iterator[Row]
+    sessions: deque[Session] = deque()  # of the rows drawn, in order (a session workload)
     if spec.trace is not None:
         fmt = detect_format(spec.trace) if spec.format == "auto" else spec.format
         if fmt not in TIMED_FORMATS and spec.arrival is None:
@@ -823,11 +797,7 @@ def iter_requests(
             rows = _timed(arrival_times(spec.arrival, arrival_rng), rows)
     else:
         assert spec.lengths is not None and spec.arrival is not None
-        source = (
-            _shared_prefix(spec.lengths, length_rng)
-            if isinstance(spec.lengths, SharedPrefix)
-            else _sampled(_sampler(spec.lengths), length_rng)
-        )
+        source = _synthetic(spec.lengths, length_rng, sessions)
         rows = _timed(arrival_times(spec.arrival, arrival_rng), source)
 
     labels = _labels(spec, rng, fmt if spec.trace is not None else "")
@@ -863,18 +833,32 @@ def iter_requests(
             return
         if arrival_s == math.inf:  # the schedule ends at 0: nothing arrives any more
             return
+        sess = sessions.popleft() if sessions else None
+        rid = sess.first_id if sess is not None else i
         if labels is None:
-            yield Request(i, arrival_s, p, o, h, b, next(priorities))
+            yield Request(rid, arrival_s, p, o, h, b, next(priorities), session=sess)
         else:
             k = next(labels)
             c = spec.classes[k]
             lengths = own[k]
             if lengths is not None:
                 _, p, o, h, b = next(lengths)
-            yield Request(i, arrival_s, p, o, h, b, c.priority, c.name)
+            yield Request(rid, arrival_s, p, o, h, b, c.priority, c.name, sess)
         last = arrival_s
     if end is not None and spec.trace is not None:
         end["ran_out_s"] = last
+
+
+def _synthetic(
+    lengths: Lengths, rng: np.random.Generator, sessions: deque[Session]
+) -> Iterator[Row]:
+    """The rows of synthetic ``lengths`` (a session workload's turn 0s, each
+    session to ``sessions`` as it is drawn)."""
+    if isinstance(lengths, Sessions):
+        return lengths.first_turns(rng, sessions)
+    if isinstance(lengths, SharedPrefix):
+        return _shared_prefix(lengths, rng)
+    return _sampled(_sampler(lengths), rng)
 
 
 def _labels(spec: WorkloadSpec, rng: np.random.Generator, fmt: str) -> Iterator[int] | None:
