@@ -27,7 +27,8 @@ from test_engine import largest_relative_difference
 from test_fastforward import HANDOFFS
 from test_timestamps import check_rows
 
-import schedulers.fabric_aware  # noqa: F401 - registered where installed entry points predate it
+# registered where installed entry points predate them
+from schedulers import fabric_aware, session_affinity  # noqa: F401
 from twin.sim.simulation import Simulation
 from twin.sim.spec import resolve_spec
 
