@@ -19,6 +19,7 @@ from twin.perf.llm import get_model
 from twin.perf.roofline import Roofline
 from twin.perf.tables import DistServeFit, ProfileTable
 from twin.request import Request
+from twin.serving.abandon import abandon
 from twin.serving.engine import Engine, EngineConfig
 from twin.serving.fastforward import FastForward
 from twin.serving.kvcache import BlockManager
@@ -220,6 +221,37 @@ def test_a_cut_stretch_reads_as_stepping_until_its_step_ends():
         return seen
 
     assert readings(True) == readings(False)
+
+
+def test_an_instance_stopped_mid_stretch_never_ends_its_step_in_progress():
+    """Its last sequence given up in the middle of a step (a client time-out)
+    and its GPUs released at that instant (a drained instance given back), an
+    instance has run the steps that ended by then and not the one in
+    progress, fast-forwarded as stepped; a reader later sees nothing more."""
+
+    def after(ff: bool) -> tuple:
+        env = simpy.Environment()
+        eng = Engine(env, 0, Linear(), BlockManager(1000, 16), EngineConfig(fast_forward=ff),
+                     Observer())  # fmt: skip
+        seq = Sequence(Request(0, 0.0, 100, 50), 0.0)
+
+        def run():
+            eng.submit(seq)
+            yield env.timeout(0.1055)
+            assert abandon(eng, seq)
+            eng.stop()
+            yield env.timeout(1.0)
+            eng.sync()
+
+        env.process(run())
+        env.run()
+        return env.now, eng.iterations, eng.busy_s, eng.batch.steps, eng.kv.free
+
+    # Linear: the prompt 20 ms, then decode steps of 11 ms; at 0.1055 the eighth
+    # (0.097-0.108) is in progress: the prompt and seven steps ran.
+    stepped = after(False)
+    assert stepped[1:4] == (8, pytest.approx(0.097), 7)
+    assert after(True) == stepped
 
 
 def _crossing(perf: Roofline, count: int) -> int:

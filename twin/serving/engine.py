@@ -222,13 +222,8 @@ class Engine:
         self.faults.set_speed(speed)
 
     def fail(self) -> list[Sequence]:
-        """See :meth:`Faults.fail`; the fast-forward starts afresh."""
-        lost = self.faults.fail()
-        if self.ff is not None:
-            self.ff = FastForward(self)
-        if self.pf is not None:
-            self.pf = PipeForward(self)
-        return lost
+        """See :meth:`Faults.fail`."""
+        return self.faults.fail()
 
     def recover(self) -> None:
         """See :meth:`Faults.recover`."""
@@ -250,15 +245,22 @@ class Engine:
     def stop(self) -> None:
         """Its GPUs are released now: it serves nothing again, and the loops of
         its life wait on nothing that comes."""
+        self.interrupt()  # the steps that ended by now stay, as stepping has them
         self.state = "stopped"
         self.on_idle = None
         self.up = False
         self.stop_loops()
 
     def stop_loops(self) -> None:
-        """End this life: its loops wait for an event that never comes."""
+        """End this life: its loops wait for an event that never comes, and the
+        fast-forward starts afresh, so that the step in progress of a stretch
+        never ends (as the iteration in progress of stepping never does)."""
         self.life += 1
         self._wake = None
+        if self.ff is not None:
+            self.ff = FastForward(self)
+        if self.pf is not None:
+            self.pf = PipeForward(self)
 
     def held(self) -> list[Sequence]:
         """Every sequence this instance holds: queued, admitted (any phase) and

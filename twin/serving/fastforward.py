@@ -328,7 +328,7 @@ class FastForward:
             eng.kv.watch.stretch(eng, st)
         yield st.event
         if eng.ff is not self:
-            return  # the engine failed: its state was reset
+            return  # the engine failed or stopped: its life ended
         last = len(st.ends) - 1
         if st.stop <= last:
             # Cut by a change at the step in progress, which has just ended. Steps

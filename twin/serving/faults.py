@@ -100,7 +100,7 @@ class Faults:
             eng.cache.forget_writes()  # its writes under way held blocks of the old life
             tiers = eng.cache.tiers  # the tiers below stay
             eng.cache = PrefixCache(eng.kv, tiers, on_freed=eng.written_down)
-        return lost  # (the engine renews its fast-forward)
+        return lost
 
     def recover(self) -> None:
         """The instance serves again, empty, from now."""
