@@ -247,10 +247,9 @@ def _measure(argv: list[str], env: dict[str, str] | None, what: str) -> Usage:
 
 
 def _child_env() -> dict[str, str]:
-    """This environment, with the twin this process imported first on the path."""
-    import twin
-
-    root = str(Path(twin.__file__).resolve().parent.parent)
+    """This environment, with the twin this process imported first on the path
+    (the folder that holds this module's package, twin/)."""
+    root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     return env
