@@ -79,16 +79,17 @@ def _error(capsys, *argv: str) -> str:
     return err
 
 
-def _same_refusal(capsys, spec: str, sets: list[str], message: str) -> None:
+def _refusals(capsys, spec: str, sets: list[str]) -> tuple[str, str]:
+    """The error lines of `twin spec` and `twin run` for ``spec`` with ``sets``."""
     args = [a for s in [*sets, "workload.max_requests=5"] for a in ("--set", s)]
-    said = _error(capsys, "spec", spec, *args)
-    assert re.search(message, said), said
-    assert _error(capsys, "run", spec, *args) == said
+    return _error(capsys, "spec", spec, *args), _error(capsys, "run", spec, *args)
 
 
 @pytest.mark.parametrize(("spec", "sets", "message"), BAD, ids=[m[:40] for *_, m in BAD])
 def test_twin_spec_and_twin_run_refuse_it_with_the_same_line(capsys, spec, sets, message):
-    _same_refusal(capsys, spec, sets, message)
+    said, run = _refusals(capsys, spec, sets)
+    assert re.search(message, said), said
+    assert run == said
 
 
 @pytest.mark.parametrize(("spec", "sets", "message"), BAD_PERF, ids=[m[:40] for *_, m in BAD_PERF])
@@ -97,7 +98,9 @@ def test_a_perf_model_that_cannot_serve_an_instance_is_refused_alike(
 ):
     table = tmp_path / "table.csv"
     table.write_text("")
-    _same_refusal(capsys, spec, [s.replace("{table}", str(table)) for s in sets], message)
+    said, run = _refusals(capsys, spec, [s.replace("{table}", str(table)) for s in sets])
+    assert re.search(message, said), said
+    assert run == said
 
 
 @pytest.mark.parametrize(
@@ -106,7 +109,9 @@ def test_a_perf_model_that_cannot_serve_an_instance_is_refused_alike(
 def test_a_table_without_rows_for_an_instance_is_refused_alike(
     capsys, shared_data, spec, sets, message
 ):
-    _same_refusal(capsys, spec, [s.replace("{data}", str(shared_data)) for s in sets], message)
+    said, run = _refusals(capsys, spec, [s.replace("{data}", str(shared_data)) for s in sets])
+    assert re.search(message, said), said
+    assert run == said
 
 
 def test_a_resolved_spec_carries_where_its_instances_run():
