@@ -398,7 +398,7 @@ def test_a_queue_policy_reads_each_requests_class_objectives():
 
 
 def test_earliest_deadline_first_from_the_guide_serves_the_tight_class_first():
-    scope: dict = {"__name__": "guide"}
+    scope: dict = {"__name__": "readme"}  # as tests/test_public.py runs the pages' Python
     code = compile(_readme_example(1), "docs/guides/policies.md", "exec", dont_inherit=True)
     exec(code, scope)
     # one sequence at a time: request 0 runs, then the queue's order decides
