@@ -278,3 +278,15 @@ def test_twin_spec_prints_one_compare_entry_resolved_as_twin_run_runs_it(capsys)
 def test_twin_spec_refuses_a_missing_or_unknown_entry_in_one_line(capsys, argv, message):
     assert main(argv) == 2
     assert capsys.readouterr().err == f"twin: error: {message}\n"
+
+
+def test_a_compare_entry_overriding_a_set_list_item_warns_whichever_the_spelling(tmp_path, capsys):
+    events = [{"at": "2 s", "action": "fail", "instance": 0}]
+    data = {**BASE, "cluster": {"instances": 2, "tp": 1}, "events": events,
+            "compare": {"later": {"events[0].at": "3 s"}}}  # fmt: skip
+    argv = ["spec", _spec(tmp_path, data), "--entry", "later", "--set", "events.0.at=1 s"]
+    assert main(argv) == 0
+    assert capsys.readouterr().err == (
+        "twin: warning: compare entry 'later' overrides --set events.0.at=1 s with "
+        "events[0].at=3 s\n"
+    )

@@ -36,6 +36,12 @@ def key_path_parts(path: str, where: str) -> list[str | int]:
     return parts
 
 
+def dotted(path: str) -> str:
+    """``path`` with its list indexes dotted (``a[0].b`` is ``a.0.b``), so that
+    the two spellings of one path compare equal."""
+    return _INDEX.sub(r".\1", path)
+
+
 def _shown(parts: Sequence[str | int]) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".")
 

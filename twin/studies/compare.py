@@ -31,7 +31,7 @@ import yaml
 from twin import _version
 from twin._progress import Progress
 from twin.errors import SpecError, UnknownSchedulerError
-from twin.sim.keypath import set_key_path
+from twin.sim.keypath import dotted, set_key_path
 from twin.sim.result import Result
 from twin.sim.simulation import Simulation
 from twin.sim.spec import (
@@ -290,9 +290,10 @@ def overridden(label: str, entry: Mapping[str, Any], overrides: Sequence[str]) -
     overrides ``--set cluster.prefill.instances=3``)."""
     lines = []
     for item in overrides:
-        key = item.partition("=")[0].strip()
+        key = dotted(item.partition("=")[0].strip())
         for path, value in entry.items():
-            if path == key or key.startswith(f"{path}.") or path.startswith(f"{key}."):
+            p = dotted(path)
+            if p == key or key.startswith(f"{p}.") or p.startswith(f"{key}."):
                 lines.append(
                     f"compare entry {label!r} overrides --set {item.strip()} "
                     f"with {path}={_yaml_text(value)}"
