@@ -3,6 +3,7 @@ unloaded ones on a reference instance, as Splitwise (ISCA 2024, section VI-A) st
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -101,3 +102,25 @@ def test_goodput_counts_a_missed_slowdown_as_a_miss(monkeypatch: pytest.MonkeyPa
         goodput.require_slo(small_spec(slo={}), "x.yaml")
     with pytest.raises(SpecError, match="no ttft or tpot given"):  # twin plan's searches
         goodput.require_slo(only_slowdown, "x.yaml", slowdown=False)
+
+
+def test_twin_run_prints_the_slowdowns_and_refuses_a_bad_reference(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from twin.cli import main
+
+    bounds = {"gpu": "h100-sxm", "ttft": {"p50": 2}, "tbt": {"p90": 0.5}}
+    spec = {"model": "llama-3.1-8b", "gpu": "h100-sxm", "cluster": {"instances": 1, "tp": 1},
+            "workload": {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 0.2},
+                         "max_requests": 10},
+            "slo": {"slowdown": bounds}}  # fmt: skip
+    path = tmp_path / "s.yaml"
+    path.write_text(json.dumps(spec))
+    assert main(["run", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "slowdown vs h100-sxm TP1 alone (MISSED): ttft p50 1.00/2, tbt p90 1." in out
+    bounds["gpu"] = "a200"
+    path.write_text(json.dumps(spec))
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("twin: error: ") and "slo.slowdown.gpu: unknown gpu 'a200'" in err
