@@ -81,11 +81,11 @@ _H100_EFF = (0.727, 0.92, 0.646, 0.000178, 4.86, 2.55, 1.23e-06)
 # on the held-out shapes (GEMMs with n != k, attention at other head counts, NCCL's all-reduce):
 # median 2% compute-bound GEMMs, 5% weight-bound, 6% decode attention, 12% prefill attention,
 # 24% small all-reduces; the GEMMs between weight- and compute-bound 9% (worst 26%).
-# The best BF16 GEMM reaches 315 TFLOPS, 0.87 of the datasheet's 362 TFLOPS: that figure is
-# the dense one (with sparsity it is 733). Not carried by these terms (scored, not fitted):
-# FP8 GEMMs reach about half the datasheet's 733 TFLOPS FP8 peak (median 310 TFLOPS at m >=
-# 1024, 1.15x the BF16 GEMMs), so FP8 GEMMs on L40S are priced at about 0.6 of their
-# measured time (median error 39%); and the
+# The best BF16 GEMM of the table reaches 303 TFLOPS (of AIConfigurator's whole L40S GEMM table,
+# 315), 0.84 of the datasheet's 362 TFLOPS: that figure is the dense one (with sparsity, 733).
+# Not carried by these terms (scored, not fitted): FP8 GEMMs reach 0.42 of the datasheet's
+# 733 TFLOPS FP8 peak (median 310 TFLOPS at m >= 1024, 1.15x the BF16 GEMMs), so FP8 GEMMs on
+# L40S are priced at about 0.6 of their measured time (median error 39%); and the
 # all-reduce's bandwidth on that machine's PCIe tree is far under the 32 GB/s PCIe Gen4 link the
 # Roofline uses (ring bus bandwidth at 32 MB: 9.5 GB/s at TP 2, 1.8 at TP 4, 1.0 at TP 8), so
 # large all-reduces at TP > 1 are priced at about a tenth of their measured time; that rate is

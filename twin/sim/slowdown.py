@@ -6,7 +6,8 @@ the same request served alone on an unloaded reference machine (a DGX-A100), wit
 the P50, P90 and P99 of each over the completed requests. The spec's ``slo.slowdown``
 (:class:`Slowdown`) names the reference instance (``gpu``, ``tp``; priced by the spec's own
 ``perf:``) and the bounds; :class:`SlowdownJudge` folds every completed request's three
-slowdowns and says whether every bound holds.
+slowdowns and says whether every bound holds. They are judged over the whole run (a
+workload's classes of traffic are not judged apart).
 
 A request's unloaded times, as splitwise-sim computes them (``notebooks/perf_model.py``,
 ``add_baseline_perf``, and ``notebooks/plots.ipynb``, ``get_data``): TTFT, one iteration of its
