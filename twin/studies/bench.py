@@ -3,15 +3,17 @@
 Two configurations on the same requests (Azure LLM inference 2023
 conversation lengths from the bundled ``azure-conv`` table, Poisson arrivals
 at 8 requests/s, seed 0), on 4 DGX-H100 nodes (``dgx-h100-ib400``) serving
-Llama-2-70B at TP 8. Llama-2-70B, not a current model, because the peer it is
-timed against with ``vs`` (splitwise-sim) ships profiles for Llama-2-70B and
-BLOOM-176B only: the same model on both sides keeps the ratio a comparison of
-simulators. Its 4,096-token context turns the longest Azure conversations
-away at arrival (below); the bundled experiments serve models whose context
-fits their traffic.
+Llama-2-70B at TP 8:
 
 - ``colocated``: 4 mixed instances, one per node, ``colocated`` least-loaded;
 - ``split``: 2 prefill + 2 decode instances, ``splitwise``, TTFT at decode.
+
+Llama-2-70B, not a current model, because the peer it is timed against with
+``vs`` (splitwise-sim) has measured profiles (its ``perf_model.csv``) for
+Llama-2-70B and BLOOM-176B only: the same model on both sides keeps the ratio
+a comparison of simulators. Its 4,096-token context turns the longest Azure
+conversations away at arrival (below); the bundled experiments serve models
+whose context fits their traffic.
 
 Each (configuration, size) runs in a fresh child process (``python -m
 twin.studies.bench CONFIG N``), so that its CPU seconds (user + system, from
