@@ -29,6 +29,8 @@ MEASURED: dict[str, str] = {
     "validate-perf-azure-code": "twin validate perf --data ../shared/data --workload azure-code",
     "validate-perf-mooncake": "twin validate perf --data ../shared/data --workload mooncake",
     "validate-perf-held-out": "twin validate perf --held-out --data ../shared/data",
+    "kernel-fit-l40s": "python -m twin.studies.kernel_table l40s",
+    "splitwise-isopower": "twin goodput splitwise-isopower --seeds 1 -j 2 --no-plots",
     "bench": "twin bench --sizes 10k,100k",
     "speculative-1": "twin run speculative",
     "speculative-24": "twin run speculative --set workload.arrival.rate=24",
