@@ -1,6 +1,7 @@
 """Slowdown objectives: percentiles of each request's latency over its own unloaded latency.
 
-Splitwise (Patel et al., ISCA 2024, section VI-A and its SLO table) states its SLOs as
+Splitwise (Patel et al., ISCA 2024, its SLO table; the bounds as splitwise-sim's
+``notebooks/plots.ipynb`` ``get_slo`` at commit 84356b4 states them) states its SLOs as
 slowdowns: a request's TTFT, time between tokens and end-to-end latency divided by those of
 the same request served alone on an unloaded reference machine (a DGX-A100), with a bound on
 the P50, P90 and P99 of each over the completed requests. The spec's ``slo.slowdown``
