@@ -18,8 +18,8 @@ from twin.perf.kernel_fit import (
     score,
 )
 from twin.perf.llm import get_model
-from twin.perf.presets import GPU_EFFICIENCY
-from twin.perf.roofline import Roofline
+from twin.perf.presets import FP8_GEMM_SHARE, GPU_EFFICIENCY
+from twin.perf.roofline import Roofline, fp8_gemm_ratio
 from twin.studies import kernel_table
 
 L40S = get_gpu("l40s")
@@ -34,12 +34,15 @@ BOUNDS = {
     "prefill-attention": (0.15, 0.55),
     "all-reduce": (0.25, 0.45),
     "ramp": (0.10, 0.30),
+    "fp8-compute": (0.35, 0.60),
+    "fp8-memory": (0.15, 0.30),
+    "fp8-ramp": (0.25, 0.50),
 }
 
 
 def preset() -> KernelEfficiency:
     mfu, mbu, attn_mfu, *_, hop = GPU_EFFICIENCY["l40s"]
-    return KernelEfficiency(mfu, mbu, attn_mfu, hop)
+    return KernelEfficiency(mfu, mbu, attn_mfu, hop, mfu * FP8_GEMM_SHARE["l40s"])
 
 
 def test_preset_is_the_fit_of_the_cited_table() -> None:
@@ -49,6 +52,8 @@ def test_preset_is_the_fit_of_the_cited_table() -> None:
     assert p.mbu == pytest.approx(fit.mbu, abs=5e-4)
     assert p.attn_mfu == pytest.approx(fit.attn_mfu, abs=5e-4)
     assert p.hop_latency_s == pytest.approx(fit.hop_latency_s, rel=5e-3)
+    assert fit.fp8_mfu is not None
+    assert FP8_GEMM_SHARE["l40s"] == pytest.approx(fit.fp8_mfu / fit.mfu, abs=5e-4)
 
 
 @pytest.mark.parametrize("group", sorted(BOUNDS))
@@ -75,7 +80,7 @@ def test_datasheet_bf16_peak_is_the_dense_one() -> None:
 
 def test_scored_only_groups_are_never_fitted() -> None:
     groups = {(s.group, s.fitted) for s in score(POINTS, L40S, preset())}
-    for g in ("ramp", "fp8", "all-reduce-bw"):
+    for g in ("ramp", "fp8-ramp", "fp8-memory", "all-reduce-bw"):
         assert (g, False) in groups and (g, True) not in groups
 
 
@@ -100,8 +105,31 @@ def test_regimes_and_all_reduce_price() -> None:
     eff = KernelEfficiency(0.5, 0.5, 0.5, 2e-6)
     assert price(small, L40S, eff) == pytest.approx(6 * 2e-6 + 1.5 * 1024 / L40S.pcie_bytes_s)
     fp8 = KernelPoint("gemm", 2e12, 1e6, 1.0, "", fp8=True)
-    assert regime(fp8, L40S) == "fp8"
+    assert regime(fp8, L40S) == "fp8-compute"
     assert price(fp8, L40S, eff) == pytest.approx(2e12 / (L40S.flops_fp8 * 0.5))
+    with_fp8 = KernelEfficiency(0.5, 0.5, 0.5, 2e-6, fp8_mfu=0.25)
+    assert price(fp8, L40S, with_fp8) == pytest.approx(2e12 / (L40S.flops_fp8 * 0.25))
+    assert regime(KernelPoint("gemm", 2e9, 1e9, 1.0, "", fp8=True), L40S) == "fp8-memory"
+
+
+def test_fp8_gemms_are_priced_at_the_measured_share_of_the_fp8_peak() -> None:
+    # an FP8 checkpoint's compute-bound GEMMs on L40S run at fp8_mfu of the FP8 peak, as the
+    # kernel fit prices them; a GPU without a measured share keeps the datasheet's ratio
+    import dataclasses
+
+    fp8 = dataclasses.replace(get_model("llama-3.1-8b"), weight_dtype_bytes=1)
+    share = FP8_GEMM_SHARE["l40s"]
+    assert fp8_gemm_ratio(fp8, L40S) == pytest.approx(L40S.flops_bf16 / (L40S.flops_fp8 * share))
+    h100 = get_gpu("h100-sxm")
+    assert fp8_gemm_ratio(fp8, h100) == h100.flops_bf16 / h100.flops_fp8
+    m, r = fp8, Roofline(fp8, L40S, 1)
+    shapes = [(m.hidden + 2 * m.kv_heads * m.head_dim, m.hidden), (m.hidden, m.heads * m.head_dim),
+              (2 * m.intermediate, m.hidden), (m.hidden, m.intermediate)]  # fmt: skip
+    kernels = [KernelPoint("gemm", 2.0 * 8192 * n * k, 1.0 * n * k, 1.0, "", fp8=True)
+               for n, k in shapes]  # fmt: skip
+    assert all(regime(p, L40S) == "fp8-compute" for p in kernels)
+    total = m.layers * sum(price(p, L40S, preset()) for p in kernels)
+    assert r.gemm_time(8192) == pytest.approx(total, rel=1e-9)
 
 
 def test_a_term_without_points_or_an_impossible_point_is_refused() -> None:

@@ -7,7 +7,7 @@ kernels and all-reduces, each row with the shape it ran; the file names its sour
 kernel is priced with the Roofline's own terms (:func:`price`):
 
 - a weight GEMM of ``m`` tokens by an ``n x k`` weight: the larger of ``2 m n k`` FLOPs at
-  ``mfu`` of the BF16 peak (an FP8 GEMM at ``mfu`` of the FP8 peak, as
+  ``mfu`` of the BF16 peak (an FP8 GEMM at ``fp8_mfu`` of the FP8 peak, as
   :func:`twin.perf.roofline.fp8_gemm_ratio` prices it) and the weights read at ``mbu`` of the
   memory bandwidth (:meth:`twin.perf.roofline.Roofline.gemm_time`);
 - an attention kernel: the larger of ``4 x heads x head_dim x A`` FLOPs at ``attn_mfu``
@@ -20,11 +20,12 @@ kernel is priced with the Roofline's own terms (:func:`price`):
 (least squares of the log error of a one-term price): ``mfu`` over the BF16 GEMMs whose FLOPs
 at peak take at least :data:`COMPUTE_BOUND` times their weight reads, ``mbu`` over the BF16
 GEMMs whose weight reads take at least :data:`MEMORY_BOUND` times their FLOPs and over the
-decode attention kernels, ``attn_mfu`` over the prefill attention kernels, ``hop_latency_s``
+decode attention kernels, ``fp8_mfu`` over the FP8 GEMMs compute-bound at the FP8 peak (the
+same bound), ``attn_mfu`` over the prefill attention kernels, ``hop_latency_s``
 over the all-reduces of at most :data:`LATENCY_BOUND_BYTES` (their bandwidth term taken off).
 Rows marked ``held_out`` are never fitted; GEMMs between the two bounds (the ramp from
 weight-bound to compute-bound, where the roofline has a corner and the kernels a curve), FP8
-GEMMs and bigger all-reduces are scored only.
+GEMMs that are not compute-bound and bigger all-reduces are scored only.
 """
 
 from __future__ import annotations
@@ -71,12 +72,14 @@ class KernelPoint:
 @dataclass(frozen=True, slots=True)
 class KernelEfficiency:
     """The GPU terms a kernel table fits (the Roofline's ``mfu``, ``mbu``, ``attn_mfu`` and
-    ``hop_latency_s``)."""
+    ``hop_latency_s``, and ``fp8_mfu``, the FP8 GEMMs' share of the FP8 peak: None prices
+    them at ``mfu``, the datasheet's ratio of the two peaks)."""
 
     mfu: float
     mbu: float
     attn_mfu: float
     hop_latency_s: float
+    fp8_mfu: float | None = None
 
 
 def _link(gpu: GPUSpec) -> float:
@@ -92,24 +95,29 @@ def price(p: KernelPoint, gpu: GPUSpec, eff: KernelEfficiency) -> float:
     if p.kind == "all-reduce":
         hops = 2 * (p.tp - 1)
         return hops / p.tp * p.bytes / _link(gpu) + hops * eff.hop_latency_s
-    share = eff.mfu if p.kind == "gemm" else eff.attn_mfu
+    if p.kind != "gemm":
+        share = eff.attn_mfu
+    elif p.fp8 and eff.fp8_mfu is not None:
+        share = eff.fp8_mfu
+    else:
+        share = eff.mfu
     return max(p.flops / (_peak(p, gpu) * share), p.bytes / (gpu.hbm_bytes_s * eff.mbu))
 
 
 def regime(p: KernelPoint, gpu: GPUSpec) -> str:
     """``"compute"``, ``"memory"`` or ``"ramp"`` for a GEMM (see :data:`COMPUTE_BOUND`),
-    ``"fp8"`` for an FP8 GEMM, ``"all-reduce-bw"`` for an all-reduce of more than
-    :data:`LATENCY_BOUND_BYTES`, else its kind."""
+    and, prefixed ``"fp8-"``, for an FP8 GEMM (its FLOPs at the FP8 peak, its weights one byte
+    each), ``"all-reduce-bw"`` for an all-reduce of more than :data:`LATENCY_BOUND_BYTES`, else
+    its kind."""
     if p.kind == "all-reduce":
         return "all-reduce" if p.bytes <= LATENCY_BOUND_BYTES else "all-reduce-bw"
     if p.kind != "gemm":
         return p.kind
-    if p.fp8:
-        return "fp8"
-    ratio = (p.flops / gpu.flops_bf16) / (p.bytes / gpu.hbm_bytes_s)
+    ratio = (p.flops / _peak(p, gpu)) / (p.bytes / gpu.hbm_bytes_s)
+    prefix = "fp8-" if p.fp8 else ""
     if ratio >= COMPUTE_BOUND:
-        return "compute"
-    return "memory" if ratio <= 1.0 / MEMORY_BOUND else "ramp"
+        return prefix + "compute"
+    return prefix + ("memory" if ratio <= 1.0 / MEMORY_BOUND else "ramp")
 
 
 def _geomean(values: Sequence[float], what: str) -> float:
@@ -122,13 +130,15 @@ def fit_kernels(points: Iterable[KernelPoint], gpu: GPUSpec) -> KernelEfficiency
     """``mfu``, ``mbu``, ``attn_mfu`` and ``hop_latency_s`` fitted to the points not
     ``held_out`` (see the module's docstring); raises :class:`SpecError` when a term has no
     point to fit, or an all-reduce is faster than its bandwidth term."""
-    by: dict[str, list[float]] = {"compute": [], "memory": [], "attn": [], "hop": []}
+    by: dict[str, list[float]] = {"compute": [], "memory": [], "attn": [], "hop": [], "fp8": []}
     for p in points:
         if p.held_out:
             continue
         r = regime(p, gpu)
         if r == "compute":
             by["compute"].append(p.flops / gpu.flops_bf16 / p.seconds)
+        elif r == "fp8-compute":
+            by["fp8"].append(p.flops / _peak(p, gpu) / p.seconds)
         elif r in ("memory", "decode-attention"):
             by["memory"].append(p.bytes / gpu.hbm_bytes_s / p.seconds)
         elif r == "prefill-attention":
@@ -144,10 +154,11 @@ def fit_kernels(points: Iterable[KernelPoint], gpu: GPUSpec) -> KernelEfficiency
         mbu=_geomean(by["memory"], "mbu"),
         attn_mfu=_geomean(by["attn"], "attn_mfu"),
         hop_latency_s=_geomean(by["hop"], "hop_latency_s"),
+        fp8_mfu=_geomean(by["fp8"], "fp8_mfu") if by["fp8"] else None,
     )
 
 
-_SCORED_ONLY = ("ramp", "fp8", "all-reduce-bw")
+_SCORED_ONLY = ("ramp", "fp8-ramp", "fp8-memory", "all-reduce-bw")
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,8 +174,9 @@ class Score:
 
 def score(points: Iterable[KernelPoint], gpu: GPUSpec, eff: KernelEfficiency) -> list[Score]:
     """Per regime (:func:`regime`), fitted points and held-out ones apart, the absolute
-    relative error of :func:`price` against the measured time; the ramp, FP8 GEMMs and
-    all-reduces past :data:`LATENCY_BOUND_BYTES` count as held out (never fitted)."""
+    relative error of :func:`price` against the measured time; the ramps, FP8 GEMMs that are
+    not compute-bound and all-reduces past :data:`LATENCY_BOUND_BYTES` count as held out
+    (never fitted)."""
     errs: dict[tuple[str, bool], list[float]] = {}
     for p in points:
         r = regime(p, gpu)

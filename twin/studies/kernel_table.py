@@ -29,7 +29,7 @@ from twin.perf.kernel_fit import (
     points_from_table,
     score,
 )
-from twin.perf.presets import GPU_EFFICIENCY
+from twin.perf.presets import FP8_GEMM_SHARE, GPU_EFFICIENCY
 
 # The tables read, relative to the system folder, and which rows are kept: the vLLM 0.14.0
 # collection (the serving engine the Roofline's default preset describes) in BF16 (FP8 GEMMs
@@ -41,8 +41,6 @@ VLLM_AR = "comm/vllm/0.14.0/custom_allreduce_perf.parquet"
 NCCL_AR = "comm/nccl/2.27.3/nccl_perf.parquet"
 GEMM_DIMS = (4096, 8192, 16384)
 GEMM_TOKENS = (1, 2, 4, 8, 16, 64, 256, 512, 1024, 2048, 4096, 8192)
-FP8_DIMS = (8192, 16384)
-FP8_TOKENS = (16, 1024, 4096, 8192)
 # (heads, KV heads) per GPU: Llama-3.1-8B at TP 1 (fitted), and held out: TP 2, TP 4, and
 # Llama-3.1-70B at TP 1
 HEADS = ((32, 8), (16, 4), (8, 2), (64, 8))
@@ -55,7 +53,7 @@ DECODE_MIN_BYTES = 256 * 2**20
 AR_BYTES = (128, 256, 512, 1024, 2048, 4096, 8192, 524288, 4194304, 33554432)
 SELECTION = {
     "gemm": f"{GEMM}: vllm_default, bfloat16 m in {GEMM_TOKENS} and n, k in {GEMM_DIMS} "
-            f"(held out: n != k); fp8 m in {FP8_TOKENS}, n = k in {FP8_DIMS} (scored only)",
+            f"(held out: n != k); fp8 the same shapes (held out: n != k)",
     "prefill-attention": f"{PREFILL}: vllm_flash_attn, BF16 KV, head_dim 128, batch in "
                          f"{PREFILL_BATCH}, isl in {PREFILL_ISL}, (heads, KV heads) in {HEADS} "
                          "(held out: all but (32, 8))",
@@ -85,8 +83,8 @@ def read_system(system_dir: Path) -> dict[str, list[list[Any]]]:
     g = g[g.kernel_source == "vllm_default"]
     bf = g[(g.gemm_dtype == "bfloat16") & g.m.isin(GEMM_TOKENS) & g.n.isin(GEMM_DIMS)
            & g.k.isin(GEMM_DIMS)].assign(held=lambda d: d.n != d.k)  # fmt: skip
-    f8 = g[(g.gemm_dtype == "fp8") & g.m.isin(FP8_TOKENS) & g.n.isin(FP8_DIMS)
-           & (g.n == g.k)].assign(held=True)  # fmt: skip
+    f8 = g[(g.gemm_dtype == "fp8") & g.m.isin(GEMM_TOKENS) & g.n.isin(GEMM_DIMS)
+           & g.k.isin(GEMM_DIMS)].assign(held=lambda d: d.n != d.k)  # fmt: skip
     gemm_cols = ["gemm_dtype", "m", "n", "k", "latency", "held"]
     out: dict[str, list[list[Any]]] = {"gemm": _rows(bf, gemm_cols) + _rows(f8, gemm_cols)}
     attn_cols = ["batch_size", "n", "num_heads", "num_key_value_heads", "head_dim", "latency",
@@ -151,14 +149,16 @@ def main(argv: list[str] | None = None) -> int:
     except (TwinError, OSError, ImportError) as e:
         print(f"twin: error: {e}", file=sys.stderr)
         return 2
+    fp8 = f"  fp8_mfu {eff.fp8_mfu:.3f}" if eff.fp8_mfu is not None else ""
     print(f"{gpu.name}, fitted: mfu {eff.mfu:.3f}  mbu {eff.mbu:.3f}  attn_mfu {eff.attn_mfu:.3f}"
-          f"  hop_latency_s {eff.hop_latency_s:.3g}")  # fmt: skip
+          f"  hop_latency_s {eff.hop_latency_s:.3g}{fp8}")  # fmt: skip
     _print_scores(points, gpu, eff)
     if gpu.name in GPU_EFFICIENCY:
         mfu, mbu, attn, *_, hop = GPU_EFFICIENCY[gpu.name]
-        preset = KernelEfficiency(mfu, mbu, attn, hop)
+        fp8_mfu = mfu * FP8_GEMM_SHARE.get(gpu.name, 1.0)
+        preset = KernelEfficiency(mfu, mbu, attn, hop, fp8_mfu)
         print(f"{gpu.name}, preset: mfu {mfu:.3f}  mbu {mbu:.3f}  attn_mfu {attn:.3f}"
-              f"  hop_latency_s {hop:.3g}")  # fmt: skip
+              f"  hop_latency_s {hop:.3g}  fp8_mfu {fp8_mfu:.3f}")  # fmt: skip
         _print_scores(points, gpu, preset)
     if a.write and a.aic is not None:
         doc = {
