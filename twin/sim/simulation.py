@@ -41,6 +41,7 @@ from twin.sim.metrics import Metrics
 from twin.sim.result import Result
 from twin.sim.scaling import Scaler, ScalingKeys
 from twin.sim.sessions import SessionDriver
+from twin.sim.slowdown import slowdown_judge
 from twin.sim.spec import ExperimentSpec, apply_overrides, load_spec, resolve_spec
 from twin.sim.summary import (
     limit_warnings,
@@ -164,7 +165,7 @@ class Simulation:
         self.objectives = request_objectives(spec.slo, classes)
         self.metrics = Metrics(
             spec.slo, on_row, spec.ttft_at, Timeline(spec.window_s), faults=faults,
-            scales=scales or (), classes=slos,
+            scales=scales or (), classes=slos, slowdown=slowdown_judge(spec),
         )  # fmt: skip
         subscribers: list[Observer] = [self.metrics]
         self.by_class = None

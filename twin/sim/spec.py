@@ -686,7 +686,8 @@ def resolve_spec(
     out["workload"] = top.workload
 
     slo = read(SLO, top.slo, f"{where}: slo")
-    out["slo"] = slo.written
+    # slowdown written only when given: a spec without it resolves (and hashes) as before
+    out["slo"] = {k: v for k, v in slo.written.items() if k != "slowdown" or k in slo.given}
 
     # Only given: a spec without faults resolves (and hashes) as before.
     events, out_events = read_events(top.events, f"{where}: events")
