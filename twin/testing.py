@@ -127,7 +127,7 @@ LOADED_FABRIC = "a100-eth25"
 
 def _spec(
     split: bool, faults: bool = False, fabric: bool = False, classes: bool = False,
-    queue_policy: str | None = None,
+    queue_policy: str | Mapping[str, Any] | None = None,
 ) -> Any:  # fmt: skip
     from twin.sim.spec import resolve_spec
 
@@ -187,7 +187,7 @@ def _setup_code(policy: Any) -> CodeType | None:
 
 def _run(
     make: Callable[[], Any], split: bool, seed: int, faults: bool = False, fabric: bool = False,
-    classes: bool = False, queue_policy: str | None = None,
+    classes: bool = False, queue_policy: str | Mapping[str, Any] | None = None,
 ) -> tuple[str, list[dict[str, Any]]]:  # fmt: skip
     from twin.sim.simulation import Simulation
 
@@ -236,6 +236,28 @@ def _run(
     return json.dumps(result.to_dict(), sort_keys=True, default=str), rows
 
 
+def _queue_policy(
+    value: str | Mapping[str, Any] | None, params: Mapping[str, Any] | None
+) -> str | dict[str, Any] | None:
+    """``engine.queue_policy`` from check_scheduler's arguments, checked (a
+    bad one is the caller's error, not the scheduler's)."""
+    from twin.serving.queuepolicy import parse_choice
+
+    where = "check_scheduler(queue_policy=...)"
+    if params is not None:
+        if not isinstance(value, str):
+            raise SpecError(
+                f"check_scheduler(queue_policy_params=...): {dict(params)!r} goes with a "
+                f"queue policy name, not {value!r}"
+            )
+        value = {"name": value, **params}
+    if value is None:
+        return None
+    spec_form = value if isinstance(value, str) else dict(value)
+    parse_choice(spec_form, where)
+    return spec_form
+
+
 def _kind(split: bool) -> str:
     return "split" if split else "colocated"
 
@@ -271,7 +293,8 @@ def check_scheduler(
     faults: bool = False,
     fabric: bool = False,
     classes: bool = False,
-    queue_policy: str | None = None,
+    queue_policy: str | Mapping[str, Any] | None = None,
+    queue_policy_params: Mapping[str, Any] | None = None,
 ) -> str:
     """Run the scheduler contract on ``policy`` (a class, a factory or a
     registered name) on a colocated and on a split cluster. Returns where it
@@ -303,9 +326,16 @@ def check_scheduler(
     ``classes``: the requests are of two classes of traffic (:data:`CLASSES`,
     with their own SLOs and priorities); each class's summary must count its
     own requests and their attainment against its SLO. ``queue_policy``: the
-    instances' queue policy (``engine.queue_policy``; default FCFS).
+    instances' queue policy (``engine.queue_policy``; default FCFS), as a spec
+    gives it: a registered name, or ``{"name": ..., <param>: <value>}``; or a
+    name with ``queue_policy_params`` (``{<param>: <value>}``). An unknown
+    name, or a parameter the policy does not take, raises a
+    :class:`~twin.errors.TwinError` before anything runs.
     """
-    kw: dict[str, Any] = {"classes": classes, "queue_policy": queue_policy}
+    kw: dict[str, Any] = {
+        "classes": classes,
+        "queue_policy": _queue_policy(queue_policy, queue_policy_params),
+    }
     make = _factory(policy, params)
     probe = make()
     missing = [h for h in ("setup", "route") if not callable(getattr(probe, h, None))]

@@ -74,6 +74,7 @@ from twin.sim.faults import (
     read_events,
     read_failures,
 )
+from twin.sim.keypath import set_key_path
 from twin.sim.metrics import SLO
 from twin.sim.scaling import ScalingKeys
 from twin.sim.timeline import DEFAULT_WINDOW_S
@@ -386,7 +387,9 @@ def read_spec(spec: str) -> tuple[dict[str, Any], str, Path]:
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str], where: str = "--set") -> None:
     """Apply ``key.path=value`` overrides in place; the value is parsed as YAML.
     ``key.path=null`` removes the key, so that its default applies (as a
-    ``null`` in a sweep or compare entry does)."""
+    ``null`` in a sweep or compare entry does). A list item is named by its
+    index, ``workload.classes.0.share`` or ``workload.classes[0].share``
+    (:mod:`twin.sim.keypath`)."""
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
@@ -395,26 +398,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], where: str =
             value = yamlio.load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
-        parts = key.strip().split(".")
-        node: Any = data
-        for i, part in enumerate(parts[:-1]):
-            nxt = node.get(part)
-            if nxt is None and value is None:
-                break  # removing below a key that is not there: nothing to do
-            if nxt is None:
-                nxt = node[part] = {}
-            elif isinstance(nxt, str) and part == "scheduler":
-                nxt = node[part] = {"name": nxt}
-            elif not isinstance(nxt, dict):
-                raise SpecError(
-                    f"{where} {item!r}: {'.'.join(parts[: i + 1])} is {nxt!r}, not a mapping"
-                )
-            node = nxt
-        else:
-            if value is None:
-                node.pop(parts[-1], None)
-            else:
-                node[parts[-1]] = value
+        set_key_path(data, key.strip(), value, f"{where} {item!r}")
 
 
 def load_spec(spec: str = "quickstart", overrides: Sequence[str] = ()) -> ExperimentSpec:
