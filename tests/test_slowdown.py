@@ -82,7 +82,9 @@ def test_spec_keys_are_checked_and_written_only_when_given() -> None:
             small_spec(slo={"slowdown": sd})
     unknown = small_spec(slo={"slowdown": {"gpu": "a200", "tbt": {"p90": 1.5}}})
     with pytest.raises(SpecError, match=r"test.yaml: slo.slowdown.gpu: unknown gpu 'a200'"):
-        slowdown_judge(unknown)
+        slowdown_judge(
+            unknown.slo.slowdown, unknown.perf, unknown.model, unknown.source, unknown.base_dir
+        )
 
 
 def test_goodput_counts_a_missed_slowdown_as_a_miss(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -102,6 +102,7 @@ one is missing here, or named here and gone)::
       vllm.py residuals.py     the vllm preset; prediction intervals
       validate.py calibrate.py fit_profile.py   checked and fitted against profiles
       profile.py               twin profile: a table measured with PyTorch
+      kernel_fit.py            a GPU's shares of peak fitted to measured kernels
     twin/net/                  the network
       __init__.py topology.py  the graph: paths, injection, bisection
       topofile.py explicit.py topodef.py   the two YAML forms and what they share
@@ -139,6 +140,7 @@ one is missing here, or named here and gone)::
       result.py                what a run returns: Result and its Summary
       metrics.py summary.py intervals.py   streaming summaries; the table; intervals
       classmetrics.py distribution.py   summaries per class; one latency's distribution
+      slowdown.py keypath.py   slowdown objectives; KEY.0.KEY paths of --set and sweeps
       timeline.py trace.py frames.py   results over time; the event log; data frames
     twin/studies/              many runs
       __init__.py sweep.py sweepdata.py workers.py   sweeps, their folders, workers
@@ -149,6 +151,7 @@ one is missing here, or named here and gone)::
       validate_run.py realrun.py validate_realrun.py runmetrics.py runresiduals.py
       replay.py fidelity.py moe_fidelity.py calibrate_runs.py benchrun.py   against data
       runs.py                  measured runs read, whatever their kind
+      kernel_table.py          measured kernel tables read and fitted
     twin/viz/                  pictures (matplotlib only here)
       __init__.py plots.py canvas.py style.py   a sweep folder's figures; shared parts
       attainment.py goodput.py cdf.py   attainment vs rate; goodput bars; CDFs

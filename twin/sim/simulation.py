@@ -165,7 +165,9 @@ class Simulation:
         self.objectives = request_objectives(spec.slo, classes)
         self.metrics = Metrics(
             spec.slo, on_row, spec.ttft_at, Timeline(spec.window_s), faults=faults,
-            scales=scales or (), classes=slos, slowdown=slowdown_judge(spec),
+            scales=scales or (), classes=slos, slowdown=slowdown_judge(
+                spec.slo.slowdown, spec.perf, spec.model, spec.source, spec.base_dir
+            ),
         )  # fmt: skip
         subscribers: list[Observer] = [self.metrics]
         self.by_class = None

@@ -33,8 +33,10 @@ from twin.perf.iteration import Batch
 from twin.sim.distribution import Distribution
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from twin.perf.iteration import PerfModel
-    from twin.sim.spec import ExperimentSpec
+    from twin.perf.llm import ModelSpec
 
 METRICS = ("ttft", "tbt", "e2e")
 _PCT = re.compile(r"p(\d{1,2}(?:\.\d+)?)")
@@ -138,17 +140,19 @@ class SlowdownJudge:
         return out
 
 
-def slowdown_judge(spec: ExperimentSpec) -> SlowdownJudge | None:
-    """The judge of ``spec.slo.slowdown`` (None without one): its reference instance priced
-    by the spec's ``perf:`` for its model."""
-    sd = spec.slo.slowdown
+def slowdown_judge(
+    sd: Slowdown | None, perf: Any, model: ModelSpec, source: str, base_dir: Path | None
+) -> SlowdownJudge | None:
+    """The judge of a spec's ``slo.slowdown`` ``sd`` (None without one): its reference
+    instance priced by the spec's ``perf:`` keys for its ``model`` (``source``, the spec's
+    file, names it in errors; ``base_dir`` resolves a profile's path)."""
     if sd is None:
         return None
-    where = f"{spec.source}: slo.slowdown"
+    where = f"{source}: slo.slowdown"
     try:
         gpu = get_gpu(sd.gpu, f"{where}.gpu")
     except UnknownNameError as e:
         raise SpecError(f"{where}.gpu: {e}") from None
-    ref = build_perf_model(spec.perf, spec.model, gpu, sd.tp, where=f"{where}: reference perf",
-                           base_dir=spec.base_dir)  # fmt: skip
+    ref = build_perf_model(perf, model, gpu, sd.tp, where=f"{where}: reference perf",
+                           base_dir=base_dir)  # fmt: skip
     return SlowdownJudge(sd, ref)
