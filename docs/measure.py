@@ -74,6 +74,7 @@ MEASURED: dict[str, str] = {
     " engine.queue_policy=priority --seeds 1 --sample 1000 -j 2 --no-plots",
     "pp-decode": "twin run docs/examples/pp-decode.yaml",
     "pp-decode-pp1": "twin run docs/examples/pp-decode.yaml --set cluster.decode.pp=1",
+    "moe-fidelity": "python -m twin.studies.moe_fidelity",
     "provision-disagg-convergence": "twin provision disagg --convergence 250,500,1000,2000 -j 2",
     "plan-disagg-convergence": "twin plan disagg --set cluster.nodes=2"
     " --convergence 250,500,1000,2000 -j 2",

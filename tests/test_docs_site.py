@@ -141,6 +141,7 @@ QUICK = {
     "handoff-llama-2-70b": False,
     "handoff-llama-2-70b-block": False,
     "handoff-llama-3.1-70b-multi-nic": False,
+    "moe-fidelity": False,
 }
 
 
