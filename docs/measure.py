@@ -52,6 +52,34 @@ MEASURED: dict[str, str] = {
     " roofline, moe_dispatch_dtype: fp8, moe_dispatch_nodes: 4, moe_overlap: two-batch,"
     " moe_overlap_min_tokens: 32}'",
     "diurnal-autoscale": "twin run diurnal-autoscale",
+    "handoff-llama-2-70b": "twin handoff llama-2-70b --tokens 4096 --topology dgx-h100-ib400"
+    " --tp 8",
+    "handoff-llama-2-70b-block": "twin handoff llama-2-70b --tokens 4096 --topology"
+    " dgx-h100-ib400 --tp 8 --descriptors block",
+    "handoff-llama-3.1-70b-multi-nic": "twin handoff llama-3.1-70b --tokens 131072 --topology"
+    " h100-roce-8x400 --tp 8 --multi-nic",
+    "validate-replay-h100-tp8": "twin validate replay docs/examples/replay-h100-tp8.yaml",
+    "azure-conv-x2": "twin run azure-conv --set workload.rate_scale=2",
+    "azure-conv-x2-steps": "twin run azure-conv --set workload.rate_scale=2 --set"
+    " 'workload.rate_schedule={kind: steps, points: [[0 s, 1.0], [10 min, 2.0], [20 min, 1.0]]}'",
+    "diurnal": "twin run diurnal",
+    "diurnal-flat": "twin run diurnal --set workload.rate_schedule=null",
+    "disagg": "twin run disagg",
+    "disagg-roce-4x200": "twin run disagg --set cluster.topology=h100-roce-4x200",
+    "disagg-ethernet-25g": "twin run disagg --set 'cluster.topology={node: {gpu: h100-sxm,"
+    " gpus: 8, nics: {count: 1, kind: ethernet, bandwidth: 25 Gbps}}, nodes: 4}'",
+    "goodput-classes-fcfs": "twin goodput classes --set compare=null --set"
+    " engine.queue_policy=fcfs --seeds 1 --sample 1000 -j 2 --no-plots",
+    "goodput-classes-priority": "twin goodput classes --set compare=null --set"
+    " engine.queue_policy=priority --seeds 1 --sample 1000 -j 2 --no-plots",
+    "pp-decode": "twin run docs/examples/pp-decode.yaml",
+    "pp-decode-pp1": "twin run docs/examples/pp-decode.yaml --set cluster.decode.pp=1",
+    "moe-fidelity": "python -m twin.studies.moe_fidelity",
+    "provision-disagg-convergence": "twin provision disagg --convergence 250,500,1000,2000 -j 2",
+    "plan-disagg-convergence": "twin plan disagg --set cluster.nodes=2"
+    " --convergence 250,500,1000,2000 -j 2",
+    "plan-disagg-nodes2": "twin plan disagg --set cluster.nodes=2 -j 2",
+    "plan-disagg-export-dynamo": "twin plan disagg --sample 100 --replicates 1 --export-dynamo -",
     "provision-deepseek-wide-ep": "twin provision deepseek-wide-ep --gpus 48 --sample 20"
     " --replicates 1",
 }

@@ -133,13 +133,85 @@ def test_each_measured_file_is_the_output_of_its_command():
         assert f"docs/data/{f.name}" in included, f"{f.name} is shown on no page"
 
 
-def test_the_fidelity_table_is_what_the_command_prints_now(tmp_path, monkeypatch):
-    """The in-sample table depends only on the code and the public data: the
-    file must be what the command prints now (else rerun docs/measure.py)."""
-    if shared_data_dir() is None:
+# The measured outputs quick to rerun (seconds each), with whether they read the public data.
+QUICK = {
+    "validate-perf": True,
+    "validate-replay-h100-tp8": True,
+    "pp-decode": True,
+    "handoff-llama-2-70b": False,
+    "handoff-llama-2-70b-block": False,
+    "handoff-llama-3.1-70b-multi-nic": False,
+    "moe-fidelity": False,
+}
+
+
+@pytest.mark.parametrize("entry", sorted(QUICK))
+def test_a_quick_measured_file_is_what_its_command_prints_now(entry, tmp_path, monkeypatch):
+    """These depend only on the code (and the public data): each file must be
+    what its command prints now, so a figure typed into it, or one the code
+    has since moved, fails here (rerun docs/measure.py)."""
+    if QUICK[entry] and shared_data_dir() is None:
         pytest.skip("reads the public data: set TWIN_DATA or place it at ../shared/data")
-    kept = (ROOT / "docs" / "data" / "validate-perf.txt").read_text(encoding="utf-8")
+    kept = (ROOT / "docs" / "data" / f"{entry}.txt").read_text(encoding="utf-8")
     monkeypatch.setattr(measure, "DATA", tmp_path)
     monkeypatch.setattr(measure, "ROOT", ROOT)
-    out = measure.measure("validate-perf")
-    assert out.read_text(encoding="utf-8") == kept, "rerun: python docs/measure.py validate-perf"
+    out = measure.measure(entry)
+    assert out.read_text(encoding="utf-8") == kept, f"rerun: python docs/measure.py {entry}"
+
+
+# Outputs a page may show typed out, each with why it is no measured figure.
+TYPED_OUTPUTS = {
+    # README.md: test_readme_commands checks it is what `twin run` prints, to the digit
+    "twin run": "README.md",
+    # a count of lines that grep found, run by test_readme_commands
+    "twin spec classes --entry priority --set 'workload.classes[0].share=0.5'"
+    " | grep -c '\"share\": 0.5'": "docs/guides/spec.md",
+}
+
+
+def _typed_figures(shown: str) -> list[str]:
+    """The lines of a shown output that are neither error nor warning lines."""
+    return [
+        ln for ln in shown.splitlines()
+        if ln.strip() and not ln.startswith(("twin: error: ", "twin: warning: "))
+    ]  # fmt: skip
+
+
+def test_no_page_shows_a_commands_output_typed_by_hand():
+    """A page shows what a ``twin`` command prints through ``<!-- twin:include
+    docs/data/NAME.txt -->`` (written by ``docs/measure.py``), never pasted
+    into a ``$ twin ...`` block, where it would not follow the code; error
+    lines are run and compared by tests/test_readme_commands.py."""
+    from readme_commands import examples
+
+    typed = [
+        f"{name(p)}:{e.line}: {e.command}"
+        for p in pages()
+        for e in examples(p, name(p))
+        if _typed_figures(e.shown) and TYPED_OUTPUTS.get(e.command) != name(p)
+    ]
+    assert not typed, "measure these (docs/measure.py) and include them:\n" + "\n".join(typed)
+
+
+def test_the_typed_output_check_catches_a_pasted_table(tmp_path):
+    from readme_commands import examples
+
+    page = tmp_path / "page.md"
+    page.write_text("```\n$ twin run\nTTFT (s) 0.065\n$ twin run --set x=1\n"
+                    "twin: error: quickstart.yaml: x: unknown key\n```\n")  # fmt: skip
+    shown = [_typed_figures(e.shown) for e in examples(page)]
+    assert shown == [["TTFT (s) 0.065"], []]
+
+
+def test_a_file_a_page_shows_is_the_one_its_measured_command_reads():
+    """A measured command that reads a spec a page shows (``$ cat FILE``) reads
+    the repository's copy of it, ``docs/examples/FILE``: the two are the same text."""
+    from readme_commands import examples
+
+    shown = {f: text for p in pages() for e in examples(p, name(p)) for f, text in e.files}
+    read = {Path(a).name: a for c in measure.MEASURED.values() for a in c.split()
+            if a.startswith("docs/examples/")}  # fmt: skip
+    both = sorted(set(shown) & set(read))
+    assert both, "no measured command reads a file the pages show"
+    for file in both:
+        assert shown[file] == (ROOT / read[file]).read_text(encoding="utf-8"), read[file]

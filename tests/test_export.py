@@ -152,19 +152,23 @@ PROVISION_SPEC = {
 }  # fmt: skip
 
 
-def test_twin_provision_exports_its_best_split(tmp_path, capsys):
+def test_twin_provision_exports_its_best_split(tmp_path, capsys, monkeypatch):
+    """One export to a file, the other to stdout (``-``), the text then to stderr."""
     from twin.studies.provision import provision
 
+    monkeypatch.chdir(tmp_path)
     path = tmp_path / "split.yaml"
     path.write_text(yaml.safe_dump(PROVISION_SPEC))
-    dyn, llmd = tmp_path / "dynamo.yaml", tmp_path / "values.yaml"
+    llmd = tmp_path / "values.yaml"
     argv = ["provision", str(path), "--power", "6 kW", "--sample", "40", "--replicates", "1"]
-    assert main([*argv, "--export-dynamo", str(dyn), "--export-llm-d", str(llmd)]) == 0
-    out = capsys.readouterr().out
-    assert f"written: {dyn}" in out and f"written: {llmd}" in out
+    assert main([*argv, "--export-dynamo", "-", "--export-llm-d", str(llmd)]) == 0
+    captured = capsys.readouterr()
+    dynamo_text = captured.out
+    assert f"written: {llmd}" in captured.err and "written:" not in dynamo_text
+    assert "best" in captured.err and not (tmp_path / "-").exists()
     prov = provision(PROVISION_SPEC, str(path), tmp_path, power_w=6000, sample=40, replicates=1)
     best = prov.best
-    doc = yaml.safe_load(dyn.read_text())
+    doc = yaml.safe_load(dynamo_text)
     assert _worker(doc, "prefill")["replicas"] == best.prefill
     assert _worker(doc, "decode")["replicas"] == best.decode
     args = _worker(doc, "decode")["podTemplate"]["spec"]["containers"][0]["args"]
@@ -174,14 +178,14 @@ def test_twin_provision_exports_its_best_split(tmp_path, capsys):
         best.prefill, best.decode,
     )  # fmt: skip
     assert values["decode"]["parallelism"]["tensor"] == 4
-    for text in (dyn.read_text(), llmd.read_text()):
+    for text in (dynamo_text, llmd.read_text()):
         h = _header(text)
         assert h["source"] == "twin provision"
         assert h["goodput_rps"] == h["rate_rps"] == best.goodput_rps
         assert h["goodput_ci95"] is None  # one sample: no interval
     # the same through the API
     dep = from_provision(PROVISION_SPEC, str(path), tmp_path, prov)
-    assert dynamo_yaml(dep) == dyn.read_text()
+    assert dynamo_yaml(dep) == dynamo_text
 
 
 @pytest.mark.parametrize(
@@ -191,6 +195,8 @@ def test_twin_provision_exports_its_best_split(tmp_path, capsys):
          "twin plan: --export-*: exports one deployment; not with --convergence"),
         (["provision", "disagg", "--export-llm-d", "/nonexistent/dir/v.yaml"],
          "--export-llm-d: '/nonexistent/dir/v.yaml': no folder '/nonexistent/dir'"),
+        (["plan", "disagg", "--export-dynamo", "-", "--json", "-"],
+         "twin plan: --json and --export-dynamo are both '-': one output may go to stdout"),
     ],
 )  # fmt: skip
 def test_bad_exports_fail_before_the_search(capsys, argv, message):

@@ -36,7 +36,6 @@ SLOW = (
     "twin validate perf --data ../shared/data --workload",
     "twin validate perf --held-out",
     "twin bench --sizes 10k,100k,1M",
-    "twin plan disagg --set cluster.nodes=2",
 )
 # Commands that read the public data folder.
 DATA = ("twin run azure-conv", "twin run compare-", "twin validate perf", "twin validate replay")

@@ -105,9 +105,16 @@ def json_option(p: argparse.ArgumentParser, what: str) -> None:
     )  # fmt: skip
 
 
+# The flags that may send their file to stdout with ``-`` (one of them at a time).
+STDOUT_FILES = (("json", "--json"), ("export_dynamo", "--export-dynamo"),
+                ("export_llm_d", "--export-llm-d"))  # fmt: skip
+
+
 def human(args: argparse.Namespace) -> IO[str]:
-    """Where the readable output goes: stderr when ``--json -`` holds stdout."""
-    return sys.stderr if getattr(args, "json", None) == "-" else sys.stdout
+    """Where the readable output goes: stderr when ``--json -`` (or an export
+    to ``-``) holds stdout."""
+    held = any(getattr(args, dest, None) == "-" for dest, _ in STDOUT_FILES)
+    return sys.stderr if held else sys.stdout
 
 
 def model_arg(args: argparse.Namespace, cmd: str) -> str:

@@ -7,7 +7,14 @@ import argparse
 import sys
 from typing import Any
 
-from twin.cli._common import human, json_option, make_executor, parallel_args, write_json
+from twin.cli._common import (
+    STDOUT_FILES,
+    human,
+    json_option,
+    make_executor,
+    parallel_args,
+    write_json,
+)
 from twin.errors import TwinError
 
 
@@ -62,12 +69,14 @@ def cmd_provision(args: argparse.Namespace) -> int:
 
 def _export_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--export-dynamo", metavar="FILE",
-        help="write the chosen deployment as an NVIDIA Dynamo DynamoGraphDeployment (YAML)",
+        "--export-dynamo", metavar="FILE|-",
+        help="write the chosen deployment as an NVIDIA Dynamo DynamoGraphDeployment (YAML;"
+        " - : to stdout, the text to stderr)",
     )  # fmt: skip
     p.add_argument(
-        "--export-llm-d", metavar="FILE",
-        help="write the chosen deployment as llm-d ModelService Helm values (YAML)",
+        "--export-llm-d", metavar="FILE|-",
+        help="write the chosen deployment as llm-d ModelService Helm values (YAML;"
+        " - : to stdout, the text to stderr)",
     )  # fmt: skip
 
 
@@ -76,6 +85,10 @@ def _export_args_check(args: argparse.Namespace, cmd: str) -> None:
     checked with every output, by check_command_outputs)."""
     if (args.export_dynamo or args.export_llm_d) and args.convergence:
         raise TwinError(f"twin {cmd}: --export-*: exports one deployment; not with --convergence")
+    to_stdout = [flag for dest, flag in STDOUT_FILES if getattr(args, dest, None) == "-"]
+    if len(to_stdout) > 1:
+        raise TwinError(f"twin {cmd}: {' and '.join(to_stdout)} are both '-': one output "
+                        "may go to stdout; give the others a file")  # fmt: skip
 
 
 def _sample_args(args: argparse.Namespace, cmd: str) -> None:

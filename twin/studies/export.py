@@ -54,6 +54,7 @@ import dataclasses
 import json
 import math
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -574,9 +575,12 @@ def llm_d_yaml(d: Deployment) -> str:
 def write_exports(d: Deployment, dynamo: str | None, llm_d: str | None) -> list[str]:
     """Write the asked-for files, each through :func:`twin._io.write_text`
     once both are rendered (a deployment that cannot be exported leaves no
-    file); their paths."""
+    file), ``-`` to stdout; the paths of the files written."""
     texts = [(path, render(d)) for path, render in ((dynamo, dynamo_yaml), (llm_d, llm_d_yaml))
              if path]  # fmt: skip
     for path, text in texts:
-        write_text(path, text)
-    return [path for path, _ in texts]
+        if path == "-":
+            sys.stdout.write(text)
+        else:
+            write_text(path, text)
+    return [path for path, _ in texts if path != "-"]
