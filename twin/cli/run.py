@@ -51,14 +51,14 @@ def _run_spec(spec: Any, files: dict[str, str | None], bucket: float | None) -> 
 
         parquet = RequestParquet(
             files["requests_parquet"], {"pd-twin.spec_sha256": spec.sha256},
-            classes=bool(spec.workload.classes),
+            classes=bool(spec.workload.classes), models=bool(spec.models),
         )  # fmt: skip
     csv_file = None
     try:
         csv_file = open_out(files["requests_csv"]) if files["requests_csv"] else None
         sinks: list[Any] = []
         if csv_file is not None:
-            columns = request_columns(bool(spec.workload.classes))
+            columns = request_columns(bool(spec.workload.classes), bool(spec.models))
             writer = csv.DictWriter(csv_file, fieldnames=columns, lineterminator="\n")
             writer.writeheader()
             sinks.append(writer.writerow)

@@ -26,7 +26,7 @@ from twin.errors import CapacityError, SpecError, TwinError
 from twin.perf.iteration import PerfModel
 from twin.perf.residuals import Residuals, read_residuals
 from twin.request import Request
-from twin.scheduler import FaultEvent, Reject, Route, build_scheduler, decode_hook, event_hook
+from twin.scheduler import FaultEvent, Reject, Route, decode_hook, event_hook
 from twin.serving.cluster import Placement
 from twin.serving.engine import Engine
 from twin.serving.kvcache import blocks_for
@@ -36,6 +36,7 @@ from twin.sim.build import build_cluster
 from twin.sim.classmetrics import ByClass, class_slos
 from twin.sim.control import ControlLoop, apply_plan
 from twin.sim.faults import Faults
+from twin.sim.fleet import ByModel, spec_policy, with_models
 from twin.sim.intervals import attainment_scales, summary_intervals
 from twin.sim.metrics import Metrics
 from twin.sim.result import Result
@@ -97,9 +98,7 @@ class Simulation:
         self.rng_scheduler = np.random.default_rng(seeds[1])
         self._requests = requests
         self.observer = self._listeners(on_row, log, trace, observers, retention)
-        self.scheduler = scheduler or build_scheduler(
-            spec.scheduler, spec.scheduler_params, where=f"{spec.source}: scheduler"
-        )
+        self.scheduler = scheduler or spec_policy(spec)
         self._name = spec.scheduler if scheduler is None else type(scheduler).__name__
         self.cluster = build_cluster(
             spec, self.env, self.observer, self.scheduler, self.rng_scheduler,
@@ -170,6 +169,9 @@ class Simulation:
         if slos is not None:
             self.by_class = ByClass(classes, slos, spec.ttft_at, spec.window_s, faults)
             subscribers.append(self.by_class)
+        self.by_model = ByModel(spec, faults)
+        if spec.models:  # only then: a run of one model reads as before
+            subscribers.append(self.by_model)
         self.timeouts = ClientTimeouts(self, timeout) if timeout is not None else None
         if self.timeouts is not None:
             subscribers.append(self.timeouts)
@@ -232,7 +234,8 @@ class Simulation:
     def _request_stream(self) -> Iterator[Request]:
         if self._requests is not None:
             return iter(self._requests)
-        return iter_requests(self.spec.workload, self.rng_workload, self._stream_end)
+        stream = iter_requests(self.spec.workload, self.rng_workload, self._stream_end)
+        return with_models(stream, self.spec.models, self.spec.seed) if self.spec.models else stream
 
     def _engine(self, i: int) -> Engine:
         return self.engines[i]
@@ -360,7 +363,7 @@ class Simulation:
         when it ended here: longer than the context (``context_length``) or
         more KV than any instance holds (``exceeds_kv_capacity``, or an error)."""
         spec = self.spec
-        limit = spec.max_model_len
+        limit = spec.part(req.model).max_model_len
         if limit is not None and req.prompt_tokens + req.output_tokens > limit:
             if spec.oversized != "truncate":
                 self.observer.request_ended(
@@ -385,7 +388,7 @@ class Simulation:
         raise CapacityError(
             f"{spec.source}: request {req.id}: prompt {req.prompt_tokens} + output "
             f"{req.output_tokens} tokens need {need} KV blocks, but the smallest instance of "
-            f"{spec.model.name} that would serve it holds {holds}; "
+            f"{spec.part(req.model).model.name} that would serve it holds {holds}; "
             "give instances more GPUs, or set engine.oversized: reject"
         )
 
@@ -644,6 +647,8 @@ class Simulation:
         if self.by_class is not None:  # only then: a run without classes reads as before
             summary["classes"] = self.by_class.summary()
             class_timelines = self.by_class.timeline_rows(self.metrics.last_end_s)
+        if self.spec.models:
+            summary["models"] = self.by_model.by_model(self.scaler.alloc, self.metrics.last_end_s)
         occupancy = None
         timeline = self.metrics.timeline_rows()
         if self.tiers is not None:
@@ -654,7 +659,7 @@ class Simulation:
             )  # fmt: skip
             for name, series in occupancy.items():  # per timeline window
                 summary["kv_tiers"][name]["occupancy"] = {"window_s": self.spec.window_s, **series}
-        if self.scaler.scaled or spec_scales(self.spec):
+        if self.scaler.scaled or "scaling" in self.spec.resolved:  # given: gpu_seconds
             summary["gpu_seconds"] = self.scaler.gpu_seconds(self.metrics.last_end_s)
         links = self.network.link_stats() if self.network is not None else []
         if occupancy is not None and timeline:  # the same windows: up to the last end
@@ -761,11 +766,6 @@ def spec_residuals(spec: ExperimentSpec) -> Residuals | None:
     if not isinstance(perf, Mapping) or perf.get("residuals") is None:
         return None
     return read_residuals(perf["residuals"], f"{spec.source}: perf.residuals", spec.base_dir)
-
-
-def spec_scales(spec: ExperimentSpec) -> bool:
-    """Whether the spec gives ``scaling:`` (its runs then report ``gpu_seconds``)."""
-    return "scaling" in spec.resolved
 
 
 def truncate(req: Request, limit: int) -> Request:
