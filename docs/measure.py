@@ -36,6 +36,7 @@ MEASURED: dict[str, str] = {
     "classes": "twin run classes",
     "fabric-aware": "twin run fabric-aware",
     "sessions": "twin run sessions",
+    "multi-model": "twin run multi-model",
 }
 
 

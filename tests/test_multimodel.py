@@ -171,7 +171,8 @@ def test_a_models_view_holds_its_own_instances_only():
         ({"model": "llama-3.1-8b"}, "two.yaml: model: with models:, each model gives its own"),
         ({"cluster": {"instances": 2}}, "two.yaml: cluster.instances: with models:, each model"),
         ({"kv_tiers": {"dram": "1 GB"}}, "two.yaml: kv_tiers: not with several models"),
-        ({"scaling": {}}, "two.yaml: scaling: not with several models"),
+        ({"gpu_budget": 1}, "two.yaml: gpu_budget: 1 is below the 2 GPUs the models start with"),
+        ({"gpu_budget": 0}, "two.yaml: gpu_budget: 0"),
         ({"models": {}}, "two.yaml: models: empty"),
         ({"models": {"a": {"model": "llama-3.1-8b"}}}, "two.yaml: models.a.cluster: missing"),
         (
@@ -205,6 +206,15 @@ def test_a_bad_models_spec_is_one_line(change, message, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1, err
     assert err.startswith(f"twin: error: {tmp_path}/{message}"), err
+
+
+def test_a_gpu_budget_goes_with_several_models(tmp_path, capsys):
+    data = {**{k: v for k, v in TWO.items() if k != "models"}, "model": "llama-3.1-8b"}
+    path = tmp_path / "one.yaml"
+    path.write_text(json.dumps({**data, "gpu_budget": 4}))
+    assert main(["spec", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"twin: error: {path}: gpu_budget: applies to several models (models:)\n"
 
 
 def test_a_spec_of_one_model_resolves_as_before():

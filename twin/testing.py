@@ -243,7 +243,7 @@ def _run(
     if classes:
         _check_parts(result.to_dict()["summary"]["classes"], rows, "class", len(reqs))
     if models:
-        _check_models(spec, rows)
+        _check_models(sim.view, rows)
         _check_parts(result.to_dict()["summary"]["models"], rows, "model", len(reqs))
     for e in sim.engines:
         assert e.kv.free == e.kv.total, f"instance {e.id} ended with KV blocks held"
@@ -266,11 +266,11 @@ def _check_parts(per: dict[str, Any], rows: list[dict[str, Any]], column: str, n
     assert sum(c["requests"] for c in per.values()) == n
 
 
-def _check_models(spec: Any, rows: list[dict[str, Any]]) -> None:
+def _check_models(view: ClusterView, rows: list[dict[str, Any]]) -> None:
     """Each request ran on its model's instances only."""
-    from twin.sim.fleetspec import instance_models
+    from twin.sim.fleet import model_of
 
-    of = instance_models(spec)
+    of = [model_of(i) for i in view.instances]
     for r in rows:
         for key in ("instance", "prefill_instance", "decode_instance"):
             i = r[key]

@@ -119,7 +119,7 @@ class Cluster:
         if self.tiers is not None and eng.cache is not None and eng.cache.tiers is not None:
             self.tiers.add(eng.id, eng.cache.tiers)
         fetch_s = self.pools.estimate_s if self.pools else None
-        self.view.grow(EngineView(eng, p, fetch_s, self.tiers))
+        self.view.grow(EngineView(eng, p, fetch_s, self.tiers, model))
         return eng
 
     def _lost_on(self, instance: int) -> Callable[[Sequence], None]:

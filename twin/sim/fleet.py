@@ -18,6 +18,7 @@ GPU-seconds its instances held.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -39,7 +40,6 @@ from twin.scheduler import (
     tick_hook,
 )
 from twin.sim.classmetrics import ByClass, figures
-from twin.sim.fleetspec import instance_models
 from twin.sim.metrics import Metrics
 from twin.sim.timeline import Timeline
 
@@ -49,13 +49,33 @@ and 1 are the workload's and the scheduler's)."""
 
 
 def with_models(requests: Iterator[Request], parts: Sequence[Any], seed: int) -> Iterator[Request]:
-    """``requests``, each naming its model, drawn by the models' shares."""
+    """``requests``, each naming its model, drawn by the models' shares at its
+    arrival (each share times its model's ``rate_schedule`` then)."""
     names = [p.name for p in parts]
-    cum = np.cumsum([p.share for p in parts])
+    shares = np.array([p.share for p in parts])
+    timed = [(k, p.schedule) for k, p in enumerate(parts) if p.schedule is not None]
     rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(MODEL_STREAM + 1)[-1])
     for req in requests:
+        w = shares
+        if timed:
+            w = shares.copy()
+            for k, schedule in timed:
+                w[k] *= float(schedule.rate(req.arrival_s))
+        cum = np.cumsum(w)
         k = min(int(np.searchsorted(cum, rng.random() * cum[-1], side="right")), len(names) - 1)
         yield dataclasses.replace(req, model=names[k])
+
+
+def model_weights(spec: Any) -> dict[str, float]:
+    """The weight bytes an instance of each model loads (by name; "" with one)."""
+    if not spec.models:
+        return {"": spec.model.weight_bytes}
+    return {p.name: p.spec.model.weight_bytes for p in spec.models}
+
+
+def model_of(instance: InstanceView) -> str:
+    """The model ``instance`` serves ("" on a cluster of one, or a view without it)."""
+    return getattr(instance, "model", "")
 
 
 class ModelView(ClusterView):
@@ -63,11 +83,11 @@ class ModelView(ClusterView):
     model's objectives: what the model's policy sees. Ids are the cluster's;
     ``view[i]`` of another model's instance is an IndexError."""
 
-    __slots__ = ("_base", "_model", "_models", "_mine", "_seen")
+    __slots__ = ("_base", "_model", "_mine", "_seen")
 
-    def __init__(self, base: ClusterView, model: str, models: list[str], slo: Objectives):
+    def __init__(self, base: ClusterView, model: str, slo: Objectives):
         # the base's clock, pools, stream and fabric; the instances are the model's
-        self._base, self._model, self._models = base, model, models
+        self._base, self._model = base, model
         self._mine: tuple[InstanceView, ...] = ()
         self._seen = -1  # the cluster's instances when _mine was made
         self.fabric, self._now, self._pools, self.rng = base.fabric, base._now, None, base.rng
@@ -77,16 +97,17 @@ class ModelView(ClusterView):
     def instances(self) -> tuple[InstanceView, ...]:  # type: ignore[override]
         base = self._base.instances
         if len(base) != self._seen:  # the cluster grew (scaling)
-            self._mine = tuple(i for i in base if self._models[i.id] == self._model)
+            self._mine = tuple(i for i in base if model_of(i) == self._model)
             self._seen = len(base)
         return self._mine
 
     def owns(self, instance_id: object) -> bool:
         """Whether ``instance_id`` is an instance of this model."""
+        base = self._base
         return (
             isinstance(instance_id, int)
-            and 0 <= instance_id < len(self._models)
-            and self._models[instance_id] == self._model
+            and 0 <= instance_id < len(base)
+            and model_of(base[instance_id]) == self._model
         )
 
     def grow(self, instance: InstanceView) -> None:
@@ -103,12 +124,12 @@ class ModelView(ClusterView):
 
 class Fleet:
     """The policy of a run of several models: each model's own policy over
-    its :class:`ModelView`. ``models`` is the model of each instance by id
-    (the cluster's list: it grows with the cluster)."""
+    its :class:`ModelView` (``make``: each made by it, not by the spec)."""
 
     def __init__(self, spec: Any, make: Callable[[], Any] | None = None) -> None:
         self.parts = spec.models
-        self.models = instance_models(spec)
+        self.groups = spec.groups
+        self.budget: int | None = spec.gpu_budget
         self.policies = {
             p.name: make() if make is not None else build_scheduler(
                 p.spec.scheduler, p.spec.scheduler_params, where=f"{p.spec.source}: scheduler"
@@ -140,7 +161,7 @@ class Fleet:
         tokens: dict[int, int] = {}
         seqs: dict[int, int] = {}
         for name, policy in self.policies.items():
-            view = self.views[name] = ModelView(cluster, name, self.models, self._slos[name])
+            view = self.views[name] = ModelView(cluster, name, self._slos[name])
             plan = policy.setup(view)
             for i in (*plan.roles, *plan.max_batched_tokens, *plan.max_num_seqs):
                 self._own(name, i, "setup()'s plan")
@@ -176,7 +197,16 @@ class Fleet:
 
 class TickingFleet(Fleet):
     """A :class:`Fleet` some of whose policies tick: it ticks at the shortest
-    of their periods and ticks each policy when its own period has passed."""
+    of their periods and ticks each policy when its own period has passed.
+
+    With a GPU budget (``gpu_budget``) it is the arbiter of the GPUs the
+    models share: the instances a tick adds are granted, those of the model
+    under the most pressure first (queued and running requests per GPU it
+    holds), while the GPUs held by every instance not yet stopped (starting
+    and draining ones included) stay within the budget; the others are
+    refused for this tick (the policy asks again at its next). A model's
+    instances drain and release their GPUs before another's may start on
+    them, each paying its own model's weights and warm-up."""
 
     def __init__(self, spec: Any, make: Callable[[], Any] | None = None) -> None:
         super().__init__(spec, make)
@@ -186,9 +216,11 @@ class TickingFleet(Fleet):
         }  # fmt: skip
         self.tick_s = min(h.tick_s for h in self._ticks.values())
         self._due = dict.fromkeys(self._ticks, 0.0)
+        self.refused: list[tuple[float, str, int]] = []  # (time, model, GPUs) not granted
 
     def tick(self, view: ClusterView) -> list[Any]:
         out: list[Any] = []
+        asks: list[tuple[str, AddInstance]] = []
         now = view.now
         for name, hook in self._ticks.items():
             if now < self._due[name] - 1e-9 * max(1.0, now):
@@ -196,13 +228,42 @@ class TickingFleet(Fleet):
             self._due[name] = now + hook.tick_s
             for action in hook.tick(self.views[name]):
                 if isinstance(action, AddInstance):
-                    raise SpecError(
-                        f"scheduler {self.parts_name(name)!r} of model {name!r}: AddInstance "
-                        "is not run with several models (scaling:)"
-                    )
+                    asks.append((name, dataclasses.replace(action, model=name)))
+                    continue
                 self._own(name, getattr(action, "instance", None), "tick()")
                 out.append(action)
-        return out
+        return out + self._grant(view, asks)
+
+    def _grant(self, view: ClusterView, asks: list[tuple[str, AddInstance]]) -> list[Any]:
+        if self.budget is None or not asks:
+            return [a for _, a in asks]
+        held = sum(len(i.gpus) for i in view.in_state("serving", "starting", "draining"))
+        pressure = {name: _pressure(self.views[name]) for name, _ in asks}
+        order = sorted(range(len(asks)), key=lambda k: (-pressure[asks[k][0]], k))
+        granted = []
+        for k in order:
+            name, a = asks[k]
+            gpus = self._gpus(name, a)
+            if held + gpus > self.budget:
+                self.refused.append((view.now, name, gpus))
+                continue
+            held += gpus
+            granted.append(k)
+        return [asks[k][1] for k in sorted(granted)]
+
+    def _gpus(self, model: str, a: AddInstance) -> int:
+        """GPUs the instance ``a`` adds holds: its TP x PP, or its pool's
+        expert-parallel layout (as the scaler places it)."""
+        group = next((g for g in self.groups if g.model == model and g.role == a.role), None)
+        return group.gpus if group is not None and group.ep > 1 else a.tp * a.pp
+
+
+def _pressure(view: ClusterView) -> float:
+    """Queued and running requests per GPU the model's live instances hold."""
+    live = view.in_state("serving", "starting")
+    gpus = sum(len(i.gpus) for i in live)
+    work = sum(i.queue_requests + i.running_requests for i in live)
+    return work / gpus if gpus else math.inf
 
 
 def spec_policy(spec: Any, make: Callable[[], Any] | None = None) -> Any:
@@ -228,30 +289,32 @@ class ByModel(ByClass):
     def __init__(self, spec: Any, faults: bool) -> None:
         self.classes = ()
         self.parts = spec.models
-        self.models = instance_models(spec)
+        self.groups = spec.groups
         self.of = {
             p.name: Metrics(p.spec.slo, None, spec.ttft_at, Timeline(spec.window_s), faults=faults)
             for p in self.parts
         }
 
-    def by_model(self, alloc: dict[int, list[Any]], end_s: float) -> dict[str, Any]:
-        """Per model, in the spec's order: its model, share, instances and
-        GPUs at the start, the GPU-seconds its instances held up to ``end_s``
-        (``alloc``: the scaler's instance -> [from, to or None, GPUs]), its
-        SLO and the summary's request keys over its requests."""
+    def by_model(self, run: Any) -> dict[str, Any]:
+        """Per model of ``run`` (a Simulation that has run), in the spec's
+        order: its model, share, instances and GPUs at the start, the
+        GPU-seconds its instances held up to the last request's end (from
+        the scaler's allocations), its SLO and the summary's request keys
+        over its requests."""
+        models = [model_of(i) for i in run.view.instances]
+        end_s, scaler = run.metrics.last_end_s, run.scaler
         out = {}
         for p in self.parts:
-            models = self.models
-            mine = [i for i, m in enumerate(models) if m == p.name]
             held = sum(
                 gpus * max(0.0, min(end_s, end_s if to is None else to) - start)
-                for i, (start, to, gpus) in alloc.items() if models[i] == p.name
+                for i, (start, to, gpus) in scaler.alloc.items() if models[i] == p.name
             )  # fmt: skip
+            first = [g for g in self.groups if g.model == p.name]
             out[p.name] = {
                 "model": p.spec.model.name,
                 "share": p.share,
-                "instances": len(mine),
-                "gpus": sum(alloc[i][2] for i in mine if i in alloc),
+                "instances": sum(g.count for g in first),
+                "gpus": sum(g.count * g.gpus for g in first),
                 "gpu_seconds": held,
                 **figures(self.of[p.name]),
             }

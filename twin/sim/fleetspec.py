@@ -33,10 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from twin._check import positive_int
 from twin._declare import POSITIVE_NUMBER, Kind, anything, declared, mapping, read, section
 from twin.errors import SpecError
 from twin.serving.cluster import Placement
 from twin.sim.metrics import SLO
+from twin.workload.schedule import RATE_SCHEDULE_SCHEMA, parse_rate_schedule
 
 NAME_OR_MAPPING = {"anyOf": [{"type": "string"}, {"type": "object"}]}
 # cluster keys every model shares, and those each model gives for itself
@@ -47,7 +49,6 @@ _REFUSED = (
     (("cluster", "kv_pool"), "a KV pool holds prefixes of one model's KV"),
     (("cluster", "kv_pool_ssd"), "a KV pool holds prefixes of one model's KV"),
     (("kv_tiers",), "KV tiers hold prefixes of one model's KV"),
-    (("scaling",), "instances a policy adds would need a model of their own"),
 )
 _OWN_CLUSTER_SCHEMA = {
     "type": "object",
@@ -75,6 +76,11 @@ class ModelKeys:
         None, anything(NAME_OR_MAPPING), "its policy (default: the spec's scheduler)"
     )
     slo: Any = declared(None, section(SLO), "its SLO; keys left out are the spec's slo")
+    rate_schedule: Any = declared(
+        None, anything(RATE_SCHEDULE_SCHEMA, parse_rate_schedule),
+        "its share over time: the share times this multiplier at each arrival, normalised "
+        "over the models (opposite schedules: each model's load its own curve)",
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -87,11 +93,14 @@ class ModelPart:
     share: float
     spec: Any
     written: Mapping[str, Any]
+    schedule: Any = None  # its rate_schedule (twin.workload.schedule), or None
 
 
 def split(data: Mapping[str, Any], where: str) -> list[tuple[str, float, dict[str, Any], Any]]:
     """The one-model specs of a spec with ``models:``: ``(name, share, spec
-    data, the model's keys as written)`` per model, in the order given."""
+    data, the model's keys as read)`` per model, in the order given."""
+    if data.get("models") is None:
+        raise SpecError(f"{where}: gpu_budget: applies to several models (models:)")
     models = mapping(data["models"], f"{where}: models")
     if not models:
         raise SpecError(f"{where}: models: empty; name at least one model")
@@ -119,7 +128,7 @@ def split(data: Mapping[str, Any], where: str) -> list[tuple[str, float, dict[st
             raise SpecError(f"{where}: models: {name!r}: a model's name is a non-empty string")
         r = read(ModelKeys, entry, f"{where}: models.{name}")
         keys = r.value
-        one = {k: v for k, v in data.items() if k != "models"}
+        one = {k: v for k, v in data.items() if k not in ("models", "gpu_budget")}
         one["name"] = data.get("name") or Path(where).stem
         one["model"] = keys.model
         one["cluster"] = {
@@ -131,8 +140,8 @@ def split(data: Mapping[str, Any], where: str) -> list[tuple[str, float, dict[st
         if keys.slo is not None:
             one["slo"] = {**mapping(data.get("slo") or {}, f"{where}: slo"), **keys.slo}
         total += keys.share
-        out.append((name, keys.share, one, r.written))
-    return [(n, s / total, one, w) for n, s, one, w in out]
+        out.append((name, keys.share, one, r))
+    return [(n, s / total, one, r) for n, s, one, r in out]
 
 
 def combine(
@@ -153,7 +162,13 @@ def combine(
         k: v for k, v in first.resolved.items() if k not in ("model", "cluster", "scheduler", "slo")
     }
     shared = {k: v for k, v in first.resolved["cluster"].items() if k in SHARED_CLUSTER}
-    resolved["cluster"] = {"instances": sum(g.count for g in groups), **shared}
+    resolved["cluster"] = {
+        "instances": sum(g.count for g in groups),
+        **shared,
+        "groups": [  # every model's, each naming its model
+            {**g, "model": p.name} for p in parts for g in p.spec.resolved["cluster"]["groups"]
+        ],
+    }
     slo = read(SLO, data.get("slo"), f"{where}: slo")
     resolved["slo"] = slo.written
     resolved["models"] = {
@@ -166,8 +181,17 @@ def combine(
             "scheduler": p.spec.resolved["scheduler"],
             "slo": p.spec.resolved["slo"],
         }
+        | ({"rate_schedule": p.written["rate_schedule"]} if p.schedule is not None else {})
         for p in parts
     }
+    budget = data.get("gpu_budget")
+    if budget is not None:
+        resolved["gpu_budget"] = budget = positive_int(budget, f"{where}: gpu_budget")
+        start = sum(g.count * g.gpus for g in groups)
+        if budget < start:
+            raise SpecError(
+                f"{where}: gpu_budget: {budget} is below the {start} GPUs the models start with"
+            )
     return {
         "groups": groups,
         "instances": resolved["cluster"]["instances"],
@@ -178,6 +202,7 @@ def combine(
         "base_dir": base_dir,
         "resolved": resolved,
         "models": tuple(parts),
+        "gpu_budget": budget,
     }
 
 
@@ -197,8 +222,3 @@ def slices(spec: Any, placements: Sequence[Placement]) -> list[Slice]:
         out.append((part.spec, groups, list(placements[i : i + n])))
         i += n
     return out
-
-
-def instance_models(spec: Any) -> list[str]:
-    """The model of each of ``spec``'s instances, by id ("" with one model)."""
-    return [g.model for g in spec.groups for _ in range(g.count)]

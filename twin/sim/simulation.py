@@ -36,7 +36,7 @@ from twin.sim.build import build_cluster
 from twin.sim.classmetrics import ByClass, class_slos
 from twin.sim.control import ControlLoop, apply_plan
 from twin.sim.faults import Faults
-from twin.sim.fleet import ByModel, spec_policy, with_models
+from twin.sim.fleet import ByModel, model_weights, spec_policy, with_models
 from twin.sim.intervals import attainment_scales, summary_intervals
 from twin.sim.metrics import Metrics
 from twin.sim.result import Result
@@ -125,7 +125,7 @@ class Simulation:
                              spec.topology)  # fmt: skip
         self.scaler = Scaler(
             self, spec.scaling or ScalingKeys(), self._name, spec.groups, spec.topology,
-            spec.gpus_per_node, spec.model.weight_bytes,
+            spec.gpus_per_node, model_weights(spec),
         )  # fmt: skip
         self.control = ControlLoop(
             self.env, self.scheduler, self._name, self.view, self.engines,
@@ -190,12 +190,12 @@ class Simulation:
         return broadcast(subscribers)
 
     def add_instance(
-        self, placement: Placement, role: str, tp: int, pp: int, ep: int, dp: int
+        self, placement: Placement, role: str, tp: int, pp: int, ep: int, dp: int, model: str = ""
     ) -> Engine:
         """A new instance during the run (scaling), starting: built as the spec's
         are, in the state of the parts it runs on (it comes up failed on a
-        failed node, say)."""
-        eng = self.cluster.add_instance(placement, role, tp, pp, ep, dp, starting=True)
+        failed node, say); ``model`` the model it serves, of several."""
+        eng = self.cluster.add_instance(placement, role, tp, pp, ep, dp, starting=True, model=model)
         self.faults.placed(eng.id)
         return eng
 
@@ -648,7 +648,7 @@ class Simulation:
             summary["classes"] = self.by_class.summary()
             class_timelines = self.by_class.timeline_rows(self.metrics.last_end_s)
         if self.spec.models:
-            summary["models"] = self.by_model.by_model(self.scaler.alloc, self.metrics.last_end_s)
+            summary["models"] = self.by_model.by_model(self)
         occupancy = None
         timeline = self.metrics.timeline_rows()
         if self.tiers is not None:

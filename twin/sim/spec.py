@@ -251,6 +251,9 @@ class TopKeys:
         None, anything(lambda: {"type": "object", "additionalProperties": schema(ModelKeys)}),
         "several models on the cluster, by name: {model, share, cluster, scheduler, slo}",
     )  # fmt: skip
+    gpu_budget: int | None = declared(
+        None, POSITIVE_INT, "several models: the GPUs their instances may hold together"
+    )
 
 
 def spec_schema(extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
@@ -327,6 +330,7 @@ class ExperimentSpec:
     # where each instance runs, by id (twin.sim.layout; empty until placed)
     placements: tuple[Placement, ...] = field(default=(), repr=False)
     models: tuple[ModelPart, ...] = ()  # several models: each one's (twin.sim.fleetspec)
+    gpu_budget: int | None = None  # several models: the GPUs they may hold together
 
     def part(self, model: str) -> ExperimentSpec:
         """The one-model spec of ``model`` (this spec when it serves one)."""
@@ -633,7 +637,7 @@ def resolve_spec(
     its instances placed (:func:`placed`; with ``place`` false, not yet: a
     search that grows the topology until they fit places them itself)."""
     data = copy.deepcopy(dict(data))
-    if data.get("models") is not None:
+    if data.get("models") is not None or "gpu_budget" in data:
         return _models(data, where, base_dir, place)
     top_read = read(TopKeys, data, where, sep=": ")
     top = top_read.value
@@ -758,8 +762,8 @@ def _models(data: Mapping[str, Any], where: str, base_dir: Path, place: bool) ->
     a one-model spec, then their instances placed together."""
     parts = [
         fleetspec.ModelPart(name, share, resolve_spec(one, f"{where}: models.{name}", base_dir,
-                            place=False), written)
-        for name, share, one, written in fleetspec.split(data, where)
+                            place=False), keys.written, keys.value.rate_schedule)
+        for name, share, one, keys in fleetspec.split(data, where)
     ]  # fmt: skip
     spec = dataclasses.replace(parts[0].spec, **fleetspec.combine(parts, data, where, base_dir))
     return placed(spec) if place else spec
