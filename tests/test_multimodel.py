@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 import schedulers.disagg  # noqa: F401 - registers disagg
 from twin.cli import main
@@ -233,3 +234,61 @@ def test_the_schema_takes_a_spec_of_several_models_and_refuses_one_of_none():
     jsonschema.validate({**{k: v for k, v in TWO.items() if k != "models"}, "model": "x"}, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({k: v for k, v in TWO.items() if k != "models"}, schema)
+
+
+def test_a_run_exports_each_models_split_deployment_one_document_each(tmp_path, capsys):
+    """twin run SPEC --export-dynamo/--export-llm-d: a DynamoGraphDeployment and
+    a ModelService values document per model, each with its model, pools and
+    parallelism, its header the model's figures from the run; each document
+    validates against the schemas the exports of one model do."""
+    jsonschema = pytest.importorskip("jsonschema")
+    spec = tmp_path / "split.yaml"
+    spec.write_text(json.dumps(SPLIT))
+    dyn, llmd, out = tmp_path / "dynamo.yaml", tmp_path / "values.yaml", tmp_path / "run.json"
+    argv = ["run", str(spec), "-q", "--json", str(out), "--export-dynamo", str(dyn),
+            "--export-llm-d", str(llmd)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    per = json.loads(out.read_text())["summary"]["models"]
+    schemas = Path(__file__).parent / "fixtures" / "export_schemas"
+    for path, schema in ((dyn, "dynamo-graph-deployment-v1beta1.schema.json"),
+                         (llmd, "llm-d-modelservice-values.schema.json")):  # fmt: skip
+        text = path.read_text()
+        docs = list(yaml.safe_load_all(text))
+        assert len(docs) == 2
+        for doc in docs:
+            jsonschema.validate(doc, json.loads((schemas / schema).read_text()))
+        heads = [json.loads(line[len("# twin: ") :]) for line in text.splitlines()
+                 if line.startswith("# twin: ")]  # fmt: skip
+        assert [h["model"] for h in heads] == ["llama-3.1-8b", "llama-3.1-70b"]
+        for h, name in zip(heads, ("chat", "big"), strict=True):
+            assert h["requests"] == per[name]["requests"]
+            assert h["slo_attainment"] == per[name]["slo_attainment"]
+            assert h["ttft_p99_s"] == per[name]["ttft_s"]["p99"]
+            assert h["goodput_rps"] is None
+        assert [h["prefill"]["tp"] for h in heads] == [1, 2]
+    dyn_docs = list(yaml.safe_load_all(dyn.read_text()))
+    assert [d["metadata"]["name"] for d in dyn_docs] == ["two-chat", "two-big"]
+    workers = [c for c in dyn_docs[1]["spec"]["components"] if c["type"] == "decode"]
+    assert workers[0]["podTemplate"]["spec"]["containers"][0]["args"][:2] == [
+        "--model",
+        "meta-llama/Llama-3.1-70B",
+    ]
+    values = list(yaml.safe_load_all(llmd.read_text()))
+    assert [v["modelArtifacts"]["name"] for v in values] == [
+        "meta-llama/Llama-3.1-8B",
+        "meta-llama/Llama-3.1-70B",
+    ]
+    assert [v["decode"]["parallelism"]["tensor"] for v in values] == [1, 2]
+
+
+def test_an_export_of_a_colocated_model_is_refused_before_the_run(tmp_path, capsys):
+    spec = tmp_path / "two.yaml"
+    spec.write_text(json.dumps(TWO))
+    out = tmp_path / "dynamo.yaml"
+    assert main(["run", str(spec), "-q", "--export-dynamo", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"twin: error: {spec}: models.chat: cluster: mixed instances; the exports write split "
+        "deployments (give cluster.prefill and cluster.decode)\n"
+    )
+    assert not out.exists()

@@ -60,14 +60,15 @@ def cmd_provision(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export_options(p: argparse.ArgumentParser) -> None:
+def export_options(p: argparse.ArgumentParser, what: str = "the chosen deployment") -> None:
+    """``--export-dynamo`` and ``--export-llm-d``, writing ``what``."""
     p.add_argument(
         "--export-dynamo", metavar="FILE",
-        help="write the chosen deployment as an NVIDIA Dynamo DynamoGraphDeployment (YAML)",
+        help=f"write {what} as an NVIDIA Dynamo DynamoGraphDeployment (YAML)",
     )  # fmt: skip
     p.add_argument(
         "--export-llm-d", metavar="FILE",
-        help="write the chosen deployment as llm-d ModelService Helm values (YAML)",
+        help=f"write {what} as llm-d ModelService Helm values (YAML)",
     )  # fmt: skip
 
 
@@ -193,7 +194,7 @@ def add_plan_parsers(sub: Any) -> None:
     sample_options(pv)
     pv.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a value")
     parallel_args(pv, "goodput searches (one per split and sample)")
-    _export_options(pv)
+    export_options(pv)
     json_option(pv, "every split searched and the best one")
     pv.set_defaults(func=cmd_provision)
     pl = sub.add_parser(
@@ -208,6 +209,6 @@ def add_plan_parsers(sub: Any) -> None:
         "--target-rate", type=float, metavar="RPS", help="replicate to this rate, not to fill"
     )
     parallel_args(pl, "goodput searches (one per configuration of a phase, per sample)")
-    _export_options(pl)
+    export_options(pl)
     json_option(pl, "the plan, its candidates and the spec overrides")
     pl.set_defaults(func=cmd_plan)
