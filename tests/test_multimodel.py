@@ -292,3 +292,16 @@ def test_an_export_of_a_colocated_model_is_refused_before_the_run(tmp_path, caps
         "deployments (give cluster.prefill and cluster.decode)\n"
     )
     assert not out.exists()
+
+
+def test_a_request_is_held_to_its_own_models_kv_capacity():
+    """A 40,000-token prompt fits the 8B model's instances (27,900 blocks of
+    16 tokens) but not the 70B model's (1,740): the 8B model serves it, and
+    the 70B model rejects it, each by its own instances' capacity."""
+    data = {**SPLIT, "engine": {"oversized": "reject"}}
+    reqs = [Request(0, 0.0, 40_000, 10, model="chat"), Request(1, 0.0, 40_000, 10, model="big")]
+    rows: list[dict[str, Any]] = []
+    Simulation(_spec(data), requests=reqs, on_row=rows.append).run()
+    by_id = {r["id"]: r for r in rows}
+    assert by_id[0]["status"] == "completed"
+    assert (by_id[1]["status"], by_id[1]["reason"]) == ("rejected", "exceeds_kv_capacity")

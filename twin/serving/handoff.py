@@ -274,6 +274,7 @@ class HandoffRoutes:
         # each instance's (KV bytes per token, layers): its model's (a cluster
         # may serve several; KV moves only between instances of one)
         self.shapes: list[tuple[int, int]] = [(kv_bytes_per_token, layers)] * len(self.gpus)
+        self.models: list[str] = [""] * len(self.gpus)
         # (source instance, destination instance) -> the shards' paths (static
         # routing: an instance's GPUs never change)
         self._paths: dict[tuple[int, int], list[tuple[FlowSpec, int]]] = {}
@@ -281,11 +282,14 @@ class HandoffRoutes:
         # (immutable, shared) and their delays before the first byte and after the last
         self._costs: dict[tuple[int, float, int], tuple[HandoffCosts, float, float]] = {}
 
-    def add_instance(self, gpus: tuple[int, ...], shape: tuple[int, int] | None = None) -> None:
-        """An instance: the GPUs its KV lives on, and its model's ``(KV bytes
-        per token, layers)`` (None: the routes' own)."""
+    def add_instance(
+        self, gpus: tuple[int, ...], shape: tuple[int, int] | None = None, model: str = ""
+    ) -> None:
+        """An instance: the GPUs its KV lives on, its model's ``(KV bytes per
+        token, layers)`` (None: the routes' own) and name ("": the only one)."""
         self.gpus.append(gpus)
         self.shapes.append(shape or (self.kv_bytes_per_token, self.layers))
+        self.models.append(model)
 
     def kv_bytes(self, instance: int, tokens: int) -> float:
         """Bytes of ``tokens`` tokens of KV of ``instance``'s model."""
@@ -363,16 +367,22 @@ class KVHandoff:
         # (the simulation bounds that wait by the retry deadline).
         self.on_waiting = on_waiting
 
-    def add_instance(self, gpus: tuple[int, ...], shape: tuple[int, int] | None = None) -> None:
+    def add_instance(
+        self, gpus: tuple[int, ...], shape: tuple[int, int] | None = None, model: str = ""
+    ) -> None:
         """An instance (its engine joins ``engines``): the GPUs its KV lives
         on, its model's ``(KV bytes per token, layers)`` (None: the routes'
-        own) and its queue of hand-offs waiting for blocks."""
-        self.routes.add_instance(gpus, shape)
+        own) and name ("": the only model), and its queue of hand-offs
+        waiting for blocks."""
+        self.routes.add_instance(gpus, shape, model)
         self.pending.append(deque())
 
     def _no_decode_up(self, seq: Sequence) -> bool:
+        """No instance of ``seq``'s model that decodes is up (and none is picked)."""
+        models = self.routes.models
         return seq.decode_instance is None and not any(
-            e.up and e.role in ("decode", "mixed") for e in self.engines
+            e.up and e.role in ("decode", "mixed") and models[e.id] in ("", seq.req.model)
+            for e in self.engines
         )
 
     # -- engine hooks ----------------------------------------------------------------

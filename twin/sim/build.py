@@ -102,7 +102,8 @@ class Cluster:
         watermark = int(spec.engine.watermark * blocks)
         self.placements.append(p)
         if self.handoff is not None:
-            self.handoff.add_instance(p.gpus, (one.model.kv_bytes_per_token(), one.model.layers))
+            shape = (one.model.kv_bytes_per_token(), one.model.layers)
+            self.handoff.add_instance(p.gpus, shape, model)
         sc = spec.engine.speculative
         eng = Engine(
             self.env, p.instance, self.perfs[key], BlockManager(blocks, spec.engine.block_size,

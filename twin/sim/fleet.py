@@ -78,6 +78,38 @@ def model_of(instance: InstanceView) -> str:
     return getattr(instance, "model", "")
 
 
+def kv_limits(
+    capacity: Sequence[int], engines: Sequence[Any], view: ClusterView
+) -> dict[str, tuple[int, int]]:
+    """Per model (by name; "" with one): the most KV blocks a prompt, and a
+    whole sequence, may need to always finish, even alone on an instance:
+    the least ``capacity`` of its live (serving or starting) instances that
+    prefill, and that decode (0 while it has none)."""
+    out = {model_of(v): (math.inf, math.inf) for v in view.instances}
+    for c, e, v in zip(capacity, engines, view.instances, strict=True):
+        if e.state in ("serving", "starting"):
+            prompt, whole = out[model_of(v)]
+            out[model_of(v)] = (
+                min(prompt, c) if e.role != "decode" else prompt,
+                min(whole, c) if e.role != "prefill" else whole,
+            )
+    return {m: (_finite(p), _finite(w)) for m, (p, w) in out.items()}
+
+
+def _finite(blocks: float) -> int:
+    return 0 if math.isinf(blocks) else int(blocks)
+
+
+def limits_for(limits: dict[str, tuple[int, int]], req: Request) -> tuple[int, int]:
+    """``req``'s model's limits of :func:`kv_limits` (one model: the only ones)."""
+    got = limits.get(req.model)
+    if got is not None:
+        return got
+    if set(limits) == {""}:
+        return limits[""]
+    raise SpecError(f"request {req.id} names model {req.model!r}, not one of {', '.join(limits)}")
+
+
 class ModelView(ClusterView):
     """The instances of one model of ``base`` (a cluster's view) with that
     model's objectives: what the model's policy sees. Ids are the cluster's;

@@ -36,7 +36,14 @@ from twin.sim.build import build_cluster
 from twin.sim.classmetrics import ByClass, class_slos
 from twin.sim.control import ControlLoop, apply_plan
 from twin.sim.faults import Faults
-from twin.sim.fleet import ByModel, model_weights, spec_policy, with_models
+from twin.sim.fleet import (
+    ByModel,
+    kv_limits,
+    limits_for,
+    model_weights,
+    spec_policy,
+    with_models,
+)
 from twin.sim.intervals import attainment_scales, summary_intervals
 from twin.sim.metrics import Metrics
 from twin.sim.result import Result
@@ -222,13 +229,8 @@ class Simulation:
 
     def _update_limits(self) -> None:
         """Longest sequences that can always finish, even alone on an instance
-        (of the roles instances have now)."""
-        live = [
-            (c, e) for c, e in zip(self.capacity, self.engines, strict=True)
-            if e.state in ("serving", "starting")
-        ]  # fmt: skip
-        self._max_prompt_blocks = min(c for c, e in live if e.role != "decode")
-        self._max_blocks = min(c for c, e in live if e.role != "prefill")
+        of their model (of the roles instances have now)."""
+        self._limits = kv_limits(self.capacity, self.engines, self.view)
 
     # -- processes -------------------------------------------------------------------
     def _request_stream(self) -> Iterator[Request]:
@@ -274,7 +276,7 @@ class Simulation:
         if self.timeouts is not None:
             self.timeouts.follow(seq)
         req = seq.req
-        if not self._can_serve():
+        if not self._can_serve(req.model):
             self._parked.append(seq)
             deadline = req.arrival_s + self.spec.retry.deadline_s
             if deadline < float("inf"):
@@ -293,11 +295,11 @@ class Simulation:
         seq.t_attempt = self.env.now
         self._dispatch(req, decision, seq)
 
-    def _can_serve(self) -> bool:
-        """Some instance that prefills and some that decodes are up."""
+    def _can_serve(self, model: str = "") -> bool:
+        """An instance of ``model`` (or the only one) that prefills and one that decodes are up."""
         pre = dec = False
-        for e in self.engines:
-            if e.up and e.state == "serving":
+        for e, v in zip(self.engines, self.view.instances, strict=True):
+            if e.up and e.state == "serving" and getattr(v, "model", "") in ("", model):
                 pre = pre or e.role != "decode"
                 dec = dec or e.role != "prefill"
         return pre and dec
@@ -374,17 +376,15 @@ class Simulation:
             self.metrics.truncated += 1
         bs = spec.engine.block_size
         need = blocks_for(req.prompt_tokens + req.output_tokens - 1, bs)
-        if (
-            need <= self._max_blocks
-            and blocks_for(req.prompt_tokens, bs) <= self._max_prompt_blocks
-        ):
+        max_prompt, max_blocks = limits_for(self._limits, req)
+        if need <= max_blocks and blocks_for(req.prompt_tokens, bs) <= max_prompt:
             return req
         if spec.oversized != "error":
             self.observer.request_ended(
                 self.env.now, -1, req, None, "rejected", "exceeds_kv_capacity"
             )
             return None
-        holds = min(self._max_blocks, self._max_prompt_blocks)
+        holds = min(max_blocks, max_prompt)
         raise CapacityError(
             f"{spec.source}: request {req.id}: prompt {req.prompt_tokens} + output "
             f"{req.output_tokens} tokens need {need} KV blocks, but the smallest instance of "
@@ -471,8 +471,12 @@ class Simulation:
 
     def settled(self) -> bool:
         """Every request arrived has ended, or waits (parked) for an instance
-        to come back, and no more arrive."""
-        return self._arrivals_done and self.metrics.ended + len(self._parked) == self._arrived
+        to come back, and no more arrive (but the next turns of those)."""
+        held = sum(s.req.session is not None for s in self._parked)  # sessions waiting on them
+        return (
+            self._stream_done and self.metrics.ended + len(self._parked) == self._arrived
+            and (self.sessions is None or self.sessions.live <= held)
+        )  # fmt: skip
 
     def links_failed(self) -> None:
         """Links failed: the hand-offs they leave waiting wait at most until
@@ -704,7 +708,8 @@ class Simulation:
             if self._requests is not None
             else {p.name: file_sha256(p) for p in spec.workload.sources()}
         )
-        rates = self._trace_rates()
+        # a trace replayed at its own times: its own rate and the rate replayed
+        rates = trace_rates(self.spec.workload) if self._requests is None else None
         return {
             "tool": "pd-twin",
             "version": _version.__version__,
@@ -721,11 +726,6 @@ class Simulation:
             ),
             **({"trace_rate_rps": rates} if rates else {}),
         }
-
-    def _trace_rates(self) -> dict[str, float] | None:
-        """A trace replayed at its own times: its own rate and the rate replayed
-        (own x the time scale), in requests/s; None otherwise."""
-        return trace_rates(self.spec.workload) if self._requests is None else None
 
     def _instance_stats(self) -> list[dict[str, Any]]:
         span = self.metrics.last_end_s
