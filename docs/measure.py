@@ -29,6 +29,8 @@ MEASURED: dict[str, str] = {
     "validate-perf-azure-code": "twin validate perf --data ../shared/data --workload azure-code",
     "validate-perf-mooncake": "twin validate perf --data ../shared/data --workload mooncake",
     "validate-perf-held-out": "twin validate perf --held-out --data ../shared/data",
+    "kernel-fit-l40s": "python -m twin.studies.kernel_table l40s",
+    "splitwise-isopower": "twin goodput splitwise-isopower --seeds 1 -j 2 --no-plots",
     "bench": "twin bench --sizes 10k,100k",
     "speculative-1": "twin run speculative",
     "speculative-24": "twin run speculative --set workload.arrival.rate=24",
@@ -36,6 +38,22 @@ MEASURED: dict[str, str] = {
     "classes": "twin run classes",
     "fabric-aware": "twin run fabric-aware",
     "sessions": "twin run sessions",
+    "compare-azure-conv": "twin run compare-azure-conv",
+    "compare-mooncake": "twin run compare-mooncake",
+    "compare-kv-tiers": "twin run compare-kv-tiers",
+    "compare-kv-tiers-remote": "twin run compare-kv-tiers --only round-robin,round-robin+tiers"
+    " --set cluster.nodes=5 --set 'kv_tiers.remote={capacity: 10 TB, node: 4}'",
+    "deepseek-wide-ep": "twin run deepseek-wide-ep",
+    "deepseek-wide-ep-fp8": "twin run deepseek-wide-ep"
+    " --set 'perf={kind: roofline, moe_dispatch_dtype: fp8, moe_dispatch_nodes: 4}'",
+    "deepseek-wide-ep-two-batch": "twin run deepseek-wide-ep --only disagg --set 'perf={kind:"
+    " roofline, moe_dispatch_dtype: fp8, moe_dispatch_nodes: 4, moe_overlap: two-batch}'",
+    "deepseek-wide-ep-two-batch-32": "twin run deepseek-wide-ep --only disagg --set 'perf={kind:"
+    " roofline, moe_dispatch_dtype: fp8, moe_dispatch_nodes: 4, moe_overlap: two-batch,"
+    " moe_overlap_min_tokens: 32}'",
+    "diurnal-autoscale": "twin run diurnal-autoscale",
+    "provision-deepseek-wide-ep": "twin provision deepseek-wide-ep --gpus 48 --sample 20"
+    " --replicates 1",
     "multi-model": "twin run multi-model",
 }
 

@@ -9,6 +9,7 @@ import csv
 import io
 import math
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +24,9 @@ from test_queuepolicy import PREEMPTED, TRACES, config
 import schedulers.colocated
 import schedulers.disagg  # noqa: F401
 from twin.cli import main
-from twin.errors import SpecError, TraceError
+from twin.errors import SpecError, TraceError, TwinError
 from twin.request import Request
+from twin.serving.queuepolicy import Queued, register_queue_policy
 from twin.sim.metrics import REQUEST_COLUMNS
 from twin.sim.simulation import Simulation
 from twin.sim.spec import resolve_spec
@@ -502,3 +504,41 @@ def test_the_requests_parquet_and_frame_carry_the_class(tmp_path):
     assert cols["class"] == [r["class"] for r in table]
     frame = Simulation(classed_spec(requests=40), keep_requests=True).run().requests
     assert set(frame["class"]) == {"interactive", "batch"}
+
+
+@register_queue_policy("test-slack")
+@dataclass(frozen=True)
+class _Slack:
+    """A queue policy with a parameter: the TTFT deadline less ``margin``."""
+
+    margin: float = 0.0
+
+    def key(self, item: Queued) -> float:
+        return item.req.arrival_s + item.slo.ttft_s - self.margin
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"queue_policy": {"name": "test-slack", "margin": 0.5}},
+        {"queue_policy": "test-slack", "queue_policy_params": {"margin": 0.5}},
+    ],
+)
+def test_the_contract_takes_a_queue_policy_with_parameters(kw):
+    assert check_scheduler("colocated", classes=True, seeds=(0,), **kw) == "colocated"
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"queue_policy": "test-slack", "queue_policy_params": {"slack": 1}},
+         r"check_scheduler\(queue_policy=\.\.\.\)\.slack: unknown parameter"),
+        ({"queue_policy": {"name": "test-slak"}}, r"unknown queue policy 'test-slak'"),
+        ({"queue_policy": {"name": "test-slack"}, "queue_policy_params": {"margin": 1}},
+         r"queue_policy_params=\.\.\.\): \{'margin': 1\} goes with a queue policy name"),
+    ],
+)  # fmt: skip
+def test_a_bad_queue_policy_for_the_contract_is_the_callers_error(kw, message):
+    # refused before anything runs, as the caller's mistake (not the scheduler's broken promise)
+    with pytest.raises(TwinError, match=message):
+        check_scheduler("colocated", seeds=(0,), **kw)

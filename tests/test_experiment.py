@@ -446,5 +446,5 @@ def test_bundled_pool_ratio_expands(tmp_path, monkeypatch):
     ratios = {tuple(r.params[k] for k in pd) for r in runs}
     assert ratios == {(8, 4), (9, 3), (6, 6), (4, 8), (None, None)}
     assert [r.params["workload.rate_scale"] for r in runs[:10]] == [
-        0.5, 1, 2, 3, 4, 8, 16, 24, 32, 48,
+        0.5, 1, 2, 3, 4, 8, 16, 24, 48, 96,
     ]  # fmt: skip

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 
 from twin.cli import main
@@ -185,3 +186,107 @@ def test_goodput_writes_no_notes_about_outputs_it_never_makes(tmp_path, capsys):
     assert "goodput.png" in out
     for note in ("no timeline", "no attainment plot", "no CDFs"):  # it writes goodput.csv only
         assert note not in err, err
+
+
+# -- list items in --set (and in compare entries) -------------------------------------
+CLASSED = {
+    **BASE,
+    "workload": {
+        **BASE["workload"],
+        "classes": [
+            {"name": "interactive", "share": 0.7, "slo": {"ttft": "1 s"}},
+            {"name": "batch", "share": 0.3},
+        ],
+    },
+}
+
+
+def test_set_indexes_a_list_by_position(tmp_path, capsys):
+    spec = _spec(tmp_path, CLASSED)
+    dotted = _resolved(capsys, ["spec", spec, "--set", "workload.classes.0.share=0.4",
+                                "--set", "workload.classes.1.slo.ttft=30 s"])  # fmt: skip
+    bracketed = _resolved(capsys, ["spec", spec, "--set", "workload.classes[0].share=0.4",
+                                   "--set", "workload.classes[1].slo={ttft: 30 s}"])  # fmt: skip
+    assert dotted == bracketed
+    classes = dotted["workload"]["classes"]
+    assert [c["share"] for c in classes] == [0.4, 0.3]
+    assert classes[1]["slo"] == {"ttft": "30 s"} and classes[0]["slo"] == {"ttft": "1 s"}
+    # null removes the item, as it removes a key
+    dropped = _resolved(capsys, ["spec", spec, "--set", "workload.classes[1]=null"])
+    assert [c["name"] for c in dropped["workload"]["classes"]] == ["interactive"]
+
+
+def test_a_compare_entry_indexes_a_list_too(tmp_path, capsys):
+    events = [{"at": "2 s", "action": "fail", "instance": 0}]
+    data = {**BASE, "cluster": {"instances": 2, "tp": 1}, "events": events,
+            "compare": {"later": {"events[0].at": "3 s"}, "as-given": {}}}  # fmt: skip
+    spec = _spec(tmp_path, data)
+    later = _resolved(capsys, ["spec", spec, "--entry", "later"])
+    assert _resolved(capsys, ["spec", spec, "--entry", "as-given"])["events"][0]["at"] == "2 s"
+    assert later["events"][0]["at"] == "3 s"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("workload.classes.2.share=0.1",
+         "workload.classes has 2 item(s); index 2 is out of range (0..1)"),
+        ("workload.classes[5]=null",
+         "workload.classes has 2 item(s); index 5 is out of range (0..1)"),
+        ("workload.max_requests[0]=3", "workload.max_requests is 10, not a list"),
+        ("workload[0].rate=3", "workload is a mapping, not a list; [0] indexes a list"),
+        ("workload.classes.first.share=1",
+         "workload.classes is a list; name an item by its index (workload.classes[0])"),
+        ("workload.nothing[0]=1", "workload.nothing is not set; [0] indexes a list"),
+        ("workload.classes[x]=1", "is not a key path"),
+    ],
+)  # fmt: skip
+def test_a_bad_list_index_is_one_error_line(tmp_path, capsys, override, message):
+    spec = _spec(tmp_path, CLASSED)
+    assert main(["spec", spec, "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert err == f"twin: error: --set {override!r}: {message}\n" or (
+        message == "is not a key path" and err.count("\n") == 1 and message in err
+    )
+
+
+# -- twin spec of a compare entry ------------------------------------------------------
+def test_twin_spec_prints_one_compare_entry_resolved_as_twin_run_runs_it(capsys):
+    got = _resolved(capsys, ["spec", "classes", "--entry", "priority"])
+    assert got["name"] == "classes/priority"
+    assert got["engine"]["queue_policy"] == "priority"
+    assert main(["run", "classes", "--only", "priority", "--set", "workload.max_requests=5",
+                 "--json", "-", "-q"]) == 0  # fmt: skip
+    run = json.loads(capsys.readouterr().out)
+    header = run["runs"]["priority"]["header"]
+    five = _resolved(capsys, ["spec", "classes", "--entry", "priority",
+                              "--set", "workload.max_requests=5"])  # fmt: skip
+    assert header["spec"] == five
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["spec", "classes"], "classes.yaml: has compare:, a set of specs; twin spec resolves "
+         "one: pick it with --entry LABEL (one of fcfs, priority)"),
+        (["spec", "classes", "--entry", "lifo"],
+         "classes.yaml: compare: no entry 'lifo'; the entries are fcfs, priority"),
+        (["spec", "quickstart", "--entry", "fcfs"],
+         "--entry: names an entry of a compare spec; quickstart.yaml has no compare:"),
+    ],
+)  # fmt: skip
+def test_twin_spec_refuses_a_missing_or_unknown_entry_in_one_line(capsys, argv, message):
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"twin: error: {message}\n"
+
+
+def test_a_compare_entry_overriding_a_set_list_item_warns_whichever_the_spelling(tmp_path, capsys):
+    events = [{"at": "2 s", "action": "fail", "instance": 0}]
+    data = {**BASE, "cluster": {"instances": 2, "tp": 1}, "events": events,
+            "compare": {"later": {"events[0].at": "3 s"}}}  # fmt: skip
+    argv = ["spec", _spec(tmp_path, data), "--entry", "later", "--set", "events.0.at=1 s"]
+    assert main(argv) == 0
+    assert capsys.readouterr().err == (
+        "twin: warning: compare entry 'later' overrides --set events.0.at=1 s with "
+        "events[0].at=3 s\n"
+    )

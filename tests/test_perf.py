@@ -82,10 +82,11 @@ def test_per_gpu_efficiency_defaults_and_override() -> None:
     other = Roofline(L70, get_gpu("mi300x"), 4)
     assert other.mfu == DEFAULT_MFU and other.throttle == 0.0  # no throttle without data
     assert other.hop_latency_s == DEFAULT_HOP_LATENCY_S
-    # L40S: the H100's shares of peak (nothing measured to fit), no throttle, no L2 term
+    # L40S: its own kernel-fitted shares (tests/test_kernel_fit.py), no throttle, no L2 term
     l40s = Roofline(L70, get_gpu("l40s"), 4)
-    assert (l40s.mfu, l40s.mbu, l40s.attn_mfu) == GPU_EFFICIENCY["h100-sxm"][:3]
-    assert (l40s.throttle, l40s.l2_speedup, l40s.hop_latency_s) == (0.0, 1.0, DEFAULT_HOP_LATENCY_S)
+    mfu, mbu, attn_mfu, *_, hop = GPU_EFFICIENCY["l40s"]
+    assert (l40s.mfu, l40s.mbu, l40s.attn_mfu, l40s.hop_latency_s) == (mfu, mbu, attn_mfu, hop)
+    assert (l40s.throttle, l40s.l2_speedup) == (0.0, 1.0)
 
 
 def test_sustained_power_throttle() -> None:

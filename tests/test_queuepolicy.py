@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +24,7 @@ from twin.serving.engine import EngineConfig
 from twin.serving.queuecost import queue_iterations_s
 from twin.serving.queuepolicy import (
     PolicyQueue,
+    Queued,
     QueuePolicyChoice,
     build_queue_policy,
     queue_policy_names,
@@ -317,11 +318,13 @@ def test_a_bad_workload_priority_is_one_error(value):
 
 
 # -- a policy written from the policies guide (docs/guides/policies.md) ------------------
-def _readme_example() -> str:
+def _readme_example(index: int = 0) -> str:
+    """The guide's queue policies, in order: shortest-job-first, earliest-deadline-first."""
     text = POLICIES_PAGE.read_text(encoding="utf-8")
     section = text.split("### Queue order inside an instance", 1)[1].split("\n## ", 1)[0]
-    (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
-    return code
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 2
+    return blocks[index]
 
 
 def test_a_policy_written_from_the_readme_serves_in_its_order():
@@ -348,6 +351,66 @@ def test_a_policy_written_from_the_readme_serves_in_its_order():
     assert result["summary"]["completed"] == 40
     with pytest.raises(TwinError, match=r"queue_policy.weight: unknown parameter"):
         small_spec(engine={"queue_policy": {"name": "shortest-job-first", "weight": 1}})
+
+
+# -- a request's class objectives (Queued.slo) ----------------------------------------------
+SLO_CLASSES = [
+    {"name": "interactive", "share": 0.5, "priority": 0, "slo": {"ttft": "500 ms"}},
+    {"name": "batch", "share": 0.5, "priority": 0, "slo": {"ttft": "60 s", "tpot": "200 ms"}},
+]
+
+
+def _class_run(policy: str, classes: list | None, reqs: list[Request]) -> list[dict]:
+    workload = {"lengths": "azure-conv", "arrival": {"process": "poisson", "rate": 1.0},
+                "max_requests": len(reqs)}  # fmt: skip
+    if classes is not None:
+        workload["classes"] = classes
+    spec = small_spec(
+        cluster={"instances": 1, "tp": 1}, workload=workload,
+        engine={"max_num_seqs": 1, "queue_policy": policy},
+    )  # fmt: skip
+    rows: list[dict] = []
+    Simulation(spec, requests=reqs, on_row=rows.append).run()
+    return rows
+
+
+@register_queue_policy("test-records-slo")
+@dataclass(frozen=True)
+class RecordsSlo:
+    def key(self, item: Queued) -> int:
+        SEEN_SLO.append((item.req.traffic_class, item.slo.ttft_s, item.slo.tpot_s))
+        return 0
+
+
+SEEN_SLO: list[tuple[str, float, float]] = []
+
+
+def test_a_queue_policy_reads_each_requests_class_objectives():
+    reqs = [Request(i, 0.001 * i, 50, 2, traffic_class=c)
+            for i, c in enumerate(["batch", "interactive", "batch"])]  # fmt: skip
+    SEEN_SLO.clear()
+    _class_run("test-records-slo", SLO_CLASSES, reqs)
+    # interactive leaves tpot to the spec's slo (50 ms); batch gives both
+    assert set(SEEN_SLO) == {("batch", 60.0, 0.2), ("interactive", 0.5, 0.05)}
+    SEEN_SLO.clear()
+    _class_run("test-records-slo", None, [replace(r, traffic_class="") for r in reqs])
+    assert set(SEEN_SLO) == {("", 1.0, 0.05)}  # without classes: the spec's slo
+
+
+def test_earliest_deadline_first_from_the_guide_serves_the_tight_class_first():
+    scope: dict = {"__name__": "readme"}  # as tests/test_public.py runs the pages' Python
+    code = compile(_readme_example(1), "docs/guides/policies.md", "exec", dont_inherit=True)
+    exec(code, scope)
+    # one sequence at a time: request 0 runs, then the queue's order decides
+    classes = ["batch", "batch", "interactive", "batch"]
+    reqs = [Request(i, 0.001 * i, 300, 2, traffic_class=c) for i, c in enumerate(classes)]
+
+    def order(policy: str) -> list[int]:
+        rows = _class_run(policy, SLO_CLASSES, reqs)
+        return [r["id"] for r in sorted(rows, key=lambda r: r["first_token_s"])]
+
+    assert order("fcfs") == [0, 1, 2, 3]
+    assert order("earliest-deadline-first") == [0, 2, 1, 3]
 
 
 def test_the_public_face_offers_the_queue_policy_api():

@@ -29,6 +29,7 @@ EXAMPLES = [e for page in pages() for e in examples(page, page_name(page))]
 # rest of the command runs as written).
 ADDED: dict[str, str] = {
     "twin run compare-azure-conv": " --set workload.max_requests=300",
+    "twin provision disagg": " --sample 250 --replicates 1",
 }
 # Commands that take minutes even so (run with -m slow).
 SLOW = (

@@ -247,7 +247,7 @@ def test_the_key_lists_come_from_the_declarations():
     assert keys(TopKeys) == ("name", "description", "seed", "model", "gpu", "cluster", "engine",
                              "perf", "scheduler", "workload", "slo", "transfer", "events",
                              "retry", "failures", "scaling", "output", "kv_tiers",
-                             "models")  # fmt: skip
+                             "models", "gpu_budget")  # fmt: skip
     assert keys(ClusterKeys) == ("instances", "gpus", "tp", "pp", "ep", "dp", "gpus_per_node",
                                  "topology", "nodes", "prefill", "decode", "placement",
                                  "kv_pool", "kv_pool_ssd", "kv_pool_ssd_read_bandwidth",

@@ -69,7 +69,12 @@ def test_twin_spec_prints_a_traces_own_rate_and_the_rate_replayed(tmp_path, caps
 @pytest.mark.parametrize(
     ("workload", "message"),
     [
-        ({"rate": 4, "rate_scale": 2.0}, "give rate (requests/s) or rate_scale"),
+        (
+            {"rate": 4, "rate_scale": 2.0},
+            "workload: rate 4 and rate_scale 2.0: give rate (requests/s) or rate_scale (x the "
+            "trace's), not both; a null removes the other (rate_scale: null, or --set "
+            "workload.rate_scale=null)",
+        ),
         ({"rate": 0}, "workload: rate(=0) must be a number > 0"),
         (
             {"rate": 4, "arrival": {"process": "poisson", "rate": 1}},

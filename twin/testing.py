@@ -142,7 +142,7 @@ MODELS: dict[str, dict[str, Any]] = {
 
 def _spec(
     split: bool, faults: bool = False, fabric: bool = False, classes: bool = False,
-    queue_policy: str | None = None, models: bool = False,
+    queue_policy: str | Mapping[str, Any] | None = None, models: bool = False,
 ) -> Any:  # fmt: skip
     from twin.sim.spec import resolve_spec
 
@@ -207,7 +207,8 @@ def _setup_code(policy: Any) -> CodeType | None:
 
 def _run(
     make: Callable[[], Any], split: bool, seed: int, faults: bool = False, fabric: bool = False,
-    classes: bool = False, queue_policy: str | None = None, models: bool = False,
+    classes: bool = False, queue_policy: str | Mapping[str, Any] | None = None,
+    models: bool = False,
 ) -> tuple[str, list[dict[str, Any]]]:  # fmt: skip
     from twin.sim.fleet import spec_policy
     from twin.sim.simulation import Simulation
@@ -279,6 +280,28 @@ def _check_models(view: ClusterView, rows: list[dict[str, Any]]) -> None:
             )
 
 
+def _queue_policy(
+    value: str | Mapping[str, Any] | None, params: Mapping[str, Any] | None
+) -> str | dict[str, Any] | None:
+    """``engine.queue_policy`` from check_scheduler's arguments, checked (a
+    bad one is the caller's error, not the scheduler's)."""
+    from twin.serving.queuepolicy import parse_choice
+
+    where = "check_scheduler(queue_policy=...)"
+    if params is not None:
+        if not isinstance(value, str):
+            raise SpecError(
+                f"check_scheduler(queue_policy_params=...): {dict(params)!r} goes with a "
+                f"queue policy name, not {value!r}"
+            )
+        value = {"name": value, **params}
+    if value is None:
+        return None
+    spec_form = value if isinstance(value, str) else dict(value)
+    parse_choice(spec_form, where)
+    return spec_form
+
+
 def _kind(split: bool) -> str:
     return "split" if split else "colocated"
 
@@ -306,6 +329,13 @@ def _attempt(
         ) from error
 
 
+def _twice(make: Callable[[], Any], split: bool, seed: int, what: str, **kw: Any) -> None:
+    """Two runs of the same inputs (``kw``: faults, a loaded fabric) give one result."""
+    a = _attempt(make, split, seed, may_refuse=False, **kw)
+    b = _attempt(make, split, seed, may_refuse=False, **kw)
+    assert a == b, f"on the {_kind(split)} cluster{what}, two runs differ"
+
+
 def check_scheduler(
     policy: Any,
     params: dict[str, Any] | None = None,
@@ -314,7 +344,8 @@ def check_scheduler(
     faults: bool = False,
     fabric: bool = False,
     classes: bool = False,
-    queue_policy: str | None = None,
+    queue_policy: str | Mapping[str, Any] | None = None,
+    queue_policy_params: Mapping[str, Any] | None = None,
     models: bool = False,
 ) -> str:
     """Run the scheduler contract on ``policy`` (a class, a factory or a
@@ -347,12 +378,16 @@ def check_scheduler(
     ``classes``: the requests are of two classes of traffic (:data:`CLASSES`,
     with their own SLOs and priorities); each class's summary must count its
     own requests and their attainment against its SLO. ``queue_policy``: the
-    instances' queue policy (``engine.queue_policy``; default FCFS).
+    instances' queue policy (``engine.queue_policy``; default FCFS), as a spec
+    gives it: a registered name, or ``{"name": ..., <param>: <value>}``; or a
+    name with ``queue_policy_params`` (``{<param>: <value>}``). An unknown
+    name, or a parameter the policy does not take, raises a
+    :class:`~twin.errors.TwinError` before anything runs.
 
-    ``models``: two models (:data:`MODELS`) share the nodes, each served by a
-    policy of its own: decisions name the request's model's instances, and
-    each model's summary counts its requests and their attainment."""
-    kw: dict[str, Any] = {"classes": classes, "queue_policy": queue_policy, "models": models}
+    ``models``: two models (:data:`MODELS`) share the nodes, a policy each: decisions
+    name its model's instances, each model's summary its requests and attainment."""
+    qp = _queue_policy(queue_policy, queue_policy_params)
+    kw: dict[str, Any] = {"classes": classes, "queue_policy": qp, "models": models}
     make = _factory(policy, params)
     probe = make()
     missing = [h for h in ("setup", "route") if not callable(getattr(probe, h, None))]
@@ -376,12 +411,8 @@ def check_scheduler(
                 f"on the {_kind(split)} cluster, two runs with seed {seed} gave different results"
             )
         if faults:
-            a = _attempt(make, split, seeds[0], may_refuse=False, faults=True, **kw)
-            b = _attempt(make, split, seeds[0], may_refuse=False, faults=True, **kw)
-            assert a == b, f"on the {_kind(split)} cluster with faults, two runs differ"
+            _twice(make, split, seeds[0], " with faults", faults=True, **kw)
         if fabric and split:
-            a = _attempt(make, split, seeds[0], may_refuse=False, fabric=True, **kw)
-            b = _attempt(make, split, seeds[0], may_refuse=False, fabric=True, **kw)
-            assert a == b, "on the split cluster with a loaded fabric, two runs differ"
+            _twice(make, split, seeds[0], " with a loaded fabric", fabric=True, **kw)
     assert accepted, f"the policy's setup refused both clusters: {'; '.join(refusals)}"
     return _kind(accepted[0]) if len(accepted) == 1 else "both"

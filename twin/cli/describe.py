@@ -119,19 +119,35 @@ def cmd_spec(args: argparse.Namespace) -> int:
 
     text, where, base_dir = read_spec_text(args.spec)
     data = parse_yaml(text, where)
-    for section in ("compare", "sweep"):
-        if section in data:
-            raise TwinError(
-                f"{where}: has {section}:, a set of specs; twin spec resolves a single one"
-            )
-    apply_overrides(data, args.set or [])
-    spec = resolve_spec(data, where, base_dir)
+    if "sweep" in data:
+        raise TwinError(f"{where}: has sweep:, a set of specs; twin spec resolves a single one")
+    if "compare" in data:
+        spec = _compare_entry(data, where, base_dir, args)
+    else:
+        if args.entry is not None:
+            raise TwinError(f"--entry: names an entry of a compare spec; {where} has no compare:")
+        apply_overrides(data, args.set or [])
+        spec = resolve_spec(data, where, base_dir)
     out: dict[str, Any] = {"spec": spec.resolved, "spec_sha256": spec.sha256}
     rates = trace_rates(spec.workload)
     if rates:  # a trace replayed at its own times, as a run's header gives it
         out["trace_rate_rps"] = rates
     print(json.dumps(out, indent=2, sort_keys=True))
     return 0
+
+
+def _compare_entry(data: dict[str, Any], where: str, base_dir: Any, args: Any) -> Any:
+    """The entry ``--entry LABEL`` of a compare spec, resolved as ``twin run
+    SPEC --only LABEL`` runs it."""
+    from twin.studies.compare import compare_entries, compare_specs
+
+    labels = list(compare_entries(data, where))
+    if args.entry is None:
+        raise TwinError(
+            f"{where}: has compare:, a set of specs; twin spec resolves one: pick it with "
+            f"--entry LABEL (one of {', '.join(labels)})"
+        )
+    return compare_specs(data, where, base_dir, args.set or [], only=[args.entry])[1][args.entry]
 
 
 def cmd_schedulers(args: argparse.Namespace) -> int:
@@ -246,6 +262,10 @@ def add_spec_parsers(sub: Any) -> None:
         "spec", nargs="?", default="quickstart", help="spec path or bundled name (quickstart)"
     )
     sp.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a value")
+    sp.add_argument(
+        "--entry", metavar="LABEL",
+        help="of a compare spec, the entry to resolve (a label, as twin run --only takes)",
+    )  # fmt: skip
     sp.add_argument(
         "--schema", action="store_true", help="print the JSON Schema (draft 2020-12) of a spec"
     )

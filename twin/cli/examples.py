@@ -32,7 +32,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     ),
     "sweep": ("twin sweep pool-ratio -j 2", "twin sweep pool-ratio --requests --no-plots"),
     "goodput": ("twin goodput pool-ratio -j 2 --seeds 1",),
-    "spec": ("twin spec disagg --set cluster.nodes=2", "twin spec --schema"),
+    "spec": (
+        "twin spec disagg --set cluster.nodes=2",
+        "twin spec classes --entry priority --set 'workload.classes[0].share=0.5'",
+        "twin spec --schema",
+    ),
     "schedulers": ("twin schedulers",),
     "topo": ("twin topo dgx-h100-ib400", "twin topo dgx-h100-ib400 --nodes 8 --png topo.png"),
     "plot": (

@@ -147,7 +147,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _export_args_check(args, "plan")
     from twin.studies.goodput import require_slo
 
-    require_slo(spec, args.spec)  # up front: the planner's searches are judged against it
+    # up front: the planner's searches are judged against it (TTFT and TPOT per phase)
+    require_slo(spec, args.spec, slowdown=False)
 
     def one(n: int) -> Any:
         return plan_distserve(

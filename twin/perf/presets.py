@@ -68,12 +68,35 @@ DEFAULT_ENGINE = "vllm"
 # Tuple order: mfu, mbu, attn_mfu, throttle, throttle_knee_s, l2_speedup, hop_latency_s.
 _A100_EFF = (0.85, 0.92, 0.197, 0.000129, 3.21, 1.97, 4.27e-06)
 _H100_EFF = (0.727, 0.92, 0.646, 0.000178, 4.86, 2.55, 1.23e-06)
-# L40S (Ada, GDDR6, no NVLink; peaks in twin.perf.gpus from its datasheet): no measured
-# profile or run of it is in reach, so nothing is fitted. The shares of peak are the H100's
-# (the same cuBLAS/CUTLASS GEMMs and FlashAttention kernels; Hopper's fitted mbu 0.92 taken for
-# GDDR6 as well), no throttle and no L2 term fitted, and the all-reduce hop latency is the
-# default (PCIe peer-to-peer, no NVLink). Bounds: mfu in [0.5, 0.85], mbu in [0.75, 0.92].
-_L40S_EFF = (0.727, 0.92, 0.646, 0.0, 0.0, 1.0, DEFAULT_HOP_LATENCY_S)
+# L40S (Ada, GDDR6, no NVLink; peaks in twin.perf.gpus from its datasheet): fitted to measured
+# single kernels, the only L40S measurements in reach: NVIDIA AIConfigurator's L40S tables
+# (ai-dynamo/aiconfigurator@095f58a5, aic-core/src/aiconfigurator_core/systems/data/l40s,
+# Apache-2.0; vLLM 0.14.0's BF16 GEMMs, FlashAttention prefill and decode kernels, custom
+# all-reduce, and NCCL 2.27.3's all-reduce), transcribed at a dense model's per-GPU shapes into
+# twin/data/kernels_l40s.json and fitted by twin.perf.kernel_fit.fit_kernels
+# (``python -m twin.studies.kernel_table l40s``; tests/test_kernel_fit.py): mfu over the
+# compute-bound GEMMs (m >= 1024), mbu over the weight-bound GEMMs (m <= 16) and the decode
+# attention kernels, attn_mfu over the prefill attention kernels (prompts of 1k to 16k tokens),
+# the hop latency over vLLM's custom all-reduce of <= 8 KB at TP 2, 4 and 8 (CUDA graphs). Error
+# on the held-out shapes (GEMMs with n != k, attention at other head counts, NCCL's all-reduce):
+# median 2% compute-bound GEMMs, 5% weight-bound, 6% decode attention, 12% prefill attention,
+# 24% small all-reduces; the GEMMs between weight- and compute-bound 9% (worst 26%).
+# The best BF16 GEMM of the table reaches 303 TFLOPS (of AIConfigurator's whole L40S GEMM table,
+# 315), 0.84 of the datasheet's 362 TFLOPS: that figure is the dense one (with sparsity, 733).
+# FP8 GEMMs (the same shapes, vLLM 0.14.0's FP8 W8A8 kernels) reach 0.346 of the datasheet's
+# 733 TFLOPS FP8 peak where compute-bound (m >= 1024; fitted as mfu is, FP8_GEMM_SHARE below),
+# about as fast as the BF16 GEMMs; error on the held-out FP8 shapes: median 31% (the FP8
+# kernels' times vary more with shape than the BF16 ones do). Not carried by these terms: the
+# all-reduce's bandwidth on that machine's PCIe tree is far under the 32 GB/s PCIe Gen4 link the
+# Roofline uses (ring bus bandwidth at 32 MB: 9.5 GB/s at TP 2, 1.8 at TP 4, 1.0 at TP 8), so
+# large all-reduces at TP > 1 are priced at about a tenth of their measured time; that rate is
+# a property of the server's PCIe topology, not of the GPU, and is left to the link. These are
+# kernel-level shares: the same procedure on AIConfigurator's H100 SXM tables gives mfu 0.81,
+# mbu 0.74, attn_mfu 0.40, hop 0.8 us, where the H100's whole-iteration fit above has 0.727,
+# 0.92, 0.646 and 1.2 us (it absorbs costs no term carries), so L40S iterations are priced
+# without that absorption until a measured L40S iteration profile can refit them. No throttle
+# and no L2 term fitted (no iteration data).
+_L40S_EFF = (0.747, 0.769, 0.428, 0.0, 0.0, 1.0, 2.29e-06)
 GPU_EFFICIENCY: Mapping[str, tuple[float, float, float, float, float, float, float]] = (
     MappingProxyType(
         {
@@ -87,6 +110,13 @@ GPU_EFFICIENCY: Mapping[str, tuple[float, float, float, float, float, float, flo
         }
     )
 )
+# Per GPU, where measured: the share of the FP8 peak FP8 weight GEMMs reach, over the share of
+# the BF16 peak BF16 GEMMs reach (mfu); an FP8 GEMM FLOP is priced at flops_bf16 / (flops_fp8 x
+# this) BF16 FLOPs (twin.perf.roofline.fp8_gemm_ratio). L40S: 0.346 / 0.747, both fitted to
+# AIConfigurator's measured L40S GEMMs (above; tests/test_kernel_fit.py holds the ratio to the
+# fit). A GPU not named gets 1.0: FP8 GEMMs at the datasheet's ratio of the two peaks (H100's
+# FP8 run of the realruns folder is priced within the E2E target with it).
+FP8_GEMM_SHARE: Mapping[str, float] = MappingProxyType({"l40s": 0.463})
 _NO_THROTTLE = (0.0, 0.0)
 _NO_L2 = 1.0
 # L2 cache per GPU, bytes, from the vendor whitepapers: NVIDIA A100 Tensor Core GPU

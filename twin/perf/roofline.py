@@ -21,6 +21,7 @@ from twin.perf.presets import (
     DEFAULT_MBU,
     DEFAULT_MFU,
     DEFAULT_TP_MFU_EXPONENT,
+    FP8_GEMM_SHARE,
     GPU_EFFICIENCY,
     engine_overheads,
     l2_tokens,
@@ -32,9 +33,11 @@ def fp8_gemm_ratio(model: ModelSpec, gpu: GPUSpec) -> float:
     """What a weight GEMM FLOP of ``model`` counts for at ``gpu``'s BF16 peak: FP8 weights
     (``weight_dtype_bytes`` 1) run on FP8 tensor cores where the GPU has them, the
     activations quantized on the fly (FP8 W8A8, as vLLM runs FP8 checkpoints), so
-    ``flops_bf16 / flops_fp8``; exactly 1.0 otherwise (BF16 weights, or no FP8 peak)."""
+    ``flops_bf16 / (flops_fp8 x share)``, ``share`` the GPU's measured FP8 GEMM share
+    relative to its BF16 one (:data:`~twin.perf.presets.FP8_GEMM_SHARE`, 1.0 where none is
+    measured); exactly 1.0 otherwise (BF16 weights, or no FP8 peak)."""
     if model.weight_bytes_per_param == 1 and gpu.flops_fp8 > 0:
-        return gpu.flops_bf16 / gpu.flops_fp8
+        return gpu.flops_bf16 / (gpu.flops_fp8 * FP8_GEMM_SHARE.get(gpu.name, 1.0))
     return 1.0
 
 

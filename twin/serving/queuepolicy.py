@@ -45,7 +45,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from twin.errors import DuplicateRegistrationError, SpecError, UnknownNameError
 from twin.request import Request
-from twin.scheduler import _qualname, instantiate, load_plugins
+from twin.scheduler import Objectives, _qualname, instantiate, load_plugins
 
 ENTRY_POINT_GROUP = "twin.queue_policies"
 DEFAULT = "fcfs"
@@ -64,6 +64,15 @@ class Queued(Protocol):
     def prefill_len(self) -> int:
         """Prompt tokens to compute when admitted: the prompt, plus the tokens
         produced before a preemption (they are recomputed)."""
+        ...
+
+    @property
+    def slo(self) -> Objectives:
+        """The latency objectives of the request's class of traffic: its
+        ``ttft_s`` and ``tpot_s`` (``workload.classes[i].slo``; what a class
+        leaves out, and every request without classes, has the spec's
+        ``slo:``; ``inf`` when not set). An earliest-deadline-first key is
+        ``item.req.arrival_s + item.slo.ttft_s``."""
         ...
 
     @property

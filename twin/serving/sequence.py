@@ -8,6 +8,7 @@ metrics read when it ends. Times are simulated seconds; ``-1`` means not yet
 from __future__ import annotations
 
 from twin.request import Request
+from twin.scheduler import Objectives
 
 WAITING, PREFILL, DECODE, DONE = "waiting", "prefill", "decode", "done"
 # Disaggregated serving: prompt done, KV held here until it has moved (prefill
@@ -16,6 +17,7 @@ HANDOFF, INCOMING = "handoff", "incoming"
 # An attempt that ended with its instance (or the instance its KV was bound
 # for): the request goes on in a new Sequence, or ends as failed.
 LOST = "lost"
+NO_OBJECTIVES = Objectives()  # no TTFT or TPOT objective (both infinite)
 
 
 class Sequence:
@@ -68,6 +70,7 @@ class Sequence:
 
     __slots__ = (
         "req",
+        "slo",
         "state",
         "prefill_len",
         "prefilled",
@@ -114,8 +117,11 @@ class Sequence:
         "lost_s",
     )
 
-    def __init__(self, req: Request, now: float) -> None:
+    def __init__(self, req: Request, now: float, slo: Objectives = NO_OBJECTIVES) -> None:
         self.req = req
+        # The TTFT and TPOT objectives of the request's class (the run's without
+        # classes), as a queue policy reads them (twin.serving.queuepolicy.Queued.slo).
+        self.slo = slo
         self.state = WAITING
         self.prefill_len = req.prompt_tokens
         self.prefilled = 0
@@ -182,7 +188,7 @@ class Sequence:
         """The next attempt of this request, after this one was lost: its first
         timestamps, the tokens already produced (the prompt and they are
         prefilled again, as after a preemption) and its attempt history."""
-        s = Sequence(self.req, now)
+        s = Sequence(self.req, now, self.slo)
         for name in _KEPT:
             setattr(s, name, getattr(self, name))
         s.prefill_len = self.req.prompt_tokens + self.generated

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from twin.errors import SpecError
 from twin.request import Request
+from twin.scheduler import Objectives
 from twin.serving.observer import Observer, Outcome
 from twin.serving.sequence import Sequence
 from twin.sim.metrics import SLO, Metrics
@@ -38,6 +39,19 @@ def class_slos(slo: SLO, classes: tuple[TrafficClass, ...]) -> dict[str, SLO]:
             target=slo.target if c.target is None else c.target,
         )
     return out
+
+
+def request_objectives(
+    slo: SLO, classes: tuple[TrafficClass, ...]
+) -> Callable[[Request], Objectives]:
+    """Each request's TTFT and TPOT objectives, as a queue policy reads them
+    (``Queued.slo``): its class's (:func:`class_slos`), the run's without classes."""
+    run = Objectives(slo.ttft_s, slo.tpot_s)
+    if not classes:
+        return lambda req: run
+    of = {name: Objectives(s.ttft_s, s.tpot_s) for name, s in class_slos(slo, classes).items()}
+    # (a request of no class of the spec's is refused as it arrives: ByClass)
+    return lambda req: of[req.traffic_class]
 
 
 class ByClass(Observer):

@@ -34,10 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from twin._check import positive_int
-from twin._declare import POSITIVE_NUMBER, Kind, anything, declared, mapping, read, section
+from twin._declare import POSITIVE_NUMBER, Kind, anything, declared, mapping, read
 from twin.errors import SpecError
 from twin.serving.cluster import Placement
-from twin.sim.metrics import SLO
 from twin.workload.schedule import RATE_SCHEDULE_SCHEMA, parse_rate_schedule
 
 NAME_OR_MAPPING = {"anyOf": [{"type": "string"}, {"type": "object"}]}
@@ -75,7 +74,10 @@ class ModelKeys:
     scheduler: Any = declared(
         None, anything(NAME_OR_MAPPING), "its policy (default: the spec's scheduler)"
     )
-    slo: Any = declared(None, section(SLO), "its SLO; keys left out are the spec's slo")
+    # its keys are slo:'s (twin.sim.spec's schema says so; read by the model's spec)
+    slo: Any = declared(
+        None, Kind(mapping, {"type": "object"}), "its SLO; keys left out are the spec's slo"
+    )
     rate_schedule: Any = declared(
         None, anything(RATE_SCHEDULE_SCHEMA, parse_rate_schedule),
         "its share over time: the share times this multiplier at each arrival, normalised "
@@ -145,12 +147,13 @@ def split(data: Mapping[str, Any], where: str) -> list[tuple[str, float, dict[st
 
 
 def combine(
-    parts: Sequence[ModelPart], data: Mapping[str, Any], where: str, base_dir: Path
+    parts: Sequence[ModelPart], data: Mapping[str, Any], where: str, base_dir: Path, slo: Any
 ) -> dict[str, Any]:
     """The fields of the spec of several models, to replace on the first
     model's spec: every model's groups (each named by its model), in order;
-    the scheduler's name that messages give; the spec's own SLO; the
-    resolved form, with a ``models:`` section of each model's."""
+    the scheduler's name that messages give; the spec's own SLO (``slo``,
+    its ``slo:`` as read); the resolved form, with a ``models:`` section of
+    each model's."""
     first = parts[0].spec
     groups = tuple(dataclasses.replace(g, model=p.name) for p in parts for g in p.spec.groups)
     if first.topology is None and len({g.gpus for g in groups}) > 1:
@@ -169,7 +172,6 @@ def combine(
             {**g, "model": p.name} for p in parts for g in p.spec.resolved["cluster"]["groups"]
         ],
     }
-    slo = read(SLO, data.get("slo"), f"{where}: slo")
     resolved["slo"] = slo.written
     resolved["models"] = {
         p.name: {

@@ -23,6 +23,7 @@ from twin.request import Request
 from twin.serving.observer import InstanceInfo, Observer, Outcome
 from twin.serving.sequence import Sequence
 from twin.sim.distribution import QUANTILES, Distribution
+from twin.sim.slowdown import SLOWDOWN, Slowdown, SlowdownJudge
 
 if TYPE_CHECKING:
     from twin.net.topology import Topology
@@ -38,7 +39,9 @@ class SLO:
     """Latency objectives (the spec's ``slo:``): a request meets its SLO when
     TTFT <= ``ttft_s`` and TPOT <= ``tpot_s``; ``target`` is the attainment
     goodput is judged against; ``ttft_at`` is where a split deployment's TTFT
-    ends (DESIGN.md)."""
+    ends (DESIGN.md); ``slowdown``: bounds on percentiles of each request's
+    latencies over its own unloaded ones (:mod:`twin.sim.slowdown`), judged
+    over the run besides the attainment."""
 
     ttft_s: float = declared(
         None, seconds(), "time to first token (default: none)", key="ttft", unset=math.inf
@@ -50,6 +53,10 @@ class SLO:
     ttft_at: str = declared(
         "decode", choice(*TTFT_AT), "decode | prefill: where a split deployment's TTFT ends"
     )
+    slowdown: Slowdown | None = declared(
+        None, SLOWDOWN, "slowdown bounds per percentile against an unloaded reference "
+        "instance ({gpu, tp, ttft, tbt, e2e}; twin.sim.slowdown)", nullable=True,
+    )  # fmt: skip
     # The client's share of what it measures (HTTP round trip, tokenising the
     # prompt and the streamed text): added to TTFT and E2E (DESIGN.md, TTFT).
     # Default 0, the serving side alone: the measured runs at hand record
@@ -160,8 +167,10 @@ class Metrics(Observer):
         faults: bool = False,
         scales: Seq[tuple[float, float]] = (),
         classes: Mapping[str, SLO] | None = None,
+        slowdown: SlowdownJudge | None = None,
     ) -> None:
         self.slo = slo
+        self.slowdown = slowdown
         self.classes = classes
         # SLO attainment counted again with TTFT and TPOT scaled by each
         # (TTFT factor, TPOT factor) pair (twin.sim.intervals)
@@ -258,6 +267,8 @@ class Metrics(Observer):
         self.ttft.add(ttft)
         self.e2e.add(e2e)
         self.queue.add(queue)
+        if self.slowdown is not None:
+            self.slowdown.add(req.prompt_tokens, req.output_tokens, ttft, tpot, e2e)
         transfer: float | None = None
         if moved:
             # What the hand-off adds after the prompt is done (a layer-wise
@@ -402,7 +413,7 @@ class Metrics(Observer):
         """The stable summary keys (DESIGN.md; other tools read them)."""
         n = self.ended
         span = self.last_end_s
-        return {
+        out = {
             "requests": n,
             "completed": self.completed,
             "rejected": self.rejected,
@@ -426,6 +437,9 @@ class Metrics(Observer):
             "wasted_prefill_tokens": self.wasted_prefill_tokens,
             "truncated": self.truncated,
         } | (self.fault_summary() if self.faults else {})
+        if self.slowdown is not None:
+            out["slowdown"] = self.slowdown.summary()
+        return out
 
     def scaled_attainment(self) -> list[float]:
         """The SLO attainment at each of :attr:`scales` (rejected requests miss);

@@ -33,7 +33,7 @@ from twin.serving.kvcache import blocks_for
 from twin.serving.observer import InstanceInfo, Observer, broadcast
 from twin.serving.sequence import DECODE, HANDOFF, INCOMING, LOST, PREFILL, Sequence
 from twin.sim.build import build_cluster
-from twin.sim.classmetrics import ByClass, class_slos
+from twin.sim.classmetrics import ByClass, class_slos, request_objectives
 from twin.sim.control import ControlLoop, apply_plan
 from twin.sim.faults import Faults
 from twin.sim.fleet import (
@@ -49,6 +49,7 @@ from twin.sim.metrics import Metrics
 from twin.sim.result import Result
 from twin.sim.scaling import Scaler, ScalingKeys
 from twin.sim.sessions import SessionDriver
+from twin.sim.slowdown import slowdown_judge
 from twin.sim.spec import ExperimentSpec, apply_overrides, load_spec, resolve_spec
 from twin.sim.summary import (
     limit_warnings,
@@ -167,9 +168,10 @@ class Simulation:
         scales = attainment_scales(self.residuals) if self.residuals is not None else None
         classes = spec.workload.classes
         slos = class_slos(spec.slo, classes) if classes else None
+        self.objectives = request_objectives(spec.slo, classes)
         self.metrics = Metrics(
             spec.slo, on_row, spec.ttft_at, Timeline(spec.window_s), faults=faults,
-            scales=scales or (), classes=slos,
+            scales=scales or (), classes=slos, slowdown=slowdown_judge(spec),
         )  # fmt: skip
         subscribers: list[Observer] = [self.metrics]
         self.by_class = None
@@ -266,7 +268,7 @@ class Simulation:
         self.observer.request_arrived(self.env.now, req)
         admitted = self._admit(req)
         if admitted is not None:
-            self._route(Sequence(admitted, self.env.now))
+            self._route(Sequence(admitted, self.env.now, self.objectives(admitted)))
 
     def _route(self, seq: Sequence) -> None:
         """Ask the policy where ``seq``'s next attempt runs, and send it there;
@@ -332,7 +334,7 @@ class Simulation:
                 f"scheduler {name!r}: request {req.id} routed to prefill on decode instance {p}"
             )
         if seq is None:
-            seq = Sequence(req, self.env.now)
+            seq = Sequence(req, self.env.now, self.objectives(req))
         if seq.generated + 1 >= req.output_tokens:
             pass  # done when the prompt (or a retry's recompute) is: its KV never moves
         elif d is not None and d != p:

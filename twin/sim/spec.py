@@ -75,6 +75,7 @@ from twin.sim.faults import (
     read_failures,
 )
 from twin.sim.fleetspec import ModelKeys, ModelPart
+from twin.sim.keypath import set_key_path
 from twin.sim.metrics import SLO
 from twin.sim.scaling import ScalingKeys
 from twin.sim.timeline import DEFAULT_WINDOW_S
@@ -248,12 +249,19 @@ class TopKeys:
         None, section(TierKeys), "KV tiers below HBM per instance: DRAM, SSD (see KV tiers)"
     )
     models: Any = declared(
-        None, anything(lambda: {"type": "object", "additionalProperties": schema(ModelKeys)}),
+        None, anything(lambda: {"type": "object", "additionalProperties": _model_schema()}),
         "several models on the cluster, by name: {model, share, cluster, scheduler, slo}",
     )  # fmt: skip
     gpu_budget: int | None = declared(
         None, POSITIVE_INT, "several models: the GPUs their instances may hold together"
     )
+
+
+def _model_schema() -> dict[str, Any]:
+    """The schema of one of ``models:``, its ``slo`` that of ``slo:``."""
+    s = schema(ModelKeys)
+    s["properties"]["slo"] = {**schema(SLO), "description": s["properties"]["slo"]["description"]}
+    return s
 
 
 def spec_schema(extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
@@ -403,7 +411,9 @@ def read_spec(spec: str) -> tuple[dict[str, Any], str, Path]:
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str], where: str = "--set") -> None:
     """Apply ``key.path=value`` overrides in place; the value is parsed as YAML.
     ``key.path=null`` removes the key, so that its default applies (as a
-    ``null`` in a sweep or compare entry does)."""
+    ``null`` in a sweep or compare entry does). A list item is named by its
+    index, ``workload.classes.0.share`` or ``workload.classes[0].share``
+    (:mod:`twin.sim.keypath`)."""
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
@@ -412,26 +422,7 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str], where: str =
             value = yamlio.load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
-        parts = key.strip().split(".")
-        node: Any = data
-        for i, part in enumerate(parts[:-1]):
-            nxt = node.get(part)
-            if nxt is None and value is None:
-                break  # removing below a key that is not there: nothing to do
-            if nxt is None:
-                nxt = node[part] = {}
-            elif isinstance(nxt, str) and part == "scheduler":
-                nxt = node[part] = {"name": nxt}
-            elif not isinstance(nxt, dict):
-                raise SpecError(
-                    f"{where} {item!r}: {'.'.join(parts[: i + 1])} is {nxt!r}, not a mapping"
-                )
-            node = nxt
-        else:
-            if value is None:
-                node.pop(parts[-1], None)
-            else:
-                node[parts[-1]] = value
+        set_key_path(data, key.strip(), value, f"{where} {item!r}")
 
 
 def load_spec(spec: str = "quickstart", overrides: Sequence[str] = ()) -> ExperimentSpec:
@@ -691,7 +682,8 @@ def resolve_spec(
     out["workload"] = top.workload
 
     slo = read(SLO, top.slo, f"{where}: slo")
-    out["slo"] = slo.written
+    # slowdown written only when given: a spec without it resolves (and hashes) as before
+    out["slo"] = {k: v for k, v in slo.written.items() if k != "slowdown" or k in slo.given}
 
     # Only given: a spec without faults resolves (and hashes) as before.
     events, out_events = read_events(top.events, f"{where}: events")
@@ -765,7 +757,10 @@ def _models(data: Mapping[str, Any], where: str, base_dir: Path, place: bool) ->
                             place=False), keys.written, keys.value.rate_schedule)
         for name, share, one, keys in fleetspec.split(data, where)
     ]  # fmt: skip
-    spec = dataclasses.replace(parts[0].spec, **fleetspec.combine(parts, data, where, base_dir))
+    slo = read(SLO, data.get("slo"), f"{where}: slo")
+    spec = dataclasses.replace(
+        parts[0].spec, **fleetspec.combine(parts, data, where, base_dir, slo)
+    )
     return placed(spec) if place else spec
 
 

@@ -157,6 +157,21 @@ def interval_lines(iv: dict[str, Any]) -> list[str]:
     return lines
 
 
+def slowdown_line(got: dict[str, Any], written: dict[str, Any]) -> str:
+    """The line of a run with ``slo.slowdown``: each bounded percentile's slowdown
+    against its bound (``written``: the resolved spec's ``slo.slowdown``), and
+    whether all hold (:mod:`twin.sim.slowdown`)."""
+    parts = []
+    for metric, pcts in got.items():
+        if metric == "met":
+            continue
+        for name, v in pcts.items():
+            shown = "-" if v is None else f"{v:.2f}"
+            parts.append(f"{metric} {name} {shown}/{written[metric][name]:g}")
+    ref = f"{written['gpu']} TP{written.get('tp', 1)}"
+    return f"slowdown vs {ref} alone ({'met' if got['met'] else 'MISSED'}): " + ", ".join(parts)
+
+
 def class_lines(classes: dict[str, dict[str, Any]], of: str = "class") -> list[str]:
     """The summary's block of classes of traffic (or, ``of`` "model", of
     models): each one's priority (or GPU-seconds), requests, attainment
@@ -229,6 +244,8 @@ def format_summary(result: dict[str, Any]) -> str:
         lines += class_lines(s["classes"])
     if "models" in s:
         lines += class_lines(s["models"], "model")
+    if "slowdown" in s:
+        lines.append(slowdown_line(s["slowdown"], slo["slowdown"]))
     if s.get("kv_bytes_transferred") or s.get("kv_bytes_saved"):
         tr = s["transfer_s"]
         saved = s.get("kv_bytes_saved")

@@ -8,6 +8,13 @@ Llama-2-70B at TP 8:
 - ``colocated``: 4 mixed instances, one per node, ``colocated`` least-loaded;
 - ``split``: 2 prefill + 2 decode instances, ``splitwise``, TTFT at decode.
 
+Llama-2-70B, not a current model, because the peer it is timed against with
+``vs`` (splitwise-sim) has measured profiles (its ``perf_model.csv``) for
+Llama-2-70B and BLOOM-176B only: the same model on both sides keeps the ratio
+a comparison of simulators. Its 4,096-token context turns the longest Azure
+conversations away at arrival (below); the bundled experiments serve models
+whose context fits their traffic.
+
 Each (configuration, size) runs in a fresh child process (``python -m
 twin.studies.bench CONFIG N``), so that its CPU seconds (user + system, from
 ``os.wait4``), wall seconds and peak resident memory (``ru_maxrss``) are its

@@ -31,6 +31,7 @@ import yaml
 from twin import _version
 from twin._progress import Progress
 from twin.errors import SpecError, UnknownSchedulerError
+from twin.sim.keypath import dotted, set_key_path
 from twin.sim.result import Result
 from twin.sim.simulation import Simulation
 from twin.sim.spec import (
@@ -212,26 +213,9 @@ def _num(x: float | None, scale: float, digits: int = 3) -> str:
 
 
 def _set_path(data: dict[str, Any], path: str, value: Any, where: str) -> None:
-    """Set (or, for ``None``, delete) the dotted ``path`` of ``data`` in place."""
-    parts = path.split(".")
-    if not path or any(not p for p in parts):
-        raise SpecError(f"{where}: {path!r} is not a key path (expected e.g. cluster.tp)")
-    node: Any = data
-    for i, part in enumerate(parts[:-1]):
-        nxt = node.get(part)
-        if nxt is None:
-            if value is None:
-                return  # deleting below a key that is not there: nothing to do
-            nxt = node[part] = {}
-        elif isinstance(nxt, str) and part == "scheduler":
-            nxt = node[part] = {"name": nxt}
-        elif not isinstance(nxt, dict):
-            raise SpecError(f"{where}: {'.'.join(parts[: i + 1])} is {nxt!r}, not a mapping")
-        node = nxt
-    if value is None:
-        node.pop(parts[-1], None)
-    else:
-        node[parts[-1]] = copy.deepcopy(value)
+    """Set (or, for ``None``, delete) the key ``path`` of ``data`` in place
+    (:func:`~twin.sim.keypath.set_key_path`; a copy of ``value``)."""
+    set_key_path(data, path, copy.deepcopy(value), where)
 
 
 def compare_entries(data: Mapping[str, Any], where: str) -> dict[str, dict[str, Any]]:
@@ -321,9 +305,10 @@ def overridden(label: str, entry: Mapping[str, Any], overrides: Sequence[str]) -
     overrides ``--set cluster.prefill.instances=3``)."""
     lines = []
     for item in overrides:
-        key = item.partition("=")[0].strip()
+        key = dotted(item.partition("=")[0].strip())
         for path, value in entry.items():
-            if path == key or key.startswith(f"{path}.") or path.startswith(f"{key}."):
+            p = dotted(path)
+            if p == key or key.startswith(f"{p}.") or p.startswith(f"{key}."):
                 lines.append(
                     f"compare entry {label!r} overrides --set {item.strip()} "
                     f"with {path}={_yaml_text(value)}"

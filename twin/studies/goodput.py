@@ -23,6 +23,9 @@ the probes already there instead of running them, so an interrupted
 ``twin goodput`` resumes where it stopped and ends with the same result as a
 fresh one (the runs are deterministic).
 
+With ``slo.slowdown`` (:mod:`twin.sim.slowdown`), a rate meets the SLO only where its
+slowdown percentiles are all within their bounds as well.
+
 NOTE: attainment need not fall monotonically with the rate (a small sample,
 a burst); the search returns a rate that meets the target next to one twice
 (then 1 + tolerance times) as fast that does not, not necessarily the largest.
@@ -136,12 +139,16 @@ def find_max_rate(meets: Callable[[float], bool], start: float, **kw: Any) -> tu
 
 
 # -- a sweep spec's goodput ----------------------------------------------------------
-def require_slo(spec: ExperimentSpec, where: str) -> None:
-    """Goodput is judged against the SLO: refuse a spec without one, before any run."""
-    if math.isinf(spec.slo.ttft_s) and math.isinf(spec.slo.tpot_s):
+def require_slo(spec: ExperimentSpec, where: str, slowdown: bool = True) -> None:
+    """Goodput is judged against the SLO: refuse a spec without one, before any run;
+    ``slowdown``: whether ``slo.slowdown`` alone counts (not for ``twin plan``, whose
+    per-phase searches judge TTFT and TPOT)."""
+    slo = spec.slo
+    if math.isinf(slo.ttft_s) and math.isinf(slo.tpot_s) and (slo.slowdown is None or not slowdown):
+        given = "no ttft, tpot or slowdown" if slowdown else "no ttft or tpot"
         raise SpecError(
-            f"{where}: slo: no ttft or tpot given; goodput is the largest rate meeting an "
-            "SLO, so the spec needs one (e.g. slo: {ttft: 1 s, tpot: 50 ms})"
+            f"{where}: slo: {given} given; goodput is the largest rate meeting an SLO, so "
+            "the spec needs one (e.g. slo: {ttft: 1 s, tpot: 50 ms})"
         )
 
 
@@ -183,12 +190,16 @@ class ProbeStore:
 def probe_attainment(
     data: Mapping[str, Any], where: str, base_dir: str, of_class: str | None = None
 ) -> float:
-    """SLO attainment of one run (a worker's job); ``of_class``: that class's."""
+    """SLO attainment of one run (a worker's job); ``of_class``: that class's. A run
+    whose ``slo.slowdown`` bounds do not all hold attains 0 (it misses its SLO at any
+    target)."""
     from twin.studies.sweep import run_spec
 
     summary = run_spec(data, where, base_dir)["summary"]
     if of_class is not None:
         return class_attainment(summary, of_class)
+    if not summary.get("slowdown", {"met": True})["met"]:
+        return 0.0
     att = summary["slo_attainment"]
     return 0.0 if att is None else float(att)
 

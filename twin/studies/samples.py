@@ -6,12 +6,13 @@ things make a small sample mislead:
 - **composition and warm-up**: the first few hundred requests of a stream
   are one draw of its lengths and gaps, and a short replay never fills the
   queues and decode batches. Measured on ``experiments/disagg.yaml``
-  (README, "Sample sizes"; 3 samples each), ``twin provision``'s best
-  goodput reads 82.3 +- 27.5, 45.3 +- 8.6, 41.5 +- 4.5 and 40.9 +- 2.5 req/s
-  at 250, 500, 1,000 and 2,000 requests (+101%, +11%, +1.5% against the
-  largest), and ``twin plan``'s (two nodes) 19.7 +- 5.7, 21.4 +- 2.8,
-  18.1 +- 1.7 and 17.2 +- 2.2 req/s (+15%, +24%, +5%; from 1,000 on it
-  also picks another decode shape, TP4 PP2). Hence :data:`DEFAULT_SAMPLE`:
+  (Llama-3.1-70B; docs/guides/sweeps.md, "Sample sizes"; 3 samples each),
+  ``twin provision``'s best goodput (3:1 at every size) reads 83.1 +- 8.9,
+  68.0 +- 14.9, 57.0 +- 3.6 and 53.1 +- 3.3 req/s at 250, 500, 1,000 and
+  2,000 requests (+56.5%, +28.1%, +7.5% against the largest), and ``twin
+  plan``'s (two nodes) 25.5 +- 6.0, 23.8 +- 8.4, 23.5 +- 6.7 and
+  22.6 +- 4.5 req/s (+13.0%, +5.5%, +4.0%; at 250 it also picks another
+  prefill shape, one TP4 PP2 instance). Hence :data:`DEFAULT_SAMPLE`:
   the smallest size within 10% of the largest for both.
 - **granularity**: at an attainment target ``p`` a sample of ``n`` requests
   allows ``n (1 - p)`` misses; below :data:`MIN_MISSES` of them the verdict of

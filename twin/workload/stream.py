@@ -347,7 +347,11 @@ class WorkloadSpec:
                     "(arrival.rate)"
                 )
             if self.rate_scale != 1.0:
-                raise SpecError("give rate (requests/s) or rate_scale (x the trace's), not both")
+                raise SpecError(
+                    f"rate {self.rate!r} and rate_scale {self.rate_scale!r}: give rate "
+                    "(requests/s) or rate_scale (x the trace's), not both; a null removes "
+                    "the other (rate_scale: null, or --set workload.rate_scale=null)"
+                )
         if self.duration_s is not None:
             _positive("duration", self.duration_s)
         if self.timeout_s is not None:
