@@ -65,6 +65,8 @@ def _walk(node: dict[str, Any], path: str, rows: list[str]) -> None:
             f"{_cell(child.get('description', ''))} |"
         )
         _walk(child, here, rows)
+        if isinstance(child.get("additionalProperties"), dict):  # a mapping by name (models:)
+            _walk(child["additionalProperties"], f"{here}.<name>", rows)
         if child.get("type") == "array" and isinstance(child.get("items"), dict):
             _walk(child["items"], f"{here}[]", rows)
 
@@ -74,9 +76,12 @@ def spec_keys() -> str:
     required = set(schema.get("required", []))
     rows = ["| key | type | default | unit | what |", "|---|---|---|---|---|"]
     _walk(schema, "", rows)
+    either = " or ".join(f"`{k}`" for o in schema.get("anyOf", []) for k in o.get("required", []))
     return (
-        f"Required: {', '.join(f'`{k}`' for k in sorted(required))}. "
-        f"{len(rows) - 2} keys, from `twin spec --schema`.\n\n" + "\n".join(rows)
+        f"Required: {', '.join(f'`{k}`' for k in sorted(required))}"
+        + (f"; and {either}. " if either else ". ")
+        + f"{len(rows) - 2} keys, from `twin spec --schema`.\n\n"
+        + "\n".join(rows)
     )
 
 
@@ -84,7 +89,7 @@ def columns() -> str:
     import twin
     from twin.sim.classmetrics import CLASS_TIMELINE_COLUMNS
     from twin.sim.frames import REQUEST_KINDS
-    from twin.sim.metrics import CLASS_COLUMN
+    from twin.sim.metrics import CLASS_COLUMN, MODEL_COLUMN
     from twin.sim.result import LINK_COLUMNS
     from twin.sim.timeline import TIMELINE_COLUMNS
 
@@ -93,6 +98,8 @@ def columns() -> str:
     out += [f"| `{c}` | {REQUEST_KINDS[c]} |" for c in twin.REQUEST_COLUMNS]
     out += [f"| `{CLASS_COLUMN}` | str: the request's class, after the others in a run with "
             "`workload.classes` only |"]  # fmt: skip
+    out += [f"| `{MODEL_COLUMN}` | str: the request's model, last, in a run of several models "
+            "(`models:`) only |"]  # fmt: skip
     out += ["", "## Timeline rows (`--timeline-csv`, `result.timeline`)", ""]
     out += ["| column |", "|---|"] + [f"| `{c}` |" for c in TIMELINE_COLUMNS]
     out += ["", "## Link rows (`--links-csv`, besides `series`)", ""]

@@ -82,6 +82,7 @@ MEASURED: dict[str, str] = {
     "plan-disagg-export-dynamo": "twin plan disagg --sample 100 --replicates 1 --export-dynamo -",
     "provision-deepseek-wide-ep": "twin provision deepseek-wide-ep --gpus 48 --sample 20"
     " --replicates 1",
+    "multi-model": "twin run multi-model",
 }
 
 

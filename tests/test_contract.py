@@ -34,6 +34,27 @@ def test_every_registered_scheduler_keeps_the_contract_on_a_loaded_fabric(name):
     assert check_scheduler(name, seeds=(0,), fabric=True) in ("colocated", "split", "both")
 
 
+@pytest.mark.parametrize("name", own_policies())
+def test_every_registered_scheduler_keeps_the_contract_on_a_cluster_of_two_models(name):
+    """Each of two models on the same nodes served by the policy, colocated and split."""
+    assert check_scheduler(name, models=True) in ("colocated", "split", "both")
+
+
+def test_the_contract_refuses_a_policy_that_strays_to_another_models_instance():
+    from twin.scheduler import Plan
+
+    class Stray:  # colocated, always instance 0: the first model's
+        def setup(self, cluster):
+            return Plan()
+
+        def route(self, req, view):
+            return Route(0, 0)
+
+    check_scheduler(Stray, seeds=(0,))  # one model: instance 0 is everyone's
+    with pytest.raises(AssertionError, match="not one of the model's"):
+        check_scheduler(Stray, seeds=(0,), models=True)
+
+
 def test_a_policy_that_reads_the_fabric_is_tested_on_hand_built_estimates():
     from twin.scheduler import HandoffEstimate
 

@@ -8,7 +8,8 @@ A spec draws a policy of this project (:data:`POLICIES`) on its cluster
 (colocated or split), the KV hand-off (push or pull, serialized or
 layer-wise), 1 or 2 pipeline stages, a fault timeline and random failures,
 KV tiers or a KV pool, a policy that scales, a rate schedule, client
-time-outs, and a trace with shared prefixes (written once per session, from a
+time-outs, two models on the cluster (without tiers, pools or scaling), and
+a trace with shared prefixes (written once per session, from a
 seeded generator).
 The default run holds a short version; ``-m slow`` the long one.
 """
@@ -158,17 +159,13 @@ def specs(draw) -> dict[str, Any]:
     if split:
         mode, handoff = draw(st.sampled_from(HANDOFFS))
         spec["transfer"] = {"mode": mode, "handoff": handoff}
-    tiers = draw(st.sampled_from(["none", "dram", "dram+ssd", "pool"]))
-    if tiers == "pool":
-        cluster["kv_pool"] = "4 GB"
-        if draw(st.booleans()):
-            cluster["kv_pool_ssd"] = "16 GB"
-    elif tiers != "none":
-        engine["prefix_caching"] = True
-        spec["kv_tiers"] = {"dram": "2 GB"} | ({"ssd": "8 GB"} if tiers == "dram+ssd" else {})
+    # two models on the cluster: without KV tiers, pools or scaling (refused there)
+    two = policy != "sla-planner" and draw(st.booleans())
+    if not two:
+        _below_hbm(draw, spec)
     if "lengths" in spec["workload"]:  # what the server keeps of a session between turns
         _retention(draw, engine, tiers="kv_tiers" in spec)
-    if policy == "sla-planner" or draw(st.booleans()):
+    if policy == "sla-planner" or not two and draw(st.booleans()):
         spec["scaling"] = {"weights_from": draw(st.sampled_from(["storage", "network"])),
                            "storage_bandwidth": "20 GB/s", "warmup": "0.5 s"}  # fmt: skip
     events = []
@@ -194,7 +191,34 @@ def specs(draw) -> dict[str, Any]:
         component = draw(st.sampled_from(["instance", "gpu", "nic"]))
         spec["failures"] = {"random": [{"component": component, "mtbf": "3 s",
                                         "repair": "0.4 s"}]}  # fmt: skip
+    if two:
+        _two_models(spec)
     return spec
+
+
+def _below_hbm(draw, spec: dict[str, Any]) -> None:
+    """KV tiers, a KV pool or neither."""
+    tiers = draw(st.sampled_from(["none", "dram", "dram+ssd", "pool"]))
+    if tiers == "pool":
+        spec["cluster"]["kv_pool"] = "4 GB"
+        if draw(st.booleans()):
+            spec["cluster"]["kv_pool_ssd"] = "16 GB"
+    elif tiers != "none":
+        spec["engine"]["prefix_caching"] = True
+        spec["kv_tiers"] = {"dram": "2 GB"} | ({"ssd": "8 GB"} if tiers == "dram+ssd" else {})
+
+
+def _two_models(spec: dict[str, Any]) -> None:
+    """The spec's instances twice over, on two nodes: once for each of two
+    models (the second with a looser TTFT), each request naming one."""
+    cluster = spec["cluster"]
+    own = {k: cluster.pop(k) for k in ("instances", "prefill", "decode", "tp", "pp")
+           if k in cluster}  # fmt: skip
+    cluster["nodes"] = 2
+    spec["models"] = {
+        "chat": {"model": spec.pop("model"), "share": 0.6, "cluster": own},
+        "small": {"model": "llama-3.2-1b", "share": 0.4, "cluster": own, "slo": {"ttft": "2 s"}},
+    }
 
 
 def _run(data: dict[str, Any], trace: Path, fast_forward: bool) -> tuple[dict, Simulation]:

@@ -81,6 +81,9 @@ def test_every_readme_yaml_block_parses_and_resolves_as_documented(line, heading
         resolve_spec(doc, where, Path.cwd())
         return
     data = _base()
+    if "models" in doc:  # several models: each its own model, and its policy unless given
+        for key in ("model", "scheduler"):
+            data.pop(key)
     data.update(copy.deepcopy(doc))  # a fragment: its sections replace the base's
     base_dir = Path.cwd()
     if "trace" in data.get("workload", {}):  # the Mooncake trace it names

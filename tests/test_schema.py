@@ -108,7 +108,8 @@ def test_the_schema_is_the_declarations(schema):
     assert engine["activation_reserve"]["x-unit"] == "bytes"
     assert engine["activation_reserve"]["default"] == "2 GiB"
     assert props["slo"]["properties"]["ttft"]["x-unit"] == "s"
-    assert props["model"] and schema["required"] == ["model", "workload"]
+    assert props["model"] and props["models"] and schema["required"] == ["workload"]
+    assert schema["anyOf"] == [{"required": ["model"]}, {"required": ["models"]}]
 
 
 # -- the README's spec reference -----------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 
 import schedulers.session_affinity  # noqa: F401 - registers it when not installed
 from twin.errors import SpecError
-from twin.sim.simulation import Simulation
+from twin.sim.simulation import Simulation, run
 from twin.sim.spec import resolve_spec
 from twin.workload.lengths import FixedLength
 from twin.workload.sessions import Sessions, ThinkTime
@@ -248,3 +248,39 @@ def test_a_session_whose_turn_times_out_is_abandoned():
     summary, rows = _run(data)
     assert [(r["status"], r["reason"]) for r in rows] == [("failed", "timeout")]
     assert summary["sessions"]["abandoned"] == 1
+
+
+def test_sessions_whose_turns_wait_on_a_node_that_never_comes_back_end_the_run():
+    """Every instance's node fails for good while random GPU failures go on:
+    the turns wait for an instance to come back, no later turn can arrive,
+    so random failures stop and the waiting turns end failed (before, the
+    sessions kept the arrivals open and the failures went on for ever)."""
+    import signal
+
+    data = {
+        "model": "llama-3.1-8b", "seed": 2, "scheduler": "disagg",
+        "cluster": {"topology": "dgx-h100-ib400", "nodes": 1, "tp": 1,
+                    "prefill": {"instances": 1}, "decode": {"instances": 1}},
+        "workload": {"arrival": {"process": "poisson", "rate": 5.0}, "max_requests": 6,
+                     "lengths": {"sessions": {
+                         "turns": {"dist": "fixed", "value": 3},
+                         "first_prompt": {"dist": "fixed", "value": 300},
+                         "growth": {"dist": "fixed", "value": 100},
+                         "output": {"dist": "fixed", "value": 60},
+                         "think": {"dist": "fixed", "value": 0.2}}}},
+        "events": [{"at": 0.5, "action": "fail", "node": 0}],
+        "failures": {"random": [{"component": "gpu", "mtbf": "3 s", "repair": "0.4 s"}]},
+        "slo": {"ttft": "1 s", "tpot": "50 ms"},
+    }  # fmt: skip
+
+    def hung(*_: object) -> None:
+        raise AssertionError("the run did not end")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        s = run(data).summary
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert s["failed"] > 0 and s["completed"] + s["failed"] + s["rejected"] == s["requests"]

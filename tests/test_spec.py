@@ -246,7 +246,8 @@ def test_required_keys_say_how_to_give_them():
 def test_the_key_lists_come_from_the_declarations():
     assert keys(TopKeys) == ("name", "description", "seed", "model", "gpu", "cluster", "engine",
                              "perf", "scheduler", "workload", "slo", "transfer", "events",
-                             "retry", "failures", "scaling", "output", "kv_tiers")  # fmt: skip
+                             "retry", "failures", "scaling", "output", "kv_tiers",
+                             "models", "gpu_budget")  # fmt: skip
     assert keys(ClusterKeys) == ("instances", "gpus", "tp", "pp", "ep", "dp", "gpus_per_node",
                                  "topology", "nodes", "prefill", "decode", "placement",
                                  "kv_pool", "kv_pool_ssd", "kv_pool_ssd_read_bandwidth",

@@ -72,8 +72,7 @@ def test_twin_spec_prints_a_traces_own_rate_and_the_rate_replayed(tmp_path, caps
         (
             {"rate": 4, "rate_scale": 2.0},
             "workload: rate 4 and rate_scale 2.0: give rate (requests/s) or rate_scale (x the "
-            "trace's), not both; a null removes the other (rate_scale: null, or --set "
-            "workload.rate_scale=null)",
+            "trace's), not both; a null removes one (--set workload.rate_scale=null)",
         ),
         ({"rate": 0}, "workload: rate(=0) must be a number > 0"),
         (

@@ -140,6 +140,7 @@ one is missing here, or named here and gone)::
       result.py                what a run returns: Result and its Summary
       metrics.py summary.py intervals.py   streaming summaries; the table; intervals
       classmetrics.py distribution.py   summaries per class; one latency's distribution
+      fleet.py fleetspec.py    several models: their requests, views, limits; models:
       slowdown.py keypath.py   slowdown objectives; KEY.0.KEY paths of --set and sweeps
       timeline.py trace.py frames.py   results over time; the event log; data frames
     twin/studies/              many runs

@@ -18,7 +18,8 @@ class Request:
     ``traffic_class`` names its class of traffic (``workload.classes``; empty
     without classes): its SLO, and its priority, which is the class's.
     ``session`` places it in a session of turns (:mod:`twin.workload.sessions`):
-    None for a request on its own.
+    None for a request on its own. ``model`` names the model it asks for on
+    a cluster of several (``models:``; empty on a cluster of one).
     """
 
     id: int
@@ -30,6 +31,7 @@ class Request:
     priority: int = 0
     traffic_class: str = ""
     session: Session | None = None
+    model: str = ""
 
 
 @dataclass(frozen=True, slots=True)

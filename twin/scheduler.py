@@ -117,6 +117,9 @@ class AddInstance:
     engine's warm-up); meanwhile its view's ``state`` is ``"starting"`` and it
     takes no work. Its id is the next one (``len(view.instances)``); ids are
     never reused. With no free GPUs for it, the action is an error.
+
+    ``model`` is the run's to set: on a cluster of several models, the model
+    of the policy that asked (a policy leaves it out).
     """
 
     role: Role
@@ -124,6 +127,7 @@ class AddInstance:
     pp: int = 1
     node: int | None = None
     template: str | None = None
+    model: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +272,7 @@ class InstanceSnapshot:
     # the prefix units held below HBM: (tier name, hashes), top tier first
     tier_hashes: tuple[tuple[str, frozenset[int]], ...] = ()
     cached_idle_blocks: int = 0  # of the used blocks, those only the prefix cache holds
+    model: str = ""  # the model it serves on a cluster of several ("": the only one)
 
     @property
     def accepting(self) -> bool:

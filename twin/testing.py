@@ -16,7 +16,9 @@ Gymnasium's ``check_env`` serves environment authors::
 
 ``check_scheduler`` runs the policy on small bursty workloads, on a colocated
 cluster and on a split one with a topology (with ``fabric=True`` also on a
-split one whose hand-offs contend for a slow fabric), skipping only a cluster
+split one whose hand-offs contend for a slow fabric; with ``models=True`` on
+clusters of two models, each model's instances served by a policy of its
+own), skipping only a cluster
 that its setup refuses (with a ``SpecError``), and fails with an
 ``AssertionError`` that says which promise broke on which cluster.
 
@@ -86,11 +88,14 @@ CLASSES: list[dict[str, Any]] = [
 ]
 
 
-def scenario_requests(seed: int, n: int = 60, classes: bool = False) -> list[Request]:
+def scenario_requests(
+    seed: int, n: int = 60, classes: bool = False, models: tuple[str, ...] = ()
+) -> list[Request]:
     """A small, bursty, seeded request stream with short and long prompts,
     one-token outputs and simultaneous arrivals: the cases policies get wrong.
     ``classes``: each request of one of :data:`CLASSES`, drawn by share (after
-    everything else, so the stream is otherwise the same)."""
+    everything else, so the stream is otherwise the same); ``models``: each
+    request names one of them, drawn evenly (after that)."""
     rng = np.random.default_rng(seed)
     t = 0.0
     out = []
@@ -107,6 +112,9 @@ def scenario_requests(seed: int, n: int = 60, classes: bool = False) -> list[Req
             for r, u in zip(out, draws, strict=True)
             for c in [CLASSES[0] if u < CLASSES[0]["share"] else CLASSES[1]]
         ]
+    if models:
+        picks = np.random.default_rng([seed, 2]).integers(0, len(models), n)
+        out = [replace(r, model=models[k]) for r, k in zip(out, picks, strict=True)]
     return out
 
 
@@ -124,10 +132,17 @@ FAULTS = [
 # NIC a node, so the hand-offs between the two nodes contend for it.
 LOADED_FABRIC = "a100-eth25"
 
+# The two models of the contract's clusters of several (check_scheduler(models=True)):
+# each one's instances, colocated or split, and a stricter TTFT for the first.
+MODELS: dict[str, dict[str, Any]] = {
+    "chat": {"model": "llama-3.1-8b", "share": 0.6, "slo": {"ttft": "1 s"}},
+    "code": {"model": "qwen2.5-7b", "share": 0.4},
+}
+
 
 def _spec(
     split: bool, faults: bool = False, fabric: bool = False, classes: bool = False,
-    queue_policy: str | Mapping[str, Any] | None = None,
+    queue_policy: str | Mapping[str, Any] | None = None, models: bool = False,
 ) -> Any:  # fmt: skip
     from twin.sim.spec import resolve_spec
 
@@ -152,6 +167,11 @@ def _spec(
         data["workload"]["classes"] = CLASSES
     if queue_policy is not None:
         data["engine"]["queue_policy"] = queue_policy
+    if models:  # the same nodes, each model on half of them
+        own = {"tp": 2, "prefill": 2, "decode": 2} if split else {"tp": 4, "instances": 2}
+        data["cluster"] = {"topology": topology, "nodes": 2}
+        data["models"] = {name: {**m, "cluster": own} for name, m in MODELS.items()}
+        del data["model"]
     return resolve_spec(data, "contract", Path.cwd())
 
 
@@ -188,15 +208,18 @@ def _setup_code(policy: Any) -> CodeType | None:
 def _run(
     make: Callable[[], Any], split: bool, seed: int, faults: bool = False, fabric: bool = False,
     classes: bool = False, queue_policy: str | Mapping[str, Any] | None = None,
+    models: bool = False,
 ) -> tuple[str, list[dict[str, Any]]]:  # fmt: skip
+    from twin.sim.fleet import spec_policy
     from twin.sim.simulation import Simulation
 
-    reqs = scenario_requests(seed, classes=classes)
+    reqs = scenario_requests(seed, classes=classes, models=tuple(MODELS) if models else ())
     rows: list[dict[str, Any]] = []
     policy = make()
     try:
-        spec = _spec(split, faults, fabric, classes, queue_policy)
-        sim = Simulation(spec, requests=reqs, on_row=rows.append, scheduler=policy)
+        spec = _spec(split, faults, fabric, classes, queue_policy, models)
+        run_policy = spec_policy(spec, make) if models else policy
+        sim = Simulation(spec, requests=reqs, on_row=rows.append, scheduler=run_policy)
     except SpecError as refusal:
         code = _setup_code(policy)  # None: a setup without Python code; trust the error
         if code is None or _raised_in(refusal, code):
@@ -219,21 +242,42 @@ def _run(
     s = result.summary
     assert s["completed"] + s["rejected"] + s.get("failed", 0) == len(reqs)
     if classes:
-        per = result.to_dict()["summary"]["classes"]
-        for name, c in per.items():
-            mine = [r for r in rows if r["class"] == name]
-            assert c["requests"] == len(mine), f"class {name}: its requests are not its rows"
-            met = sum(r["slo_met"] for r in mine)
-            assert c["slo_attainment"] == (met / len(mine) if mine else None), (
-                f"class {name}: attainment is not its rows' share that met its SLO"
-            )
-        assert sum(c["requests"] for c in per.values()) == len(reqs)
+        _check_parts(result.to_dict()["summary"]["classes"], rows, "class", len(reqs))
+    if models:
+        _check_models(sim.view, rows)
+        _check_parts(result.to_dict()["summary"]["models"], rows, "model", len(reqs))
     for e in sim.engines:
         assert e.kv.free == e.kv.total, f"instance {e.id} ended with KV blocks held"
     if sim.network is not None:
         ratio = sim.network.max_link_load_ratio
         assert ratio <= 1.0 + 1e-9, f"a link carried {ratio:.6f} x its capacity"
     return json.dumps(result.to_dict(), sort_keys=True, default=str), rows
+
+
+def _check_parts(per: dict[str, Any], rows: list[dict[str, Any]], column: str, n: int) -> None:
+    """Each class's (model's: ``column``) summary counts its own requests
+    and their attainment against its SLO; together, all ``n``."""
+    for name, c in per.items():
+        mine = [r for r in rows if r[column] == name]
+        assert c["requests"] == len(mine), f"{column} {name}: its requests are not its rows"
+        met = sum(r["slo_met"] for r in mine)
+        assert c["slo_attainment"] == (met / len(mine) if mine else None), (
+            f"{column} {name}: attainment is not its rows' share that met its SLO"
+        )
+    assert sum(c["requests"] for c in per.values()) == n
+
+
+def _check_models(view: ClusterView, rows: list[dict[str, Any]]) -> None:
+    """Each request ran on its model's instances only."""
+    from twin.sim.fleet import model_of
+
+    of = [model_of(i) for i in view.instances]
+    for r in rows:
+        for key in ("instance", "prefill_instance", "decode_instance"):
+            i = r[key]
+            assert i is None or i < 0 or of[i] == r["model"], (
+                f"request {r['id']} of model {r['model']!r} ran on instance {i} of {of[i]!r}"
+            )
 
 
 def _queue_policy(
@@ -285,6 +329,13 @@ def _attempt(
         ) from error
 
 
+def _twice(make: Callable[[], Any], split: bool, seed: int, what: str, **kw: Any) -> None:
+    """Two runs of the same inputs (``kw``: faults, a loaded fabric) give one result."""
+    a = _attempt(make, split, seed, may_refuse=False, **kw)
+    b = _attempt(make, split, seed, may_refuse=False, **kw)
+    assert a == b, f"on the {_kind(split)} cluster{what}, two runs differ"
+
+
 def check_scheduler(
     policy: Any,
     params: dict[str, Any] | None = None,
@@ -295,6 +346,7 @@ def check_scheduler(
     classes: bool = False,
     queue_policy: str | Mapping[str, Any] | None = None,
     queue_policy_params: Mapping[str, Any] | None = None,
+    models: bool = False,
 ) -> str:
     """Run the scheduler contract on ``policy`` (a class, a factory or a
     registered name) on a colocated and on a split cluster. Returns where it
@@ -331,11 +383,11 @@ def check_scheduler(
     name with ``queue_policy_params`` (``{<param>: <value>}``). An unknown
     name, or a parameter the policy does not take, raises a
     :class:`~twin.errors.TwinError` before anything runs.
-    """
-    kw: dict[str, Any] = {
-        "classes": classes,
-        "queue_policy": _queue_policy(queue_policy, queue_policy_params),
-    }
+
+    ``models``: two models (:data:`MODELS`) share the nodes, a policy each: decisions
+    name its model's instances, each model's summary its requests and attainment."""
+    qp = _queue_policy(queue_policy, queue_policy_params)
+    kw: dict[str, Any] = {"classes": classes, "queue_policy": qp, "models": models}
     make = _factory(policy, params)
     probe = make()
     missing = [h for h in ("setup", "route") if not callable(getattr(probe, h, None))]
@@ -359,12 +411,8 @@ def check_scheduler(
                 f"on the {_kind(split)} cluster, two runs with seed {seed} gave different results"
             )
         if faults:
-            a = _attempt(make, split, seeds[0], may_refuse=False, faults=True, **kw)
-            b = _attempt(make, split, seeds[0], may_refuse=False, faults=True, **kw)
-            assert a == b, f"on the {_kind(split)} cluster with faults, two runs differ"
+            _twice(make, split, seeds[0], " with faults", faults=True, **kw)
         if fabric and split:
-            a = _attempt(make, split, seeds[0], may_refuse=False, fabric=True, **kw)
-            b = _attempt(make, split, seeds[0], may_refuse=False, fabric=True, **kw)
-            assert a == b, "on the split cluster with a loaded fabric, two runs differ"
+            _twice(make, split, seeds[0], " with a loaded fabric", fabric=True, **kw)
     assert accepted, f"the policy's setup refused both clusters: {'; '.join(refusals)}"
     return _kind(accepted[0]) if len(accepted) == 1 else "both"

@@ -110,6 +110,14 @@ STDOUT_FILES = (("json", "--json"), ("export_dynamo", "--export-dynamo"),
                 ("export_llm_d", "--export-llm-d"))  # fmt: skip
 
 
+def one_stdout(args: argparse.Namespace, cmd: str) -> None:
+    """Refuse more than one output given as ``-`` (stdout)."""
+    to_stdout = [flag for dest, flag in STDOUT_FILES if getattr(args, dest, None) == "-"]
+    if len(to_stdout) > 1:
+        raise TwinError(f"twin {cmd}: {' and '.join(to_stdout)} are both '-': one output "
+                        "may go to stdout; give the others a file")  # fmt: skip
+
+
 def human(args: argparse.Namespace) -> IO[str]:
     """Where the readable output goes: stderr when ``--json -`` (or an export
     to ``-``) holds stdout."""

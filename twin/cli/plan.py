@@ -8,10 +8,10 @@ import sys
 from typing import Any
 
 from twin.cli._common import (
-    STDOUT_FILES,
     human,
     json_option,
     make_executor,
+    one_stdout,
     parallel_args,
     write_json,
 )
@@ -67,15 +67,16 @@ def cmd_provision(args: argparse.Namespace) -> int:
     return 0
 
 
-def _export_options(p: argparse.ArgumentParser) -> None:
+def export_options(p: argparse.ArgumentParser, what: str = "the chosen deployment") -> None:
+    """``--export-dynamo`` and ``--export-llm-d``, writing ``what``."""
     p.add_argument(
         "--export-dynamo", metavar="FILE|-",
-        help="write the chosen deployment as an NVIDIA Dynamo DynamoGraphDeployment (YAML;"
+        help=f"write {what} as an NVIDIA Dynamo DynamoGraphDeployment (YAML;"
         " - : to stdout, the text to stderr)",
     )  # fmt: skip
     p.add_argument(
         "--export-llm-d", metavar="FILE|-",
-        help="write the chosen deployment as llm-d ModelService Helm values (YAML;"
+        help=f"write {what} as llm-d ModelService Helm values (YAML;"
         " - : to stdout, the text to stderr)",
     )  # fmt: skip
 
@@ -85,10 +86,7 @@ def _export_args_check(args: argparse.Namespace, cmd: str) -> None:
     checked with every output, by check_command_outputs)."""
     if (args.export_dynamo or args.export_llm_d) and args.convergence:
         raise TwinError(f"twin {cmd}: --export-*: exports one deployment; not with --convergence")
-    to_stdout = [flag for dest, flag in STDOUT_FILES if getattr(args, dest, None) == "-"]
-    if len(to_stdout) > 1:
-        raise TwinError(f"twin {cmd}: {' and '.join(to_stdout)} are both '-': one output "
-                        "may go to stdout; give the others a file")  # fmt: skip
+    one_stdout(args, cmd)
 
 
 def _sample_args(args: argparse.Namespace, cmd: str) -> None:
@@ -207,7 +205,7 @@ def add_plan_parsers(sub: Any) -> None:
     sample_options(pv)
     pv.add_argument("--set", action="append", metavar="KEY.PATH=VALUE", help="override a value")
     parallel_args(pv, "goodput searches (one per split and sample)")
-    _export_options(pv)
+    export_options(pv)
     json_option(pv, "every split searched and the best one")
     pv.set_defaults(func=cmd_provision)
     pl = sub.add_parser(
@@ -222,6 +220,6 @@ def add_plan_parsers(sub: Any) -> None:
         "--target-rate", type=float, metavar="RPS", help="replicate to this rate, not to fill"
     )
     parallel_args(pl, "goodput searches (one per configuration of a phase, per sample)")
-    _export_options(pl)
+    export_options(pl)
     json_option(pl, "the plan, its candidates and the spec overrides")
     pl.set_defaults(func=cmd_plan)

@@ -62,10 +62,11 @@ def cmd_plot(args: argparse.Namespace) -> int:  # noqa: C901
             runs[label] = path
         written += plot_cdfs(
             runs, out / "requests-cdf", opts=plot_options(args, sweep=False),
-            by_class=args.by_class,
+            by_class=args.by_class, by_model=args.by_model,
         )  # fmt: skip
-    elif args.by_class:
-        raise TwinError("twin plot: --by-class: applies to --requests")
+    elif args.by_class or args.by_model:
+        flag = "--by-class" if args.by_class else "--by-model"
+        raise TwinError(f"twin plot: {flag}: applies to --requests")
     if args.window and not args.trace:
         raise TwinError("twin plot: --window: applies to --trace")
     if args.trace:
@@ -156,6 +157,10 @@ def add_plot_parser(sub: Any) -> None:
     pt.add_argument(
         "--by-class", action="store_true",
         help="--requests: a line per class of traffic of each file (its class column)",
+    )  # fmt: skip
+    pt.add_argument(
+        "--by-model", action="store_true",
+        help="--requests: a line per model of each file (its model column; models:)",
     )  # fmt: skip
     pt.add_argument("--trace", metavar="FILE", help="a timeline of this --trace-out file")
     pt.add_argument(

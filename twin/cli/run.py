@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from twin._io import with_label
-from twin.cli._common import human, open_out, write_json
+from twin.cli._common import human, one_stdout, open_out, write_json
+from twin.cli.plan import export_options
 from twin.errors import TwinError
 from twin.sim.summary import format_summary
 from twin.units import parse_duration
@@ -51,14 +52,14 @@ def _run_spec(spec: Any, files: dict[str, str | None], bucket: float | None) -> 
 
         parquet = RequestParquet(
             files["requests_parquet"], {"pd-twin.spec_sha256": spec.sha256},
-            classes=bool(spec.workload.classes),
+            classes=bool(spec.workload.classes), models=bool(spec.models),
         )  # fmt: skip
     csv_file = None
     try:
         csv_file = open_out(files["requests_csv"]) if files["requests_csv"] else None
         sinks: list[Any] = []
         if csv_file is not None:
-            columns = request_columns(bool(spec.workload.classes))
+            columns = request_columns(bool(spec.workload.classes), bool(spec.models))
             writer = csv.DictWriter(csv_file, fieldnames=columns, lineterminator="\n")
             writer.writeheader()
             sinks.append(writer.writerow)
@@ -141,12 +142,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     overridden = copy.deepcopy(data)
     apply_overrides(overridden, args.set or [])
     if "compare" in overridden:  # (--set compare=null runs the base alone)
+        if args.export_dynamo or args.export_llm_d:
+            raise TwinError(f"--export-*: exports one run's deployment; {where} has compare:")
         return cmd_compare(args, data, where, base_dir)
     if args.only:
         raise TwinError(f"--only: picks entries of a compare spec; {where} has no compare:")
     spec = resolve_spec(overridden, where, base_dir)
+    one_stdout(args, "run")
+    if args.export_dynamo or args.export_llm_d:  # before the run: every model split
+        from twin.studies.export import split_groups
+
+        for model in [p.name for p in spec.models] or [""]:
+            split_groups(spec, model)
     bucket = _link_bucket(args)
     result = _run_spec(spec, {k: getattr(args, k) for k in _RUN_FILES}, bucket).to_dict()
+    if args.export_dynamo or args.export_llm_d:  # the spec's deployment, as it ran
+        from twin.studies.export import from_run, write_exports
+
+        write_exports(from_run(spec, result["summary"]), args.export_dynamo, args.export_llm_d)
     if args.json:
         write_json(args.json, result)
     if not args.quiet:
@@ -207,5 +220,6 @@ def add_run_parser(sub: Any) -> None:
         metavar="PATH",
         help="write one row of metrics per window of simulated time",
     )
+    export_options(r, "the spec's split deployment (a document per model, figures from this run)")
     r.add_argument("-q", "--quiet", action="store_true", help="print nothing")
     r.set_defaults(func=cmd_run)

@@ -149,7 +149,7 @@ def placement_order(roles: Sequence[str], how: str) -> list[int]:
 class EngineView:
     """The live, read-only :class:`twin.scheduler.InstanceView` of an engine."""
 
-    __slots__ = ("_engine", "_placement", "_fetch", "_tiers", "_cost")
+    __slots__ = ("_engine", "_placement", "_fetch", "_tiers", "_cost", "model")
 
     def __init__(
         self,
@@ -157,12 +157,14 @@ class EngineView:
         placement: Placement,
         fetch: Callable[[int, int, int, Request | None], float] | None = None,
         tiers: KVTiers | None = None,
+        model: str = "",
     ) -> None:
         self._engine = engine
         self._placement = placement
         self._fetch = fetch  # (instance, node, tokens, request) -> seconds
         self._tiers = tiers
         self._cost = QueueCost()  # the queue estimate, kept as requests join
+        self.model = model  # the model it serves on a cluster of several ("": the only one)
 
     @property
     def role(self) -> str:

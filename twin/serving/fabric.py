@@ -44,15 +44,16 @@ class HandoffFabric:
             return HandoffEstimate(prefill, decode)
         held = self._kept_tokens(decode, req)
         tokens = req.prompt_tokens - held
-        flows = sized_flows(h.paths(prefill, decode), len(h.gpus[prefill]), _bytes(h, tokens))
+        kv_bytes = h.kv_bytes(prefill, tokens)
+        flows = sized_flows(h.paths(prefill, decode), len(h.gpus[prefill]), kv_bytes)
         share = share_now(h.network, flows)
         _, before_s, after_s = h.costs(decode, tokens, 0.0)
         return HandoffEstimate(
             prefill,
             decode,
-            bytes=_bytes(h, tokens),
+            bytes=kv_bytes,
             saved_tokens=held,
-            saved_bytes=_bytes(h, held),
+            saved_bytes=h.kv_bytes(prefill, held),
             flows=len(flows),
             rate_bytes_s=share.rate_bytes_s,
             bottleneck=share.bottleneck,
@@ -85,10 +86,6 @@ class HandoffFabric:
             got = all(_same_rail(h.topology, f) for f, _ in h.paths(prefill, decode))
             self._rails[prefill, decode] = got
         return got
-
-
-def _bytes(h: HandoffRoutes, tokens: int) -> float:
-    return float(h.kv_bytes_per_token * tokens)
 
 
 def _same_rail(topology: Topology, flow: FlowSpec) -> bool:

@@ -271,16 +271,29 @@ class HandoffRoutes:
         self.kv_bytes_per_token = kv_bytes_per_token
         self.config = config
         self.layers = layers
+        # each instance's (KV bytes per token, layers): its model's (a cluster
+        # may serve several; KV moves only between instances of one)
+        self.shapes: list[tuple[int, int]] = [(kv_bytes_per_token, layers)] * len(self.gpus)
+        self.models: list[str] = [""] * len(self.gpus)
         # (source instance, destination instance) -> the shards' paths (static
         # routing: an instance's GPUs never change)
         self._paths: dict[tuple[int, int], list[tuple[FlowSpec, int]]] = {}
-        # (descriptors per layer region, layer length) -> the fixed costs (immutable,
-        # shared) and their delays before the first byte and after the last
-        self._costs: dict[tuple[int, float], tuple[HandoffCosts, float, float]] = {}
+        # (descriptors per layer region, layer length, layers) -> the fixed costs
+        # (immutable, shared) and their delays before the first byte and after the last
+        self._costs: dict[tuple[int, float, int], tuple[HandoffCosts, float, float]] = {}
 
-    def add_instance(self, gpus: tuple[int, ...]) -> None:
-        """An instance added during the run: the GPUs its KV lives on."""
+    def add_instance(
+        self, gpus: tuple[int, ...], shape: tuple[int, int] | None = None, model: str = ""
+    ) -> None:
+        """An instance: the GPUs its KV lives on, its model's ``(KV bytes per
+        token, layers)`` (None: the routes' own) and name ("": the only one)."""
         self.gpus.append(gpus)
+        self.shapes.append(shape or (self.kv_bytes_per_token, self.layers))
+        self.models.append(model)
+
+    def kv_bytes(self, instance: int, tokens: int) -> float:
+        """Bytes of ``tokens`` tokens of KV of ``instance``'s model."""
+        return float(self.shapes[instance][0] * tokens)
 
     def paths(self, src: int, dst: int) -> list[tuple[FlowSpec, int]]:
         """The shards' paths from instance ``src`` to ``dst``
@@ -304,12 +317,13 @@ class HandoffRoutes:
             n = blocks_for(tokens, self.engines[dst].kv.block_size)
         else:
             n = 1 if tokens > 0 else 0
-        got = self._costs.get((n, layer_s))
+        layers = self.shapes[dst][1]
+        got = self._costs.get((n, layer_s, layers))
         if got is None:
             if len(self._costs) >= 4096:
                 self._costs.clear()
-            costs = handoff_costs(config, n, self.layers, layer_s)
-            got = self._costs[n, layer_s] = (costs, costs.before_s, costs.after_s)
+            costs = handoff_costs(config, n, layers, layer_s)
+            got = self._costs[n, layer_s, layers] = (costs, costs.before_s, costs.after_s)
         return got
 
 
@@ -353,15 +367,22 @@ class KVHandoff:
         # (the simulation bounds that wait by the retry deadline).
         self.on_waiting = on_waiting
 
-    def add_instance(self, gpus: tuple[int, ...]) -> None:
-        """An instance added during the run (its engine joins ``engines``): the
-        GPUs its KV lives on, and its queue of hand-offs waiting for blocks."""
-        self.routes.add_instance(gpus)
+    def add_instance(
+        self, gpus: tuple[int, ...], shape: tuple[int, int] | None = None, model: str = ""
+    ) -> None:
+        """An instance (its engine joins ``engines``): the GPUs its KV lives
+        on, its model's ``(KV bytes per token, layers)`` (None: the routes'
+        own) and name ("": the only model), and its queue of hand-offs
+        waiting for blocks."""
+        self.routes.add_instance(gpus, shape, model)
         self.pending.append(deque())
 
     def _no_decode_up(self, seq: Sequence) -> bool:
+        """No instance of ``seq``'s model that decodes is up (and none is picked)."""
+        models = self.routes.models
         return seq.decode_instance is None and not any(
-            e.up and e.role in ("decode", "mixed") for e in self.engines
+            e.up and e.role in ("decode", "mixed") and models[e.id] in ("", seq.req.model)
+            for e in self.engines
         )
 
     # -- engine hooks ----------------------------------------------------------------
@@ -454,8 +475,8 @@ class KVHandoff:
         engine = self.engines[dst]
         held = engine.receiver.prefix_tokens(seq)
         tokens = seq.prefill_len - held
-        kv_bytes = float(self.kv_bytes_per_token * tokens)
-        saved = float(self.kv_bytes_per_token * held)
+        kv_bytes = self.routes.kv_bytes(src, tokens)
+        saved = self.routes.kv_bytes(src, held)
         # The flows are immutable: those of a size moved before are taken again.
         flows = self._sized.get((src, dst, kv_bytes))
         if flows is None:
@@ -464,7 +485,7 @@ class KVHandoff:
             flows = sized_flows(self.routes.paths(src, dst), len(self.gpus[src]), kv_bytes)
             self._sized[src, dst, kv_bytes] = flows
         now = self.env.now
-        layer_s = 0.0 if stream_s is None else stream_s / self.layers
+        layer_s = 0.0 if stream_s is None else stream_s / self.routes.shapes[src][1]
         costs, before_s, after_s = self.routes.costs(dst, tokens, layer_s)
         # Layer l's KV exists after l/L of the iteration: a stream starts one
         # layer late (or once the control round trip and registration are

@@ -80,35 +80,39 @@ class Cluster:
 
     def add_instance(
         self, p: Placement, role: str, tp: int, pp: int, ep: int = 1, dp: int = 1,
-        *, starting: bool = False,
+        *, starting: bool = False, model: str = "",
     ) -> Engine:  # fmt: skip
         """Instance ``p.instance``: its engine (its perf model shared by
-        instances of the same GPU and shape), its hand-off queue and its view;
-        ``ep`` and ``dp`` its expert-parallel layout (1, 1: dense);
-        ``starting``: added during the run, down until it has started."""
+        instances of the same model, GPU and shape), its hand-off queue and
+        its view; ``ep`` and ``dp`` its expert-parallel layout (1, 1: dense);
+        ``starting``: added during the run, down until it has started;
+        ``model`` the model it serves in a spec of several ("": the spec's)."""
         spec = self.spec
+        one = spec.part(model)  # the model's own spec: its model, perf and SLO
         assert p.instance == len(self.engines)
         gpu = instance_gpu(spec.topology, spec.gpu, p)
         key, a2a = perf_shape(spec.topology, gpu, p, tp, pp, ep, dp)
+        key = (model, *key)
         if key not in self.perfs:
             self.perfs[key] = self._perf or build_perf_model(
-                spec.perf, spec.model, gpu, tp, pp,
-                where=f"{spec.source}: perf", base_dir=spec.base_dir, ep=ep, dp=dp, a2a=a2a,
+                one.perf, one.model, gpu, tp, pp,
+                where=f"{one.source}: perf", base_dir=spec.base_dir, ep=ep, dp=dp, a2a=a2a,
             )  # fmt: skip
-        blocks = kv_blocks(spec.model, spec.engine, gpu, role, tp, pp, ep, dp)
+        blocks = kv_blocks(one.model, spec.engine, gpu, role, tp, pp, ep, dp)
         watermark = int(spec.engine.watermark * blocks)
         self.placements.append(p)
         if self.handoff is not None:
-            self.handoff.add_instance(p.gpus)
+            shape = (one.model.kv_bytes_per_token(), one.model.layers)
+            self.handoff.add_instance(p.gpus, shape, model)
         sc = spec.engine.speculative
         eng = Engine(
             self.env, p.instance, self.perfs[key], BlockManager(blocks, spec.engine.block_size,
             watermark), spec.engine, self.observer, role=role, hooks=self.handoff,
             on_prompt=self.pools.keep_prompt if self.pools else None,
             speculation=None if sc is None else Speculation(
-                sc, self.perfs[key], spec.model, gpu, tp, spec.seed
+                sc, self.perfs[key], one.model, gpu, tp, spec.seed
             ),
-            tiers=self._tier_chain(p, gpu, tp, pp),
+            tiers=self._tier_chain(p, gpu, tp, pp),  # one model only (twin.sim.fleetspec)
             on_lost=self._lost_on(p.instance), starting=starting,
         )  # fmt: skip
         self.engines.append(eng)
@@ -116,7 +120,7 @@ class Cluster:
         if self.tiers is not None and eng.cache is not None and eng.cache.tiers is not None:
             self.tiers.add(eng.id, eng.cache.tiers)
         fetch_s = self.pools.estimate_s if self.pools else None
-        self.view.grow(EngineView(eng, p, fetch_s, self.tiers))
+        self.view.grow(EngineView(eng, p, fetch_s, self.tiers, model))
         return eng
 
     def _lost_on(self, instance: int) -> Callable[[Sequence], None]:
@@ -204,6 +208,8 @@ def build_cluster(
     placements = iter(spec.placements)
     for g in spec.groups:
         for _ in range(g.count):
-            cluster.add_instance(next(placements), g.role, g.tp, g.pp, g.ep, g.dp)
+            cluster.add_instance(
+                next(placements), g.role, g.tp, g.pp, g.ep, g.dp, model=g.model
+            )  # fmt: skip
     assert next(placements, None) is None, "a spec resolved without its placement"
     return cluster

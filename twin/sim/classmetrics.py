@@ -57,6 +57,9 @@ def request_objectives(
 class ByClass(Observer):
     """The requests of each class folded into a :class:`Metrics` of their own."""
 
+    key = "traffic_class"  # the request's attribute that names its part
+    what = ("is of class", "workload.classes")  # how a miss names the two
+
     def __init__(
         self, classes: tuple[TrafficClass, ...], slos: Mapping[str, SLO], ttft_at: str,
         window_s: float, faults: bool = False,
@@ -68,11 +71,12 @@ class ByClass(Observer):
         }
 
     def _metrics(self, req: Request) -> Metrics:
-        m = self.of.get(req.traffic_class)
+        name = getattr(req, self.key)
+        m = self.of.get(name)
         if m is None:
             raise SpecError(
-                f"request {req.id} is of class {req.traffic_class!r}, not one of "
-                f"workload.classes ({', '.join(self.of)})"
+                f"request {req.id} {self.what[0]} {name!r}, not one of "
+                f"{self.what[1]} ({', '.join(self.of)})"
             )
         return m
 
@@ -88,20 +92,7 @@ class ByClass(Observer):
     def summary(self) -> dict[str, Any]:
         """Per class, in the spec's order: its priority and SLO, then the
         summary's request keys over its requests."""
-        out = {}
-        for c in self.classes:
-            m = self.of[c.name]
-            s = m.summary()
-            out[c.name] = {
-                "priority": c.priority,
-                "slo": {
-                    "ttft_s": _finite(m.slo.ttft_s),
-                    "tpot_s": _finite(m.slo.tpot_s),
-                    "target": m.slo.target,
-                },
-                **{k: s[k] for k in _KEYS if k in s},
-            }
-        return out
+        return {c.name: {"priority": c.priority, **figures(self.of[c.name])} for c in self.classes}
 
     def timeline_rows(self, end_s: float) -> dict[str, list[dict[str, Any]]]:
         """Each class's timeline rows up to the run's end ``end_s``, its requests' columns."""
@@ -117,6 +108,17 @@ _KEYS = (
     "slo_attainment", "ttft_attainment", "tpot_attainment", "ttft_s", "tpot_s", "e2e_s",
     "queue_s", "preemptions",
 )  # fmt: skip
+
+
+def figures(m: Metrics) -> dict[str, Any]:
+    """What a part of a run reports of its requests: its SLO, then the
+    summary's request keys over them."""
+    s = m.summary()
+    return {
+        "slo": {"ttft_s": _finite(m.slo.ttft_s), "tpot_s": _finite(m.slo.tpot_s),
+                "target": m.slo.target},
+        **{k: s[k] for k in _KEYS if k in s},
+    }  # fmt: skip
 
 
 def _finite(x: float) -> float | None:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from twin.errors import TwinError
-from twin.sim.metrics import CLASS_COLUMN, REQUEST_COLUMNS
+from twin.sim.metrics import CLASS_COLUMN, MODEL_COLUMN, REQUEST_COLUMNS
 
 INSTALL = "pip install 'pd-twin[data]'"
 
@@ -108,13 +108,16 @@ def request_columns(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[Any]]:
     """Per-request rows (dicts keyed by :data:`REQUEST_COLUMNS`, Python values
     or CSV cells) as typed columns."""
     cols: dict[str, list[Any]] = {c: [] for c in REQUEST_COLUMNS}
-    classes: list[Any] = []  # each row's class of traffic, in a run with classes
+    # each row's class of traffic and model, in a run with classes, of several models
+    labels: dict[str, list[Any]] = {CLASS_COLUMN: [], MODEL_COLUMN: []}
     for row in rows:
         for c, kind in REQUEST_KINDS.items():
             cols[c].append(coerce(kind, row.get(c)))
-        classes.append(row.get(CLASS_COLUMN))
-    if any(c is not None for c in classes):
-        cols[CLASS_COLUMN] = [None if c is None else str(c) for c in classes]
+        for c, values in labels.items():
+            values.append(row.get(c))
+    for c, values in labels.items():
+        if any(v is not None for v in values):
+            cols[c] = [None if v is None else str(v) for v in values]
     return cols
 
 
@@ -226,7 +229,7 @@ def requests_frame(rows: Iterable[Mapping[str, Any]]) -> Any:
     """Per-request rows as a DataFrame in id order, typed by :data:`REQUEST_KINDS`."""
     cols = request_columns(rows)
     order = sorted(range(len(cols["id"])), key=cols["id"].__getitem__)
-    kinds = REQUEST_KINDS | ({CLASS_COLUMN: "str"} if CLASS_COLUMN in cols else {})
+    kinds = REQUEST_KINDS | {c: "str" for c in (CLASS_COLUMN, MODEL_COLUMN) if c in cols}
     return frame({c: [v[i] for i in order] for c, v in cols.items()}, kinds)
 
 
@@ -303,11 +306,13 @@ class RequestParquet:
     carry a class column (a run with ``workload.classes``)."""
 
     def __init__(
-        self, path: str | Path, metadata: Mapping[str, str] | None = None, classes: bool = False
-    ) -> None:
+        self, path: str | Path, metadata: Mapping[str, str] | None = None, classes: bool = False,
+        models: bool = False,
+    ) -> None:  # fmt: skip
         self.path = Path(path)
-        # a run with classes of traffic: the class column after the others
+        # a run with classes of traffic (of several models): the class (model) column last
         kinds = REQUEST_KINDS | ({CLASS_COLUMN: "str"} if classes else {})
+        kinds |= {MODEL_COLUMN: "str"} if models else {}
         self._schema = arrow_schema(kinds, metadata)
         self._writer = _open_writer(self.path, self._schema)
         self._rows: list[Mapping[str, Any]] = []

@@ -93,6 +93,36 @@ def perf_shape(
     return (gpu.name, tp, pp, ep, dp, *sorted(a2a.items())), a2a
 
 
+def check_ep(model: ModelSpec, g: Any, g_keys: Any, where: str) -> None:
+    """An expert-parallel layout a real engine accepts: a MoE model, ``ep``
+    dividing its routed experts, and ``ep = dp x tp`` (the experts span the
+    attention ranks of a stage, as in vLLM's and SGLang's EP); ``dp`` above 1
+    only with EP. ``g`` is a ``twin.sim.spec.InstanceGroup``, ``g_keys`` its
+    group's keys as given (None: a colocated cluster's)."""
+    if g.ep == 1 and g.dp == 1:
+        return
+    pre = f"cluster.{g.role}" if g.role != "mixed" else "cluster"
+    at = {
+        k: f"{pre}.{k}" if g_keys is not None and getattr(g_keys, k) is not None else f"cluster.{k}"
+        for k in ("ep", "dp")
+    }
+    name = "ep" if g.ep > 1 else "dp"
+    if not model.is_moe:
+        raise SpecError(
+            f"{where}: {at[name]}: {getattr(g, name)} needs a mixture-of-experts model;"
+            f" {model.name} is dense"
+        )
+    if model.experts % g.ep:
+        raise SpecError(
+            f"{where}: {at['ep']}: {g.ep} does not divide {model.name}'s {model.experts} experts"
+        )
+    if g.ep != g.dp * g.tp:
+        raise SpecError(
+            f"{where}: {at['ep']}: {g.ep} must equal dp x tp = {g.dp} x {g.tp} = {g.dp * g.tp}"
+            " (the experts span the instance's attention ranks)"
+        )
+
+
 def check_perf(
     perf: Any, model: ModelSpec, gpu: GPUSpec, groups: Sequence[Any], topology: Any,
     placements: Sequence[Placement], where: str, base_dir: Any,

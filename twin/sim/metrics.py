@@ -113,12 +113,15 @@ REQUEST_COLUMNS = (
 
 
 CLASS_COLUMN = "class"  # after REQUEST_COLUMNS, in a run with classes of traffic only
+MODEL_COLUMN = "model"  # after those, in a run of several models only (models:)
 
 
-def request_columns(classes: bool = False) -> tuple[str, ...]:
+def request_columns(classes: bool = False, models: bool = False) -> tuple[str, ...]:
     """The per-request columns of a run: :data:`REQUEST_COLUMNS`, then the
-    request's class of traffic when the workload has ``classes``."""
-    return (*REQUEST_COLUMNS, CLASS_COLUMN) if classes else REQUEST_COLUMNS
+    request's class of traffic when the workload has ``classes``, then its
+    model when the spec has several (``models``)."""
+    extra = ((CLASS_COLUMN,) if classes else ()) + ((MODEL_COLUMN,) if models else ())
+    return (*REQUEST_COLUMNS, *extra)
 
 
 class Metrics(Observer):
@@ -317,9 +320,7 @@ class Metrics(Observer):
                     "transfer_wait_s": max(0.0, s.t_transfer_start - s.t_prefill_done)
                     if moved
                     else "",
-                    "transfer_s": s.t_transfer_end - max(s.t_transfer_start, s.t_prefill_done)
-                    if moved
-                    else "",
+                    "transfer_s": "" if transfer is None else transfer,
                     # The hand-off's fixed parts as charged (a layer-wise stream
                     # hides its control round trip and registration behind the
                     # prefill's first layer when they are shorter), and its bytes.
@@ -399,8 +400,12 @@ class Metrics(Observer):
             self.on_row(row)
 
     def _class_cell(self, req: Request) -> dict[str, str]:
-        """The row's class column, in a run with classes (none without)."""
-        return {} if self.classes is None else {CLASS_COLUMN: req.traffic_class}
+        """The row's class column, in a run with classes, and its model
+        column, in a run of several models (none without)."""
+        cells = {} if self.classes is None else {CLASS_COLUMN: req.traffic_class}
+        if req.model:
+            cells[MODEL_COLUMN] = req.model
+        return cells
 
     def summary(self) -> dict[str, Any]:
         """The stable summary keys (DESIGN.md; other tools read them)."""

@@ -102,10 +102,11 @@ class ClusterOps(Protocol):
 
     # -- scaling -------------------------------------------------------------------
     def add_instance(
-        self, placement: Placement, role: str, tp: int, pp: int, ep: int, dp: int
+        self, placement: Placement, role: str, tp: int, pp: int, ep: int, dp: int, model: str = ""
     ) -> Engine:
         """A new instance at ``placement``, starting (not serving), built as the
-        spec's are, in the state of the parts it runs on."""
+        spec's are, in the state of the parts it runs on; ``model`` the model
+        it serves on a cluster of several."""
         ...
 
     def instance_started(self, i: int) -> None:

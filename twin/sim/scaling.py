@@ -21,7 +21,7 @@ was added: start-up included) to its release or the run's end.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -65,11 +65,12 @@ class Scaler:
     GPU-seconds; ``groups`` are the spec's instance groups (an added
     instance keeps its pool's expert-parallel layout), ``topology`` its
     topology (None: nodes of ``gpus_per_node`` GPUs), ``weight_bytes`` what
-    a new instance loads before it serves."""
+    a new instance of each model loads before it serves (by model name; ""
+    the only model)."""
 
     def __init__(
         self, ops: ClusterOps, keys: ScalingKeys, name: str, groups: Sequence[Any],
-        topology: Any, gpus_per_node: int, weight_bytes: float,
+        topology: Any, gpus_per_node: int, weight_bytes: Mapping[str, float],
     ) -> None:  # fmt: skip
         self.ops = ops
         self.keys = keys
@@ -127,7 +128,7 @@ class Scaler:
     def _layout(self, a: AddInstance) -> tuple[int, int, int, int]:
         """``(tp, pp, ep, dp)`` of the instance ``a`` adds: the pool's
         expert-parallel layout when its group has one, else ``a``'s TP x PP."""
-        group = next((g for g in self.groups if g.role == a.role), None)
+        group = next((g for g in self.groups if g.role == a.role and g.model == a.model), None)
         if group is None or group.ep == 1:
             return a.tp, a.pp, 1, 1
         if (a.tp, a.pp) != (group.tp, group.pp) and a.tp * a.pp != group.gpus:
@@ -176,11 +177,11 @@ class Scaler:
             )
         return Placement(n, node, tuple(free[node][:need]))
 
-    def startup_s(self, placement: Placement) -> float:
-        """Weights loaded (from storage, or from a serving peer over the
-        topology's bottleneck bandwidth) plus the warm-up."""
+    def startup_s(self, placement: Placement, model: str = "") -> float:
+        """Weights of ``model`` loaded (from storage, or from a serving peer
+        over the topology's bottleneck bandwidth) plus the warm-up."""
         ops, keys = self.ops, self.keys
-        weights = self.weight_bytes
+        weights = self.weight_bytes[model]
         bandwidth = keys.storage_bandwidth
         topo = self.topology
         if keys.weights_from == "network" and topo is not None:
@@ -209,10 +210,10 @@ class Scaler:
         placement = self._place(a, dp * tp * pp, span=ep > 1)
         now = ops.env.now
         # starting; on a failed node, say, it comes up failed
-        eng = ops.add_instance(placement, a.role, tp, pp, ep, dp)
+        eng = ops.add_instance(placement, a.role, tp, pp, ep, dp, a.model)
         self.scaled = True
         self.alloc[eng.id] = [now, None, len(placement.gpus)]
-        cost = self.startup_s(placement)
+        cost = self.startup_s(placement, a.model)
         ops.env.timeout(cost).callbacks.append(lambda _ev: self._ready(eng, now))
 
     def _ready(self, eng: Engine, asked: float) -> None:

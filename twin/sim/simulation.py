@@ -26,7 +26,7 @@ from twin.errors import CapacityError, SpecError, TwinError
 from twin.perf.iteration import PerfModel
 from twin.perf.residuals import Residuals, read_residuals
 from twin.request import Request
-from twin.scheduler import FaultEvent, Reject, Route, build_scheduler, decode_hook, event_hook
+from twin.scheduler import FaultEvent, Reject, Route, decode_hook, event_hook
 from twin.serving.cluster import Placement
 from twin.serving.engine import Engine
 from twin.serving.kvcache import blocks_for
@@ -36,6 +36,7 @@ from twin.sim.build import build_cluster
 from twin.sim.classmetrics import ByClass, class_slos, request_objectives
 from twin.sim.control import ControlLoop, apply_plan
 from twin.sim.faults import Faults
+from twin.sim.fleet import ByModel, kv_limits, limits_for, model_weights, spec_policy, with_models
 from twin.sim.intervals import attainment_scales, summary_intervals
 from twin.sim.metrics import Metrics
 from twin.sim.result import Result
@@ -98,9 +99,7 @@ class Simulation:
         self.rng_scheduler = np.random.default_rng(seeds[1])
         self._requests = requests
         self.observer = self._listeners(on_row, log, trace, observers, retention)
-        self.scheduler = scheduler or build_scheduler(
-            spec.scheduler, spec.scheduler_params, where=f"{spec.source}: scheduler"
-        )
+        self.scheduler = scheduler or spec_policy(spec)
         self._name = spec.scheduler if scheduler is None else type(scheduler).__name__
         self.cluster = build_cluster(
             spec, self.env, self.observer, self.scheduler, self.rng_scheduler,
@@ -127,7 +126,7 @@ class Simulation:
                              spec.topology)  # fmt: skip
         self.scaler = Scaler(
             self, spec.scaling or ScalingKeys(), self._name, spec.groups, spec.topology,
-            spec.gpus_per_node, spec.model.weight_bytes,
+            spec.gpus_per_node, model_weights(spec),
         )  # fmt: skip
         self.control = ControlLoop(
             self.env, self.scheduler, self._name, self.view, self.engines,
@@ -163,17 +162,19 @@ class Simulation:
         classes = spec.workload.classes
         slos = class_slos(spec.slo, classes) if classes else None
         self.objectives = request_objectives(spec.slo, classes)
+        sd = slowdown_judge(spec.slo.slowdown, spec.perf, spec.model, spec.source, spec.base_dir)
         self.metrics = Metrics(
             spec.slo, on_row, spec.ttft_at, Timeline(spec.window_s), faults=faults,
-            scales=scales or (), classes=slos, slowdown=slowdown_judge(
-                spec.slo.slowdown, spec.perf, spec.model, spec.source, spec.base_dir
-            ),
+            scales=scales or (), classes=slos, slowdown=sd,
         )  # fmt: skip
         subscribers: list[Observer] = [self.metrics]
         self.by_class = None
         if slos is not None:
             self.by_class = ByClass(classes, slos, spec.ttft_at, spec.window_s, faults)
             subscribers.append(self.by_class)
+        self.by_model = ByModel(spec, faults)
+        if spec.models:  # only then: a run of one model reads as before
+            subscribers.append(self.by_model)
         self.timeouts = ClientTimeouts(self, timeout) if timeout is not None else None
         if self.timeouts is not None:
             subscribers.append(self.timeouts)
@@ -192,12 +193,12 @@ class Simulation:
         return broadcast(subscribers)
 
     def add_instance(
-        self, placement: Placement, role: str, tp: int, pp: int, ep: int, dp: int
+        self, placement: Placement, role: str, tp: int, pp: int, ep: int, dp: int, model: str = ""
     ) -> Engine:
         """A new instance during the run (scaling), starting: built as the spec's
         are, in the state of the parts it runs on (it comes up failed on a
-        failed node, say)."""
-        eng = self.cluster.add_instance(placement, role, tp, pp, ep, dp, starting=True)
+        failed node, say); ``model`` the model it serves, of several."""
+        eng = self.cluster.add_instance(placement, role, tp, pp, ep, dp, starting=True, model=model)
         self.faults.placed(eng.id)
         return eng
 
@@ -224,19 +225,15 @@ class Simulation:
 
     def _update_limits(self) -> None:
         """Longest sequences that can always finish, even alone on an instance
-        (of the roles instances have now)."""
-        live = [
-            (c, e) for c, e in zip(self.capacity, self.engines, strict=True)
-            if e.state in ("serving", "starting")
-        ]  # fmt: skip
-        self._max_prompt_blocks = min(c for c, e in live if e.role != "decode")
-        self._max_blocks = min(c for c, e in live if e.role != "prefill")
+        of their model (of the roles instances have now)."""
+        self._limits = kv_limits(self.capacity, self.engines, self.view)
 
     # -- processes -------------------------------------------------------------------
     def _request_stream(self) -> Iterator[Request]:
         if self._requests is not None:
             return iter(self._requests)
-        return iter_requests(self.spec.workload, self.rng_workload, self._stream_end)
+        stream = iter_requests(self.spec.workload, self.rng_workload, self._stream_end)
+        return with_models(stream, self.spec.models, self.spec.seed) if self.spec.models else stream
 
     def _engine(self, i: int) -> Engine:
         return self.engines[i]
@@ -275,7 +272,7 @@ class Simulation:
         if self.timeouts is not None:
             self.timeouts.follow(seq)
         req = seq.req
-        if not self._can_serve():
+        if not self._can_serve(req.model):
             self._parked.append(seq)
             deadline = req.arrival_s + self.spec.retry.deadline_s
             if deadline < float("inf"):
@@ -294,11 +291,11 @@ class Simulation:
         seq.t_attempt = self.env.now
         self._dispatch(req, decision, seq)
 
-    def _can_serve(self) -> bool:
-        """Some instance that prefills and some that decodes are up."""
+    def _can_serve(self, model: str = "") -> bool:
+        """An instance of ``model`` (or the only one) that prefills and one that decodes are up."""
         pre = dec = False
-        for e in self.engines:
-            if e.up and e.state == "serving":
+        for e, v in zip(self.engines, self.view.instances, strict=True):
+            if e.up and e.state == "serving" and getattr(v, "model", "") in ("", model):
                 pre = pre or e.role != "decode"
                 dec = dec or e.role != "prefill"
         return pre and dec
@@ -364,7 +361,7 @@ class Simulation:
         when it ended here: longer than the context (``context_length``) or
         more KV than any instance holds (``exceeds_kv_capacity``, or an error)."""
         spec = self.spec
-        limit = spec.max_model_len
+        limit = spec.part(req.model).max_model_len
         if limit is not None and req.prompt_tokens + req.output_tokens > limit:
             if spec.oversized != "truncate":
                 self.observer.request_ended(
@@ -375,21 +372,19 @@ class Simulation:
             self.metrics.truncated += 1
         bs = spec.engine.block_size
         need = blocks_for(req.prompt_tokens + req.output_tokens - 1, bs)
-        if (
-            need <= self._max_blocks
-            and blocks_for(req.prompt_tokens, bs) <= self._max_prompt_blocks
-        ):
+        max_prompt, max_blocks = limits_for(self._limits, req)
+        if need <= max_blocks and blocks_for(req.prompt_tokens, bs) <= max_prompt:
             return req
         if spec.oversized != "error":
             self.observer.request_ended(
                 self.env.now, -1, req, None, "rejected", "exceeds_kv_capacity"
             )
             return None
-        holds = min(self._max_blocks, self._max_prompt_blocks)
+        holds = min(max_blocks, max_prompt)
         raise CapacityError(
             f"{spec.source}: request {req.id}: prompt {req.prompt_tokens} + output "
             f"{req.output_tokens} tokens need {need} KV blocks, but the smallest instance of "
-            f"{spec.model.name} that would serve it holds {holds}; "
+            f"{spec.part(req.model).model.name} that would serve it holds {holds}; "
             "give instances more GPUs, or set engine.oversized: reject"
         )
 
@@ -472,8 +467,12 @@ class Simulation:
 
     def settled(self) -> bool:
         """Every request arrived has ended, or waits (parked) for an instance
-        to come back, and no more arrive."""
-        return self._arrivals_done and self.metrics.ended + len(self._parked) == self._arrived
+        to come back, and no more arrive (but the next turns of those)."""
+        held = sum(s.req.session is not None for s in self._parked)  # sessions waiting on them
+        return (
+            self._stream_done and self.metrics.ended + len(self._parked) == self._arrived
+            and (self.sessions is None or self.sessions.live <= held)
+        )  # fmt: skip
 
     def links_failed(self) -> None:
         """Links failed: the hand-offs they leave waiting wait at most until
@@ -648,6 +647,8 @@ class Simulation:
         if self.by_class is not None:  # only then: a run without classes reads as before
             summary["classes"] = self.by_class.summary()
             class_timelines = self.by_class.timeline_rows(self.metrics.last_end_s)
+        if self.spec.models:
+            summary["models"] = self.by_model.by_model(self)
         occupancy = None
         timeline = self.metrics.timeline_rows()
         if self.tiers is not None:
@@ -658,7 +659,7 @@ class Simulation:
             )  # fmt: skip
             for name, series in occupancy.items():  # per timeline window
                 summary["kv_tiers"][name]["occupancy"] = {"window_s": self.spec.window_s, **series}
-        if self.scaler.scaled or spec_scales(self.spec):
+        if self.scaler.scaled or "scaling" in self.spec.resolved:  # given: gpu_seconds
             summary["gpu_seconds"] = self.scaler.gpu_seconds(self.metrics.last_end_s)
         links = self.network.link_stats() if self.network is not None else []
         if occupancy is not None and timeline:  # the same windows: up to the last end
@@ -703,7 +704,8 @@ class Simulation:
             if self._requests is not None
             else {p.name: file_sha256(p) for p in spec.workload.sources()}
         )
-        rates = self._trace_rates()
+        # a trace replayed at its own times: its own rate and the rate replayed
+        rates = trace_rates(self.spec.workload) if self._requests is None else None
         return {
             "tool": "pd-twin",
             "version": _version.__version__,
@@ -720,11 +722,6 @@ class Simulation:
             ),
             **({"trace_rate_rps": rates} if rates else {}),
         }
-
-    def _trace_rates(self) -> dict[str, float] | None:
-        """A trace replayed at its own times: its own rate and the rate replayed
-        (own x the time scale), in requests/s; None otherwise."""
-        return trace_rates(self.spec.workload) if self._requests is None else None
 
     def _instance_stats(self) -> list[dict[str, Any]]:
         span = self.metrics.last_end_s
@@ -765,11 +762,6 @@ def spec_residuals(spec: ExperimentSpec) -> Residuals | None:
     if not isinstance(perf, Mapping) or perf.get("residuals") is None:
         return None
     return read_residuals(perf["residuals"], f"{spec.source}: perf.residuals", spec.base_dir)
-
-
-def spec_scales(spec: ExperimentSpec) -> bool:
-    """Whether the spec gives ``scaling:`` (its runs then report ``gpu_seconds``)."""
-    return "scaling" in spec.resolved
 
 
 def truncate(req: Request, limit: int) -> Request:

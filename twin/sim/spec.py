@@ -64,7 +64,7 @@ from twin.serving.engine import EngineConfig
 from twin.serving.handoff import TransferConfig
 from twin.serving.kvpool import PoolSSD
 from twin.serving.tiers import RemoteKeys, TierKeys
-from twin.sim import layout
+from twin.sim import fleetspec, layout
 from twin.sim.faults import (
     Event,
     EventKeys,
@@ -74,6 +74,7 @@ from twin.sim.faults import (
     read_events,
     read_failures,
 )
+from twin.sim.fleetspec import ModelKeys, ModelPart
 from twin.sim.keypath import set_key_path
 from twin.sim.metrics import SLO
 from twin.sim.scaling import ScalingKeys
@@ -247,6 +248,20 @@ class TopKeys:
     kv_tiers: Any = declared(
         None, section(TierKeys), "KV tiers below HBM per instance: DRAM, SSD (see KV tiers)"
     )
+    models: Any = declared(
+        None, anything(lambda: {"type": "object", "additionalProperties": _model_schema()}),
+        "several models on the cluster, by name: {model, share, cluster, scheduler, slo}",
+    )  # fmt: skip
+    gpu_budget: int | None = declared(
+        None, POSITIVE_INT, "several models: the GPUs their instances may hold together"
+    )
+
+
+def _model_schema() -> dict[str, Any]:
+    """The schema of one of ``models:``, its ``slo`` that of ``slo:``."""
+    s = schema(ModelKeys)
+    s["properties"]["slo"] = {**schema(SLO), "description": s["properties"]["slo"]["description"]}
+    return s
 
 
 def spec_schema(extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
@@ -255,6 +270,8 @@ def spec_schema(extra: Mapping[str, Mapping[str, Any]] | None = None) -> dict[st
     ``sweep:``)."""
     s = schema(TopKeys)
     s["properties"].update(extra or {})
+    s["required"].remove("model")  # or models:
+    s["anyOf"] = [{"required": ["model"]}, {"required": ["models"]}]
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "pd-twin experiment spec",
@@ -275,6 +292,7 @@ class InstanceGroup:
     template: str | None = None
     ep: int = 1
     dp: int = 1
+    model: str = ""  # its model's name in a spec of several (twin.sim.fleetspec)
 
     @property
     def gpus(self) -> int:
@@ -319,6 +337,12 @@ class ExperimentSpec:
     kv_pool_ssd: PoolSSD | None = None  # an SSD below each node's KV pool, or None
     # where each instance runs, by id (twin.sim.layout; empty until placed)
     placements: tuple[Placement, ...] = field(default=(), repr=False)
+    models: tuple[ModelPart, ...] = ()  # several models: each one's (twin.sim.fleetspec)
+    gpu_budget: int | None = None  # several models: the GPUs they may hold together
+
+    def part(self, model: str) -> ExperimentSpec:
+        """The one-model spec of ``model`` (this spec when it serves one)."""
+        return next((p.spec for p in self.models if p.name == model), self)
 
     @property
     def sha256(self) -> str:
@@ -562,42 +586,13 @@ def _check_limits(model: ModelSpec, engine: EngineConfig, cluster: _Cluster, whe
         problem = model.tp_problem(g.tp)
         if problem:
             raise SpecError(f"{where}: {key}: {problem}")
-        _check_ep(model, g, g_keys, where)
+        layout.check_ep(model, g, g_keys, where)
         if cluster.topology is None and g.tp > keys.gpus_per_node:
             raise SpecError(
                 f"{where}: {key}: {g.tp} exceeds a node's {keys.gpus_per_node} GPUs "
                 "(cluster.gpus_per_node); tensor parallelism across nodes is not modelled "
                 "(its all-reduce is priced on NVLink): use pp to span nodes"
             )
-
-
-def _check_ep(model: ModelSpec, g: InstanceGroup, g_keys: Any, where: str) -> None:
-    """An expert-parallel layout a real engine accepts: a MoE model, ``ep``
-    dividing its routed experts, and ``ep = dp x tp`` (the experts span the
-    attention ranks of a stage, as in vLLM's and SGLang's EP); ``dp`` above 1
-    only with EP."""
-    if g.ep == 1 and g.dp == 1:
-        return
-    pre = f"cluster.{g.role}" if g.role != "mixed" else "cluster"
-    at = {
-        k: f"{pre}.{k}" if g_keys is not None and getattr(g_keys, k) is not None else f"cluster.{k}"
-        for k in ("ep", "dp")
-    }
-    name = "ep" if g.ep > 1 else "dp"
-    if not model.is_moe:
-        raise SpecError(
-            f"{where}: {at[name]}: {getattr(g, name)} needs a mixture-of-experts model;"
-            f" {model.name} is dense"
-        )
-    if model.experts % g.ep:
-        raise SpecError(
-            f"{where}: {at['ep']}: {g.ep} does not divide {model.name}'s {model.experts} experts"
-        )
-    if g.ep != g.dp * g.tp:
-        raise SpecError(
-            f"{where}: {at['ep']}: {g.ep} must equal dp x tp = {g.dp} x {g.tp} = {g.dp * g.tp}"
-            " (the experts span the instance's attention ranks)"
-        )
 
 
 def _policy(data: Any, given_as: Any, where: str) -> tuple[str, dict[str, Any]]:
@@ -619,11 +614,10 @@ def placed(spec: ExperimentSpec) -> ExperimentSpec:
     where = spec.source
     topo = spec.topology
     placements = layout.place(spec.groups, topo, spec.placement, spec.gpus_per_node, where)
-    layout.check_memory(spec.model, spec.engine, spec.gpu, spec.groups, topo, placements, where)
+    for one, groups, at in fleetspec.slices(spec, placements):
+        layout.check_memory(one.model, spec.engine, spec.gpu, groups, topo, at, one.source)
+        layout.check_perf(one.perf, one.model, spec.gpu, groups, topo, at, one.source, one.base_dir)
     layout.check_targets(spec.events, spec.failures, spec.kv_tiers, topo, placements, where)
-    layout.check_perf(
-        spec.perf, spec.model, spec.gpu, spec.groups, topo, placements, where, spec.base_dir
-    )
     return dataclasses.replace(spec, placements=tuple(placements))
 
 
@@ -634,6 +628,8 @@ def resolve_spec(
     its instances placed (:func:`placed`; with ``place`` false, not yet: a
     search that grows the topology until they fit places them itself)."""
     data = copy.deepcopy(dict(data))
+    if data.get("models") is not None or "gpu_budget" in data:
+        return _models(data, where, base_dir, place)
     top_read = read(TopKeys, data, where, sep=": ")
     top = top_read.value
     out: dict[str, Any] = {}
@@ -738,14 +734,32 @@ def resolve_spec(
         failure_seed=failure_seed,
         scaling=scaling.value if "scaling" in top_read.given else None,
         kv_tiers=tiers.value if "kv_tiers" in top_read.given else None,
-        kv_pool_ssd=None
-        if cluster.keys.kv_pool_ssd_bytes is None
-        else PoolSSD(
-            cluster.keys.kv_pool_ssd_bytes,
-            cluster.keys.kv_pool_ssd_read_bandwidth,
-            cluster.keys.kv_pool_ssd_write_bandwidth,
-            cluster.keys.kv_pool_ssd_latency_s,
-        ),
+        kv_pool_ssd=_pool_ssd(cluster.keys),
+    )
+    return placed(spec) if place else spec
+
+
+def _pool_ssd(keys: ClusterKeys) -> PoolSSD | None:
+    """The SSD below each node's KV pool (``cluster.kv_pool_ssd``), or None."""
+    if keys.kv_pool_ssd_bytes is None:
+        return None
+    return PoolSSD(
+        keys.kv_pool_ssd_bytes, keys.kv_pool_ssd_read_bandwidth,
+        keys.kv_pool_ssd_write_bandwidth, keys.kv_pool_ssd_latency_s,
+    )  # fmt: skip
+
+
+def _models(data: Mapping[str, Any], where: str, base_dir: Path, place: bool) -> ExperimentSpec:
+    """A spec of several models (:mod:`twin.sim.fleetspec`): each resolved as
+    a one-model spec, then their instances placed together."""
+    parts = [
+        fleetspec.ModelPart(name, share, resolve_spec(one, f"{where}: models.{name}", base_dir,
+                            place=False), keys.written, keys.value.rate_schedule)
+        for name, share, one, keys in fleetspec.split(data, where)
+    ]  # fmt: skip
+    slo = read(SLO, data.get("slo"), f"{where}: slo")
+    spec = dataclasses.replace(
+        parts[0].spec, **fleetspec.combine(parts, data, where, base_dir, slo)
     )
     return placed(spec) if place else spec
 

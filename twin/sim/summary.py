@@ -112,10 +112,15 @@ def header_line(result: dict[str, Any]) -> str:
     h = result["header"]
     spec = h["spec"]
     cl = spec["cluster"]
-    model = _name(spec["model"])
     gpu = _name(spec["gpu"])
-    sched = spec["scheduler"]["name"]
-    shape = " + ".join(_group_text(g) for g in cl["groups"])
+    if "models" in spec:  # several models: each one's model, instances and policy
+        ms = spec["models"]
+        model = " + ".join(f"{n}: {_name(m['model'])}" for n, m in ms.items())
+        sched = " + ".join(f"{n}: {m['scheduler']['name']}" for n, m in ms.items())
+        shape = " + ".join(_group_text(g) for m in ms.values() for g in m["cluster"]["groups"])
+    else:
+        model, sched = _name(spec["model"]), spec["scheduler"]["name"]
+        shape = " + ".join(_group_text(g) for g in cl["groups"])
     where = f" on {_topology_text(cl['topology'])}" if "topology" in cl else ""
     return (
         f"pd-twin {h['version']} | {spec['name']} | {model}, {shape} on {gpu}{where} | "
@@ -167,12 +172,14 @@ def slowdown_line(got: dict[str, Any], written: dict[str, Any]) -> str:
     return f"slowdown vs {ref} alone ({'met' if got['met'] else 'MISSED'}): " + ", ".join(parts)
 
 
-def class_lines(classes: dict[str, dict[str, Any]]) -> list[str]:
-    """The summary's block of classes of traffic: each class's requests,
-    attainment against its own SLO, TTFT and TPOT p50/p99."""
+def class_lines(classes: dict[str, dict[str, Any]], of: str = "class") -> list[str]:
+    """The summary's block of classes of traffic (or, ``of`` "model", of
+    models): each one's priority (or GPU-seconds), requests, attainment
+    against its own SLO, TTFT and TPOT p50/p99."""
     width = max(5, *(len(n) for n in classes))
+    extra, w = ("prio", 4) if of == "class" else ("GPU-s", 7)
     lines = [
-        f"{'class':{width}} {'prio':>4} {'requests':>9} {'SLO (TTFT, TPOT)':>18} "
+        f"{of:{width}} {extra:>{w}} {'requests':>9} {'SLO (TTFT, TPOT)':>18} "
         f"{'attained':>9} {'TTFT p50/p99 (s)':>17} {'TPOT p50/p99 (ms)':>18}",
     ]
     for name, c in classes.items():
@@ -181,7 +188,8 @@ def class_lines(classes: dict[str, dict[str, Any]]) -> list[str]:
         t, p = slo["ttft_s"], slo["tpot_s"]
         goal = ("-" if t is None else f"{t:g} s") + ", " + ("-" if p is None else f"{p * 1e3:g} ms")
         lines.append(
-            f"{name:{width}} {c['priority']:>4} {c['requests']:>9,} {goal:>18} "
+            f"{name:{width}} {c.get('priority', _fmt(c.get('gpu_seconds'), 1, 0)):>{w}} "
+            f"{c['requests']:>9,} {goal:>18} "
             f"{_fmt(c['slo_attainment'], 100, 1) + '%':>9} "
             f"{_fmt(ttft['p50']) + '/' + _fmt(ttft['p99']):>17} "
             f"{_fmt(tpot['p50'], 1e3, 1) + '/' + _fmt(tpot['p99'], 1e3, 1):>18}"
@@ -234,6 +242,8 @@ def format_summary(result: dict[str, Any]) -> str:
     ]
     if "classes" in s:
         lines += class_lines(s["classes"])
+    if "models" in s:
+        lines += class_lines(s["models"], "model")
     if "slowdown" in s:
         lines.append(slowdown_line(s["slowdown"], slo["slowdown"]))
     if s.get("kv_bytes_transferred") or s.get("kv_bytes_saved"):

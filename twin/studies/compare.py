@@ -110,13 +110,19 @@ class CompareResult:
             for row, r in zip(rows, self.runs.values(), strict=True):
                 row.extend(_pool_cells(r.summary))
         classes = [n for r in self.runs.values() for n in r.summary.get("classes", {})]
-        if classes:  # classes of traffic: each one's attainment against its own SLO
-            names = list(dict.fromkeys(classes))
-            columns = (*columns, *((f"{n} att.", 9) for n in names))
+        for part in ("classes", "models"):  # each class's (model's) attainment against its SLO
+            names = list(
+                dict.fromkeys(n for r in self.runs.values() for n in r.summary.get(part, {}))
+            )
+            per_gpus = part == "models"  # and each model's GPU-seconds
+            columns = (*columns, *((f"{n} {t}", 9) for n in names
+                                   for t in ("att.", "GPU-s")[: 1 + per_gpus]))  # fmt: skip
             for row, r in zip(rows, self.runs.values(), strict=True):
-                per = r.summary.get("classes", {})
-                row.extend(_num(per[n]["slo_attainment"], 100.0, 1) if n in per else "-"
-                           for n in names)  # fmt: skip
+                per = r.summary.get(part, {})
+                for n in names:
+                    row.append(_num(per[n]["slo_attainment"], 100.0, 1) if n in per else "-")
+                    if per_gpus:
+                        row.append(_num(per[n]["gpu_seconds"], 1.0, 0) if n in per else "-")
         widths = [
             max(w, len(title), *(len(row[i]) for row in rows))
             for i, (title, w) in enumerate(columns)
@@ -135,7 +141,14 @@ class CompareResult:
                 + (
                     "SLO: each class its own"
                     if classes
-                    else f"SLO TTFT <= {slo['ttft'] or 'inf'}, TPOT <= {slo['tpot'] or 'inf'}"
+                    else "SLO: each model its own, by default "
+                    if "models" in h["spec"]
+                    else "SLO "
+                )
+                + (
+                    ""
+                    if classes
+                    else f"TTFT <= {slo['ttft'] or 'inf'}, TPOT <= {slo['tpot'] or 'inf'}"
                 ),
                 "",
                 head,
@@ -158,7 +171,9 @@ def _row(label: str, r: Result) -> list[str]:
     att = s["slo_attainment"]
     return [
         label,
-        spec["scheduler"]["name"],
+        spec["scheduler"]["name"]
+        if "scheduler" in spec
+        else " + ".join(dict.fromkeys(m["scheduler"]["name"] for m in spec["models"].values())),
         str(gpus),
         f"{s['requests']:,}",
         f"{s['completed']:,}",
@@ -353,7 +368,8 @@ def run_compare(
         "tool": "pd-twin",
         "version": _version.__version__,
         "name": str(base.get("name", Path(where).stem)),
-        "model": first.model.name,
+        "model": " + ".join(f"{p.name}: {p.spec.model.name}" for p in first.models)
+        or first.model.name,
         "seed": first.seed,
         "workload": first.resolved["workload"],
         "slo": first.resolved["slo"],

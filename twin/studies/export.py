@@ -9,6 +9,13 @@ as the files a person applies to a Kubernetes cluster.
   arguments, one GPU per rank, and vLLM's NIXL connector for the KV transfer
   (the layout of ai-dynamo/dynamo's
   ``examples/backends/vllm/deploy/v1beta1/disagg.yaml``).
+- :func:`from_run`: the deployment a spec gives as it is (``twin run SPEC
+  --export-dynamo FILE``), its figures from that run: one per model of a
+  spec of several (``models:``), each model's pools split into prefill and
+  decode instances. The files then hold one YAML document per model: a
+  ``DynamoGraphDeployment`` each, and a ModelService values document each
+  (one Helm release per model, as llm-d serves a model per ModelService,
+  its gateway routing on the request's ``model``).
 - :func:`llm_d_yaml`: a values file of llm-d's ModelService Helm chart
   (llm-d-incubation/llm-d-modelservice, ``examples/values-pd.yaml``):
   ``prefill`` and ``decode`` sections with ``replicas``, ``parallelism.tensor``
@@ -55,7 +62,7 @@ import json
 import math
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +81,7 @@ __all__ = [
     "Role",
     "dynamo_yaml",
     "from_plan",
+    "from_run",
     "from_provision",
     "llm_d_yaml",
     "write_exports",
@@ -366,6 +374,72 @@ def from_provision(data: Mapping[str, Any], where: str, base_dir: Path, prov: An
     )  # fmt: skip
 
 
+def split_groups(spec: ExperimentSpec, model: str = "") -> dict[str, Any]:
+    """``model``'s instance groups by role ("" the only model's): its prefill
+    and decode groups, or an error naming the spec (the exports write split
+    deployments)."""
+    groups = {g.role: g for g in spec.groups if g.model == model}
+    if set(groups) != {"prefill", "decode"}:
+        where = f"{spec.source}: models.{model}" if model else spec.source
+        raise TwinError(
+            f"{where}: cluster: {' and '.join(sorted(groups))} instances; the exports write "
+            "split deployments (give cluster.prefill and cluster.decode)"
+        )
+    return groups
+
+
+def from_run(spec: ExperimentSpec, summary: Mapping[str, Any]) -> list[Deployment]:
+    """The deployment ``spec`` gives as it is, one per model (a spec of one
+    model: one), its figures from a run of it (``summary``: that run's): each
+    model's TTFT and TPOT p90 and p99 and attainment against its SLO, at the
+    mean rate its requests arrived at over the run; no goodput was searched.
+    A model whose instances are not split into prefill and decode is refused
+    (the exports write split deployments)."""
+    parts = [(p.name, p.spec, summary["models"][p.name]) for p in spec.models] or [
+        ("", spec, summary)
+    ]
+    out = []
+    for name, one, s in parts:
+        groups = split_groups(spec, name)
+        hit = [f"{w}" for w in summary.get("warnings", ())]
+        if s["rejected"]:
+            hit.append(f"{s['rejected']} of the {s['requests']} requests were rejected")
+        if summary["preemptions"]:
+            hit.append(f"{summary['preemptions']} preemptions in the run: the KV cache ran full")
+        engine, notes = engine_args(one)
+        slo = one.slo
+        label = spec.resolved.get("name", "pd-twin")
+        out.append(
+            Deployment(
+                name=_k8s_name(f"{label}-{name}" if name else str(label)),
+                model=one.model.name,
+                hf_model=HF_IDS.get(one.model.name, one.model.name),
+                gpu=spec.topology.gpu_type(0) if spec.topology is not None else spec.gpu.name,
+                prefill=_role(groups["prefill"].count, groups["prefill"]),
+                decode=_role(groups["decode"].count, groups["decode"]),
+                source=f"twin run {Path(spec.source).name}",
+                spec_sha256=spec.sha256,
+                slo={"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "target": slo.target},
+                goodput_rps=math.nan,
+                goodput_ci95=math.nan,
+                rate_rps=s["requests"] / summary["simulated_s"] if summary["simulated_s"] else 0.0,
+                requests=s["requests"],
+                predicted={
+                    **{k: s[key][q] for k, (key, q) in _FIGURES.items()},
+                    "slo_attainment": s["slo_attainment"],
+                },
+                gpus_per_node=(
+                    len(spec.topology.gpus_of_node(0))
+                    if spec.topology is not None
+                    else spec.gpus_per_node
+                ),
+                engine=engine,
+                caveats=(*hit, *notes),
+            )
+        )
+    return out
+
+
 # ------------------------------------------------------------------------------ the files
 
 
@@ -402,6 +476,7 @@ def header(d: Deployment, what: str) -> str:
     ci = "" if f["goodput_ci95"] is None else f" +- {d.goodput_ci95:.3f} (95% CI)"
     slo = d.slo
     gpus = d.prefill.replicas * d.prefill.gpus + d.decode.replicas * d.decode.gpus
+    searched = not math.isnan(d.goodput_rps)
     lines = [
         f"{what} for {d.name}, from `{d.source}` (pd-twin {_version.__version__}).",
         f"Spec sha256 {d.spec_sha256}.",
@@ -409,9 +484,14 @@ def header(d: Deployment, what: str) -> str:
         f"{_layout(d.prefill)} + {d.decode.replicas} decode x {_layout(d.decode)} "
         f"= {gpus} GPUs; KV over NIXL.",
         "Predicted by the twin:",
-        f"  goodput {d.goodput_rps:.3f}{ci} req/s with SLO attainment >= "
-        f"{slo['target']:.0%} (TTFT <= {_ms(slo['ttft_s'])}, TPOT <= {_ms(slo['tpot_s'])})",
-        f"  at {d.rate_rps:.3f} req/s ({d.requests} requests): TTFT p90 {_ms(f['ttft_p90_s'])}, "
+        (
+            f"  goodput {d.goodput_rps:.3f}{ci} req/s with SLO attainment >= "
+            if searched
+            else "  the spec's deployment as given (no goodput searched); its SLO: attainment >= "
+        )
+        + f"{slo['target']:.0%} (TTFT <= {_ms(slo['ttft_s'])}, TPOT <= {_ms(slo['tpot_s'])})",
+        f"  at {d.rate_rps:.3f} req/s{'' if searched else ' on average'} ({d.requests} "
+        f"requests): TTFT p90 {_ms(f['ttft_p90_s'])}, "
         f"p99 {_ms(f['ttft_p99_s'])}; TPOT p90 {_ms(f['tpot_p90_s'])}, "
         f"p99 {_ms(f['tpot_p99_s'])}; attainment {d.predicted['slo_attainment']:.1%}",
         *_interval_lines(d.intervals),
@@ -572,12 +652,19 @@ def llm_d_yaml(d: Deployment) -> str:
     return header(d, "llm-d ModelService Helm values (helm install -f)") + _dump(doc)
 
 
-def write_exports(d: Deployment, dynamo: str | None, llm_d: str | None) -> list[str]:
+def write_exports(
+    d: Deployment | Sequence[Deployment], dynamo: str | None, llm_d: str | None
+) -> list[str]:
     """Write the asked-for files, each through :func:`twin._io.write_text`
     once both are rendered (a deployment that cannot be exported leaves no
-    file), ``-`` to stdout; the paths of the files written."""
-    texts = [(path, render(d)) for path, render in ((dynamo, dynamo_yaml), (llm_d, llm_d_yaml))
-             if path]  # fmt: skip
+    file), ``-`` to stdout; the paths of the files written. Several deployments
+    (one per model) are one YAML document each, in order."""
+    deps = [d] if isinstance(d, Deployment) else list(d)
+    texts = [
+        (path, "---\n".join(render(one) for one in deps))
+        for path, render in ((dynamo, dynamo_yaml), (llm_d, llm_d_yaml))
+        if path
+    ]
     for path, text in texts:
         if path == "-":
             sys.stdout.write(text)

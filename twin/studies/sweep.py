@@ -307,7 +307,7 @@ def run_spec_outputs(
 
     spec = resolve_spec(data, where, Path(base_dir))
     buf = io.StringIO()
-    columns = request_columns(bool(spec.workload.classes))
+    columns = request_columns(bool(spec.workload.classes), bool(spec.models))
     writer = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n")
     writer.writeheader()
     recorder = TraceRecorder() if traces else None

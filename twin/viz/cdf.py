@@ -32,16 +32,17 @@ if TYPE_CHECKING:
 
 
 def read_latencies(
-    path: str | Path, of_class: str | None = None
+    path: str | Path, of_class: str | None = None, column: str = "class"
 ) -> tuple[list[float], list[float]]:
     """(TTFT s, TPOT s) of the completed requests of a ``--requests-csv`` file
-    (``of_class``: of that class of traffic only)."""
+    (``of_class``: of that class of traffic only; of that model, ``column``
+    "model")."""
     rows = _read_csv(path)
     if rows and not {"ttft_s", "tpot_s", "status"} <= rows[0].keys():
         raise TwinError(f"{path}: not a requests CSV (needs ttft_s, tpot_s, status)")
     ttft, tpot = [], []
     for r in rows:
-        if r["status"] != "completed" or (of_class is not None and r["class"] != of_class):
+        if r["status"] != "completed" or (of_class is not None and r[column] != of_class):
             continue
         a, b = _float(r["ttft_s"]), _float(r["tpot_s"])
         if a is not None:
@@ -51,15 +52,20 @@ def read_latencies(
     return sorted(ttft), sorted(tpot)
 
 
-def csv_classes(path: str | Path) -> list[str]:
-    """The classes of traffic of a ``--requests-csv`` file, in order of first
-    appearance; an error naming the file when it has no class column."""
+_NEEDS = {"class": "workload.classes", "model": "several models (models:)"}
+
+
+def csv_classes(path: str | Path, column: str = "class") -> list[str]:
+    """The classes of traffic (``column`` "model": the models) of a
+    ``--requests-csv`` file, in order of first appearance; an error naming
+    the file when it has no such column."""
     rows = _read_csv(path)
-    if rows and "class" not in rows[0]:
+    if rows and column not in rows[0]:
         raise TwinError(
-            f"{path}: no class column: --by-class needs the requests of a run with workload.classes"
+            f"{path}: no {column} column: --by-{column} needs the requests of a run with "
+            f"{_NEEDS[column]}"
         )
-    return list(dict.fromkeys(r["class"] for r in rows))
+    return list(dict.fromkeys(r[column] for r in rows))
 
 
 def _log_if_wide(ax: Axes, values: list[float]) -> None:
@@ -79,7 +85,7 @@ def cdf_figure(
     """TTFT and TPOT CDFs, a row of two panels per facet; ``runs``:
     (configuration, legend text, requests CSV) each."""
     opts = styler.opts
-    data = [(cfg, text, read_latencies(p, cfg.get("class"))) for cfg, text, p in runs]
+    data = [(cfg, text, _latencies(cfg, p)) for cfg, text, p in runs]
     data = [d for d in data if d[2][0]]
     if not data:
         raise TwinError("no completed requests in " + ", ".join(str(p) for _, _, p in runs))
@@ -135,6 +141,13 @@ def cdf_figure(
     return fig
 
 
+def _latencies(cfg: Mapping[str, str], path: str | Path) -> tuple[list[float], list[float]]:
+    """The latencies of ``path`` a line of configuration ``cfg`` plots: of
+    its class or its model when it names one."""
+    column = "model" if "model" in cfg else "class"
+    return read_latencies(path, cfg.get(column), column)
+
+
 def plot_cdfs(
     request_csvs: Mapping[str, str | Path],
     out_base: str | Path,
@@ -143,25 +156,28 @@ def plot_cdfs(
     tpot_slo_s: float | None = None,
     opts: PlotOptions | None = None,
     by_class: bool = False,
+    by_model: bool = False,
 ) -> list[Path]:
     """CDFs of TTFT (s) and TPOT (ms) of completed requests, one line per
     label (``{label: requests CSV}``), with the SLOs as vertical lines when
-    given; ``by_class``: one line per class of traffic of each file."""
+    given; ``by_class``: one line per class of traffic of each file;
+    ``by_model``: one line per model of each file."""
     opts = opts or PlotOptions()
     if opts.facet is not None or opts.hue is not None or opts.at_rate is not None:
         raise TwinError("--facet, --hue and --at-rate apply to a sweep folder")
-    if by_class:
+    column = "model" if by_model else "class" if by_class else None
+    if column is not None:
         request_csvs = {
             f"{label}: {name}": path
             for label, path in request_csvs.items()
-            for name in csv_classes(path)
+            for name in csv_classes(path, column)
         }
     configs = [{"run": label} for label in request_csvs]
     bare = PlotOptions(None, None, opts.size, opts.dpi, {"run": "", **opts.labels})
     styler = Styler(configs, ["run"], bare, "--requests")
     styler.constant = []  # one file: its name is in the legend already
-    if by_class:  # each line reads its class's rows
-        configs = [{"run": label, "class": label.rpartition(": ")[2]} for label in request_csvs]
+    if column is not None:  # each line reads its class's (model's) rows
+        configs = [{"run": label, column: label.rpartition(": ")[2]} for label in request_csvs]
     runs = [(c, c["run"], p) for c, p in zip(configs, request_csvs.values(), strict=True)]
     fig = cdf_figure(runs, styler, "TTFT and TPOT CDFs", ttft_slo_s=ttft_slo_s,
                      tpot_slo_s=tpot_slo_s)  # fmt: skip

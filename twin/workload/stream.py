@@ -347,11 +347,9 @@ class WorkloadSpec:
                     "(arrival.rate)"
                 )
             if self.rate_scale != 1.0:
-                raise SpecError(
-                    f"rate {self.rate!r} and rate_scale {self.rate_scale!r}: give rate "
-                    "(requests/s) or rate_scale (x the trace's), not both; a null removes "
-                    "the other (rate_scale: null, or --set workload.rate_scale=null)"
-                )
+                raise SpecError(f"rate {self.rate!r} and rate_scale {self.rate_scale!r}: give "
+                                "rate (requests/s) or rate_scale (x the trace's), not both; a "
+                                "null removes one (--set workload.rate_scale=null)")  # fmt: skip
         if self.duration_s is not None:
             _positive("duration", self.duration_s)
         if self.timeout_s is not None:
@@ -663,11 +661,8 @@ def _trace_rows(spec: WorkloadSpec, fmt: str, own_times: bool) -> Iterator[Row]:
 
 
 def _repeat_period(one: _Pass, path: Path) -> float:
-    """The shift between copies of a repeated trace: ``span * n / (n - 1)``.
-
-    ``span = t_last - t_first``; the period adds one mean inter-arrival gap, so
-    copies join at the trace's own mean rate.
-    """
+    """The shift between copies of a repeated trace: ``span * n / (n - 1)``, ``span =
+    t_last - t_first``: one mean inter-arrival gap more, so copies join at the trace's rate."""
     first, last = one.times[0], one.times[-1]
     if len(one) < 2 or last <= first:
         raise TraceError(f"{path}: cannot repeat a trace whose arrivals span 0 s")
