@@ -149,3 +149,9 @@ def test_the_bundled_fixture_names_its_models():
     column = [line.rsplit(",", 1)[1] for line in (FIXTURES / "two-models.csv").read_text().split()]
     assert column[0] == "model" and column[1:].count("chat") == 7  # as the guide says
     assert _models(spec) == dict(enumerate(column[1:]))
+
+
+def test_a_trace_format_without_columns_is_refused_when_models_give_no_shares(tmp_path):
+    path = FIXTURES / "vllm-bench-serve.synthetic.json"
+    with pytest.raises(TraceError, match="a vllm-bench trace carries no 'model' column; give each"):
+        _models(_spec(tmp_path, {"trace": str(path)}))
