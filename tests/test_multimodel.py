@@ -321,22 +321,29 @@ class DropOwn:
         return Plan()
 
     def route(self, req: Request, view: Any) -> Route:
-        i = min(view.up(), key=lambda i: i.id)
-        return Route(i.id, i.id)
+        pre = min((i.id for i in view.up() if i.role != "decode"), default=-1)
+        dec = min((i.id for i in view.up() if i.role != "prefill"), default=-1)
+        return Route(pre, dec)
 
     def tick(self, view: Any) -> list[Any]:
         return [RemoveInstance(self.victim)] if view.now < 0.015 else []
 
 
-def test_a_removal_that_empties_one_models_pool_is_refused_on_a_cluster_of_two():
-    """The other model's instances still prefill and decode; the model whose
-    only instance the policy drains would serve nothing, so it is refused as
-    on a cluster of one model, the message naming the model."""
+@pytest.mark.parametrize(
+    ("small", "victim", "left"),
+    [({"instances": 1}, 1, "prefills"), ({"prefill": 1, "decode": 1}, 2, "decodes")],
+)
+def test_a_removal_that_empties_one_models_pool_is_refused_on_a_cluster_of_two(small, victim, left):
+    """The other model's instance still prefills and decodes; the model whose
+    only instance (or only decode instance) the policy drains would serve
+    nothing, so it is refused as on a cluster of one model, naming the model."""
     data = copy.deepcopy(TWO)
-    data["models"]["small"]["scheduler"] = {"name": "test-drop-own", "victim": 1}
+    data["cluster"] = {"topology": "dgx-h100-ib400", "nodes": 1}
+    data["models"]["small"]["cluster"] = small
+    data["models"]["small"]["scheduler"] = {"name": "test-drop-own", "victim": victim}
     with pytest.raises(
         SpecError, match=r"RemoveInstance\(.*\) would leave no serving instance of model "
-        r"'small' that prefills"
+        f"'small' that {left}"
     ):  # fmt: skip
         Simulation(_spec(data)).run()
 
