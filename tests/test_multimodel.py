@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from twin.cli import main
 from twin.errors import SpecError
 from twin.perf.llm import get_model
 from twin.request import Request
-from twin.scheduler import Route
+from twin.scheduler import Plan, RemoveInstance, Route, register
 from twin.sim.simulation import Simulation
 from twin.sim.spec import resolve_spec, spec_schema
 
@@ -305,3 +306,54 @@ def test_a_request_is_held_to_its_own_models_kv_capacity():
     by_id = {r["id"]: r for r in rows}
     assert by_id[0]["status"] == "completed"
     assert (by_id[1]["status"], by_id[1]["reason"]) == ("rejected", "exceeds_kv_capacity")
+
+
+@register("test-drop-own")
+@dataclass
+class DropOwn:
+    """Colocated routing over its model's instances; its first tick removes
+    the model's instance ``victim``."""
+
+    victim: int = 0
+    tick_s: float = 0.01
+
+    def setup(self, cluster: Any) -> Plan:
+        return Plan()
+
+    def route(self, req: Request, view: Any) -> Route:
+        pre = min((i.id for i in view.up() if i.role != "decode"), default=-1)
+        dec = min((i.id for i in view.up() if i.role != "prefill"), default=-1)
+        return Route(pre, dec)
+
+    def tick(self, view: Any) -> list[Any]:
+        return [RemoveInstance(self.victim)] if view.now < 0.015 else []
+
+
+@pytest.mark.parametrize(
+    ("small", "victim", "left"),
+    [({"instances": 1}, 1, "prefills"), ({"prefill": 1, "decode": 1}, 2, "decodes")],
+)
+def test_a_removal_that_empties_one_models_pool_is_refused_on_a_cluster_of_two(small, victim, left):
+    """The other model's instance still prefills and decodes; the model whose
+    only instance (or only decode instance) the policy drains would serve
+    nothing, so it is refused as on a cluster of one model, naming the model."""
+    data = copy.deepcopy(TWO)
+    data["cluster"] = {"topology": "dgx-h100-ib400", "nodes": 1}
+    data["models"]["small"]["cluster"] = small
+    data["models"]["small"]["scheduler"] = {"name": "test-drop-own", "victim": victim}
+    with pytest.raises(
+        SpecError, match=r"RemoveInstance\(.*\) would leave no serving instance of model "
+        f"'small' that {left}"
+    ):  # fmt: skip
+        Simulation(_spec(data)).run()
+
+
+def test_a_model_of_two_may_remove_an_instance_of_its_own_it_can_spare():
+    data = copy.deepcopy(TWO)
+    data["models"]["small"]["cluster"] = {"instances": 2}
+    data["models"]["small"]["scheduler"] = {"name": "test-drop-own", "victim": 2}
+    sim = Simulation(_spec(data))
+    result = sim.run()
+    ((_, _, inst),) = sim.scaler.released
+    assert inst == 2 and sim.engines[2].state == "stopped"
+    assert result.summary["completed"] == 40

@@ -116,6 +116,7 @@ one is missing here, or named here and gone)::
       arrivals.py schedule.py  Poisson and Gamma arrivals; rate schedules
       measured.py inference_perf.py shared_prefix.py   real runs' records; inference-perf
       classes.py records.py    classes of traffic; one request as a trace gives it
+      columns.py               a trace's column of names: a request's class, its model
       sessions.py              sessions of turns, closed loop; KV retention's choices
     twin/serving/              one instance and what moves between instances
       __init__.py engine.py    continuous batching, one event per iteration

@@ -2,7 +2,8 @@
 
 Each request names its model (``Request.model``), drawn by the models'
 shares from a stream of its own (spawned from the seed beside the workload's
-and the scheduler's, so the arrivals and lengths stay what they are). Each
+and the scheduler's, so the arrivals and lengths stay what they are), or,
+when no model gives a share, read from the trace's ``model`` column. Each
 model has a policy of its own over a view of its own instances
 (:class:`ModelView`: the cluster as a one-model policy knows it, its SLO the
 model's), as llm-d's gateway routes by the request's ``model`` to that
@@ -40,21 +41,32 @@ from twin.scheduler import (
     tick_hook,
 )
 from twin.sim.classmetrics import ByClass, figures
+from twin.sim.fleetspec import MODEL_NAMES
 from twin.sim.metrics import Metrics
 from twin.sim.timeline import Timeline
+from twin.workload.columns import request_labels
 
 MODEL_STREAM = 2
 """The child of the seed's SeedSequence that draws each request's model (0
 and 1 are the workload's and the scheduler's)."""
 
 
-def with_models(requests: Iterator[Request], parts: Sequence[Any], seed: int) -> Iterator[Request]:
-    """``requests``, each naming its model, drawn by the models' shares at its
-    arrival (each share times its model's ``rate_schedule`` then)."""
+def with_models(requests: Iterator[Request], spec: Any) -> Iterator[Request]:
+    """``requests`` of ``spec`` (a spec of several models), each naming its
+    model: drawn by the models' shares at its arrival (each share times its
+    model's ``rate_schedule`` then), or the trace's ``model`` column when the
+    models give no share."""
+    parts, wl = spec.models, spec.workload
     names = [p.name for p in parts]
+    if parts[0].share is None:
+        index = {n: k for k, n in enumerate(names)}
+        labels = request_labels(wl.trace, wl.format, MODEL_NAMES, index, wl.repeat, wl.skip)
+        for req, k in zip(requests, labels):  # noqa: B905 (the labels run on past the last)
+            yield dataclasses.replace(req, model=names[k])
+        return
     shares = np.array([p.share for p in parts])
     timed = [(k, p.schedule) for k, p in enumerate(parts) if p.schedule is not None]
-    rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(MODEL_STREAM + 1)[-1])
+    rng = np.random.default_rng(np.random.SeedSequence(spec.seed).spawn(MODEL_STREAM + 1)[-1])
     for req in requests:
         w = shares
         if timed:

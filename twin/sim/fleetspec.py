@@ -19,6 +19,10 @@ workload and the seed are shared. Each model resolves as a spec of its own
 ``models.<name>``); the cluster is their instances, model by model in the
 order given, placed together.
 
+With a trace workload and no model giving a share, the trace's ``model``
+column (a Mooncake line's ``model`` key) names each request's model instead,
+as its ``class`` column names the request's class (:mod:`twin.workload.columns`).
+
 Not with several models (refused, one line each): KV pools and tiers (a
 prefix hash names blocks of one model's KV), ``scaling:`` (the policies'
 added instances would need a model of their own), and instances of
@@ -37,8 +41,12 @@ from twin._check import positive_int
 from twin._declare import POSITIVE_NUMBER, Kind, anything, declared, mapping, read
 from twin.errors import SpecError
 from twin.serving.cluster import Placement
+from twin.workload.columns import NameColumn
 from twin.workload.schedule import RATE_SCHEDULE_SCHEMA, parse_rate_schedule
 
+MODEL_COLUMN = "model"
+"""The trace column (the Mooncake JSON key) that names each request's model."""
+MODEL_NAMES = NameColumn(MODEL_COLUMN, "model", "models")
 NAME_OR_MAPPING = {"anyOf": [{"type": "string"}, {"type": "object"}]}
 # cluster keys every model shares, and those each model gives for itself
 SHARED_CLUSTER = ("topology", "nodes", "gpus_per_node", "placement")
@@ -92,15 +100,18 @@ class ModelPart:
     model, groups, scheduler and SLO; not placed)."""
 
     name: str
-    share: float
+    share: float | None  # None: the trace's model column names each request's model
     spec: Any
     written: Mapping[str, Any]
     schedule: Any = None  # its rate_schedule (twin.workload.schedule), or None
 
 
-def split(data: Mapping[str, Any], where: str) -> list[tuple[str, float, dict[str, Any], Any]]:
+def split(
+    data: Mapping[str, Any], where: str
+) -> list[tuple[str, float | None, dict[str, Any], Any]]:
     """The one-model specs of a spec with ``models:``: ``(name, share, spec
-    data, the model's keys as read)`` per model, in the order given."""
+    data, the model's keys as read)`` per model, in the order given; every
+    share None when the trace's ``model`` column names each request's model."""
     if data.get("models") is None:
         raise SpecError(f"{where}: gpu_budget: applies to several models (models:)")
     models = mapping(data["models"], f"{where}: models")
@@ -125,6 +136,7 @@ def split(data: Mapping[str, Any], where: str) -> list[tuple[str, float, dict[st
             raise SpecError(f"{where}: {'.'.join(path)}: not with several models ({why})")
     out = []
     total = 0.0
+    reads = []
     for name, entry in models.items():
         if not isinstance(name, str) or not name.strip():
             raise SpecError(f"{where}: models: {name!r}: a model's name is a non-empty string")
@@ -143,7 +155,34 @@ def split(data: Mapping[str, Any], where: str) -> list[tuple[str, float, dict[st
             one["slo"] = {**mapping(data.get("slo") or {}, f"{where}: slo"), **keys.slo}
         total += keys.share
         out.append((name, keys.share, one, r))
+        reads.append((name, r))
+    if _traced(data, reads, where):
+        return [(n, None, one, r) for n, _, one, r in out]
     return [(n, s / total, one, r) for n, s, one, r in out]
+
+
+def _traced(data: Mapping[str, Any], reads: Sequence[tuple[str, Any]], where: str) -> bool:
+    """Whether the trace's ``model`` column names each request's model: a
+    trace workload whose models give no share (each gives one, or none)."""
+    workload = data.get("workload")
+    if not isinstance(workload, Mapping) or workload.get("trace") is None:
+        return False
+    shared = [name for name, r in reads if "share" in r.given]
+    if shared and len(shared) < len(reads):
+        raise SpecError(
+            f"{where}: models.{next(n for n, r in reads if 'share' not in r.given)}: give "
+            f"every model a share (drawn by share) or none (the trace's {MODEL_COLUMN!r} "
+            "column names each request's model)"
+        )
+    if shared:
+        return False
+    for name, r in reads:
+        if r.value.rate_schedule is not None:
+            raise SpecError(
+                f"{where}: models.{name}.rate_schedule: a schedule changes a model's share; "
+                f"without shares the trace's {MODEL_COLUMN!r} column names each request's model"
+            )
+    return True
 
 
 def combine(
@@ -176,7 +215,7 @@ def combine(
     resolved["models"] = {
         p.name: {
             "model": p.spec.resolved["model"],
-            "share": p.share,
+            **({} if p.share is None else {"share": p.share}),
             "cluster": {
                 k: v for k, v in p.spec.resolved["cluster"].items() if k not in SHARED_CLUSTER
             },

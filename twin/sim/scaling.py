@@ -88,6 +88,8 @@ class Scaler:
         self.released: list[tuple[float, float, int]] = []  # (asked, released, instance)
         self._drain_asked: dict[int, float] = {}
         self.failed_starting: set[int] = set()  # failed (their node, say) while starting
+        # instance -> the model it serves ("" the only one): the spec's, in group order
+        self.model_of = dict(enumerate(g.model for g in groups for _ in range(g.count)))
 
     def failed_while_starting(self, i: int) -> None:
         """Instance ``i`` failed while starting: it comes up failed (unless
@@ -211,6 +213,7 @@ class Scaler:
         now = ops.env.now
         # starting; on a failed node, say, it comes up failed
         eng = ops.add_instance(placement, a.role, tp, pp, ep, dp, a.model)
+        self.model_of[eng.id] = a.model
         self.scaled = True
         self.alloc[eng.id] = [now, None, len(placement.gpus)]
         cost = self.startup_s(placement, a.model)
@@ -238,12 +241,17 @@ class Scaler:
             return
         if eng.state == "starting":
             raise SpecError(f"scheduler {name!r}: {a}: instance {i} is still starting")
-        left = [e for e in ops.engines if e is not eng and e.state == "serving"]
+        model = self.model_of[i]  # each model keeps an instance that prefills and one that decodes
+        left = [
+            e for e in ops.engines
+            if e is not eng and e.state == "serving" and self.model_of[e.id] == model
+        ]  # fmt: skip
         pre = any(e.role != "decode" for e in left)
         dec = any(e.role != "prefill" for e in left)
         if not (pre and dec):
+            of = f" of model {model!r}" if model else ""
             raise SpecError(
-                f"scheduler {name!r}: {a} would leave no serving instance that "
+                f"scheduler {name!r}: {a} would leave no serving instance{of} that "
                 f"{'prefills' if not pre else 'decodes'}"
             )
         self.scaled = True

@@ -233,7 +233,7 @@ class Simulation:
         if self._requests is not None:
             return iter(self._requests)
         stream = iter_requests(self.spec.workload, self.rng_workload, self._stream_end)
-        return with_models(stream, self.spec.models, self.spec.seed) if self.spec.models else stream
+        return with_models(stream, self.spec) if self.spec.models else stream
 
     def _engine(self, i: int) -> Engine:
         return self.engines[i]

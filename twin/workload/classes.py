@@ -27,7 +27,6 @@ submitted at once) is not expressed.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -35,15 +34,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from twin._check import check_keys, duration, fraction, is_int, is_number
-from twin._io import open_text
-from twin.errors import SpecError, TraceError
-from twin.workload.traces import _csv_rows
+from twin.errors import SpecError
+from twin.workload.columns import NameColumn, column_labels
 
 if TYPE_CHECKING:
     import numpy as np
 
 CLASS_COLUMN = "class"
 """The trace column (the Mooncake JSON key) that names each request's class."""
+CLASS_NAMES = NameColumn(CLASS_COLUMN, "class", "workload.classes")
 
 
 def _duration(what: str) -> dict[str, Any]:
@@ -195,42 +194,4 @@ def trace_labels(
     """Each row's class (its index in ``classes``) from the trace's ``class``
     column, in file order; again from the top for each copy when ``repeat``."""
     index = {c.name: i for i, c in enumerate(classes)}
-    passes = itertools.count() if repeat else range(1)
-    return itertools.chain.from_iterable(_column(path, fmt, index) for _ in passes)
-
-
-def _column(path: Path, fmt: str, index: Mapping[str, int]) -> Iterator[int]:
-    if fmt == "mooncake":
-        rows = _json_rows(path)
-    elif fmt in ("azure", "splitwise", "vidur", "lengths"):
-        rows = ((line, cells[0]) for line, cells in _csv_rows(path, (CLASS_COLUMN,)))
-    else:
-        raise TraceError(
-            f"{path}: a {fmt} trace carries no {CLASS_COLUMN!r} column; give each of "
-            "workload.classes a share"
-        )
-    for line, name in rows:
-        k = index.get(name.strip()) if isinstance(name, str) else None
-        if k is None:
-            raise TraceError(
-                f"{path}: line {line}: column {CLASS_COLUMN}: {name!r} is not a class of "
-                f"workload.classes; expected one of {', '.join(index)}"
-            )
-        yield k
-
-
-def _json_rows(path: Path) -> Iterator[tuple[int, object]]:
-    with open_text(path, "trace", TraceError) as f:
-        for line, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except json.JSONDecodeError:
-                continue  # the trace's own reader names the line
-            if not isinstance(obj, dict) or CLASS_COLUMN not in obj:
-                raise TraceError(
-                    f"{path}: line {line}: no key {CLASS_COLUMN!r}; workload.classes without "
-                    "shares takes each request's class from it"
-                )
-            yield line, obj[CLASS_COLUMN]
+    return column_labels(path, fmt, CLASS_NAMES, index, repeat)
