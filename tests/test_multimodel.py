@@ -20,6 +20,7 @@ from twin.errors import SpecError
 from twin.perf.llm import get_model
 from twin.request import Request
 from twin.scheduler import Plan, RemoveInstance, Route, register
+from twin.serving.observer import Observer
 from twin.sim.simulation import Simulation
 from twin.sim.spec import resolve_spec, spec_schema
 
@@ -357,3 +358,49 @@ def test_a_model_of_two_may_remove_an_instance_of_its_own_it_can_spare():
     ((_, _, inst),) = sim.scaler.released
     assert inst == 2 and sim.engines[2].state == "stopped"
     assert result.summary["completed"] == 40
+
+
+def test_the_shared_budget_grants_the_model_under_pressure_and_never_exceeds_it():
+    """Two models start on a GPU each within a budget of 3: the busy one's
+    planner asks for more instances, the budget grants one GPU and refuses the
+    rest; the GPUs held (starting and draining instances included) never pass 3,
+    and the busy model holds more GPU-seconds than the idle one."""
+    data = copy.deepcopy(TWO)
+    data["cluster"] = {"topology": "dgx-h100-ib400", "nodes": 1}
+    data["models"]["chat"]["share"] = 0.98
+    data["models"]["small"]["share"] = 0.02
+    data["gpu_budget"] = 3
+    data["workload"] = {"lengths": {"prompt": {"dist": "fixed", "value": 2000},
+                                    "output": {"dist": "fixed", "value": 100}},
+                        "arrival": {"process": "poisson", "rate": 60}, "duration": "40 s"}
+    data["scheduler"] = {"name": "sla-planner", "adjustment_interval": "2 s", "max_gpus": 3}
+    data["scaling"] = {"storage_bandwidth": "50 GB/s", "warmup": "1 s"}
+    held: list[int] = []
+
+    class Held(Observer):
+        """The GPUs held at each arrival and each instance's coming up or down."""
+
+        sim: Simulation | None = None
+
+        def _seen(self) -> None:
+            if self.sim is not None:
+                live = self.sim.view.in_state("serving", "starting", "draining")
+                held.append(sum(len(i.gpus) for i in live))
+
+        def request_arrived(self, now: float, req: Request) -> None:
+            self._seen()
+
+        def instance_up(self, now: float, instance: int, info: Any = None) -> None:
+            self._seen()
+
+        def instance_down(self, now: float, instance: int) -> None:
+            self._seen()
+
+    watch = Held()
+    sim = Simulation(_spec(data), observers=[watch])
+    watch.sim = sim
+    out = sim.run().to_dict()["summary"]
+    assert max(held) == 3
+    assert any(model == "chat" for _, model, _ in sim.scheduler.refused)
+    per = out["models"]
+    assert per["chat"]["gpu_seconds"] > 1.5 * per["small"]["gpu_seconds"]

@@ -142,7 +142,7 @@ class CompareResult:
                     "SLO: each class its own"
                     if classes
                     else "SLO: each model its own, by default "
-                    if "models" in h["spec"]
+                    if "models" in h.get("spec", {})
                     else "SLO "
                 )
                 + (
