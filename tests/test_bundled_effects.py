@@ -93,8 +93,9 @@ def test_diurnal_follows_the_load_and_its_peak_overloads_what_the_flat_rate_does
     assert flat.summary["slo_attainment"] > 0.99 > day["summary"]["slo_attainment"] + 0.1
 
 
-@pytest.mark.slow  # 72,000 requests twice (about 35 s); the budget's rule itself is held by
-# tests/test_multimodel.py::test_the_shared_budget_grants_the_model_under_pressure_and_never_exceeds_it
+# 72,000 requests twice (about 35 s); the budget's rule itself is held in the default run by
+# test_multimodel.py's test_the_shared_budget_grants_the_model_under_pressure_and_never_exceeds_it
+@pytest.mark.slow
 def test_multi_model_moves_gpus_to_the_model_at_its_peak():
     """Two models with opposite diurnal loads on 8 GPUs: a static 4 + 4 split
     cannot serve either model's peak; the planners within the shared budget

@@ -370,9 +370,14 @@ def test_the_shared_budget_grants_the_model_under_pressure_and_never_exceeds_it(
     data["models"]["chat"]["share"] = 0.98
     data["models"]["small"]["share"] = 0.02
     data["gpu_budget"] = 3
-    data["workload"] = {"lengths": {"prompt": {"dist": "fixed", "value": 2000},
-                                    "output": {"dist": "fixed", "value": 100}},
-                        "arrival": {"process": "poisson", "rate": 60}, "duration": "40 s"}
+    data["workload"] = {
+        "lengths": {
+            "prompt": {"dist": "fixed", "value": 2000},
+            "output": {"dist": "fixed", "value": 100},
+        },
+        "arrival": {"process": "poisson", "rate": 60},
+        "duration": "40 s",
+    }
     data["scheduler"] = {"name": "sla-planner", "adjustment_interval": "2 s", "max_gpus": 3}
     data["scaling"] = {"storage_bandwidth": "50 GB/s", "warmup": "1 s"}
     held: list[int] = []
