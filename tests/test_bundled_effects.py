@@ -152,6 +152,7 @@ def summaries(name: str, overrides: list[str], only: list[str] | None = None) ->
     return {label: r.summary for label, r in compare(name, overrides, only).items()}
 
 
+@pytest.mark.slow  # four policies over the whole experiment (about 15 s)
 def test_compare_azure_conv_shows_each_policy_its_own_way(shared_data):
     s = summaries("compare-azure-conv", [f"workload.trace={shared_data / AZURE.format('conv')}"])
     col, dist, split, moon = s["colocated"], s["distserve"], s["splitwise"], s["mooncake"]
@@ -194,6 +195,7 @@ def test_deepseek_wide_ep_holds_tpot_where_colocated_ep_misses_it():
     assert split["tpot_s"]["p99"] < 0.030 < mixed["tpot_s"]["p50"]  # the 30 ms TPOT SLO
 
 
+@pytest.mark.slow  # ten simulated minutes twice (about 15 s)
 def test_diurnal_autoscale_follows_the_peak_on_fewer_gpu_seconds():
     runs = compare("diurnal-autoscale", [])
     static, planned = runs["static"].summary, runs["sla-planner"].summary
