@@ -294,9 +294,64 @@ _STOPPED_MID_STEP: dict[str, Any] = {
 }  # fmt: skip
 
 
+# Sessions parked on a failed node under a ticking planner: the planner ticked for ever
+# (found at random; the run now ends each one failed, no_instance_up).
+_PARKED_UNDER_A_PLANNER: dict[str, Any] = {
+    "model": "llama-3.1-8b",
+    "seed": 1,
+    "cluster": {
+        "topology": "dgx-h100-ib400",
+        "nodes": 1,
+        "pp": 2,
+        "tp": 1,
+        "instances": 3,
+        "kv_pool": "4 GB",
+        "kv_pool_ssd": "16 GB",
+    },
+    "engine": {
+        "gpu_memory_utilization": 0.3,
+        "chunked_prefill": False,
+        "max_num_seqs": 8,
+        "prefix_caching": True,
+        "oversized": "reject",
+        "session_retention": {"policy": "ttl", "ttl": "0.3 s"},
+    },
+    "scheduler": {
+        "name": "sla-planner",
+        "adjustment_interval": "1 s",
+        "utilization": 0.5,
+        "max_gpus": 8,
+    },
+    "workload": {
+        "arrival": {"process": "poisson", "rate": 5.0},
+        "max_requests": 11,
+        "lengths": {
+            "sessions": {
+                "turns": {"dist": "lognormal", "median": 3, "sigma": 0.7, "max": 8},
+                "first_prompt": {"dist": "lognormal", "median": 300, "sigma": 0.8},
+                "growth": {"dist": "lognormal", "median": 100, "sigma": 0.8},
+                "output": {"dist": "lognormal", "median": 60, "sigma": 0.8},
+                "think": {"dist": "exponential", "mean": 0.0},
+                "system_prompt_len": 64,
+            }
+        },
+        "rate_schedule": {"kind": "bursts", "on": "0.5 s", "off": "1 s", "high": 4.0, "low": 0.5},
+    },
+    "slo": {"ttft": "1 s", "tpot": "50 ms"},
+    "retry": {"max_attempts": 1, "backoff": "50 ms"},
+    "scaling": {"weights_from": "network", "storage_bandwidth": "20 GB/s", "warmup": "0.5 s"},
+    "events": [
+        {"at": 0.2, "action": "fail", "node": 0},
+        {"at": 0.7, "action": "recover", "gpu": 0},
+    ],
+    "failures": {"random": [{"component": "gpu", "mtbf": "3 s", "repair": "0.4 s"}]},
+}
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=_SLOW_OK)
 @given(data=specs())
 @example(data=_STOPPED_MID_STEP)
+@example(data=_PARKED_UNDER_A_PLANNER)
 def test_every_feature_together_conserves_orders_and_fast_forwards_as_stepped(data, trace):
     jumped, stepped = _stepped_and_fast_forwarded(data, trace)
     assert jumped == stepped

@@ -131,7 +131,7 @@ class Simulation:
         self.control = ControlLoop(
             self.env, self.scheduler, self._name, self.view, self.engines,
             spec.topology is not None, self.observer,
-            arrivals_done=lambda: self._arrivals_done,
+            arrivals_done=lambda: self._arrivals_done or self.settled(),
             all_ended=lambda: self.metrics.ended == self._arrived,
             on_roles=self._update_limits, scaler=self.scaler,
         )  # fmt: skip
@@ -203,9 +203,10 @@ class Simulation:
         return eng
 
     def instance_started(self, i: int) -> None:
-        p = self.placements[i]
-        eng = self.engines[i]
+        p, eng = self.placements[i], self.engines[i]
         self.observer.instance_up(self.env.now, i, InstanceInfo(i, eng.role, p.node, p.gpus))
+        if i not in self.scaler.failed_starting:  # it serves: the waiting requests may go
+            self._unpark()
 
     def instance_stopped(self, i: int) -> None:
         self.observer.instance_down(self.env.now, i)
@@ -508,18 +509,20 @@ class Simulation:
         self._lose(s, e.id, "link_down")
 
     def recover_instance(self, i: int) -> None:
-        """Instance ``i`` serves again, empty; the requests waiting for an
-        instance are routed again."""
+        """Instance ``i`` serves again, empty; the waiting requests are routed again."""
         eng = self.engines[i]
         self.scaler.repaired(i)
         if eng.up or eng.state != "serving":
             return  # up, still starting, or released
         eng.recover()
         self.observer.instance_up(self.env.now, i)
+        self._unpark()
+
+    def _unpark(self) -> None:
+        """Route again the requests waiting for an instance (those not ended meanwhile)."""
         parked, self._parked = self._parked, []
-        for s in parked:
-            if s.state != LOST:  # not ended at its deadline meanwhile
-                self._route(s)
+        for s in (s for s in parked if s.state != LOST):
+            self._route(s)
 
     @staticmethod
     def kv_tokens(s: Sequence) -> int:
@@ -766,14 +769,10 @@ def spec_residuals(spec: ExperimentSpec) -> Residuals | None:
 
 def truncate(req: Request, limit: int) -> Request:
     """``req`` cut to ``limit`` tokens of prompt plus output, as vLLM's
-    ``truncate_prompt_tokens`` does: the prompt keeps its last ``limit - 1``
-    tokens at most, and the output is capped so that prompt + output <= limit
-    (at least one token is always produced).
-
-    NOTE: cutting the prompt's head shifts every block boundary, so a
-    truncated prompt keeps no prefix hashes (it shares no cached prefix);
-    one cut only in its output keeps them.
-    """
+    ``truncate_prompt_tokens`` does: the prompt keeps its last ``limit - 1`` tokens at most,
+    and the output is capped so that prompt + output <= limit (at least one token). NOTE:
+    cutting the prompt's head shifts every block boundary, so a truncated prompt keeps no
+    prefix hashes (it shares no cached prefix); one cut only in its output keeps them."""
     prompt = min(req.prompt_tokens, limit - 1)
     output = min(req.output_tokens, limit - prompt)
     if prompt == req.prompt_tokens:
