@@ -348,10 +348,53 @@ _PARKED_UNDER_A_PLANNER: dict[str, Any] = {
 }
 
 
+# An instance the planner adds beside a KV pool: the pool did not know where it ran
+# (found by the long run).
+_ADDED_BESIDE_A_POOL: dict[str, Any] = {
+    "model": "llama-3.1-8b",
+    "seed": 0,
+    "cluster": {
+        "topology": "dgx-h100-ib400",
+        "nodes": 1,
+        "pp": 1,
+        "tp": 1,
+        "prefill": {"instances": 1},
+        "decode": {"instances": 1},
+        "placement": "packed",
+        "kv_pool": "4 GB",
+    },
+    "engine": {
+        "gpu_memory_utilization": 0.22,
+        "chunked_prefill": False,
+        "max_num_seqs": 2,
+        "prefix_caching": False,
+        "oversized": "reject",
+    },
+    "scheduler": {
+        "name": "sla-planner",
+        "adjustment_interval": "1 s",
+        "utilization": 0.5,
+        "max_gpus": 8,
+    },
+    "workload": {
+        "format": "mooncake",
+        "prefix_block_tokens": 128,
+        "rate_scale": 1.0,
+        "max_requests": 10,
+    },
+    "slo": {"ttft": "1 s", "tpot": "50 ms"},
+    "retry": {"max_attempts": 1, "backoff": "50 ms"},
+    "transfer": {"mode": "serialized", "handoff": "push"},
+    "scaling": {"weights_from": "storage", "storage_bandwidth": "20 GB/s", "warmup": "0.5 s"},
+    "events": [{"at": 0.2, "action": "fail", "instance": 0}],
+}
+
+
 @settings(max_examples=100, deadline=None, suppress_health_check=_SLOW_OK)
 @given(data=specs())
 @example(data=_STOPPED_MID_STEP)
 @example(data=_PARKED_UNDER_A_PLANNER)
+@example(data=_ADDED_BESIDE_A_POOL)
 def test_every_feature_together_conserves_orders_and_fast_forwards_as_stepped(data, trace):
     jumped, stepped = _stepped_and_fast_forwarded(data, trace)
     assert jumped == stepped

@@ -61,6 +61,7 @@ class Cluster:
         engines: list[Engine],
         on_lost: OnLost,
         perf: PerfModel | None,
+        placements: list[Placement],
     ) -> None:
         self.spec = spec
         self.env = env
@@ -71,7 +72,7 @@ class Cluster:
         self.tiers = tiers
         self.handoff = handoff
         self.engines = engines  # the hand-off holds the same list
-        self.placements: list[Placement] = []
+        self.placements = placements  # the KV pools hold the same list
         self.capacity: list[int] = []
         self.perfs: dict[tuple[Any, ...], PerfModel] = {}
         self._on_lost = on_lost
@@ -178,9 +179,10 @@ def build_cluster(
         network = Network(env, link_series_s, observer, reroute=rerouter(topo))
     pools = None
     kv_token = spec.model.kv_bytes_per_token()
+    placed: list[Placement] = []  # by instance id, added instances included
     if spec.kv_pool_bytes is not None and topo is not None and network is not None:
         pools = KVPools(
-            env, spec.kv_pool_bytes, topo, spec.placements, network, kv_token,
+            env, spec.kv_pool_bytes, topo, placed, network, kv_token,
             spec.engine.block_size, spec.kv_pool_ssd,
         )  # fmt: skip
     tiers = KVTiers(env) if spec.kv_tiers is not None else None
@@ -203,7 +205,7 @@ def build_cluster(
             on_stranded=on_stranded, on_waiting=on_waiting,
         )  # fmt: skip
     cluster = Cluster(
-        spec, env, observer, view, network, pools, tiers, handoff, engines, on_lost, perf
+        spec, env, observer, view, network, pools, tiers, handoff, engines, on_lost, perf, placed
     )
     placements = iter(spec.placements)
     for g in spec.groups:
