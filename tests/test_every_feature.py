@@ -294,6 +294,10 @@ _STOPPED_MID_STEP: dict[str, Any] = {
 }  # fmt: skip
 
 
+# The SLA planner of the two examples below (the property draws it so).
+_PLANNER = {"name": "sla-planner", "adjustment_interval": "1 s", "utilization": 0.5, "max_gpus": 8}
+
+
 # Sessions parked on a failed node under a ticking planner: the planner ticked for ever
 # (found at random; the run now ends each one failed, no_instance_up).
 _PARKED_UNDER_A_PLANNER: dict[str, Any] = {
@@ -316,12 +320,7 @@ _PARKED_UNDER_A_PLANNER: dict[str, Any] = {
         "oversized": "reject",
         "session_retention": {"policy": "ttl", "ttl": "0.3 s"},
     },
-    "scheduler": {
-        "name": "sla-planner",
-        "adjustment_interval": "1 s",
-        "utilization": 0.5,
-        "max_gpus": 8,
-    },
+    "scheduler": _PLANNER,
     "workload": {
         "arrival": {"process": "poisson", "rate": 5.0},
         "max_requests": 11,
@@ -370,12 +369,7 @@ _ADDED_BESIDE_A_POOL: dict[str, Any] = {
         "prefix_caching": False,
         "oversized": "reject",
     },
-    "scheduler": {
-        "name": "sla-planner",
-        "adjustment_interval": "1 s",
-        "utilization": 0.5,
-        "max_gpus": 8,
-    },
+    "scheduler": _PLANNER,
     "workload": {
         "format": "mooncake",
         "prefix_block_tokens": 128,
